@@ -1,0 +1,35 @@
+use crate::types::{QueueName, Seq};
+
+/// Everything a kernel operation can refuse. Each variant names what the caller did wrong and
+/// carries the values needed to say how to fix it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KernelError {
+    /// `receive` with a negative timeout (JMS: "invalid timeout"). Nothing was registered.
+    #[error("receive timeout must be zero (no wait) or positive, got {timeout_ms} ms")]
+    NegativeTimeout { timeout_ms: i64 },
+    #[error("{field} is {value}, above the limit {limit} ({limit_name})")]
+    OverLimit {
+        field: &'static str,
+        value: u64,
+        limit: u64,
+        limit_name: &'static str,
+    },
+    #[error("{field} is invalid: {reason}")]
+    InvalidArgument { field: &'static str, reason: String },
+    #[error("message {index} is {size_bytes} bytes, over the queue's max_message_size_bytes = {limit_bytes}")]
+    MessageTooLarge {
+        index: usize,
+        size_bytes: u64,
+        limit_bytes: u64,
+    },
+    #[error("queue {queue} has {waiters} parked receivers, the limit waiters_max = {limit}")]
+    TooManyWaiters {
+        queue: QueueName,
+        waiters: usize,
+        limit: usize,
+    },
+    /// The receipt handle names no live delivery: the message was acknowledged, its lease ran out
+    /// and it was (or may be) delivered again, or the handle never existed.
+    #[error("receipt handle for message seq {seq} is not a live delivery (lease expired, already acknowledged, or redelivered since)")]
+    StaleReceipt { seq: Seq },
+}

@@ -1,0 +1,24 @@
+//! Ferry's pure queue semantics: the message state machine of a point-to-point queue, delivery
+//! leases, waiting receivers, priorities, delivery delays and the effects the shell must persist.
+//!
+//! The kernel does no I/O. It has no clock, no timers, no threads, no async runtime and no random
+//! source: every operation that depends on time takes `now_ms` (milliseconds since the Unix epoch),
+//! the kernel reports its next deadline with [`Queue::next_deadline_ms`], and the shell calls
+//! [`Queue::tick`] when that time comes. Operations return what happened ([`Effects`]: things to
+//! persist, deliveries for parked receivers, receivers that timed out); the kernel never calls back.
+//!
+//! This crate must not depend on tokio, tonic, prost or rocksdb (CI checks `cargo tree`).
+
+mod error;
+mod queue;
+mod types;
+
+pub use error::KernelError;
+pub use queue::{
+    Delivery, Effects, LeaseRef, MessageState, PersistOp, Queue, QueueConfig, QueueStats,
+    ReceiveOutcome, ReceiveRequest, RecoveredMessage, Wait, WaiterId,
+};
+pub use types::{
+    validate_property_name, LeaseId, Message, MessageId, NewMessage, NodeId, Priority,
+    PropertyValue, QueueName, QueueUid, ReceiptHandle, Seq, SessionId,
+};

@@ -1,0 +1,97 @@
+//! Ack, nack and lease extension: each names one delivery by its [`LeaseRef`]. A reference to a
+//! delivery that is no longer live (acknowledged, lease expired, redelivered since) is refused and
+//! never touches a newer delivery of the same message.
+
+use super::{Effects, LeaseRef, MessageState, Queue};
+use crate::error::KernelError;
+
+impl Queue {
+    /// Acknowledges deliveries: each live one removes its message. One result per reference.
+    pub fn ack(
+        &mut self,
+        leases: &[LeaseRef],
+        now_ms: u64,
+    ) -> (Vec<Result<(), KernelError>>, Effects) {
+        let mut effects = Effects::default();
+        self.fire_due(now_ms, &mut effects);
+        let results = leases
+            .iter()
+            .map(|r| {
+                self.live_lease(*r)?;
+                effects.persist.extend(self.remove_entry(r.seq));
+                self.counters.acked_total += 1;
+                Ok(())
+            })
+            .collect();
+        self.dispatch(now_ms, &mut effects);
+        (results, effects)
+    }
+
+    /// Gives deliveries back: each message becomes Ready again, or Scheduled for `delay_ms`.
+    pub fn nack(
+        &mut self,
+        leases: &[LeaseRef],
+        delay_ms: Option<u64>,
+        now_ms: u64,
+    ) -> (Vec<Result<(), KernelError>>, Effects) {
+        let mut effects = Effects::default();
+        self.fire_due(now_ms, &mut effects);
+        let state = match delay_ms {
+            Some(d) if d > 0 => MessageState::Scheduled {
+                until_ms: now_ms.saturating_add(d),
+            },
+            _ => MessageState::Ready,
+        };
+        let results = leases
+            .iter()
+            .map(|r| {
+                self.live_lease(*r)?;
+                self.set_state(r.seq, state);
+                Ok(())
+            })
+            .collect();
+        self.dispatch(now_ms, &mut effects);
+        (results, effects)
+    }
+
+    /// Extends live leases to `now + lease_ms`; returns each new expiry.
+    pub fn extend_lease(
+        &mut self,
+        leases: &[LeaseRef],
+        lease_ms: Option<u64>,
+        now_ms: u64,
+    ) -> Result<(Vec<Result<u64, KernelError>>, Effects), KernelError> {
+        let lease_ms = self.lease_ms(lease_ms)?;
+        let mut effects = Effects::default();
+        self.fire_due(now_ms, &mut effects);
+        let results = leases
+            .iter()
+            .map(|r| {
+                let owner = self.live_lease(*r)?;
+                let until_ms = now_ms.saturating_add(lease_ms);
+                self.set_state(
+                    r.seq,
+                    MessageState::Leased {
+                        lease: r.lease,
+                        owner,
+                        until_ms,
+                    },
+                );
+                Ok(until_ms)
+            })
+            .collect();
+        self.dispatch(now_ms, &mut effects);
+        Ok((results, effects))
+    }
+
+    /// The owner of a live delivery, or why the reference is stale.
+    fn live_lease(&self, r: LeaseRef) -> Result<Option<crate::types::SessionId>, KernelError> {
+        match self.entries.get(&r.seq).map(|e| e.state) {
+            Some(MessageState::Leased { lease, owner, .. }) if lease == r.lease => Ok(owner),
+            Some(
+                MessageState::Leased { .. } | MessageState::Ready | MessageState::Scheduled { .. },
+            )
+            | None => Err(KernelError::StaleReceipt { seq: r.seq }),
+        }
+    }
+}

@@ -1,0 +1,119 @@
+//! Recovery, purge, browse and statistics.
+
+use std::sync::Arc;
+
+use super::{Effects, MessageState, Queue, QueueConfig};
+use crate::types::{Message, QueueName, QueueUid, Seq, SharedMessage};
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Counters {
+    pub(crate) sent_total: u64,
+    pub(crate) delivered_total: u64,
+    pub(crate) redelivered_total: u64,
+    pub(crate) acked_total: u64,
+    pub(crate) expired_total: u64,
+    pub(crate) lease_expired_total: u64,
+    pub(crate) purged_total: u64,
+}
+
+/// A queue's numbers at one moment. Totals count since the node started.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct QueueStats {
+    pub ready: u64,
+    pub scheduled: u64,
+    pub leased: u64,
+    pub waiters: u64,
+    pub bytes: u64,
+    pub sent_total: u64,
+    pub delivered_total: u64,
+    pub redelivered_total: u64,
+    pub acked_total: u64,
+    pub expired_total: u64,
+    pub lease_expired_total: u64,
+    pub purged_total: u64,
+}
+
+/// A message read back from the store at startup.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RecoveredMessage {
+    pub message: Message,
+    pub delivery_count: u32,
+}
+
+impl Queue {
+    /// Rebuilds a queue from what the store kept. Messages that were leased when the node stopped
+    /// are Ready again (their delivery count survives, so their next delivery is flagged
+    /// redelivered); delayed ones stay Scheduled.
+    pub fn recover(
+        name: QueueName,
+        uid: QueueUid,
+        config: QueueConfig,
+        seq_reserved_until: Seq,
+        messages: Vec<RecoveredMessage>,
+        now_ms: u64,
+    ) -> Self {
+        let mut q = Queue::new(name, uid, config);
+        let mut next = seq_reserved_until.max(Seq(1));
+        for m in messages {
+            next = next.max(Seq(m.message.seq.0 + 1));
+            let state = match m.message.deliver_at_ms {
+                Some(until_ms) if until_ms > now_ms => MessageState::Scheduled { until_ms },
+                _ => MessageState::Ready,
+            };
+            q.insert_entry(Arc::new(m.message), state, m.delivery_count);
+        }
+        q.next_seq = next;
+        q.seq_reserved_until = next;
+        q
+    }
+
+    /// Removes every message that is not leased. Returns how many were removed.
+    pub fn purge(&mut self, now_ms: u64) -> (u64, Effects) {
+        let mut effects = Effects::default();
+        self.fire_due(now_ms, &mut effects);
+        let doomed: Vec<Seq> = self
+            .entries
+            .iter()
+            .filter(|(_, e)| !matches!(e.state, MessageState::Leased { .. }))
+            .map(|(&s, _)| s)
+            .collect();
+        for &seq in &doomed {
+            effects.persist.extend(self.remove_entry(seq));
+        }
+        self.counters.purged_total += doomed.len() as u64;
+        (doomed.len() as u64, effects)
+    }
+
+    /// Up to `max` messages after `after` in sequence order, with their state and delivery count,
+    /// without leasing anything.
+    pub fn browse(
+        &self,
+        after: Option<Seq>,
+        max: usize,
+    ) -> Vec<(SharedMessage, MessageState, u32)> {
+        let start = after.map_or(Seq(0), |s| Seq(s.0 + 1));
+        self.entries
+            .range(start..)
+            .take(max)
+            .map(|(_, e)| (e.message.clone(), e.state, e.delivery_count))
+            .collect()
+    }
+
+    pub fn stats(&self) -> QueueStats {
+        let c = self.counters;
+        QueueStats {
+            ready: self.ready.len() as u64,
+            scheduled: self.scheduled.len() as u64,
+            leased: self.lease_expiry.len() as u64,
+            waiters: self.waiters.len() as u64,
+            bytes: self.bytes,
+            sent_total: c.sent_total,
+            delivered_total: c.delivered_total,
+            redelivered_total: c.redelivered_total,
+            acked_total: c.acked_total,
+            expired_total: c.expired_total,
+            lease_expired_total: c.lease_expired_total,
+            purged_total: c.purged_total,
+        }
+    }
+}

@@ -1,0 +1,386 @@
+//! One point-to-point queue: its messages, each in exactly one [`MessageState`], the indexes that
+//! find the next message to deliver, and the receivers parked waiting for one.
+//!
+//! Transitions live in files named after the operation: `send.rs`, `receive.rs`, `ack.rs`
+//! (ack, nack, extend lease), `release.rs` (session close, undeliverable hand-offs, lease expiry),
+//! `tick.rs` (time passing), `admin.rs` (recovery, purge, browse, stats).
+
+mod ack;
+mod admin;
+mod receive;
+mod release;
+mod send;
+mod tick;
+
+#[cfg(test)]
+mod tests;
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use crate::types::{LeaseId, Priority, QueueName, QueueUid, Seq, SessionId, SharedMessage};
+
+pub use admin::{QueueStats, RecoveredMessage};
+pub use receive::{ReceiveOutcome, ReceiveRequest, Wait, WaiterId};
+
+/// Per-queue settings. Every limit has its unit last in its name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueConfig {
+    /// Lease of a delivery when the receiver does not ask for one.
+    pub default_lease_ms: u64,
+    /// The longest lease a receiver may ask for.
+    pub lease_max_ms: u64,
+    /// Body + properties + headers of one message.
+    pub max_message_size_bytes: u64,
+    /// Messages one receive may ask for.
+    pub receive_batch_max: u32,
+    /// Receivers parked on this queue at once.
+    pub waiters_max: usize,
+}
+
+impl Default for QueueConfig {
+    fn default() -> Self {
+        Self {
+            default_lease_ms: 30_000,
+            lease_max_ms: 12 * 3_600_000,
+            max_message_size_bytes: 1024 * 1024,
+            receive_batch_max: 1_000,
+            waiters_max: 10_000,
+        }
+    }
+}
+
+/// Where a message is in its life. Exactly one state per message; the queue's indexes mirror it
+/// (checked by [`Queue::check_invariants`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MessageState {
+    /// Delivery delay or redelivery backoff: invisible until `until_ms`.
+    Scheduled { until_ms: u64 },
+    /// Visible: may be delivered.
+    Ready,
+    /// Handed to one receiver, not yet acknowledged.
+    Leased {
+        lease: LeaseId,
+        owner: Option<SessionId>,
+        until_ms: u64,
+    },
+}
+
+/// A message in the queue, with how many times it has been delivered so far.
+#[derive(Debug, Clone)]
+pub(crate) struct Entry {
+    pub(crate) message: SharedMessage,
+    pub(crate) state: MessageState,
+    pub(crate) delivery_count: u32,
+}
+
+/// What the shell must write durably before it answers anyone affected by the operation.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PersistOp {
+    PutMessage(SharedMessage),
+    DeleteMessage(Seq),
+    /// How many times the message has been delivered (survives restarts: redelivered flag and,
+    /// later, the redelivery policy depend on it).
+    SetDeliveryCount {
+        seq: Seq,
+        count: u32,
+    },
+    /// Sequence numbers below `until` may have been used; after a restart the queue continues from
+    /// at least here, so message ids are never reused (not even of non-persistent messages).
+    ReserveSeq {
+        until: Seq,
+    },
+}
+
+/// A delivery: one message leased to one receiver.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Delivery {
+    pub message: SharedMessage,
+    pub lease: LeaseId,
+    /// JMSXDeliveryCount: 1 on the first delivery.
+    pub delivery_count: u32,
+    pub lease_until_ms: u64,
+}
+
+impl Delivery {
+    /// JMSRedelivered: the message may have been seen before.
+    pub fn redelivered(&self) -> bool {
+        self.delivery_count > 1
+    }
+
+    pub fn lease_ref(&self) -> LeaseRef {
+        LeaseRef {
+            seq: self.message.seq,
+            lease: self.lease,
+        }
+    }
+}
+
+/// Names one delivery of one message in this queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LeaseRef {
+    pub seq: Seq,
+    pub lease: LeaseId,
+}
+
+/// What an operation changed that the shell must act on.
+#[derive(Debug, Default, Clone, PartialEq)]
+#[must_use = "effects carry writes to persist and receivers to answer"]
+pub struct Effects {
+    /// Write these (in order, in one batch) before answering the callers of this operation.
+    pub persist: Vec<PersistOp>,
+    /// Parked receivers that got messages; each waiter is gone from the queue.
+    pub handed: Vec<(WaiterId, Vec<Delivery>)>,
+    /// Parked receivers that ended empty-handed (their time ran out or their session closed);
+    /// each waiter is gone from the queue.
+    pub finished_empty: Vec<WaiterId>,
+}
+
+impl Effects {
+    pub fn is_empty(&self) -> bool {
+        self.persist.is_empty() && self.handed.is_empty() && self.finished_empty.is_empty()
+    }
+
+    pub fn merge(&mut self, other: Effects) {
+        self.persist.extend(other.persist);
+        self.handed.extend(other.handed);
+        self.finished_empty.extend(other.finished_empty);
+    }
+}
+
+/// How many sequence numbers one [`PersistOp::ReserveSeq`] reserves.
+pub(crate) const SEQ_RESERVATION_BLOCK: u64 = 10_000;
+
+/// A point-to-point queue. See the module docs.
+#[derive(Debug)]
+pub struct Queue {
+    name: QueueName,
+    uid: QueueUid,
+    config: QueueConfig,
+    entries: BTreeMap<Seq, Entry>,
+    /// Ready messages, highest priority first, then oldest first.
+    ready: BTreeSet<(Reverse<Priority>, Seq)>,
+    scheduled: BTreeSet<(u64, Seq)>,
+    lease_expiry: BTreeSet<(u64, Seq)>,
+    leases_by_owner: HashMap<SessionId, BTreeSet<Seq>>,
+    waiters: BTreeMap<WaiterId, receive::Waiter>,
+    waiter_deadlines: BTreeSet<(u64, WaiterId)>,
+    next_seq: Seq,
+    seq_reserved_until: Seq,
+    next_lease: LeaseId,
+    next_waiter: WaiterId,
+    /// Sum of `size_bytes` of every message in the queue.
+    bytes: u64,
+    counters: admin::Counters,
+}
+
+impl Queue {
+    /// A new, empty queue.
+    pub fn new(name: QueueName, uid: QueueUid, config: QueueConfig) -> Self {
+        Self {
+            name,
+            uid,
+            config,
+            entries: BTreeMap::new(),
+            ready: BTreeSet::new(),
+            scheduled: BTreeSet::new(),
+            lease_expiry: BTreeSet::new(),
+            leases_by_owner: HashMap::new(),
+            waiters: BTreeMap::new(),
+            waiter_deadlines: BTreeSet::new(),
+            next_seq: Seq(1),
+            seq_reserved_until: Seq(1),
+            next_lease: LeaseId(1),
+            next_waiter: WaiterId(1),
+            bytes: 0,
+            counters: admin::Counters::default(),
+        }
+    }
+
+    pub fn name(&self) -> &QueueName {
+        &self.name
+    }
+
+    pub fn uid(&self) -> QueueUid {
+        self.uid
+    }
+
+    pub fn config(&self) -> &QueueConfig {
+        &self.config
+    }
+
+    /// The state of one message, if it is in the queue.
+    pub fn state_of(&self, seq: Seq) -> Option<MessageState> {
+        self.entries.get(&seq).map(|e| e.state)
+    }
+
+    /// The earliest time at which [`Queue::tick`] has something to do.
+    pub fn next_deadline_ms(&self) -> Option<u64> {
+        [
+            self.scheduled.first().map(|&(t, _)| t),
+            self.lease_expiry.first().map(|&(t, _)| t),
+            self.waiter_deadlines.first().map(|&(t, _)| t),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
+    /// Moves a message to a new state, keeping every index in step. The only place that writes
+    /// `Entry::state`.
+    fn set_state(&mut self, seq: Seq, new: MessageState) {
+        let Some(entry) = self.entries.get_mut(&seq) else {
+            return;
+        };
+        let priority = entry.message.priority;
+        match entry.state {
+            MessageState::Scheduled { until_ms } => {
+                self.scheduled.remove(&(until_ms, seq));
+            }
+            MessageState::Ready => {
+                self.ready.remove(&(Reverse(priority), seq));
+            }
+            MessageState::Leased {
+                owner, until_ms, ..
+            } => {
+                self.lease_expiry.remove(&(until_ms, seq));
+                if let Some(owner) = owner {
+                    if let Some(set) = self.leases_by_owner.get_mut(&owner) {
+                        set.remove(&seq);
+                        if set.is_empty() {
+                            self.leases_by_owner.remove(&owner);
+                        }
+                    }
+                }
+            }
+        }
+        entry.state = new;
+        match new {
+            MessageState::Scheduled { until_ms } => {
+                self.scheduled.insert((until_ms, seq));
+            }
+            MessageState::Ready => {
+                self.ready.insert((Reverse(priority), seq));
+            }
+            MessageState::Leased {
+                owner, until_ms, ..
+            } => {
+                self.lease_expiry.insert((until_ms, seq));
+                if let Some(owner) = owner {
+                    self.leases_by_owner.entry(owner).or_default().insert(seq);
+                }
+            }
+        }
+    }
+
+    /// Adds a message in the given state.
+    fn insert_entry(&mut self, message: SharedMessage, state: MessageState, delivery_count: u32) {
+        let seq = message.seq;
+        let priority = message.priority;
+        self.bytes += message.size_bytes();
+        self.entries.insert(
+            seq,
+            Entry {
+                message,
+                state: MessageState::Ready,
+                delivery_count,
+            },
+        );
+        self.ready.insert((Reverse(priority), seq));
+        self.set_state(seq, state);
+    }
+
+    /// Removes a message from the queue and from every index. Returns the persist op that deletes
+    /// it, if it was persistent.
+    fn remove_entry(&mut self, seq: Seq) -> Option<PersistOp> {
+        // Move it to a neutral state first so set_state clears its index entries.
+        self.set_state(seq, MessageState::Ready);
+        let entry = self.entries.remove(&seq)?;
+        self.ready.remove(&(Reverse(entry.message.priority), seq));
+        self.bytes -= entry.message.size_bytes();
+        entry
+            .message
+            .persistent
+            .then_some(PersistOp::DeleteMessage(seq))
+    }
+
+    /// Panics if any index disagrees with the states of the messages. Tests call it after every
+    /// step.
+    pub fn check_invariants(&self) {
+        let (mut ready, mut scheduled, mut leased) = (0usize, 0usize, 0usize);
+        let mut owned = 0usize;
+        for (&seq, e) in &self.entries {
+            assert_eq!(e.message.seq, seq, "entry key matches message seq");
+            assert!(seq < self.next_seq, "seq {seq} below next_seq");
+            match e.state {
+                MessageState::Ready => {
+                    ready += 1;
+                    assert!(self.ready.contains(&(Reverse(e.message.priority), seq)));
+                }
+                MessageState::Scheduled { until_ms } => {
+                    scheduled += 1;
+                    assert!(self.scheduled.contains(&(until_ms, seq)));
+                }
+                MessageState::Leased {
+                    owner,
+                    until_ms,
+                    lease,
+                } => {
+                    leased += 1;
+                    assert!(lease < self.next_lease);
+                    assert!(e.delivery_count >= 1, "a leased message has been delivered");
+                    assert!(self.lease_expiry.contains(&(until_ms, seq)));
+                    if let Some(owner) = owner {
+                        owned += 1;
+                        assert!(self
+                            .leases_by_owner
+                            .get(&owner)
+                            .is_some_and(|s| s.contains(&seq)));
+                    }
+                }
+            }
+        }
+        assert_eq!(self.ready.len(), ready, "ready index size");
+        assert_eq!(self.scheduled.len(), scheduled, "scheduled index size");
+        assert_eq!(self.lease_expiry.len(), leased, "lease index size");
+        assert_eq!(
+            self.leases_by_owner
+                .values()
+                .map(BTreeSet::len)
+                .sum::<usize>(),
+            owned
+        );
+        assert!(self.leases_by_owner.values().all(|s| !s.is_empty()));
+        assert_eq!(
+            self.waiters.len(),
+            self.waiter_deadlines.len()
+                + self
+                    .waiters
+                    .values()
+                    .filter(|w| w.deadline_ms.is_none())
+                    .count()
+        );
+        for (id, w) in &self.waiters {
+            if let Some(d) = w.deadline_ms {
+                assert!(self.waiter_deadlines.contains(&(d, *id)));
+            }
+        }
+        // A parked receiver and a deliverable message never coexist: dispatch runs after every
+        // change that makes a message ready or parks a receiver.
+        assert!(
+            self.waiters.is_empty() || self.ready.is_empty(),
+            "waiter parked while messages are ready"
+        );
+        assert!(
+            self.next_seq <= self.seq_reserved_until,
+            "every used seq is reserved durably"
+        );
+        assert_eq!(
+            self.bytes,
+            self.entries
+                .values()
+                .map(|e| e.message.size_bytes())
+                .sum::<u64>()
+        );
+    }
+}

@@ -1,0 +1,70 @@
+//! Giving messages back without an explicit nack: a session closing (or its lease running out),
+//! a delivery that could not be handed to its receiver, and lease expiry (in `tick.rs`).
+
+use super::{Effects, LeaseRef, MessageState, PersistOp, Queue};
+use crate::types::SessionId;
+
+impl Queue {
+    /// A session ended: every message it holds returns to Ready at once (it was delivered, so the
+    /// next delivery is flagged redelivered), and its parked receivers end empty-handed.
+    pub fn release_session(&mut self, owner: SessionId, now_ms: u64) -> Effects {
+        let mut effects = Effects::default();
+        self.fire_due(now_ms, &mut effects);
+        let held: Vec<_> = self
+            .leases_by_owner
+            .get(&owner)
+            .into_iter()
+            .flatten()
+            .copied()
+            .collect();
+        for seq in held {
+            self.set_state(seq, MessageState::Ready);
+        }
+        let waiters: Vec<_> = self
+            .waiters
+            .iter()
+            .filter(|(_, w)| w.owner == Some(owner))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in waiters {
+            self.remove_waiter(id);
+            effects.finished_empty.push(id);
+        }
+        self.dispatch(now_ms, &mut effects);
+        effects
+    }
+
+    /// Deliveries that never reached their receiver (its client was gone when the answer was
+    /// ready): the messages return to Ready at once and the delivery does not count.
+    pub fn return_undelivered(&mut self, leases: &[LeaseRef], now_ms: u64) -> Effects {
+        let mut effects = Effects::default();
+        self.fire_due(now_ms, &mut effects);
+        for r in leases {
+            let Some(entry) = self.entries.get_mut(&r.seq) else {
+                continue;
+            };
+            let MessageState::Leased { lease, .. } = entry.state else {
+                continue;
+            };
+            if lease != r.lease {
+                continue;
+            }
+            entry.delivery_count = entry.delivery_count.saturating_sub(1);
+            if entry.message.persistent {
+                effects.persist.push(PersistOp::SetDeliveryCount {
+                    seq: r.seq,
+                    count: entry.delivery_count,
+                });
+            }
+            self.counters.delivered_total = self.counters.delivered_total.saturating_sub(1);
+            self.set_state(r.seq, MessageState::Ready);
+        }
+        self.dispatch(now_ms, &mut effects);
+        effects
+    }
+
+    /// Sessions that hold at least one lease in this queue.
+    pub fn lease_owners(&self) -> impl Iterator<Item = SessionId> + '_ {
+        self.leases_by_owner.keys().copied()
+    }
+}

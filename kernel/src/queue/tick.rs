@@ -1,0 +1,41 @@
+//! Time passing: scheduled messages become Ready, expired leases return their message, parked
+//! receivers whose deadline came end empty-handed.
+
+use super::{Effects, MessageState, Queue};
+
+impl Queue {
+    /// Fires everything due at `now_ms` and hands newly Ready messages to parked receivers. The
+    /// shell calls it at [`Queue::next_deadline_ms`]; calling it early or late is harmless.
+    pub fn tick(&mut self, now_ms: u64) -> Effects {
+        let mut effects = Effects::default();
+        self.fire_due(now_ms, &mut effects);
+        effects
+    }
+
+    /// Every operation starts here, so the queue is always judged at the caller's `now`.
+    pub(crate) fn fire_due(&mut self, now_ms: u64, effects: &mut Effects) {
+        while let Some(&(t, seq)) = self.scheduled.first() {
+            if t > now_ms {
+                break;
+            }
+            self.set_state(seq, MessageState::Ready);
+        }
+        while let Some(&(t, seq)) = self.lease_expiry.first() {
+            if t > now_ms {
+                break;
+            }
+            // The lease ran out: only this message returns. Its delivery count already counts
+            // the delivery, so the next one is flagged redelivered.
+            self.set_state(seq, MessageState::Ready);
+            self.counters.lease_expired_total += 1;
+        }
+        self.dispatch(now_ms, effects);
+        while let Some(&(t, id)) = self.waiter_deadlines.first() {
+            if t > now_ms {
+                break;
+            }
+            self.remove_waiter(id);
+            effects.finished_empty.push(id);
+        }
+    }
+}
