@@ -1,1 +1,16 @@
-fn main() {}
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let out_dir = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
+    let protos = [
+        "proto/ferry/v1/common.proto",
+        "proto/ferry/v1/messaging.proto",
+        "proto/ferry/v1/admin.proto",
+        "proto/ferry/v1/backend.proto",
+    ];
+    for p in &protos {
+        println!("cargo:rerun-if-changed={p}");
+    }
+    tonic_prost_build::configure()
+        .file_descriptor_set_path(out_dir.join("ferry_v1_descriptor.bin"))
+        .compile_protos(&protos, &["proto"])?;
+    Ok(())
+}

@@ -1,1 +1,16 @@
-//! placeholder
+//! Ferry's back-end: owns queues, each a kernel [`ferry_kernel::Queue`] driven by one owner task,
+//! persists every change through group commit before it answers anyone the change affects, runs
+//! the queues' timers, and serves the internal `Backend` gRPC service that front-ends forward to.
+//!
+//! Depends on the kernel, the store and the API types; never on the front-end.
+
+mod actor;
+mod broker;
+mod clock;
+mod error;
+mod service;
+
+pub use broker::{Broker, BrokerConfig, QueueSummary};
+pub use clock::now_ms;
+pub use error::Error;
+pub use service::BackendService;

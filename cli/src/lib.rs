@@ -1,1 +1,7 @@
-//! placeholder
+//! Everything behind the `ferry` binary: node assembly ([`node`]), configuration ([`config`]) and
+//! the client subcommands ([`cmd`]). The binary itself only parses arguments and calls in here.
+
+pub mod cmd;
+pub mod config;
+pub mod node;
+pub mod output;

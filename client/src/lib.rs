@@ -1,1 +1,44 @@
-//! placeholder
+//! The Ferry Rust client: JMS-shaped, over the `ferry.v1` gRPC API.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), ferry_client::ClientError> {
+//! use ferry_client::{AckMode, Client, Message, ReceiveOptions};
+//! let client = Client::connect("http://127.0.0.1:7400").await?;
+//! let connection = client.open_connection("demo").await?;
+//! let session = connection.create_session(AckMode::Auto).await?;
+//! let ids = session.send("orders", vec![Message::text("hello").property("n", 5)]).await?;
+//! let got = session.receive("orders", ReceiveOptions::timeout_ms(1_000)).await?;
+//! connection.close().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! Depends on the API types only.
+
+mod connection;
+mod message;
+
+pub use connection::{Client, Connection, ReceiveOptions, Session};
+pub use ferry_proto::pb;
+pub use ferry_proto::pb::AckMode;
+pub use message::{Message, Received};
+
+/// What can go wrong talking to a server.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("cannot reach the server at {url}: {source}")]
+    Connect { url: String, source: tonic::transport::Error },
+    #[error("{} ({:?})", .0.message(), .0.code())]
+    Status(#[from] tonic::Status),
+    #[error("{0}")]
+    InvalidArgument(String),
+}
+
+impl ClientError {
+    /// The gRPC code, when the server answered with an error.
+    pub fn code(&self) -> Option<tonic::Code> {
+        match self {
+            ClientError::Status(s) => Some(s.code()),
+            _ => None,
+        }
+    }
+}

@@ -1,1 +1,240 @@
-//! placeholder
+//! The harness for Ferry's multi-process tests: start real `ferry server` processes on free ports
+//! with their own data directories, wait until they serve (never a fixed sleep), kill them when
+//! the test ends, and print their logs when it fails.
+//!
+//! The `ferry` binary is found next to the test executable's directory (`target/<profile>/ferry`),
+//! or at `$FERRY_BIN`. The README's test command builds it first.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use ferry_client::Client;
+
+/// Path of the `ferry` binary under test.
+pub fn ferry_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("FERRY_BIN") {
+        return PathBuf::from(p);
+    }
+    let exe = std::env::current_exe().expect("test executable path");
+    // target/<profile>/deps/<test> → target/<profile>/ferry
+    let dir = exe.parent().and_then(Path::parent).expect("target directory");
+    let bin = dir.join(format!("ferry{}", std::env::consts::EXE_SUFFIX));
+    assert!(
+        bin.exists(),
+        "{} is missing: build it first (cargo build -p ferry-cli), or set FERRY_BIN",
+        bin.display()
+    );
+    bin
+}
+
+/// How to start a node.
+#[derive(Debug, Clone)]
+pub struct NodeOptions {
+    pub node_id: String,
+    /// Extra TOML appended to the generated config file.
+    pub extra_toml: String,
+    pub memory: bool,
+}
+
+impl Default for NodeOptions {
+    fn default() -> Self {
+        Self { node_id: "node-1".into(), extra_toml: String::new(), memory: false }
+    }
+}
+
+/// A running `ferry server` process. Killed (SIGKILL) when dropped; its log is printed if the
+/// test is failing.
+#[derive(Debug)]
+pub struct Node {
+    child: Option<Child>,
+    pub addr: SocketAddr,
+    pub data_dir: PathBuf,
+    log_path: PathBuf,
+    options: NodeOptions,
+    name: String,
+}
+
+impl Node {
+    /// Starts a node with its data in `data_dir` (kept by the caller, so a restart finds it).
+    pub fn start(data_dir: &Path, options: NodeOptions) -> anyhow::Result<Node> {
+        Self::start_on(data_dir, options, "127.0.0.1:0")
+    }
+
+    fn start_on(data_dir: &Path, options: NodeOptions, listen: &str) -> anyhow::Result<Node> {
+        let log_path = data_dir.join(format!("{}.log", options.node_id));
+        let name = options.node_id.clone();
+        let mut node = Node {
+            child: None,
+            addr: "127.0.0.1:1".parse()?,
+            data_dir: data_dir.into(),
+            log_path,
+            options,
+            name,
+        };
+        node.spawn(listen)?;
+        Ok(node)
+    }
+
+    fn spawn(&mut self, listen: &str) -> anyhow::Result<()> {
+        let (data_dir, options) = (self.data_dir.clone(), self.options.clone());
+        std::fs::create_dir_all(&data_dir)?;
+        let config = data_dir.join("ferry.toml");
+        std::fs::write(&config, format!("node_id = {:?}\n{}\n", options.node_id, options.extra_toml))?;
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log_path)?;
+        let mut cmd = Command::new(ferry_bin());
+        cmd.arg("server")
+            .arg("--config")
+            .arg(&config)
+            .arg("--listen")
+            .arg(listen)
+            .arg("--data-dir")
+            .arg(&data_dir)
+            .env("RUST_LOG", "info,ferry=debug")
+            .env_remove("FERRY_SERVER")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(log);
+        if options.memory {
+            cmd.arg("--memory");
+        }
+        let mut child = cmd.spawn().context("spawning ferry server")?;
+        let stdout = child.stdout.take().context("server stdout")?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut lines = BufReader::new(stdout).lines();
+            if let Some(Ok(line)) = lines.next() {
+                let _ = tx.send(line);
+            }
+            // Keep draining so the server never blocks on a full pipe.
+            for _ in lines {}
+        });
+        self.child = Some(child);
+        let line = match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(line) => line,
+            Err(_) => {
+                self.print_log();
+                bail!("ferry server {} did not report its address within 60 s", self.name);
+            }
+        };
+        self.addr = line
+            .rsplit(' ')
+            .next()
+            .and_then(|a| a.parse().ok())
+            .with_context(|| format!("unexpected first line from the server: {line:?}"))?;
+        Ok(())
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// A client connected to this node, once it reports SERVING on the standard health service.
+    pub async fn client(&self) -> anyhow::Result<Client> {
+        let client = Client::connect(&self.url()).await?;
+        let channel = tonic::transport::Endpoint::from_shared(self.url())?.connect().await?;
+        let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+        let r = health
+            .check(tonic_health::pb::HealthCheckRequest { service: String::new() })
+            .await?
+            .into_inner();
+        if r.status != tonic_health::pb::health_check_response::ServingStatus::Serving as i32 {
+            bail!("node {} is not serving: {r:?}", self.name);
+        }
+        Ok(client)
+    }
+
+    /// SIGKILL: the process dies at once, mid-whatever.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM, then wait for the process to exit; returns whether it exited successfully.
+    pub fn terminate(&mut self) -> anyhow::Result<bool> {
+        let Some(mut c) = self.child.take() else { bail!("not running") };
+        let status = Command::new("kill").arg("-TERM").arg(c.id().to_string()).status()?;
+        if !status.success() {
+            bail!("kill -TERM failed");
+        }
+        Ok(c.wait()?.success())
+    }
+
+    /// Starts the node again on the same data directory (a new port).
+    pub fn restart(&mut self) -> anyhow::Result<()> {
+        self.kill9();
+        self.spawn("127.0.0.1:0")
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log_path).unwrap_or_default()
+    }
+
+    fn print_log(&self) {
+        eprintln!("----- log of ferry node {} ({}) -----\n{}\n----- end of log -----", self.name, self.log_path.display(), self.log());
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.print_log();
+        }
+        self.kill9();
+    }
+}
+
+/// Waits until `check` returns true, looking every 10 ms, failing after `timeout`. For conditions
+/// the test cannot be told about directly (a server noticing a dead client).
+pub async fn wait_until<F, Fut>(timeout: Duration, what: &str, mut check: F) -> anyhow::Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<bool>>,
+{
+    let start = Instant::now();
+    loop {
+        if check().await? {
+            return Ok(());
+        }
+        if start.elapsed() > timeout {
+            bail!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Runs the `ferry` binary with `args` against `node`, returning (success, stdout, stderr).
+pub fn ferry_cli(node: &Node, args: &[&str]) -> anyhow::Result<(bool, String, String)> {
+    let out = Command::new(ferry_bin())
+        .args(args)
+        .arg("--server")
+        .arg(node.addr.to_string())
+        .env_remove("FERRY_SERVER")
+        .stdin(Stdio::null())
+        .output()?;
+    Ok((out.status.success(), String::from_utf8(out.stdout)?, String::from_utf8(out.stderr)?))
+}
+
+/// Queue statistics through the admin API.
+pub async fn stats(client: &Client, queue: &str) -> anyhow::Result<ferry_client::pb::QueueStats> {
+    let r = client
+        .admin()
+        .get_queue_stats(ferry_client::pb::GetQueueStatsRequest { name: queue.into() })
+        .await?
+        .into_inner();
+    r.queues.into_iter().next().context("no stats returned")
+}
+
+/// Creates a queue through the admin API.
+pub async fn create_queue(client: &Client, name: &str) -> anyhow::Result<()> {
+    client
+        .admin()
+        .create_queue(ferry_client::pb::CreateQueueRequest { name: name.into(), config: None, if_not_exists: false })
+        .await?;
+    Ok(())
+}

@@ -3,6 +3,8 @@
 //! model (linear scans, no indexes). After every step both must agree on every message's state and
 //! delivery count, on every answer, and the kernel's own invariants must hold.
 
+#![allow(clippy::unwrap_used)]
+
 use std::collections::BTreeMap;
 
 use ferry_kernel::{

@@ -1,1 +1,16 @@
-//! placeholder
+//! The Ferry gRPC API (`ferry.v1`): generated message and service code, and [`convert`], the one
+//! place where wire types and the kernel's domain types meet.
+//!
+//! Depends on the kernel for domain types only; it must not depend on the store or the servers.
+
+#[allow(missing_docs, clippy::all, clippy::pedantic, missing_debug_implementations)]
+pub mod v1 {
+    tonic::include_proto!("ferry.v1");
+
+    /// Encoded `FileDescriptorSet` of the API, for gRPC server reflection.
+    pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("ferry_v1_descriptor");
+}
+
+pub mod convert;
+
+pub use v1 as pb;

@@ -1,0 +1,329 @@
+//! The owner task of one queue. It alone touches the queue's kernel state; callers talk to it
+//! through a bounded channel. No lock is held across an `.await`.
+//!
+//! Persist, then reply: an operation's effects go to group commit, and everyone the operation
+//! answers (the caller, receivers handed a message) is answered only once the write is durable.
+//! Commits complete in submission order, so a receiver never sees a message before it is on disk.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferry_kernel::{
+    Delivery, Effects, KernelError, LeaseRef, MessageId, MessageState, NewMessage, Queue,
+    QueueStats, ReceiveOutcome, ReceiveRequest, SessionId, WaiterId,
+};
+use ferry_store::{GroupCommit, StoreError, StoreOp};
+use futures::stream::{FuturesOrdered, StreamExt};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::clock::now_ms;
+use crate::error::Error;
+
+type Reply<T> = oneshot::Sender<Result<T, Error>>;
+pub(crate) type LeaseResults<T> = Vec<Result<T, KernelError>>;
+pub(crate) type Browsed = Vec<(Arc<ferry_kernel::Message>, MessageState, u32)>;
+
+pub(crate) enum Cmd {
+    Send { messages: Vec<NewMessage>, reply: Reply<Vec<MessageId>> },
+    Receive { req: ReceiveRequest, ticket: u64, reply: Reply<Vec<Delivery>> },
+    CancelReceive { ticket: u64 },
+    /// Deliveries that reached the caller's side after it stopped waiting.
+    ReturnUndelivered { leases: Vec<LeaseRef> },
+    Ack { leases: Vec<LeaseRef>, reply: Reply<LeaseResults<()>> },
+    Nack { leases: Vec<LeaseRef>, delay_ms: Option<u64>, reply: Reply<LeaseResults<()>> },
+    Extend { leases: Vec<LeaseRef>, lease_ms: Option<u64>, reply: Reply<LeaseResults<u64>> },
+    ReleaseSession { session: SessionId, reply: Reply<u64> },
+    Browse { after: Option<ferry_kernel::Seq>, max: usize, reply: Reply<Browsed> },
+    Purge { reply: Reply<u64> },
+    Stats { reply: Reply<QueueStats> },
+    /// Ends the task: parked receivers are answered empty, pending writes finish first.
+    Stop { reply: oneshot::Sender<u64> },
+}
+
+/// Sends a caller its answer once the write it depends on is done. Returns the leases of
+/// deliveries that could not be handed over (the receiver was gone or the write failed).
+type Answer = Box<dyn FnOnce(Result<(), StoreError>) -> Vec<LeaseRef> + Send>;
+
+type PendingCommit = Pin<Box<dyn Future<Output = (Result<(), StoreError>, Vec<Answer>)> + Send>>;
+
+/// A cheap handle to a queue's owner task.
+#[derive(Debug, Clone)]
+pub(crate) struct QueueHandle {
+    tx: mpsc::Sender<Cmd>,
+    tickets: Arc<AtomicU64>,
+}
+
+impl QueueHandle {
+    pub(crate) async fn call<T>(&self, make: impl FnOnce(Reply<T>) -> Cmd) -> Result<T, Error> {
+        let (tx, rx) = oneshot::channel();
+        self.tx.send(make(tx)).await.map_err(|_| Error::ShuttingDown)?;
+        rx.await.map_err(|_| Error::ShuttingDown)?
+    }
+
+    /// Receives; if the caller stops waiting (its future is dropped: client cancelled or went
+    /// away), the parked receiver is removed from the queue at once.
+    pub(crate) async fn receive(&self, req: ReceiveRequest) -> Result<Vec<Delivery>, Error> {
+        let ticket = self.tickets.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        self.tx
+            .send(Cmd::Receive { req, ticket, reply: tx })
+            .await
+            .map_err(|_| Error::ShuttingDown)?;
+        let mut guard = CancelOnDrop { tx: self.tx.clone(), ticket, rx: Some(rx) };
+        let rx = guard.rx.as_mut().expect("invariant: set just above");
+        let out = rx.await.map_err(|_| Error::ShuttingDown);
+        guard.rx = None;
+        out?
+    }
+
+    pub(crate) async fn stop(&self) -> u64 {
+        let (tx, rx) = oneshot::channel();
+        if self.tx.send(Cmd::Stop { reply: tx }).await.is_err() {
+            return 0;
+        }
+        rx.await.unwrap_or(0)
+    }
+}
+
+/// Armed while a receive waits for its answer. Dropped armed (the caller stopped waiting), it
+/// removes the parked receiver, or, if the answer already arrived, gives its deliveries back.
+struct CancelOnDrop {
+    tx: mpsc::Sender<Cmd>,
+    ticket: u64,
+    rx: Option<oneshot::Receiver<Result<Vec<Delivery>, Error>>>,
+}
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        let Some(mut rx) = self.rx.take() else { return };
+        // After close() the owner task can no longer hand us anything: its send fails and it
+        // returns the messages itself. Whatever was sent before is still readable here.
+        rx.close();
+        let cmd = match rx.try_recv() {
+            Ok(Ok(deliveries)) if !deliveries.is_empty() => Cmd::ReturnUndelivered {
+                leases: deliveries.iter().map(Delivery::lease_ref).collect(),
+            },
+            _ => Cmd::CancelReceive { ticket: self.ticket },
+        };
+        if let Err(mpsc::error::TrySendError::Full(cmd)) = self.tx.try_send(cmd) {
+            // The queue is busy; deliver the command without blocking the dropping thread.
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                let tx = self.tx.clone();
+                rt.spawn(async move {
+                    let _ = tx.send(cmd).await;
+                });
+            }
+        }
+    }
+}
+
+pub(crate) struct QueueActor {
+    queue: Queue,
+    /// Temporary queues keep nothing on disk.
+    durable: bool,
+    commit: GroupCommit,
+    rx: mpsc::Receiver<Cmd>,
+    waiters: HashMap<WaiterId, (u64, Reply<Vec<Delivery>>)>,
+    tickets: HashMap<u64, WaiterId>,
+    pending: FuturesOrdered<PendingCommit>,
+}
+
+impl QueueActor {
+    /// Starts the owner task of `queue`.
+    pub(crate) fn spawn(queue: Queue, durable: bool, commit: GroupCommit, capacity: usize) -> QueueHandle {
+        let (tx, rx) = mpsc::channel(capacity.max(1));
+        let actor = QueueActor {
+            queue,
+            durable,
+            commit,
+            rx,
+            waiters: HashMap::new(),
+            tickets: HashMap::new(),
+            pending: FuturesOrdered::new(),
+        };
+        tokio::spawn(actor.run());
+        QueueHandle { tx, tickets: Arc::new(AtomicU64::new(1)) }
+    }
+
+    async fn run(mut self) {
+        loop {
+            let deadline = self.queue.next_deadline_ms().map(|at| {
+                let wait = Duration::from_millis(at.saturating_sub(now_ms()));
+                tokio::time::Instant::now() + wait
+            });
+            let timer = async {
+                match deadline {
+                    Some(t) => tokio::time::sleep_until(t).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                cmd = self.rx.recv() => match cmd {
+                    Some(Cmd::Stop { reply }) => {
+                        let count = self.queue.stats();
+                        self.stop().await;
+                        let _ = reply.send(count.ready + count.scheduled + count.leased);
+                        return;
+                    }
+                    Some(cmd) => self.handle(cmd).await,
+                    None => {
+                        self.stop().await;
+                        return;
+                    }
+                },
+                Some((result, answers)) = self.pending.next(), if !self.pending.is_empty() => {
+                    self.answer(result, answers).await;
+                }
+                () = timer => {
+                    let fx = self.queue.tick(now_ms());
+                    self.finish(fx, vec![]).await;
+                }
+            }
+        }
+    }
+
+    async fn stop(&mut self) {
+        for (_, (_, reply)) in self.waiters.drain() {
+            let _ = reply.send(Ok(vec![]));
+        }
+        self.tickets.clear();
+        while let Some((result, answers)) = self.pending.next().await {
+            for a in answers {
+                a(result.clone());
+            }
+        }
+    }
+
+    async fn handle(&mut self, cmd: Cmd) {
+        let now = now_ms();
+        match cmd {
+            Cmd::Send { messages, reply } => match self.queue.send(messages, now) {
+                Ok((ids, fx)) => self.finish(fx, vec![answer(reply, ids)]).await,
+                Err(e) => drop(reply.send(Err(e.into()))),
+            },
+            Cmd::Receive { req, ticket, reply } => match self.queue.receive(req, now) {
+                Ok((ReceiveOutcome::Delivered(d), fx)) => {
+                    self.finish(fx, vec![deliver(reply, d)]).await;
+                }
+                Ok((ReceiveOutcome::Empty, fx)) => {
+                    let _ = reply.send(Ok(vec![]));
+                    self.finish(fx, vec![]).await;
+                }
+                Ok((ReceiveOutcome::Parked(id), fx)) => {
+                    self.waiters.insert(id, (ticket, reply));
+                    self.tickets.insert(ticket, id);
+                    self.finish(fx, vec![]).await;
+                }
+                Err(e) => drop(reply.send(Err(e.into()))),
+            },
+            Cmd::CancelReceive { ticket } => {
+                if let Some(id) = self.tickets.remove(&ticket) {
+                    self.queue.cancel_waiter(id);
+                    self.waiters.remove(&id);
+                }
+            }
+            Cmd::ReturnUndelivered { leases } => {
+                let fx = self.queue.return_undelivered(&leases, now);
+                self.finish(fx, vec![]).await;
+            }
+            Cmd::Ack { leases, reply } => {
+                let (results, fx) = self.queue.ack(&leases, now);
+                self.finish(fx, vec![answer(reply, results)]).await;
+            }
+            Cmd::Nack { leases, delay_ms, reply } => {
+                let (results, fx) = self.queue.nack(&leases, delay_ms, now);
+                self.finish(fx, vec![answer(reply, results)]).await;
+            }
+            Cmd::Extend { leases, lease_ms, reply } => {
+                match self.queue.extend_lease(&leases, lease_ms, now) {
+                    Ok((results, fx)) => self.finish(fx, vec![answer(reply, results)]).await,
+                    Err(e) => drop(reply.send(Err(e.into()))),
+                }
+            }
+            Cmd::ReleaseSession { session, reply } => {
+                let before = self.queue.stats().leased;
+                let fx = self.queue.release_session(session, now);
+                let released = before.saturating_sub(self.queue.stats().leased);
+                self.finish(fx, vec![answer(reply, released)]).await;
+            }
+            Cmd::Browse { after, max, reply } => {
+                let _ = reply.send(Ok(self.queue.browse(after, max)));
+            }
+            Cmd::Purge { reply } => {
+                let (n, fx) = self.queue.purge(now);
+                self.finish(fx, vec![answer(reply, n)]).await;
+            }
+            Cmd::Stats { reply } => {
+                let _ = reply.send(Ok(self.queue.stats()));
+            }
+            Cmd::Stop { .. } => unreachable!("handled in run"),
+        }
+    }
+
+    /// Answers now if nothing must be written, else once the write is durable.
+    async fn finish(&mut self, fx: Effects, mut answers: Vec<Answer>) {
+        for (id, deliveries) in fx.handed {
+            if let Some((ticket, reply)) = self.waiters.remove(&id) {
+                self.tickets.remove(&ticket);
+                answers.push(deliver(reply, deliveries));
+            }
+        }
+        for id in fx.finished_empty {
+            if let Some((ticket, reply)) = self.waiters.remove(&id) {
+                self.tickets.remove(&ticket);
+                let _ = reply.send(Ok(vec![]));
+            }
+        }
+        let ops: Vec<StoreOp> = if self.durable {
+            let uid = self.queue.uid();
+            fx.persist.into_iter().map(|op| StoreOp::Queue { uid, op }).collect()
+        } else {
+            vec![]
+        };
+        if ops.is_empty() {
+            self.answer(Ok(()), answers).await;
+            return;
+        }
+        match self.commit.submit(ops).await {
+            Ok(ticket) => self.pending.push_back(Box::pin(async move { (ticket.durable().await, answers) })),
+            Err(e) => self.answer(Err(e), answers).await,
+        }
+    }
+
+    /// Sends the answers; deliveries nobody took go straight back to Ready.
+    async fn answer(&mut self, result: Result<(), StoreError>, answers: Vec<Answer>) {
+        let undelivered: Vec<LeaseRef> = answers.into_iter().flat_map(|a| a(result.clone())).collect();
+        if !undelivered.is_empty() {
+            let fx = self.queue.return_undelivered(&undelivered, now_ms());
+            Box::pin(self.finish(fx, vec![])).await;
+        }
+    }
+}
+
+fn answer<T: Send + 'static>(reply: Reply<T>, value: T) -> Answer {
+    Box::new(move |written| {
+        let _ = reply.send(written.map(|()| value).map_err(Error::from));
+        vec![]
+    })
+}
+
+fn deliver(reply: Reply<Vec<Delivery>>, deliveries: Vec<Delivery>) -> Answer {
+    Box::new(move |written| {
+        let leases: Vec<LeaseRef> = deliveries.iter().map(Delivery::lease_ref).collect();
+        match written {
+            Ok(()) => match reply.send(Ok(deliveries)) {
+                Ok(()) => vec![],
+                // The receiver is gone: these messages never reached anyone.
+                Err(_) => leases,
+            },
+            Err(e) => {
+                let _ = reply.send(Err(e.into()));
+                leases
+            }
+        }
+    })
+}

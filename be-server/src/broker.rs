@@ -1,0 +1,246 @@
+//! The set of queues this back-end owns: creating, recovering, finding and deleting them. Each
+//! queue's work is done by its owner task (`actor.rs`); the broker only routes to it.
+
+use std::collections::HashMap;
+use std::sync::{Arc, PoisonError, RwLock};
+
+use ferry_kernel::{
+    Delivery, KernelError, LeaseRef, MessageId, NewMessage, NodeId, Queue, QueueConfig, QueueName,
+    QueueStats, QueueUid, ReceiveRequest, SessionId,
+};
+use ferry_store::{GroupCommit, QueueDef, QueueStore, StoreOp};
+
+use crate::actor::{Browsed, Cmd, LeaseResults, QueueActor, QueueHandle};
+use crate::clock::now_ms;
+use crate::error::Error;
+
+/// Back-end settings.
+#[derive(Debug, Clone)]
+pub struct BrokerConfig {
+    pub node_id: NodeId,
+    /// Settings of a queue created without its own.
+    pub queue_defaults: QueueConfig,
+    /// Submissions waiting for the group-commit writer.
+    pub commit_queue_depth: usize,
+    /// Submissions one synced write may carry.
+    pub commit_batch_max: usize,
+    /// Commands waiting for one queue's owner task.
+    pub queue_channel_capacity: usize,
+}
+
+impl BrokerConfig {
+    pub fn new(node_id: NodeId) -> Self {
+        Self {
+            node_id,
+            queue_defaults: QueueConfig::default(),
+            commit_queue_depth: 4_096,
+            commit_batch_max: 1_024,
+            queue_channel_capacity: 1_024,
+        }
+    }
+}
+
+/// What a listing shows of a queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueSummary {
+    pub name: QueueName,
+    pub config: QueueConfig,
+    pub temporary: bool,
+}
+
+#[derive(Debug, Clone)]
+struct Owned {
+    def: QueueDef,
+    temporary: bool,
+    handle: QueueHandle,
+}
+
+/// See the module docs. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Broker {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    config: BrokerConfig,
+    commit: GroupCommit,
+    queues: RwLock<HashMap<QueueName, Owned>>,
+    /// Create and delete are rare; one at a time keeps the map and the store in step.
+    admin: tokio::sync::Mutex<()>,
+    /// Set by [`Broker::shutdown`]: every call fails with UNAVAILABLE from then on.
+    stopping: std::sync::atomic::AtomicBool,
+}
+
+impl Broker {
+    /// Recovers every queue from `store` and starts serving them.
+    pub async fn open(config: BrokerConfig, store: Arc<dyn QueueStore>) -> Result<Self, Error> {
+        let recovered = tokio::task::block_in_place(|| store.recover())?;
+        let (commit, _writer) = GroupCommit::start(store, config.commit_queue_depth, config.commit_batch_max)
+            .map_err(|e| ferry_store::StoreError::Io { context: "starting the writer thread", message: e.to_string() })?;
+        let now = now_ms();
+        let mut queues = HashMap::new();
+        let mut messages = 0usize;
+        for r in recovered {
+            messages += r.messages.len();
+            let q = Queue::recover(r.def.name.clone(), r.def.uid, r.def.config.clone(), r.seq_reserved_until, r.messages, now);
+            let handle = QueueActor::spawn(q, true, commit.clone(), config.queue_channel_capacity);
+            queues.insert(r.def.name.clone(), Owned { def: r.def, temporary: false, handle });
+        }
+        tracing::info!(queues = queues.len(), messages, "recovered queues");
+        Ok(Self {
+            inner: Arc::new(Inner { config, commit, queues: RwLock::new(queues), admin: tokio::sync::Mutex::new(()), stopping: false.into() }),
+        })
+    }
+
+    pub fn node_id(&self) -> &NodeId {
+        &self.inner.config.node_id
+    }
+
+    pub fn queue_defaults(&self) -> &QueueConfig {
+        &self.inner.config.queue_defaults
+    }
+
+    fn owned(&self, queue: &QueueName) -> Result<Owned, Error> {
+        if self.inner.stopping.load(std::sync::atomic::Ordering::Acquire) {
+            return Err(Error::ShuttingDown);
+        }
+        let map = self.inner.queues.read().unwrap_or_else(PoisonError::into_inner);
+        map.get(queue).cloned().ok_or_else(|| Error::QueueNotFound { queue: queue.to_string() })
+    }
+
+    fn handle(&self, queue: &QueueName) -> Result<QueueHandle, Error> {
+        self.owned(queue).map(|o| o.handle)
+    }
+
+    /// Creates a queue. With `if_not_exists`, an existing queue is returned as it is (`false`).
+    pub async fn create_queue(
+        &self,
+        name: QueueName,
+        config: QueueConfig,
+        if_not_exists: bool,
+        temporary: bool,
+    ) -> Result<(QueueSummary, bool), Error> {
+        validate_config(&config)?;
+        let _admin = self.inner.admin.lock().await;
+        match self.owned(&name) {
+            Ok(existing) if if_not_exists => return Ok((summary(&existing), false)),
+            Ok(_) => return Err(Error::QueueExists { queue: name.to_string() }),
+            Err(Error::QueueNotFound { .. }) => {}
+            Err(e) => return Err(e),
+        }
+        // 0 and u64::MAX are reserved (key-range bounds in the store).
+        let uid = QueueUid(rand::random_range(1..u64::MAX));
+        let def = QueueDef { name: name.clone(), uid, config };
+        if !temporary {
+            self.inner.commit.commit(vec![StoreOp::PutQueue(def.clone())]).await?;
+        }
+        let q = Queue::new(name.clone(), uid, def.config.clone());
+        let handle = QueueActor::spawn(q, !temporary, self.inner.commit.clone(), self.inner.config.queue_channel_capacity);
+        let owned = Owned { def, temporary, handle };
+        let s = summary(&owned);
+        self.inner.queues.write().unwrap_or_else(PoisonError::into_inner).insert(name, owned);
+        tracing::info!(queue = %s.name, temporary, "queue created");
+        Ok((s, true))
+    }
+
+    pub fn get_queue(&self, name: &QueueName) -> Result<QueueSummary, Error> {
+        self.owned(name).map(|o| summary(&o))
+    }
+
+    pub fn list_queues(&self) -> Vec<QueueSummary> {
+        let map = self.inner.queues.read().unwrap_or_else(PoisonError::into_inner);
+        let mut all: Vec<_> = map.values().map(summary).collect();
+        all.sort_by(|a, b| a.name.cmp(&b.name));
+        all
+    }
+
+    /// Deletes a queue and its messages; parked receivers are answered empty. Returns how many
+    /// messages it held.
+    pub async fn delete_queue(&self, name: &QueueName) -> Result<u64, Error> {
+        let _admin = self.inner.admin.lock().await;
+        let owned = self.owned(name)?;
+        if !owned.temporary {
+            self.inner.commit.commit(vec![StoreOp::DeleteQueue(owned.def.uid)]).await?;
+        }
+        self.inner.queues.write().unwrap_or_else(PoisonError::into_inner).remove(name);
+        let held = owned.handle.stop().await;
+        tracing::info!(queue = %name, messages = held, "queue deleted");
+        Ok(held)
+    }
+
+    pub async fn send(&self, queue: &QueueName, messages: Vec<NewMessage>) -> Result<Vec<MessageId>, Error> {
+        self.handle(queue)?.call(|reply| Cmd::Send { messages, reply }).await
+    }
+
+    /// Receives from a queue; see [`ReceiveRequest`]. Dropping the future removes the receiver.
+    pub async fn receive(&self, queue: &QueueName, req: ReceiveRequest) -> Result<Vec<Delivery>, Error> {
+        self.handle(queue)?.receive(req).await
+    }
+
+    pub async fn ack(&self, queue: &QueueName, leases: Vec<LeaseRef>) -> Result<LeaseResults<()>, Error> {
+        self.handle(queue)?.call(|reply| Cmd::Ack { leases, reply }).await
+    }
+
+    pub async fn nack(&self, queue: &QueueName, leases: Vec<LeaseRef>, delay_ms: Option<u64>) -> Result<LeaseResults<()>, Error> {
+        self.handle(queue)?.call(|reply| Cmd::Nack { leases, delay_ms, reply }).await
+    }
+
+    pub async fn extend_lease(&self, queue: &QueueName, leases: Vec<LeaseRef>, lease_ms: Option<u64>) -> Result<LeaseResults<u64>, Error> {
+        self.handle(queue)?.call(|reply| Cmd::Extend { leases, lease_ms, reply }).await
+    }
+
+    /// A session ended: its messages in these queues return at once. Queues that no longer exist
+    /// are skipped. Returns how many messages were released.
+    pub async fn release_session(&self, session: SessionId, queues: &[QueueName]) -> Result<u64, Error> {
+        let mut released = 0;
+        for q in queues {
+            if let Ok(h) = self.handle(q) {
+                released += h.call(|reply| Cmd::ReleaseSession { session, reply }).await?;
+            }
+        }
+        Ok(released)
+    }
+
+    pub async fn browse(&self, queue: &QueueName, after: Option<ferry_kernel::Seq>, max: usize) -> Result<Browsed, Error> {
+        self.handle(queue)?.call(|reply| Cmd::Browse { after, max, reply }).await
+    }
+
+    pub async fn purge(&self, queue: &QueueName) -> Result<u64, Error> {
+        self.handle(queue)?.call(|reply| Cmd::Purge { reply }).await
+    }
+
+    pub async fn stats(&self, queue: &QueueName) -> Result<QueueStats, Error> {
+        self.handle(queue)?.call(|reply| Cmd::Stats { reply }).await
+    }
+
+    /// Stops every queue: parked receivers are answered empty, writes already submitted finish.
+    pub async fn shutdown(&self) {
+        self.inner.stopping.store(true, std::sync::atomic::Ordering::Release);
+        let all: Vec<_> = {
+            let mut map = self.inner.queues.write().unwrap_or_else(PoisonError::into_inner);
+            map.drain().map(|(_, o)| o.handle).collect()
+        };
+        for h in all {
+            h.stop().await;
+        }
+    }
+}
+
+fn summary(o: &Owned) -> QueueSummary {
+    QueueSummary { name: o.def.name.clone(), config: o.def.config.clone(), temporary: o.temporary }
+}
+
+fn validate_config(c: &QueueConfig) -> Result<(), Error> {
+    let bad = |field: &'static str, reason: &str| Err(Error::Kernel(KernelError::InvalidArgument { field, reason: reason.into() }));
+    if c.default_lease_ms == 0 || c.default_lease_ms > c.lease_max_ms {
+        return bad("default_lease_ms", "must be at least 1 and at most lease_max_ms");
+    }
+    if c.receive_batch_max == 0 {
+        return bad("receive_batch_max", "must be at least 1");
+    }
+    if c.max_message_size_bytes == 0 {
+        return bad("max_message_size_bytes", "must be at least 1");
+    }
+    Ok(())
+}

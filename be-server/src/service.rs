@@ -1,0 +1,235 @@
+//! The internal `Backend` gRPC service: decode, one call into the [`Broker`], encode. Front-ends
+//! call it over the network, or in-process as a plain trait object.
+
+use std::str::FromStr;
+
+use ferry_kernel::{
+    Delivery, KernelError, LeaseRef, NewMessage, QueueName, ReceiptHandle, ReceiveRequest, Seq,
+    SessionId, Wait,
+};
+use ferry_proto::convert;
+use ferry_proto::pb;
+use tonic::{Request, Response, Status};
+
+use crate::broker::{Broker, QueueSummary};
+use crate::clock::now_ms;
+use crate::error::Error;
+
+/// See the module docs.
+#[derive(Debug, Clone)]
+pub struct BackendService {
+    broker: Broker,
+}
+
+impl BackendService {
+    pub fn new(broker: Broker) -> Self {
+        Self { broker }
+    }
+
+    pub fn broker(&self) -> &Broker {
+        &self.broker
+    }
+
+    fn info(&self, s: &QueueSummary) -> pb::QueueInfo {
+        pb::QueueInfo {
+            name: s.name.to_string(),
+            config: Some(convert::queue_config_to_pb(&s.config)),
+            owner_node: self.broker.node_id().to_string(),
+            temporary: s.temporary,
+        }
+    }
+
+    fn deliveries(&self, queue: &QueueName, d: &[Delivery]) -> Vec<pb::Delivery> {
+        d.iter()
+            .map(|d| {
+                let handle = ReceiptHandle {
+                    node: self.broker.node_id().clone(),
+                    queue: queue.clone(),
+                    seq: d.message.seq,
+                    lease: d.lease,
+                };
+                convert::delivery_to_pb(d, &handle)
+            })
+            .collect()
+    }
+
+    /// Decodes receipt handles, refusing any that belong to another node or queue.
+    fn leases(&self, queue: &QueueName, handles: &[String]) -> Result<Vec<LeaseRef>, Error> {
+        handles
+            .iter()
+            .map(|h| {
+                let r = ReceiptHandle::from_str(h)?;
+                if &r.node != self.broker.node_id() {
+                    return Err(Error::WrongNode { handle: h.clone(), owner: r.node, this: self.broker.node_id().clone() });
+                }
+                if &r.queue != queue {
+                    return Err(Error::WrongQueue { handle: h.clone(), handle_queue: r.queue.to_string(), queue: queue.to_string() });
+                }
+                Ok(LeaseRef { seq: r.seq, lease: r.lease })
+            })
+            .collect()
+    }
+}
+
+fn queue_name(name: &str) -> Result<QueueName, Error> {
+    Ok(QueueName::new(name)?)
+}
+
+fn session(s: &str) -> Result<Option<SessionId>, Error> {
+    if s.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(SessionId::from_str(s)?))
+}
+
+fn lease_response<T>(results: Vec<Result<T, KernelError>>, value: impl Fn(&T) -> u64) -> pb::BackendLeaseResponse {
+    let mut out = pb::BackendLeaseResponse::default();
+    for r in results {
+        match r {
+            Ok(v) => {
+                out.errors.push(String::new());
+                out.lease_expires_at_ms.push(value(&v));
+            }
+            Err(e) => {
+                out.errors.push(e.to_string());
+                out.lease_expires_at_ms.push(0);
+            }
+        }
+    }
+    out
+}
+
+type Reply<T> = Result<Response<T>, Status>;
+
+#[tonic::async_trait]
+impl pb::backend_server::Backend for BackendService {
+    async fn create_queue(&self, req: Request<pb::BackendCreateQueueRequest>) -> Reply<pb::QueueInfo> {
+        let r = req.into_inner();
+        let name = queue_name(&r.name)?;
+        let config = convert::queue_config_from_pb(r.config, self.broker.queue_defaults());
+        let (s, _) = self.broker.create_queue(name, config, r.if_not_exists, r.temporary).await?;
+        Ok(Response::new(self.info(&s)))
+    }
+
+    async fn get_queue(&self, req: Request<pb::BackendQueueRequest>) -> Reply<pb::QueueInfo> {
+        let name = queue_name(&req.into_inner().name)?;
+        Ok(Response::new(self.info(&self.broker.get_queue(&name)?)))
+    }
+
+    async fn list_queues(&self, _: Request<pb::BackendListQueuesRequest>) -> Reply<pb::BackendListQueuesResponse> {
+        let queues = self.broker.list_queues().iter().map(|s| self.info(s)).collect();
+        Ok(Response::new(pb::BackendListQueuesResponse { queues }))
+    }
+
+    async fn delete_queue(&self, req: Request<pb::BackendQueueRequest>) -> Reply<pb::BackendCountResponse> {
+        let name = queue_name(&req.into_inner().name)?;
+        let count = self.broker.delete_queue(&name).await?;
+        Ok(Response::new(pb::BackendCountResponse { count }))
+    }
+
+    async fn purge_queue(&self, req: Request<pb::BackendQueueRequest>) -> Reply<pb::BackendCountResponse> {
+        let name = queue_name(&req.into_inner().name)?;
+        let count = self.broker.purge(&name).await?;
+        Ok(Response::new(pb::BackendCountResponse { count }))
+    }
+
+    async fn get_queue_stats(&self, req: Request<pb::BackendQueueRequest>) -> Reply<pb::QueueStats> {
+        let name = queue_name(&req.into_inner().name)?;
+        let stats = self.broker.stats(&name).await?;
+        Ok(Response::new(convert::queue_stats_to_pb(&name, self.broker.node_id().as_str(), &stats)))
+    }
+
+    async fn send(&self, req: Request<pb::BackendSendRequest>) -> Reply<pb::BackendSendResponse> {
+        let r = req.into_inner();
+        let queue = queue_name(&r.queue)?;
+        let messages = r
+            .messages
+            .into_iter()
+            .enumerate()
+            .map(|(i, m)| {
+                NewMessage::try_from(m).map_err(|e| match e {
+                    KernelError::InvalidArgument { field, reason } => {
+                        KernelError::InvalidArgument { field, reason: format!("message {i}: {reason}") }
+                    }
+                    other => other,
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(Error::from)?;
+        let ids = self.broker.send(&queue, messages).await?;
+        Ok(Response::new(pb::BackendSendResponse { message_ids: ids.iter().map(ToString::to_string).collect() }))
+    }
+
+    async fn receive(&self, req: Request<pb::BackendReceiveRequest>) -> Reply<pb::BackendReceiveResponse> {
+        let r = req.into_inner();
+        let queue = queue_name(&r.queue)?;
+        if !r.selector.is_empty() {
+            return Err(Error::Unimplemented { feature: "message selectors" }.into());
+        }
+        let wait = match r.wait_ms {
+            None => Wait::Forever,
+            Some(0) => Wait::NoWait,
+            Some(ms) => Wait::Until(now_ms().saturating_add(ms)),
+        };
+        let req = ReceiveRequest {
+            owner: session(&r.session_id)?,
+            max_messages: r.max_messages.max(1),
+            wait,
+            lease_ms: r.lease_ms,
+        };
+        let d = self.broker.receive(&queue, req).await?;
+        Ok(Response::new(pb::BackendReceiveResponse { deliveries: self.deliveries(&queue, &d) }))
+    }
+
+    async fn ack(&self, req: Request<pb::BackendLeaseRequest>) -> Reply<pb::BackendLeaseResponse> {
+        let r = req.into_inner();
+        let queue = queue_name(&r.queue)?;
+        let leases = self.leases(&queue, &r.receipt_handles)?;
+        let results = self.broker.ack(&queue, leases).await?;
+        Ok(Response::new(lease_response(results, |()| 0)))
+    }
+
+    async fn nack(&self, req: Request<pb::BackendLeaseRequest>) -> Reply<pb::BackendLeaseResponse> {
+        let r = req.into_inner();
+        let queue = queue_name(&r.queue)?;
+        let leases = self.leases(&queue, &r.receipt_handles)?;
+        let results = self.broker.nack(&queue, leases, r.delay_ms).await?;
+        Ok(Response::new(lease_response(results, |()| 0)))
+    }
+
+    async fn extend_lease(&self, req: Request<pb::BackendLeaseRequest>) -> Reply<pb::BackendLeaseResponse> {
+        let r = req.into_inner();
+        let queue = queue_name(&r.queue)?;
+        let leases = self.leases(&queue, &r.receipt_handles)?;
+        let results = self.broker.extend_lease(&queue, leases, r.lease_ms).await?;
+        Ok(Response::new(lease_response(results, |t| *t)))
+    }
+
+    async fn release_session(&self, req: Request<pb::BackendReleaseSessionRequest>) -> Reply<pb::BackendCountResponse> {
+        let r = req.into_inner();
+        let Some(session) = session(&r.session_id)? else {
+            return Err(Status::invalid_argument("session_id is required"));
+        };
+        let queues = r.queues.iter().map(|q| queue_name(q)).collect::<Result<Vec<_>, _>>()?;
+        let count = self.broker.release_session(session, &queues).await?;
+        Ok(Response::new(pb::BackendCountResponse { count }))
+    }
+
+    async fn browse(&self, req: Request<pb::BackendBrowseRequest>) -> Reply<pb::BackendBrowseResponse> {
+        let r = req.into_inner();
+        let queue = queue_name(&r.queue)?;
+        let after = (r.after_seq > 0).then_some(Seq(r.after_seq));
+        let max = r.max_messages.clamp(1, 1_000) as usize;
+        let browsed = self.broker.browse(&queue, after, max).await?;
+        let last_seq = browsed.last().map_or(0, |(m, _, _)| m.seq.0);
+        let messages = browsed
+            .iter()
+            .map(|(m, state, count)| pb::BrowsedMessage {
+                message: Some(convert::message_to_pb(m, &queue)),
+                state: convert::state_to_pb(*state) as i32,
+                delivery_count: *count,
+            })
+            .collect();
+        Ok(Response::new(pb::BackendBrowseResponse { messages, last_seq }))
+    }
+}

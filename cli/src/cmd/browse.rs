@@ -1,0 +1,50 @@
+use anyhow::Context as _;
+use ferry_proto::pb;
+
+use super::{connect, ClientArgs};
+use crate::output::{message_json, message_text, Format};
+
+#[derive(Debug, clap::Args)]
+pub struct BrowseArgs {
+    #[command(flatten)]
+    client: ClientArgs,
+    #[arg(long, short)]
+    queue: String,
+    /// At most this many messages.
+    #[arg(long, default_value_t = 100)]
+    max: u64,
+}
+
+pub async fn run(a: BrowseArgs) -> anyhow::Result<()> {
+    let mut m = connect(&a.client).await?.messaging();
+    let mut shown = 0u64;
+    let mut page_token = String::new();
+    while shown < a.max {
+        let req = pb::BrowseRequest {
+            queue: a.queue.clone(),
+            selector: String::new(),
+            max_messages: u32::try_from((a.max - shown).min(1_000)).unwrap_or(1_000),
+            page_token: page_token.clone(),
+        };
+        let r = m.browse(req).await.with_context(|| format!("cannot browse queue {}", a.queue))?.into_inner();
+        for b in &r.messages {
+            let msg = b.message.clone().unwrap_or_default();
+            let state = pb::MessageState::try_from(b.state).map_or("unknown", |s| s.as_str_name());
+            match a.client.output {
+                Format::Json => {
+                    let mut v = message_json(&msg, None);
+                    v["state"] = state.trim_start_matches("MESSAGE_STATE_").to_lowercase().into();
+                    v["delivery_count"] = b.delivery_count.into();
+                    println!("{v}");
+                }
+                Format::Human => println!("{}  [{}]", message_text(&msg, None), state.trim_start_matches("MESSAGE_STATE_").to_lowercase()),
+            }
+        }
+        shown += r.messages.len() as u64;
+        if r.next_page_token.is_empty() {
+            break;
+        }
+        page_token = r.next_page_token;
+    }
+    Ok(())
+}

@@ -1,0 +1,69 @@
+//! The `ferry` command line.
+
+mod browse;
+mod queue;
+mod receive;
+mod send;
+mod server;
+
+use clap::{Parser, Subcommand};
+
+use crate::config::DEFAULT_PORT;
+use crate::output::Format;
+
+pub use send::parse_property;
+
+/// Ferry: a JMS-style message broker.
+#[derive(Debug, Parser)]
+#[command(name = "ferry", version, about, propagate_version = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Options every client subcommand takes.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ClientArgs {
+    /// The node to talk to.
+    #[arg(long, env = "FERRY_SERVER", default_value_t = format!("127.0.0.1:{DEFAULT_PORT}"), global = true)]
+    pub server: String,
+    /// Output for people or for scripts (one JSON object per line).
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = Format::Human, global = true)]
+    pub output: Format,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a node.
+    Server(server::ServerArgs),
+    /// Create, list, delete, purge queues and show their statistics.
+    Queue {
+        #[command(flatten)]
+        client: ClientArgs,
+        #[command(subcommand)]
+        command: queue::QueueCommand,
+    },
+    /// Send messages to a queue; prints the id of each.
+    Send(send::SendArgs),
+    /// Receive messages from a queue.
+    Receive(receive::ReceiveArgs),
+    /// Look at a queue's messages without taking them.
+    Browse(browse::BrowseArgs),
+}
+
+pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Server(a) => server::run(a).await,
+        Command::Queue { client, command } => queue::run(&client, command).await,
+        Command::Send(a) => send::run(a).await,
+        Command::Receive(a) => receive::run(a).await,
+        Command::Browse(a) => browse::run(a).await,
+    }
+}
+
+/// Connects, turning "connection refused" into advice.
+pub(crate) async fn connect(args: &ClientArgs) -> anyhow::Result<ferry_client::Client> {
+    ferry_client::Client::connect(&args.server).await.map_err(|e| {
+        anyhow::anyhow!("{e}\n  is a node running there? start one with `ferry server`, or pass --server HOST:PORT")
+    })
+}

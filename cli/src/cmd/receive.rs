@@ -1,0 +1,75 @@
+use anyhow::Context as _;
+use ferry_client::{AckMode, ReceiveOptions};
+
+use super::{connect, ClientArgs};
+use crate::output::{message_json, message_text, Format};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Ack {
+    /// Acknowledged as it is received.
+    Auto,
+    /// Acknowledged after it is printed.
+    Client,
+    /// Not acknowledged: the messages return to the queue when this command exits.
+    None,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ReceiveArgs {
+    #[command(flatten)]
+    client: ClientArgs,
+    /// The queue to receive from.
+    #[arg(long, short)]
+    queue: String,
+    /// Stop after this many messages.
+    #[arg(long, default_value_t = 1)]
+    count: u64,
+    /// How long to wait for each message; 0 = do not wait; absent = until one comes.
+    #[arg(long, allow_negative_numbers = true)]
+    timeout_ms: Option<i64>,
+    /// Only messages matching this JMS selector.
+    #[arg(long)]
+    selector: Option<String>,
+    #[arg(long, value_enum, default_value_t = Ack::Auto)]
+    ack: Ack,
+}
+
+pub async fn run(a: ReceiveArgs) -> anyhow::Result<()> {
+    let client = connect(&a.client).await?;
+    let connection = client.open_connection("ferry-cli").await?;
+    let mode = if a.ack == Ack::Auto { AckMode::Auto } else { AckMode::Client };
+    let session = connection.create_session(mode).await?;
+    let mut got = 0u64;
+    let result = async {
+        while got < a.count {
+            let max = u32::try_from((a.count - got).min(500)).unwrap_or(500);
+            let opts = ReceiveOptions { timeout_ms: a.timeout_ms, max_messages: max, lease_ms: None };
+            let batch = match &a.selector {
+                Some(s) => session.receive_selected(&a.queue, s, opts).await,
+                None => session.receive(&a.queue, opts).await,
+            }
+            .with_context(|| format!("cannot receive from queue {}", a.queue))?;
+            if batch.is_empty() {
+                break;
+            }
+            for r in &batch {
+                match a.client.output {
+                    Format::Json => println!("{}", message_json(r.message(), Some(&r.delivery))),
+                    Format::Human => println!("{}", message_text(r.message(), Some(&r.delivery))),
+                }
+            }
+            if a.ack == Ack::Client {
+                session.ack(&batch).await.context("cannot acknowledge")?;
+            }
+            got += batch.len() as u64;
+        }
+        anyhow::Ok(())
+    }
+    .await;
+    connection.close().await?;
+    result?;
+    if got == 0 && a.client.output == Format::Human {
+        eprintln!("no message arrived");
+    }
+    Ok(())
+}

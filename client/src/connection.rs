@@ -1,0 +1,232 @@
+//! Client, connection (a lease kept alive by a background heartbeat) and session.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferry_proto::pb;
+use ferry_proto::pb::admin_client::AdminClient;
+use ferry_proto::pb::messaging_client::MessagingClient;
+use tonic::transport::{Channel, Endpoint};
+use tonic::Request;
+
+use crate::message::{Message, Received};
+use crate::ClientError;
+
+/// A handle to one server. Cheap to clone; all clones share one HTTP/2 connection.
+#[derive(Debug, Clone)]
+pub struct Client {
+    channel: Channel,
+}
+
+impl Client {
+    /// Connects to `addr`: `host:port` or `http://host:port`.
+    pub async fn connect(addr: &str) -> Result<Self, ClientError> {
+        let url = if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") };
+        let endpoint = Endpoint::from_shared(url.clone())
+            .map_err(|e| ClientError::InvalidArgument(format!("bad server address {addr:?}: {e}")))?
+            .connect_timeout(Duration::from_secs(5))
+            .tcp_nodelay(true);
+        let channel = endpoint.connect().await.map_err(|source| ClientError::Connect { url, source })?;
+        Ok(Self { channel })
+    }
+
+    /// A client over an existing channel (tests, custom transports).
+    pub fn from_channel(channel: Channel) -> Self {
+        Self { channel }
+    }
+
+    pub fn messaging(&self) -> MessagingClient<Channel> {
+        MessagingClient::new(self.channel.clone())
+    }
+
+    pub fn admin(&self) -> AdminClient<Channel> {
+        AdminClient::new(self.channel.clone())
+    }
+
+    /// Opens a connection and keeps it alive with heartbeats until it is closed or dropped.
+    pub async fn open_connection(&self, client_id: &str) -> Result<Connection, ClientError> {
+        let mut m = self.messaging();
+        let r = m
+            .open_connection(pb::OpenConnectionRequest { client_id: client_id.into(), lease_ms: None })
+            .await?
+            .into_inner();
+        let id = r.connection_id;
+        let interval = Duration::from_millis((r.lease_ms / 3).max(100));
+        let heartbeat = {
+            let (mut m, id) = (m.clone(), id.clone());
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(interval);
+                tick.tick().await;
+                loop {
+                    tick.tick().await;
+                    match m.heartbeat(pb::HeartbeatRequest { connection_id: id.clone() }).await {
+                        Err(s) if s.code() == tonic::Code::NotFound => return,
+                        Err(s) => tracing::warn!(error = %s, "heartbeat failed"),
+                        Ok(_) => {}
+                    }
+                }
+            })
+        };
+        Ok(Connection { client: self.clone(), id, heartbeat: Arc::new(AbortOnDrop(heartbeat)) })
+    }
+}
+
+#[derive(Debug)]
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// A connection: owns sessions and temporary queues; the server closes it if heartbeats stop.
+#[derive(Debug, Clone)]
+pub struct Connection {
+    client: Client,
+    id: String,
+    heartbeat: Arc<AbortOnDrop>,
+}
+
+impl Connection {
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    pub async fn create_session(&self, ack_mode: pb::AckMode) -> Result<Session, ClientError> {
+        let r = self
+            .client
+            .messaging()
+            .create_session(pb::CreateSessionRequest { connection_id: self.id.clone(), ack_mode: ack_mode as i32 })
+            .await?
+            .into_inner();
+        Ok(Session { client: self.client.clone(), id: r.session_id, ack_mode })
+    }
+
+    /// A queue that lives as long as this connection.
+    pub async fn create_temporary_queue(&self) -> Result<String, ClientError> {
+        let r = self
+            .client
+            .messaging()
+            .create_temporary_queue(pb::CreateTemporaryQueueRequest { connection_id: self.id.clone() })
+            .await?;
+        Ok(r.into_inner().queue)
+    }
+
+    /// Closes the connection: its sessions' unacknowledged messages return to their queues and its
+    /// temporary queues are deleted.
+    pub async fn close(self) -> Result<(), ClientError> {
+        self.heartbeat.0.abort();
+        self.client.messaging().close_connection(pb::CloseConnectionRequest { connection_id: self.id }).await?;
+        Ok(())
+    }
+}
+
+/// How a receive waits and how much it takes.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ReceiveOptions {
+    /// `None`: wait until a message comes (`receive()`); `Some(0)`: `receiveNoWait()`.
+    pub timeout_ms: Option<i64>,
+    /// At most this many messages (default 1).
+    pub max_messages: u32,
+    /// Lease of each delivery (the queue's default when `None`).
+    pub lease_ms: Option<u64>,
+}
+
+impl ReceiveOptions {
+    pub fn timeout_ms(ms: i64) -> Self {
+        Self { timeout_ms: Some(ms), ..Self::default() }
+    }
+
+    pub fn no_wait() -> Self {
+        Self::timeout_ms(0)
+    }
+
+    pub fn forever() -> Self {
+        Self::default()
+    }
+
+    pub fn max(mut self, n: u32) -> Self {
+        self.max_messages = n;
+        self
+    }
+}
+
+/// A session: a single-threaded context for sending and receiving, with one ack mode.
+#[derive(Debug, Clone)]
+pub struct Session {
+    client: Client,
+    id: String,
+    ack_mode: pb::AckMode,
+}
+
+impl Session {
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Sends a batch to one queue; returns the server-assigned message ids once every persistent
+    /// message is on disk.
+    pub async fn send(&self, queue: &str, messages: Vec<Message>) -> Result<Vec<String>, ClientError> {
+        let req = pb::SendRequest {
+            session_id: self.id.clone(),
+            queue: queue.into(),
+            messages: messages.into_iter().map(|m| m.0).collect(),
+        };
+        Ok(self.client.messaging().send(req).await?.into_inner().message_ids)
+    }
+
+    /// Receives. In auto and dups-ok mode the messages are acknowledged before they are returned
+    /// (JMS: when `receive` returns); otherwise call [`Session::ack`].
+    pub async fn receive(&self, queue: &str, opts: ReceiveOptions) -> Result<Vec<Received>, ClientError> {
+        self.receive_selected(queue, "", opts).await
+    }
+
+    /// [`Session::receive`] of only the messages that match a JMS message selector.
+    pub async fn receive_selected(
+        &self,
+        queue: &str,
+        selector: &str,
+        opts: ReceiveOptions,
+    ) -> Result<Vec<Received>, ClientError> {
+        let req = pb::ReceiveRequest {
+            session_id: self.id.clone(),
+            queue: queue.into(),
+            selector: selector.into(),
+            max_messages: opts.max_messages.max(1),
+            wait_ms: opts.timeout_ms,
+            lease_ms: opts.lease_ms,
+        };
+        let deliveries = self.client.messaging().receive(Request::new(req)).await?.into_inner().deliveries;
+        let received: Vec<Received> = deliveries.into_iter().map(|delivery| Received { delivery }).collect();
+        if matches!(self.ack_mode, pb::AckMode::Auto | pb::AckMode::DupsOk | pb::AckMode::Unspecified) && !received.is_empty() {
+            self.ack(&received).await?;
+        }
+        Ok(received)
+    }
+
+    pub async fn ack(&self, received: &[Received]) -> Result<(), ClientError> {
+        let receipt_handles = received.iter().map(|r| r.receipt_handle().to_string()).collect();
+        self.client.messaging().ack(pb::AckRequest { session_id: self.id.clone(), receipt_handles }).await?;
+        Ok(())
+    }
+
+    pub async fn nack(&self, received: &[Received], delay_ms: Option<u64>) -> Result<(), ClientError> {
+        let receipt_handles = received.iter().map(|r| r.receipt_handle().to_string()).collect();
+        let req = pb::NackRequest { session_id: self.id.clone(), receipt_handles, delay_ms, ..Default::default() };
+        self.client.messaging().nack(req).await?;
+        Ok(())
+    }
+
+    /// Redelivers every unacknowledged message of this session.
+    pub async fn recover(&self) -> Result<u32, ClientError> {
+        let r = self.client.messaging().recover(pb::RecoverRequest { session_id: self.id.clone() }).await?;
+        Ok(r.into_inner().redelivered)
+    }
+
+    /// Closes the session; its unacknowledged messages return to their queues at once.
+    pub async fn close(self) -> Result<u32, ClientError> {
+        let r = self.client.messaging().close_session(pb::CloseSessionRequest { session_id: self.id }).await?;
+        Ok(r.into_inner().released)
+    }
+}

@@ -1,0 +1,130 @@
+//! The `Consume` stream: the client grants credits, the front-end keeps one long-poll receive open
+//! at the owning back-end for up to that many messages and pushes what it gets; acks and nacks
+//! come back on the same stream. When the client goes away the open receive is dropped, which
+//! removes its waiter at the back-end.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use ferry_proto::pb;
+use ferry_proto::pb::consume_request::Kind;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::error::Error;
+use crate::messaging::{queue_name, MessagingService};
+use crate::BackendRef;
+
+pub type ConsumeStream =
+    Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::ConsumeResponse, Status>> + Send>>;
+
+/// Deliveries asked of the back-end in one receive.
+const BATCH_MAX: u64 = 256;
+
+type Inflight = Pin<Box<dyn Future<Output = Result<Response<pb::BackendReceiveResponse>, Status>> + Send>>;
+
+pub(crate) async fn start(svc: MessagingService, mut inbound: Streaming<pb::ConsumeRequest>) -> Result<ConsumeStream, Status> {
+    let first = inbound.message().await?.ok_or(Error::ConsumeNotStarted)?;
+    let Some(Kind::Start(start)) = first.kind else {
+        return Err(Error::ConsumeNotStarted.into());
+    };
+    let queue = queue_name(&start.queue)?;
+    if !start.selector.is_empty() {
+        return Err(Error::Unimplemented { feature: "message selectors" }.into());
+    }
+    svc.touch_session(&start.session_id, Some(&queue))?;
+    let be = svc.router.for_queue(&queue)?.clone();
+    let (tx, rx) = mpsc::channel(16);
+    tokio::spawn(run(svc, be, start, inbound, tx));
+    Ok(Box::pin(ReceiverStream::new(rx)))
+}
+
+async fn run(
+    svc: MessagingService,
+    be: BackendRef,
+    start: pb::ConsumeStart,
+    mut inbound: Streaming<pb::ConsumeRequest>,
+    tx: mpsc::Sender<Result<pb::ConsumeResponse, Status>>,
+) {
+    let mut credits = u64::from(start.prefetch);
+    let mut inflight: Option<Inflight> = None;
+    loop {
+        if inflight.is_none() && credits > 0 {
+            let req = pb::BackendReceiveRequest {
+                queue: start.queue.clone(),
+                session_id: start.session_id.clone(),
+                selector: String::new(),
+                max_messages: u32::try_from(credits.min(BATCH_MAX)).unwrap_or(1),
+                wait_ms: None,
+                lease_ms: start.lease_ms,
+            };
+            let be = be.clone();
+            inflight = Some(Box::pin(async move { be.receive(Request::new(req)).await }));
+        }
+        tokio::select! {
+            msg = inbound.message() => {
+                let kind = match msg {
+                    Ok(Some(pb::ConsumeRequest { kind: Some(kind) })) => kind,
+                    Ok(Some(_)) => continue,
+                    Ok(None) | Err(_) => return,
+                };
+                if let Some(reply) = handle(&svc, &start, kind, &mut credits).await {
+                    if tx.send(reply).await.is_err() {
+                        return;
+                    }
+                }
+            }
+            res = async { inflight.as_mut().expect("invariant: guarded by is_some").await }, if inflight.is_some() => {
+                inflight = None;
+                match res {
+                    Ok(r) => {
+                        let deliveries = r.into_inner().deliveries;
+                        credits = credits.saturating_sub(deliveries.len() as u64);
+                        let handles: Vec<String> = deliveries.iter().map(|d| d.receipt_handle.clone()).collect();
+                        let out = pb::ConsumeResponse { kind: Some(pb::consume_response::Kind::Deliveries(pb::Deliveries { deliveries })) };
+                        if tx.send(Ok(out)).await.is_err() {
+                            // The client is gone: give these back now rather than at lease expiry.
+                            let _ = svc.lease_op(&handles, |be, req| async move { be.nack(Request::new(req)).await }).await;
+                            return;
+                        }
+                    }
+                    Err(status) => {
+                        let _ = tx.send(Err(status)).await;
+                        return;
+                    }
+                }
+            }
+            () = tx.closed() => return,
+        }
+    }
+}
+
+async fn handle(
+    svc: &MessagingService,
+    start: &pb::ConsumeStart,
+    kind: Kind,
+    credits: &mut u64,
+) -> Option<Result<pb::ConsumeResponse, Status>> {
+    let result = |stale_receipt_handles| {
+        Some(Ok(pb::ConsumeResponse {
+            kind: Some(pb::consume_response::Kind::AckResult(pb::AckResult { stale_receipt_handles })),
+        }))
+    };
+    match kind {
+        Kind::Start(_) => Some(Err(Status::invalid_argument("a Consume stream takes `start` once, first"))),
+        Kind::Credit(n) => {
+            *credits = credits.saturating_add(u64::from(n));
+            let _ = svc.touch_session(&start.session_id, None);
+            None
+        }
+        Kind::Ack(h) => match svc.lease_op(&h.receipt_handles, |be, req| async move { be.ack(Request::new(req)).await }).await {
+            Ok((_, stale)) => result(stale),
+            Err(status) => Some(Err(status)),
+        },
+        Kind::Nack(h) => match svc.lease_op(&h.receipt_handles, |be, req| async move { be.nack(Request::new(req)).await }).await {
+            Ok((_, stale)) => result(stale),
+            Err(status) => Some(Err(status)),
+        },
+    }
+}

@@ -1,0 +1,54 @@
+use ferry_kernel::{KernelError, NodeId};
+use tonic::{Code, Status};
+
+/// What the front-end itself refuses (back-end errors pass through as they are).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Kernel(#[from] KernelError),
+    #[error("connection {id:?} is unknown or its lease ran out; open a new connection")]
+    ConnectionNotFound { id: String },
+    #[error("session {id:?} is unknown or closed; create a new session")]
+    SessionNotFound { id: String },
+    #[error("wait_ms must be 0 (receive no wait) or positive, got {wait_ms}; omit it to wait until the call's deadline")]
+    NegativeWait { wait_ms: i64 },
+    #[error("no route to node {node}: it is not in this node's cluster configuration")]
+    UnknownNode { node: NodeId },
+    #[error("{what}: this node allows {limit} ({limit_name})")]
+    LimitReached { what: String, limit: usize, limit_name: &'static str },
+    #[error("{feature} is not supported by this server yet")]
+    Unimplemented { feature: &'static str },
+    #[error("session {id} is not transacted: Commit and Rollback need a session created with ACK_MODE_TRANSACTED")]
+    NotTransacted { id: String },
+    #[error("queue {queue} is not a temporary queue of connection {connection}")]
+    NotOwnTemporaryQueue { queue: String, connection: String },
+    #[error("{stale} of {total} receipt handles are not live deliveries (lease expired, already acknowledged, or redelivered since): {detail}")]
+    StaleReceipts { stale: usize, total: usize, detail: String },
+    #[error("the first message on a Consume stream must be `start`")]
+    ConsumeNotStarted,
+}
+
+impl From<Error> for Status {
+    fn from(e: Error) -> Status {
+        let code = match &e {
+            Error::Kernel(KernelError::MessageTooLarge { .. } | KernelError::TooManyWaiters { .. }) => {
+                Code::ResourceExhausted
+            }
+            Error::Kernel(KernelError::StaleReceipt { .. }) => Code::FailedPrecondition,
+            Error::Kernel(
+                KernelError::NegativeTimeout { .. }
+                | KernelError::InvalidArgument { .. }
+                | KernelError::OverLimit { .. },
+            ) => Code::InvalidArgument,
+            Error::ConnectionNotFound { .. } | Error::SessionNotFound { .. } => Code::NotFound,
+            Error::NegativeWait { .. } | Error::ConsumeNotStarted => Code::InvalidArgument,
+            Error::UnknownNode { .. } => Code::Unavailable,
+            Error::LimitReached { .. } => Code::ResourceExhausted,
+            Error::Unimplemented { .. } => Code::Unimplemented,
+            Error::NotTransacted { .. }
+            | Error::NotOwnTemporaryQueue { .. }
+            | Error::StaleReceipts { .. } => Code::FailedPrecondition,
+        };
+        Status::new(code, e.to_string())
+    }
+}

@@ -1,0 +1,375 @@
+//! The client-facing `Messaging` service: decode and check the call, keep the connection and
+//! session table, forward to the owning back-end, answer.
+
+use std::collections::BTreeMap;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferry_kernel::{NodeId, QueueName, ReceiptHandle, SessionId};
+use ferry_proto::pb;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::deadline::grpc_timeout;
+use crate::error::Error;
+use crate::router::Router;
+use crate::sessions::{Closed, Sessions};
+use crate::FrontendConfig;
+
+/// See the module docs.
+#[derive(Debug, Clone)]
+pub struct MessagingService {
+    pub(crate) config: FrontendConfig,
+    pub(crate) router: Arc<Router>,
+    pub(crate) sessions: Arc<Sessions>,
+}
+
+pub(crate) fn queue_name(name: &str) -> Result<QueueName, Status> {
+    Ok(QueueName::new(name).map_err(Error::from)?)
+}
+
+pub(crate) fn session_id(id: &str) -> Result<SessionId, Status> {
+    Ok(SessionId::from_str(id).map_err(Error::from)?)
+}
+
+type Reply<T> = Result<Response<T>, Status>;
+
+impl MessagingService {
+    pub(crate) fn new(config: FrontendConfig, router: Arc<Router>, sessions: Arc<Sessions>) -> Self {
+        Self { config, router, sessions }
+    }
+
+    /// Connections currently open on this front-end.
+    pub fn connection_count(&self) -> usize {
+        self.sessions.connection_count()
+    }
+
+    /// Closes connections whose lease ran out, every `period`, for ever.
+    pub(crate) async fn reap_expired_connections(self, period: Duration) {
+        let mut tick = tokio::time::interval(period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            for (_, closed) in self.sessions.close_expired(tokio::time::Instant::now()) {
+                self.release(closed).await;
+            }
+        }
+    }
+
+    /// Tells the back-ends that sessions ended (their leases return at once) and deletes the
+    /// temporary queues of a closed connection. Returns how many messages were released.
+    pub(crate) async fn release(&self, closed: Closed) -> u64 {
+        let mut released = 0;
+        for (session, queues) in closed.sessions {
+            released += self.release_session_queues(session, queues).await;
+        }
+        for q in closed.temporary_queues {
+            if let Ok(be) = self.router.for_queue(&q) {
+                let req = pb::BackendQueueRequest { name: q.to_string() };
+                if let Err(e) = be.delete_queue(Request::new(req)).await {
+                    tracing::warn!(queue = %q, error = %e, "could not delete a temporary queue");
+                }
+            }
+        }
+        released
+    }
+
+    async fn release_session_queues(&self, session: SessionId, queues: Vec<QueueName>) -> u64 {
+        // One call per owning back-end.
+        let mut by_node: BTreeMap<NodeId, Vec<String>> = BTreeMap::new();
+        for q in queues {
+            by_node.entry(self.router.owner_of(&q).clone()).or_default().push(q.to_string());
+        }
+        let mut released = 0;
+        for (node, queues) in by_node {
+            let Ok(be) = self.router.node(&node) else { continue };
+            let req = pb::BackendReleaseSessionRequest { session_id: session.to_string(), queues };
+            match be.release_session(Request::new(req)).await {
+                Ok(r) => released += r.into_inner().count,
+                // The back-end's own lease timers return the messages if it cannot be told.
+                Err(e) => tracing::warn!(%node, %session, error = %e, "could not release a session's leases"),
+            }
+        }
+        released
+    }
+
+    /// Applies `op` to receipt handles, grouped by owning back-end and queue. Returns the new
+    /// lease expiry of each handle (0 where not applicable) and the handles that were not live
+    /// deliveries, with why.
+    pub(crate) async fn lease_op<F, Fut>(&self, handles: &[String], op: F) -> Result<(Vec<u64>, Vec<String>), Status>
+    where
+        F: Fn(crate::BackendRef, pb::BackendLeaseRequest) -> Fut,
+        Fut: std::future::Future<Output = Result<Response<pb::BackendLeaseResponse>, Status>>,
+    {
+        let mut groups: BTreeMap<(NodeId, QueueName), Vec<(usize, String)>> = BTreeMap::new();
+        for (i, h) in handles.iter().enumerate() {
+            let r = ReceiptHandle::from_str(h).map_err(Error::from)?;
+            groups.entry((r.node, r.queue)).or_default().push((i, h.clone()));
+        }
+        let mut expires = vec![0; handles.len()];
+        let mut stale = vec![];
+        for ((node, queue), items) in groups {
+            let be = self.router.node(&node)?.clone();
+            let req = pb::BackendLeaseRequest {
+                queue: queue.to_string(),
+                receipt_handles: items.iter().map(|(_, h)| h.clone()).collect(),
+                ..Default::default()
+            };
+            let resp = op(be, req).await?.into_inner();
+            for ((i, h), (err, at)) in items.iter().zip(resp.errors.iter().zip(resp.lease_expires_at_ms)) {
+                if err.is_empty() {
+                    expires[*i] = at;
+                } else {
+                    stale.push(format!("{h} ({err})"));
+                }
+            }
+        }
+        Ok((expires, stale))
+    }
+
+    /// [`Self::lease_op`], failing with FAILED_PRECONDITION if any handle was stale.
+    async fn by_receipts<F, Fut>(&self, handles: Vec<String>, op: F) -> Result<Vec<u64>, Status>
+    where
+        F: Fn(crate::BackendRef, pb::BackendLeaseRequest) -> Fut,
+        Fut: std::future::Future<Output = Result<Response<pb::BackendLeaseResponse>, Status>>,
+    {
+        let (expires, stale) = self.lease_op(&handles, op).await?;
+        if stale.is_empty() {
+            Ok(expires)
+        } else {
+            Err(Error::StaleReceipts { stale: stale.len(), total: handles.len(), detail: stale.join("; ") }.into())
+        }
+    }
+
+    pub(crate) fn touch_session(&self, id: &str, queue: Option<&QueueName>) -> Result<Option<SessionId>, Status> {
+        if id.is_empty() {
+            return Ok(None);
+        }
+        let sid = session_id(id)?;
+        self.sessions.use_session(sid, queue)?;
+        Ok(Some(sid))
+    }
+
+    /// The back-end wait for a receive: the asked wait, bounded by the call's deadline (less a
+    /// margin so the empty answer arrives in time). `None`: until cancelled.
+    fn backend_wait(&self, wait_ms: Option<i64>, deadline: Option<Duration>) -> Result<Option<u64>, Status> {
+        let asked = match wait_ms {
+            Some(w) if w < 0 => return Err(Error::NegativeWait { wait_ms: w }.into()),
+            Some(w) => Some(w.unsigned_abs()),
+            None => None,
+        };
+        let by_deadline = deadline.map(|d| {
+            let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+            // At least 1 ms, so a short deadline still waits a little rather than not at all.
+            ms.saturating_sub(self.config.deadline_margin_ms.min(ms / 10)).max(1)
+        });
+        Ok(match (asked, by_deadline) {
+            (Some(0), _) => Some(0),
+            (Some(a), Some(d)) => Some(a.min(d)),
+            (a, d) => a.or(d),
+        })
+    }
+}
+
+#[tonic::async_trait]
+impl pb::messaging_server::Messaging for MessagingService {
+    async fn open_connection(&self, req: Request<pb::OpenConnectionRequest>) -> Reply<pb::OpenConnectionResponse> {
+        let r = req.into_inner();
+        let (connection_id, lease_ms) = self.sessions.open(r.client_id, r.lease_ms)?;
+        Ok(Response::new(pb::OpenConnectionResponse {
+            connection_id,
+            lease_ms,
+            node_id: self.router.local_node().to_string(),
+        }))
+    }
+
+    async fn heartbeat(&self, req: Request<pb::HeartbeatRequest>) -> Reply<pb::HeartbeatResponse> {
+        let at = self.sessions.touch(&req.into_inner().connection_id)?;
+        let left = at.saturating_duration_since(tokio::time::Instant::now());
+        let lease_expires_at_ms = ferry_now_ms() + u64::try_from(left.as_millis()).unwrap_or(0);
+        Ok(Response::new(pb::HeartbeatResponse { lease_expires_at_ms }))
+    }
+
+    async fn close_connection(&self, req: Request<pb::CloseConnectionRequest>) -> Reply<pb::CloseConnectionResponse> {
+        let closed = self.sessions.close_connection(&req.into_inner().connection_id)?;
+        self.release(closed).await;
+        Ok(Response::new(pb::CloseConnectionResponse {}))
+    }
+
+    async fn create_session(&self, req: Request<pb::CreateSessionRequest>) -> Reply<pb::CreateSessionResponse> {
+        let r = req.into_inner();
+        let mode = pb::AckMode::try_from(r.ack_mode)
+            .map_err(|_| Status::invalid_argument(format!("ack_mode {} is not an ack mode", r.ack_mode)))?;
+        if mode == pb::AckMode::Transacted {
+            return Err(Error::Unimplemented { feature: "transacted sessions" }.into());
+        }
+        let id = self.sessions.create_session(&r.connection_id, mode)?;
+        Ok(Response::new(pb::CreateSessionResponse { session_id: id.to_string() }))
+    }
+
+    async fn close_session(&self, req: Request<pb::CloseSessionRequest>) -> Reply<pb::CloseSessionResponse> {
+        let closed = self.sessions.close_session(session_id(&req.into_inner().session_id)?)?;
+        let released = self.release(closed).await;
+        Ok(Response::new(pb::CloseSessionResponse { released: u32::try_from(released).unwrap_or(u32::MAX) }))
+    }
+
+    async fn send(&self, req: Request<pb::SendRequest>) -> Reply<pb::SendResponse> {
+        let r = req.into_inner();
+        let queue = queue_name(&r.queue)?;
+        self.touch_session(&r.session_id, None)?;
+        // A reply must have somewhere to go: a missing reply queue (a deleted temporary queue
+        // above all) fails the send now instead of losing the reply later.
+        let mut checked: Vec<&str> = vec![];
+        for m in &r.messages {
+            if m.reply_to.is_empty() || checked.contains(&m.reply_to.as_str()) {
+                continue;
+            }
+            let reply_to = QueueName::new(m.reply_to.as_str())
+                .map_err(|e| Status::invalid_argument(format!("reply_to: {e}")))?;
+            let be = self.router.for_queue(&reply_to)?;
+            be.get_queue(Request::new(pb::BackendQueueRequest { name: reply_to.to_string() }))
+                .await
+                .map_err(|e| Status::new(e.code(), format!("reply_to: {}", e.message())))?;
+            checked.push(&m.reply_to);
+        }
+        let be = self.router.for_queue(&queue)?;
+        let out = be.send(Request::new(pb::BackendSendRequest { queue: r.queue, messages: r.messages })).await?;
+        Ok(Response::new(pb::SendResponse { message_ids: out.into_inner().message_ids }))
+    }
+
+    async fn receive(&self, req: Request<pb::ReceiveRequest>) -> Reply<pb::ReceiveResponse> {
+        let deadline = grpc_timeout(req.metadata());
+        let r = req.into_inner();
+        let queue = queue_name(&r.queue)?;
+        let wait_ms = self.backend_wait(r.wait_ms, deadline)?;
+        self.touch_session(&r.session_id, Some(&queue))?;
+        let be = self.router.for_queue(&queue)?;
+        let mut fwd = Request::new(pb::BackendReceiveRequest {
+            queue: r.queue,
+            session_id: r.session_id,
+            selector: r.selector,
+            max_messages: r.max_messages,
+            wait_ms,
+            lease_ms: r.lease_ms,
+        });
+        if let Some(d) = deadline {
+            fwd.set_timeout(d);
+        }
+        let out = be.receive(fwd).await?;
+        Ok(Response::new(pb::ReceiveResponse { deliveries: out.into_inner().deliveries }))
+    }
+
+    type ConsumeStream = crate::consume::ConsumeStream;
+
+    async fn consume(&self, req: Request<Streaming<pb::ConsumeRequest>>) -> Reply<Self::ConsumeStream> {
+        crate::consume::start(self.clone(), req.into_inner()).await.map(Response::new)
+    }
+
+    async fn ack(&self, req: Request<pb::AckRequest>) -> Reply<pb::AckResponse> {
+        let r = req.into_inner();
+        self.touch_session(&r.session_id, None)?;
+        self.by_receipts(r.receipt_handles, |be, req| async move { be.ack(Request::new(req)).await }).await?;
+        Ok(Response::new(pb::AckResponse {}))
+    }
+
+    async fn nack(&self, req: Request<pb::NackRequest>) -> Reply<pb::NackResponse> {
+        let r = req.into_inner();
+        if r.dead_letter {
+            return Err(Error::Unimplemented { feature: "nack to the dead-letter queue" }.into());
+        }
+        self.touch_session(&r.session_id, None)?;
+        let delay_ms = r.delay_ms;
+        self.by_receipts(r.receipt_handles, |be, req| async move {
+            be.nack(Request::new(pb::BackendLeaseRequest { delay_ms, ..req })).await
+        })
+        .await?;
+        Ok(Response::new(pb::NackResponse {}))
+    }
+
+    async fn extend_lease(&self, req: Request<pb::ExtendLeaseRequest>) -> Reply<pb::ExtendLeaseResponse> {
+        let r = req.into_inner();
+        self.touch_session(&r.session_id, None)?;
+        let lease_ms = r.lease_ms;
+        let lease_expires_at_ms = self
+            .by_receipts(r.receipt_handles, |be, req| async move {
+                be.extend_lease(Request::new(pb::BackendLeaseRequest { lease_ms, ..req })).await
+            })
+            .await?;
+        Ok(Response::new(pb::ExtendLeaseResponse { lease_expires_at_ms }))
+    }
+
+    async fn recover(&self, req: Request<pb::RecoverRequest>) -> Reply<pb::RecoverResponse> {
+        let id = session_id(&req.into_inner().session_id)?;
+        self.sessions.use_session(id, None)?;
+        let queues = self.sessions.session_queues(id)?;
+        let n = self.release_session_queues(id, queues).await;
+        Ok(Response::new(pb::RecoverResponse { redelivered: u32::try_from(n).unwrap_or(u32::MAX) }))
+    }
+
+    async fn commit(&self, req: Request<pb::CommitRequest>) -> Reply<pb::CommitResponse> {
+        let id = req.into_inner().session_id;
+        self.sessions.use_session(session_id(&id)?, None)?;
+        Err(Error::NotTransacted { id }.into())
+    }
+
+    async fn rollback(&self, req: Request<pb::RollbackRequest>) -> Reply<pb::RollbackResponse> {
+        let id = req.into_inner().session_id;
+        self.sessions.use_session(session_id(&id)?, None)?;
+        Err(Error::NotTransacted { id }.into())
+    }
+
+    async fn create_temporary_queue(
+        &self,
+        req: Request<pb::CreateTemporaryQueueRequest>,
+    ) -> Reply<pb::CreateTemporaryQueueResponse> {
+        let connection = req.into_inner().connection_id;
+        let name = self.sessions.add_temporary_queue(&connection, self.router.local_node())?;
+        // Temporary queues live on this node's back-end: the requester is here.
+        let be = self.router.local()?;
+        let create = pb::BackendCreateQueueRequest { name: name.to_string(), temporary: true, ..Default::default() };
+        if let Err(e) = be.create_queue(Request::new(create)).await {
+            let _ = self.sessions.remove_temporary_queue(&connection, &name);
+            return Err(e);
+        }
+        Ok(Response::new(pb::CreateTemporaryQueueResponse { queue: name.to_string() }))
+    }
+
+    async fn delete_temporary_queue(
+        &self,
+        req: Request<pb::DeleteTemporaryQueueRequest>,
+    ) -> Reply<pb::DeleteTemporaryQueueResponse> {
+        let r = req.into_inner();
+        let queue = queue_name(&r.queue)?;
+        self.sessions.remove_temporary_queue(&r.connection_id, &queue)?;
+        self.router.local()?.delete_queue(Request::new(pb::BackendQueueRequest { name: r.queue })).await?;
+        Ok(Response::new(pb::DeleteTemporaryQueueResponse {}))
+    }
+
+    async fn browse(&self, req: Request<pb::BrowseRequest>) -> Reply<pb::BrowseResponse> {
+        let r = req.into_inner();
+        let queue = queue_name(&r.queue)?;
+        if !r.selector.is_empty() {
+            return Err(Error::Unimplemented { feature: "message selectors" }.into());
+        }
+        let after_seq = if r.page_token.is_empty() {
+            0
+        } else {
+            r.page_token.parse().map_err(|_| Status::invalid_argument("page_token: pass back the next_page_token of the previous answer"))?
+        };
+        let max_messages = if r.max_messages == 0 { 100 } else { r.max_messages.min(1_000) };
+        let be = self.router.for_queue(&queue)?;
+        let out = be
+            .browse(Request::new(pb::BackendBrowseRequest { queue: r.queue, max_messages, after_seq }))
+            .await?
+            .into_inner();
+        let full_page = out.messages.len() as u32 == max_messages;
+        let next_page_token = if full_page { out.last_seq.to_string() } else { String::new() };
+        Ok(Response::new(pb::BrowseResponse { messages: out.messages, next_page_token }))
+    }
+}
+
+fn ferry_now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}

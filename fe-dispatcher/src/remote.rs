@@ -1,0 +1,65 @@
+//! A back-end on another node, reached over gRPC. It implements the same trait the in-process
+//! back-end does, so routing never cares which one it has.
+
+use ferry_proto::pb;
+use ferry_proto::pb::backend_client::BackendClient;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Request, Response, Status};
+
+/// See the module docs.
+#[derive(Debug, Clone)]
+pub struct RemoteBackend {
+    client: BackendClient<Channel>,
+}
+
+impl RemoteBackend {
+    /// A back-end at `url` (`http://host:port`). Connects lazily, reconnects on its own.
+    pub fn new(url: &str) -> Result<Self, tonic::transport::Error> {
+        let channel = Endpoint::from_shared(url.to_string())?
+            .connect_timeout(std::time::Duration::from_secs(5))
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(std::time::Duration::from_secs(10))
+            .keep_alive_while_idle(true)
+            .connect_lazy();
+        Ok(Self { client: BackendClient::new(channel) })
+    }
+}
+
+/// Forwards one call, keeping the caller's deadline.
+fn forward<T>(req: Request<T>) -> Request<T> {
+    let timeout = crate::deadline::grpc_timeout(req.metadata());
+    let mut out = Request::new(req.into_inner());
+    if let Some(t) = timeout {
+        out.set_timeout(t);
+    }
+    out
+}
+
+macro_rules! forward_all {
+    ($($name:ident($req:ty) -> $resp:ty;)*) => {
+        #[tonic::async_trait]
+        impl pb::backend_server::Backend for RemoteBackend {
+            $(
+                async fn $name(&self, req: Request<$req>) -> Result<Response<$resp>, Status> {
+                    self.client.clone().$name(forward(req)).await
+                }
+            )*
+        }
+    };
+}
+
+forward_all! {
+    create_queue(pb::BackendCreateQueueRequest) -> pb::QueueInfo;
+    get_queue(pb::BackendQueueRequest) -> pb::QueueInfo;
+    list_queues(pb::BackendListQueuesRequest) -> pb::BackendListQueuesResponse;
+    delete_queue(pb::BackendQueueRequest) -> pb::BackendCountResponse;
+    purge_queue(pb::BackendQueueRequest) -> pb::BackendCountResponse;
+    get_queue_stats(pb::BackendQueueRequest) -> pb::QueueStats;
+    send(pb::BackendSendRequest) -> pb::BackendSendResponse;
+    receive(pb::BackendReceiveRequest) -> pb::BackendReceiveResponse;
+    ack(pb::BackendLeaseRequest) -> pb::BackendLeaseResponse;
+    nack(pb::BackendLeaseRequest) -> pb::BackendLeaseResponse;
+    extend_lease(pb::BackendLeaseRequest) -> pb::BackendLeaseResponse;
+    release_session(pb::BackendReleaseSessionRequest) -> pb::BackendCountResponse;
+    browse(pb::BackendBrowseRequest) -> pb::BackendBrowseResponse;
+}

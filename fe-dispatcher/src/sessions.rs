@@ -1,0 +1,228 @@
+//! Connections and sessions held by this front-end. A connection is a lease renewed by heartbeats
+//! and by any call that names it or one of its sessions; when it runs out, the connection is
+//! closed exactly as if the client had closed it. Plain data behind a `std::sync::Mutex`, never
+//! held across an `.await`: closing returns what the caller must then release on the back-ends.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::{Mutex, PoisonError};
+
+use ferry_kernel::{QueueName, SessionId};
+use ferry_proto::pb::AckMode;
+use tokio::time::{Duration, Instant};
+
+use crate::error::Error;
+use crate::FrontendConfig;
+
+#[derive(Debug)]
+struct Connection {
+    client_id: String,
+    lease: Duration,
+    expires_at: Instant,
+    sessions: BTreeSet<SessionId>,
+    temporary_queues: BTreeSet<QueueName>,
+    temporary_seq: u64,
+}
+
+#[derive(Debug)]
+struct Session {
+    connection: String,
+    ack_mode: AckMode,
+    /// Queues this session received from: where its leases may be.
+    queues: HashSet<QueueName>,
+}
+
+/// What the back-ends must be told after a session or connection ended.
+#[derive(Debug, Default)]
+pub(crate) struct Closed {
+    pub(crate) sessions: Vec<(SessionId, Vec<QueueName>)>,
+    pub(crate) temporary_queues: Vec<QueueName>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    connections: HashMap<String, Connection>,
+    sessions: HashMap<SessionId, Session>,
+}
+
+/// See the module docs.
+#[derive(Debug)]
+pub struct Sessions {
+    config: FrontendConfig,
+    state: Mutex<State>,
+}
+
+impl Sessions {
+    pub fn new(config: FrontendConfig) -> Self {
+        Self { config, state: Mutex::new(State::default()) }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Opens a connection; returns its id and granted lease.
+    pub(crate) fn open(&self, client_id: String, lease_ms: Option<u64>) -> Result<(String, u64), Error> {
+        let c = &self.config;
+        let lease_ms = lease_ms
+            .unwrap_or(c.connection_lease_default_ms)
+            .clamp(c.connection_lease_min_ms, c.connection_lease_max_ms);
+        let mut s = self.lock();
+        if s.connections.len() >= c.connections_max {
+            return Err(Error::LimitReached {
+                what: format!("{} connections are open", s.connections.len()),
+                limit: c.connections_max,
+                limit_name: "connections_max",
+            });
+        }
+        let id = loop {
+            let id = format!("c{:016x}", rand::random::<u64>());
+            if !s.connections.contains_key(&id) {
+                break id;
+            }
+        };
+        let lease = Duration::from_millis(lease_ms);
+        s.connections.insert(
+            id.clone(),
+            Connection {
+                client_id,
+                lease,
+                expires_at: Instant::now() + lease,
+                sessions: BTreeSet::new(),
+                temporary_queues: BTreeSet::new(),
+                temporary_seq: 0,
+            },
+        );
+        Ok((id, lease_ms))
+    }
+
+    /// Renews a connection's lease; returns when it now runs out.
+    pub(crate) fn touch(&self, connection: &str) -> Result<Instant, Error> {
+        let mut s = self.lock();
+        let c = s.connections.get_mut(connection).ok_or_else(|| Error::ConnectionNotFound { id: connection.into() })?;
+        c.expires_at = Instant::now() + c.lease;
+        Ok(c.expires_at)
+    }
+
+    pub(crate) fn create_session(&self, connection: &str, ack_mode: AckMode) -> Result<SessionId, Error> {
+        let mut s = self.lock();
+        let max = self.config.sessions_per_connection_max;
+        let c = s.connections.get_mut(connection).ok_or_else(|| Error::ConnectionNotFound { id: connection.into() })?;
+        if c.sessions.len() >= max {
+            return Err(Error::LimitReached {
+                what: format!("connection {connection} has {} sessions", c.sessions.len()),
+                limit: max,
+                limit_name: "sessions_per_connection_max",
+            });
+        }
+        c.expires_at = Instant::now() + c.lease;
+        let id = loop {
+            let id = SessionId(rand::random());
+            if !s.sessions.contains_key(&id) {
+                break id;
+            }
+        };
+        if let Some(c) = s.connections.get_mut(connection) {
+            c.sessions.insert(id);
+        }
+        s.sessions.insert(id, Session { connection: connection.into(), ack_mode, queues: HashSet::new() });
+        Ok(id)
+    }
+
+    /// Checks a session exists, renews its connection, and (when `queue` is given) remembers that
+    /// the session may hold leases there. Returns the session's ack mode.
+    pub(crate) fn use_session(&self, id: SessionId, queue: Option<&QueueName>) -> Result<AckMode, Error> {
+        let mut s = self.lock();
+        let sess = s.sessions.get_mut(&id).ok_or_else(|| Error::SessionNotFound { id: id.to_string() })?;
+        if let Some(q) = queue {
+            if !sess.queues.contains(q) {
+                sess.queues.insert(q.clone());
+            }
+        }
+        let (mode, conn) = (sess.ack_mode, sess.connection.clone());
+        if let Some(c) = s.connections.get_mut(&conn) {
+            c.expires_at = Instant::now() + c.lease;
+        }
+        Ok(mode)
+    }
+
+    /// The queues where a session may hold leases.
+    pub(crate) fn session_queues(&self, id: SessionId) -> Result<Vec<QueueName>, Error> {
+        let s = self.lock();
+        let sess = s.sessions.get(&id).ok_or_else(|| Error::SessionNotFound { id: id.to_string() })?;
+        Ok(sess.queues.iter().cloned().collect())
+    }
+
+    pub(crate) fn close_session(&self, id: SessionId) -> Result<Closed, Error> {
+        let mut s = self.lock();
+        let sess = s.sessions.remove(&id).ok_or_else(|| Error::SessionNotFound { id: id.to_string() })?;
+        if let Some(c) = s.connections.get_mut(&sess.connection) {
+            c.sessions.remove(&id);
+        }
+        Ok(Closed { sessions: vec![(id, sess.queues.into_iter().collect())], temporary_queues: vec![] })
+    }
+
+    pub(crate) fn close_connection(&self, id: &str) -> Result<Closed, Error> {
+        let mut s = self.lock();
+        let c = s.connections.remove(id).ok_or_else(|| Error::ConnectionNotFound { id: id.into() })?;
+        Ok(close_locked(&mut s, c))
+    }
+
+    /// Closes every connection whose lease ran out.
+    pub(crate) fn close_expired(&self, now: Instant) -> Vec<(String, Closed)> {
+        let mut s = self.lock();
+        let expired: Vec<String> =
+            s.connections.iter().filter(|(_, c)| c.expires_at <= now).map(|(id, _)| id.clone()).collect();
+        expired
+            .into_iter()
+            .filter_map(|id| {
+                let c = s.connections.remove(&id)?;
+                tracing::info!(connection = %id, client_id = %c.client_id, "connection lease ran out; closing it");
+                Some((id, close_locked(&mut s, c)))
+            })
+            .collect()
+    }
+
+    /// Names and records a new temporary queue for a connection.
+    pub(crate) fn add_temporary_queue(&self, connection: &str, node: &ferry_kernel::NodeId) -> Result<QueueName, Error> {
+        let mut s = self.lock();
+        let max = self.config.temporary_queues_per_connection_max;
+        let c = s.connections.get_mut(connection).ok_or_else(|| Error::ConnectionNotFound { id: connection.into() })?;
+        if c.temporary_queues.len() >= max {
+            return Err(Error::LimitReached {
+                what: format!("connection {connection} has {} temporary queues", c.temporary_queues.len()),
+                limit: max,
+                limit_name: "temporary_queues_per_connection_max",
+            });
+        }
+        c.temporary_seq += 1;
+        let name = QueueName::new(format!("tmp.{node}.{connection}.{}", c.temporary_seq))?;
+        c.temporary_queues.insert(name.clone());
+        c.expires_at = Instant::now() + c.lease;
+        Ok(name)
+    }
+
+    /// Forgets a temporary queue (it was not created, or it is being deleted).
+    pub(crate) fn remove_temporary_queue(&self, connection: &str, queue: &QueueName) -> Result<(), Error> {
+        let mut s = self.lock();
+        let c = s.connections.get_mut(connection).ok_or_else(|| Error::ConnectionNotFound { id: connection.into() })?;
+        if c.temporary_queues.remove(queue) {
+            Ok(())
+        } else {
+            Err(Error::NotOwnTemporaryQueue { queue: queue.to_string(), connection: connection.into() })
+        }
+    }
+
+    /// Connections currently open.
+    pub fn connection_count(&self) -> usize {
+        self.lock().connections.len()
+    }
+}
+
+fn close_locked(s: &mut State, c: Connection) -> Closed {
+    let sessions = c
+        .sessions
+        .iter()
+        .filter_map(|id| s.sessions.remove(id).map(|sess| (*id, sess.queues.into_iter().collect())))
+        .collect();
+    Closed { sessions, temporary_queues: c.temporary_queues.into_iter().collect() }
+}

@@ -1,0 +1,113 @@
+//! Bad input gets the right gRPC code and a message that says what to fix; nothing panics.
+
+#![allow(clippy::unwrap_used)]
+
+use ferry_client::pb;
+use ferry_client::{AckMode, Message, ReceiveOptions};
+use ferry_integration_tests::{create_queue, stats, Node, NodeOptions};
+use tonic::Code;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_is_refused_with_the_right_code() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let extra = "[limits]\nmax_message_size_bytes = 1000\n".to_string();
+    let node = Node::start(dir.path(), NodeOptions { memory: true, extra_toml: extra, ..Default::default() })?;
+    let client = node.client().await?;
+    create_queue(&client, "q").await?;
+    let mut m = client.messaging();
+    let conn = client.open_connection("t").await?;
+    let session = conn.create_session(AckMode::Client).await?;
+
+    // Unknown queue.
+    let e = session.send("nope", vec![Message::text("x")]).await.unwrap_err();
+    assert_eq!(e.code(), Some(Code::NotFound), "{e}");
+    assert!(e.to_string().contains("nope"), "{e}");
+    let e = session.receive("nope", ReceiveOptions::no_wait()).await.unwrap_err();
+    assert_eq!(e.code(), Some(Code::NotFound), "{e}");
+
+    // Negative wait: INVALID_ARGUMENT, and nothing is left parked.
+    let e = session.receive("q", ReceiveOptions::timeout_ms(-5)).await.unwrap_err();
+    assert_eq!(e.code(), Some(Code::InvalidArgument), "{e}");
+    assert!(e.to_string().contains("-5"), "{e}");
+    assert_eq!(stats(&client, "q").await?.consumers, 0);
+
+    // Over the message size limit, with the limit named.
+    let e = session.send("q", vec![Message::bytes(vec![0u8; 2_000])]).await.unwrap_err();
+    assert_eq!(e.code(), Some(Code::ResourceExhausted), "{e}");
+    assert!(e.to_string().contains("max_message_size_bytes = 1000"), "{e}");
+
+    // Malformed names, priorities, properties, handles.
+    let e = session.send("bad name", vec![Message::text("x")]).await.unwrap_err();
+    assert_eq!(e.code(), Some(Code::InvalidArgument), "{e}");
+    let e = session.send("q", vec![Message::text("x").priority(10)]).await.unwrap_err();
+    assert_eq!(e.code(), Some(Code::InvalidArgument), "{e}");
+    let e = session.send("q", vec![Message::text("x").property("bad-name", 1)]).await.unwrap_err();
+    assert_eq!(e.code(), Some(Code::InvalidArgument), "{e}");
+    let e = m
+        .ack(pb::AckRequest { session_id: session.id().into(), receipt_handles: vec!["garbage".into()] })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    let e = m
+        .receive(pb::ReceiveRequest { session_id: "zz".into(), queue: "q".into(), ..Default::default() })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    let e = m
+        .receive(pb::ReceiveRequest { session_id: "00000000000000ff".into(), queue: "q".into(), wait_ms: Some(0), ..Default::default() })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound, "unknown session: {e:?}");
+    let e = m
+        .receive(pb::ReceiveRequest { queue: "q".into(), max_messages: 1_000_000, wait_ms: Some(0), ..Default::default() })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("receive_batch_max"), "{e:?}");
+
+    // A stale receipt handle never acknowledges anything.
+    session.send("q", vec![Message::text("m")]).await?;
+    let got = session.receive("q", ReceiveOptions::no_wait()).await?;
+    session.nack(&got, None).await?;
+    let e = session.ack(&got).await.unwrap_err();
+    assert_eq!(e.code(), Some(Code::FailedPrecondition), "{e}");
+    let again = session.receive("q", ReceiveOptions::no_wait()).await?;
+    assert!(again[0].redelivered());
+    session.ack(&again).await?;
+
+    // A reply queue must exist; a deleted temporary queue is gone for good.
+    let e = session.send("q", vec![Message::text("x").reply_to("missing")]).await.unwrap_err();
+    assert_eq!(e.code(), Some(Code::NotFound), "{e}");
+    assert!(e.to_string().contains("reply_to"), "{e}");
+    let tmp = conn.create_temporary_queue().await?;
+    session.send(&tmp, vec![Message::text("reply")]).await?;
+    m.delete_temporary_queue(pb::DeleteTemporaryQueueRequest { connection_id: conn.id().into(), queue: tmp.clone() })
+        .await?;
+    let e = session.send(&tmp, vec![Message::text("late reply")]).await.unwrap_err();
+    assert_eq!(e.code(), Some(Code::NotFound), "{e}");
+
+    // Not supported yet: said plainly.
+    let e = session.receive_selected("q", "n > 1", ReceiveOptions::no_wait()).await.unwrap_err();
+    assert_eq!(e.code(), Some(Code::Unimplemented), "{e}");
+    let e = conn.create_session(AckMode::Transacted).await.unwrap_err();
+    assert_eq!(e.code(), Some(Code::Unimplemented), "{e}");
+
+    // Admin mistakes.
+    let mut admin = client.admin();
+    let e = admin
+        .create_queue(pb::CreateQueueRequest { name: "q".into(), ..Default::default() })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::AlreadyExists, "{e:?}");
+    let e = admin.delete_queue(pb::DeleteQueueRequest { name: "nope".into() }).await.unwrap_err();
+    assert_eq!(e.code(), Code::NotFound, "{e:?}");
+    let e = admin
+        .create_queue(pb::CreateQueueRequest { name: "tmp.sneaky".into(), ..Default::default() })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+
+    // The server is still healthy after all of that.
+    node.client().await?;
+    Ok(())
+}

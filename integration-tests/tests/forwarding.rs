@@ -1,0 +1,52 @@
+//! The FE/BE split across processes: node A's front-end serves a queue owned by node B's back-end.
+
+#![allow(clippy::unwrap_used)]
+
+use ferry_client::{AckMode, Message, ReceiveOptions};
+use ferry_integration_tests::{create_queue, stats, Node, NodeOptions};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_a_serves_a_queue_owned_by_node_b() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let b = Node::start(&dir.path().join("b"), NodeOptions { node_id: "b".into(), ..Default::default() })?;
+    let extra = format!("[cluster.nodes]\nb = \"{}\"\n[cluster.placement]\norders = \"b\"\n", b.url());
+    let a = Node::start(&dir.path().join("a"), NodeOptions { node_id: "a".into(), extra_toml: extra, ..Default::default() })?;
+    let via_a = a.client().await?;
+    let via_b = b.client().await?;
+
+    create_queue(&via_a, "orders").await?;
+    create_queue(&via_a, "local").await?;
+    let s = stats(&via_a, "orders").await?;
+    assert_eq!(s.owner_node, "b", "created through A, owned by B");
+    assert_eq!(stats(&via_a, "local").await?.owner_node, "a");
+    // B has the queue itself; A holds nothing of it.
+    assert_eq!(stats(&via_b, "orders").await?.owner_node, "b");
+
+    let conn = via_a.open_connection("t").await?;
+    let session = conn.create_session(AckMode::Client).await?;
+    let ids = session.send("orders", vec![Message::text("one"), Message::text("two")]).await?;
+    assert_eq!(stats(&via_b, "orders").await?.ready, 2, "the messages are in B's back-end");
+
+    // A long-poll receive through A parks at B and is woken by a send through B.
+    let waiting = {
+        let session = session.clone();
+        tokio::spawn(async move { session.receive("orders", ReceiveOptions::timeout_ms(10_000).max(3)).await })
+    };
+    let got = waiting.await??;
+    assert_eq!(got.iter().map(|r| r.message_id().to_string()).collect::<Vec<_>>(), ids);
+    assert!(got[0].receipt_handle().starts_with("r1.b."), "the receipt handle names the owning node");
+    assert_eq!(stats(&via_b, "orders").await?.leased, 2);
+    // Acks sent to A are routed to B by the receipt handle alone.
+    session.ack(&got).await?;
+    let s = stats(&via_b, "orders").await?;
+    assert_eq!((s.ready, s.leased, s.acked_total), (0, 0, 2));
+
+    // Closing the session through A releases its leases at B.
+    let late = session.send("orders", vec![Message::text("three")]).await?;
+    let held = session.receive("orders", ReceiveOptions::no_wait()).await?;
+    assert_eq!(held[0].message_id(), late[0]);
+    assert_eq!(session.close().await?, 1);
+    let s = stats(&via_b, "orders").await?;
+    assert_eq!((s.ready, s.leased), (1, 0));
+    Ok(())
+}

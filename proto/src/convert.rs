@@ -1,0 +1,194 @@
+//! Wire ↔ domain conversion, in one place. Decoding checks everything the wire type cannot
+//! express (ranges, names, types) and fails with a [`KernelError`] naming the field.
+
+use ferry_kernel::{
+    Delivery, KernelError, Message, MessageState, NewMessage, Priority, PropertyValue, QueueConfig,
+    QueueName, QueueStats, ReceiptHandle,
+};
+
+use crate::v1 as pb;
+
+impl From<&PropertyValue> for pb::PropertyValue {
+    fn from(v: &PropertyValue) -> Self {
+        use pb::property_value::Value;
+        let value = match v {
+            PropertyValue::Bool(b) => Value::BoolValue(*b),
+            PropertyValue::Int(i) => Value::IntValue(*i),
+            PropertyValue::Long(l) => Value::LongValue(*l),
+            PropertyValue::Double(d) => Value::DoubleValue(*d),
+            PropertyValue::String(s) => Value::StringValue(s.clone()),
+        };
+        pb::PropertyValue { value: Some(value) }
+    }
+}
+
+/// Decodes one property; `name` is only used in the error.
+pub fn property_from_pb(name: &str, v: pb::PropertyValue) -> Result<PropertyValue, KernelError> {
+    use pb::property_value::Value;
+    match v.value {
+        Some(Value::BoolValue(b)) => Ok(PropertyValue::Bool(b)),
+        Some(Value::IntValue(i)) => Ok(PropertyValue::Int(i)),
+        Some(Value::LongValue(l)) => Ok(PropertyValue::Long(l)),
+        Some(Value::DoubleValue(d)) => Ok(PropertyValue::Double(d)),
+        Some(Value::StringValue(s)) => Ok(PropertyValue::String(s)),
+        None => Err(KernelError::InvalidArgument {
+            field: "properties",
+            reason: format!("property {name:?} has no value; set one of its typed fields"),
+        }),
+    }
+}
+
+fn non_empty(s: String) -> Option<String> {
+    (!s.is_empty()).then_some(s)
+}
+
+impl TryFrom<pb::OutgoingMessage> for NewMessage {
+    type Error = KernelError;
+
+    fn try_from(m: pb::OutgoingMessage) -> Result<Self, Self::Error> {
+        let persistent = match pb::DeliveryMode::try_from(m.delivery_mode) {
+            Ok(pb::DeliveryMode::Unspecified | pb::DeliveryMode::Persistent) => true,
+            Ok(pb::DeliveryMode::NonPersistent) => false,
+            Err(_) => {
+                return Err(KernelError::InvalidArgument {
+                    field: "delivery_mode",
+                    reason: format!("{} is not a delivery mode", m.delivery_mode),
+                })
+            }
+        };
+        let properties = m
+            .properties
+            .into_iter()
+            .map(|(k, v)| property_from_pb(&k, v).map(|v| (k, v)))
+            .collect::<Result<_, _>>()?;
+        let reply_to = non_empty(m.reply_to).map(QueueName::new).transpose().map_err(|e| {
+            KernelError::InvalidArgument { field: "reply_to", reason: e.to_string() }
+        })?;
+        Ok(NewMessage {
+            body: m.body,
+            properties,
+            correlation_id: m.correlation_id,
+            reply_to,
+            jms_type: non_empty(m.r#type),
+            priority: m.priority.map(Priority::new).transpose()?.unwrap_or_default(),
+            time_to_live_ms: m.time_to_live_ms,
+            delivery_delay_ms: m.delivery_delay_ms,
+            persistent,
+            dedup_id: non_empty(m.dedup_id),
+            group_id: non_empty(m.group_id),
+        })
+    }
+}
+
+/// The wire form of a stored message.
+pub fn message_to_pb(m: &Message, queue: &QueueName) -> pb::Message {
+    pb::Message {
+        message_id: m.id.to_string(),
+        queue: queue.to_string(),
+        body: m.body.clone(),
+        properties: m.properties.iter().map(|(k, v)| (k.clone(), v.into())).collect(),
+        correlation_id: m.correlation_id.clone(),
+        reply_to: m.reply_to.as_ref().map(ToString::to_string).unwrap_or_default(),
+        r#type: m.jms_type.clone().unwrap_or_default(),
+        priority: m.priority.get().into(),
+        timestamp_ms: m.timestamp_ms,
+        expiration_ms: m.expiration_ms.unwrap_or(0),
+        delivery_time_ms: m.deliver_at_ms.unwrap_or(0),
+        delivery_mode: if m.persistent {
+            pb::DeliveryMode::Persistent
+        } else {
+            pb::DeliveryMode::NonPersistent
+        } as i32,
+        group_id: m.group_id.clone().unwrap_or_default(),
+    }
+}
+
+/// The wire form of a delivery, with the receipt handle the back-end minted for it.
+pub fn delivery_to_pb(d: &Delivery, handle: &ReceiptHandle) -> pb::Delivery {
+    pb::Delivery {
+        message: Some(message_to_pb(&d.message, &handle.queue)),
+        receipt_handle: handle.to_string(),
+        delivery_count: d.delivery_count,
+        redelivered: d.redelivered(),
+        lease_expires_at_ms: d.lease_until_ms,
+    }
+}
+
+pub fn state_to_pb(s: MessageState) -> pb::MessageState {
+    match s {
+        MessageState::Ready => pb::MessageState::Ready,
+        MessageState::Scheduled { .. } => pb::MessageState::Scheduled,
+        MessageState::Leased { .. } => pb::MessageState::Leased,
+    }
+}
+
+/// Applies the fields set on the wire over `base` (the server's defaults).
+pub fn queue_config_from_pb(c: Option<pb::QueueConfig>, base: &QueueConfig) -> QueueConfig {
+    let c = c.unwrap_or_default();
+    QueueConfig {
+        default_lease_ms: c.default_lease_ms.unwrap_or(base.default_lease_ms),
+        lease_max_ms: c.lease_max_ms.unwrap_or(base.lease_max_ms),
+        max_message_size_bytes: c.max_message_size_bytes.unwrap_or(base.max_message_size_bytes),
+        receive_batch_max: c.receive_batch_max.unwrap_or(base.receive_batch_max),
+        waiters_max: c.waiters_max.map_or(base.waiters_max, |w| w as usize),
+    }
+}
+
+pub fn queue_config_to_pb(c: &QueueConfig) -> pb::QueueConfig {
+    pb::QueueConfig {
+        default_lease_ms: Some(c.default_lease_ms),
+        lease_max_ms: Some(c.lease_max_ms),
+        max_message_size_bytes: Some(c.max_message_size_bytes),
+        receive_batch_max: Some(c.receive_batch_max),
+        waiters_max: Some(u32::try_from(c.waiters_max).unwrap_or(u32::MAX)),
+    }
+}
+
+pub fn queue_stats_to_pb(name: &QueueName, owner: &str, s: &QueueStats) -> pb::QueueStats {
+    pb::QueueStats {
+        name: name.to_string(),
+        ready: s.ready,
+        scheduled: s.scheduled,
+        leased: s.leased,
+        consumers: s.waiters,
+        bytes: s.bytes,
+        sent_total: s.sent_total,
+        delivered_total: s.delivered_total,
+        redelivered_total: s.redelivered_total,
+        acked_total: s.acked_total,
+        expired_total: s.expired_total,
+        lease_expired_total: s.lease_expired_total,
+        purged_total: s.purged_total,
+        owner_node: owner.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outgoing_message_decodes_with_defaults() {
+        let m = NewMessage::try_from(pb::OutgoingMessage {
+            body: b"x".to_vec(),
+            correlation_id: Some(" Abc ".into()),
+            ..Default::default()
+        })
+        .unwrap();
+        assert!(m.persistent, "persistent is the JMS default");
+        assert_eq!(m.priority, Priority::DEFAULT);
+        assert_eq!(m.correlation_id.as_deref(), Some(" Abc "), "kept byte for byte");
+    }
+
+    #[test]
+    fn bad_fields_are_named() {
+        let err = NewMessage::try_from(pb::OutgoingMessage { priority: Some(10), ..Default::default() })
+            .unwrap_err();
+        assert!(err.to_string().contains("priority"), "{err}");
+        let mut props = std::collections::HashMap::new();
+        props.insert("n".to_string(), pb::PropertyValue { value: None });
+        let err = NewMessage::try_from(pb::OutgoingMessage { properties: props, ..Default::default() })
+            .unwrap_err();
+        assert!(err.to_string().contains("\"n\""), "{err}");
+    }
+}

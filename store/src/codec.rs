@@ -1,0 +1,279 @@
+//! The on-disk encoding of queue definitions and messages: a version byte, then fixed-width
+//! big-endian numbers and length-prefixed strings. Hand-written so the format is explicit and
+//! does not change when a struct does.
+
+use std::collections::BTreeMap;
+
+use ferry_kernel::{
+    Message, MessageId, Priority, PropertyValue, QueueConfig, QueueName, QueueUid, Seq,
+};
+
+use crate::{QueueDef, StoreError};
+
+const MESSAGE_V1: u8 = 1;
+const QUEUE_V1: u8 = 1;
+
+struct Writer(Vec<u8>);
+
+impl Writer {
+    fn u8(&mut self, v: u8) {
+        self.0.push(v);
+    }
+    fn u32(&mut self, v: u32) {
+        self.0.extend_from_slice(&v.to_be_bytes());
+    }
+    fn u64(&mut self, v: u64) {
+        self.0.extend_from_slice(&v.to_be_bytes());
+    }
+    fn bytes(&mut self, b: &[u8]) {
+        // Lengths are bounded by the message size limit, far below u32::MAX.
+        self.u32(u32::try_from(b.len()).unwrap_or(u32::MAX));
+        self.0.extend_from_slice(b);
+    }
+    fn opt_u64(&mut self, v: Option<u64>) {
+        match v {
+            Some(v) => {
+                self.u8(1);
+                self.u64(v);
+            }
+            None => self.u8(0),
+        }
+    }
+    fn opt_str(&mut self, v: Option<&str>) {
+        match v {
+            Some(s) => {
+                self.u8(1);
+                self.bytes(s.as_bytes());
+            }
+            None => self.u8(0),
+        }
+    }
+}
+
+struct Reader<'a> {
+    buf: &'a [u8],
+    what: &'static str,
+}
+
+impl<'a> Reader<'a> {
+    fn corrupt(&self, reason: &str) -> StoreError {
+        StoreError::Corrupt { what: self.what, reason: reason.to_string() }
+    }
+    fn take(&mut self, n: usize) -> Result<&'a [u8], StoreError> {
+        if self.buf.len() < n {
+            return Err(self.corrupt("truncated record"));
+        }
+        let (head, tail) = self.buf.split_at(n);
+        self.buf = tail;
+        Ok(head)
+    }
+    fn u8(&mut self) -> Result<u8, StoreError> {
+        Ok(self.take(1)?[0])
+    }
+    fn u32(&mut self) -> Result<u32, StoreError> {
+        let b = self.take(4)?;
+        Ok(u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+    }
+    fn u64(&mut self) -> Result<u64, StoreError> {
+        let mut a = [0u8; 8];
+        a.copy_from_slice(self.take(8)?);
+        Ok(u64::from_be_bytes(a))
+    }
+    fn bytes(&mut self) -> Result<&'a [u8], StoreError> {
+        let n = self.u32()? as usize;
+        self.take(n)
+    }
+    fn string(&mut self) -> Result<String, StoreError> {
+        String::from_utf8(self.bytes()?.to_vec()).map_err(|_| self.corrupt("invalid UTF-8"))
+    }
+    fn opt_u64(&mut self) -> Result<Option<u64>, StoreError> {
+        match self.u8()? {
+            0 => Ok(None),
+            1 => self.u64().map(Some),
+            _ => Err(self.corrupt("bad option tag")),
+        }
+    }
+    fn opt_string(&mut self) -> Result<Option<String>, StoreError> {
+        match self.u8()? {
+            0 => Ok(None),
+            1 => self.string().map(Some),
+            _ => Err(self.corrupt("bad option tag")),
+        }
+    }
+    fn queue_name(&mut self) -> Result<QueueName, StoreError> {
+        let s = self.string()?;
+        QueueName::new(s).map_err(|e| self.corrupt(&e.to_string()))
+    }
+}
+
+pub(crate) fn encode_message(m: &Message) -> Vec<u8> {
+    let mut w = Writer(Vec::with_capacity(m.body.len() + 64));
+    w.u8(MESSAGE_V1);
+    w.u64(m.seq.0);
+    w.u64(m.timestamp_ms);
+    w.u8(u8::from(m.persistent));
+    w.u8(m.priority.get());
+    w.opt_u64(m.expiration_ms);
+    w.opt_u64(m.deliver_at_ms);
+    w.opt_str(m.correlation_id.as_deref());
+    w.opt_str(m.reply_to.as_ref().map(QueueName::as_str));
+    w.opt_str(m.jms_type.as_deref());
+    w.opt_str(m.dedup_id.as_deref());
+    w.opt_str(m.group_id.as_deref());
+    w.u32(u32::try_from(m.properties.len()).unwrap_or(u32::MAX));
+    for (k, v) in &m.properties {
+        w.bytes(k.as_bytes());
+        match v {
+            PropertyValue::Bool(b) => {
+                w.u8(0);
+                w.u8(u8::from(*b));
+            }
+            PropertyValue::Int(i) => {
+                w.u8(1);
+                w.u32(*i as u32);
+            }
+            PropertyValue::Long(l) => {
+                w.u8(2);
+                w.u64(*l as u64);
+            }
+            PropertyValue::Double(d) => {
+                w.u8(3);
+                w.u64(d.to_bits());
+            }
+            PropertyValue::String(s) => {
+                w.u8(4);
+                w.bytes(s.as_bytes());
+            }
+        }
+    }
+    w.bytes(&m.body);
+    w.0
+}
+
+pub(crate) fn decode_message(uid: QueueUid, buf: &[u8]) -> Result<Message, StoreError> {
+    let mut r = Reader { buf, what: "message" };
+    if r.u8()? != MESSAGE_V1 {
+        return Err(r.corrupt("unknown message format version"));
+    }
+    let seq = Seq(r.u64()?);
+    let timestamp_ms = r.u64()?;
+    let persistent = r.u8()? != 0;
+    let priority = Priority::new(r.u8()?.into()).map_err(|e| r.corrupt(&e.to_string()))?;
+    let expiration_ms = r.opt_u64()?;
+    let deliver_at_ms = r.opt_u64()?;
+    let correlation_id = r.opt_string()?;
+    let reply_to = r.opt_string()?.map(QueueName::new).transpose().map_err(|e| r.corrupt(&e.to_string()))?;
+    let jms_type = r.opt_string()?;
+    let dedup_id = r.opt_string()?;
+    let group_id = r.opt_string()?;
+    let mut properties = BTreeMap::new();
+    for _ in 0..r.u32()? {
+        let k = r.string()?;
+        let v = match r.u8()? {
+            0 => PropertyValue::Bool(r.u8()? != 0),
+            1 => PropertyValue::Int(r.u32()? as i32),
+            2 => PropertyValue::Long(r.u64()? as i64),
+            3 => PropertyValue::Double(f64::from_bits(r.u64()?)),
+            4 => PropertyValue::String(r.string()?),
+            _ => return Err(r.corrupt("unknown property type")),
+        };
+        properties.insert(k, v);
+    }
+    let body = r.bytes()?.to_vec();
+    if !r.buf.is_empty() {
+        return Err(r.corrupt("trailing bytes"));
+    }
+    Ok(Message {
+        id: MessageId::new(uid, seq),
+        seq,
+        body,
+        properties,
+        correlation_id,
+        reply_to,
+        jms_type,
+        priority,
+        timestamp_ms,
+        expiration_ms,
+        deliver_at_ms,
+        persistent,
+        dedup_id,
+        group_id,
+    })
+}
+
+pub(crate) fn encode_queue(d: &QueueDef) -> Vec<u8> {
+    let mut w = Writer(Vec::with_capacity(64));
+    w.u8(QUEUE_V1);
+    w.u64(d.uid.0);
+    w.bytes(d.name.as_str().as_bytes());
+    w.u64(d.config.default_lease_ms);
+    w.u64(d.config.lease_max_ms);
+    w.u64(d.config.max_message_size_bytes);
+    w.u32(d.config.receive_batch_max);
+    w.u64(d.config.waiters_max as u64);
+    w.0
+}
+
+pub(crate) fn decode_queue(buf: &[u8]) -> Result<QueueDef, StoreError> {
+    let mut r = Reader { buf, what: "queue definition" };
+    if r.u8()? != QUEUE_V1 {
+        return Err(r.corrupt("unknown queue format version"));
+    }
+    let uid = QueueUid(r.u64()?);
+    let name = r.queue_name()?;
+    let config = QueueConfig {
+        default_lease_ms: r.u64()?,
+        lease_max_ms: r.u64()?,
+        max_message_size_bytes: r.u64()?,
+        receive_batch_max: r.u32()?,
+        waiters_max: usize::try_from(r.u64()?).unwrap_or(usize::MAX),
+    };
+    Ok(QueueDef { name, uid, config })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn prop_value() -> impl Strategy<Value = PropertyValue> {
+        prop_oneof![
+            any::<bool>().prop_map(PropertyValue::Bool),
+            any::<i32>().prop_map(PropertyValue::Int),
+            any::<i64>().prop_map(PropertyValue::Long),
+            any::<f64>().prop_filter("NaN != NaN", |d| !d.is_nan()).prop_map(PropertyValue::Double),
+            ".*".prop_map(PropertyValue::String),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn message_round_trips(
+            seq in any::<u64>(), ts in any::<u64>(), persistent in any::<bool>(), prio in 0u32..10,
+            exp in any::<Option<u64>>(), at in any::<Option<u64>>(), corr in any::<Option<String>>(),
+            body in any::<Vec<u8>>(), props in proptest::collection::btree_map("[a-z]{1,8}", prop_value(), 0..5),
+        ) {
+            let m = Message {
+                id: MessageId::new(QueueUid(9), Seq(seq)), seq: Seq(seq), body, properties: props,
+                correlation_id: corr, reply_to: Some(QueueName::new("reply.q").unwrap()),
+                jms_type: Some("t".into()), priority: Priority::new(prio).unwrap(), timestamp_ms: ts,
+                expiration_ms: exp, deliver_at_ms: at, persistent, dedup_id: None, group_id: Some("g".into()),
+            };
+            prop_assert_eq!(decode_message(QueueUid(9), &encode_message(&m)).unwrap(), m);
+        }
+    }
+
+    #[test]
+    fn truncated_records_are_reported_not_panicked_on() {
+        let d = QueueDef {
+            name: QueueName::new("q").unwrap(),
+            uid: QueueUid(1),
+            config: QueueConfig::default(),
+        };
+        let bytes = encode_queue(&d);
+        assert_eq!(decode_queue(&bytes).unwrap(), d);
+        for n in 0..bytes.len() {
+            assert!(decode_queue(&bytes[..n]).is_err());
+        }
+    }
+}
