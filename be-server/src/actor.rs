@@ -36,7 +36,10 @@ pub(crate) enum Cmd {
     Ack { leases: Vec<LeaseRef>, reply: Reply<LeaseResults<()>> },
     Nack { leases: Vec<LeaseRef>, delay_ms: Option<u64>, reply: Reply<LeaseResults<()>> },
     Extend { leases: Vec<LeaseRef>, lease_ms: Option<u64>, reply: Reply<LeaseResults<u64>> },
-    ReleaseSession { session: SessionId, reply: Reply<u64> },
+    /// A session ended (`recover: false`) or is recovering (`true`).
+    ReleaseSession { session: SessionId, recover: bool, reply: Reply<u64> },
+    /// The queue's largest receive batch.
+    BatchMax { reply: Reply<u32> },
     Browse { after: Option<ferry_kernel::Seq>, max: usize, reply: Reply<Browsed> },
     Purge { reply: Reply<u64> },
     Stats { reply: Reply<QueueStats> },
@@ -244,11 +247,16 @@ impl QueueActor {
                     Err(e) => drop(reply.send(Err(e.into()))),
                 }
             }
-            Cmd::ReleaseSession { session, reply } => {
-                let before = self.queue.stats().leased;
-                let fx = self.queue.release_session(session, now);
-                let released = before.saturating_sub(self.queue.stats().leased);
+            Cmd::ReleaseSession { session, recover, reply } => {
+                let (released, fx) = if recover {
+                    self.queue.recover_session(session, now)
+                } else {
+                    self.queue.release_session(session, now)
+                };
                 self.finish(fx, vec![answer(reply, released)]).await;
+            }
+            Cmd::BatchMax { reply } => {
+                let _ = reply.send(Ok(self.queue.config().receive_batch_max));
             }
             Cmd::Browse { after, max, reply } => {
                 let _ = reply.send(Ok(self.queue.browse(after, max)));

@@ -160,11 +160,13 @@ impl Broker {
     pub async fn delete_queue(&self, name: &QueueName) -> Result<u64, Error> {
         let _admin = self.inner.admin.lock().await;
         let owned = self.owned(name)?;
+        // Stop the owner task first (its submitted writes finish), then delete what it left on
+        // disk: no write for this queue can land after the range delete.
+        self.inner.queues.write().unwrap_or_else(PoisonError::into_inner).remove(name);
+        let held = owned.handle.stop().await;
         if !owned.temporary {
             self.inner.commit.commit(vec![StoreOp::DeleteQueue(owned.def.uid)]).await?;
         }
-        self.inner.queues.write().unwrap_or_else(PoisonError::into_inner).remove(name);
-        let held = owned.handle.stop().await;
         tracing::info!(queue = %name, messages = held, "queue deleted");
         Ok(held)
     }
@@ -192,14 +194,19 @@ impl Broker {
 
     /// A session ended: its messages in these queues return at once. Queues that no longer exist
     /// are skipped. Returns how many messages were released.
-    pub async fn release_session(&self, session: SessionId, queues: &[QueueName]) -> Result<u64, Error> {
+    pub async fn release_session(&self, session: SessionId, queues: &[QueueName], recover: bool) -> Result<u64, Error> {
         let mut released = 0;
         for q in queues {
             if let Ok(h) = self.handle(q) {
-                released += h.call(|reply| Cmd::ReleaseSession { session, reply }).await?;
+                released += h.call(|reply| Cmd::ReleaseSession { session, recover, reply }).await?;
             }
         }
         Ok(released)
+    }
+
+    /// The most messages one receive may ask of `queue`.
+    pub async fn receive_batch_max(&self, queue: &QueueName) -> Result<u32, Error> {
+        self.handle(queue)?.call(|reply| Cmd::BatchMax { reply }).await
     }
 
     pub async fn browse(&self, queue: &QueueName, after: Option<ferry_kernel::Seq>, max: usize) -> Result<Browsed, Error> {

@@ -29,12 +29,12 @@ impl From<Error> for Status {
             Error::QueueNotFound { .. } => Code::NotFound,
             Error::QueueExists { .. } => Code::AlreadyExists,
             Error::Kernel(k) => match k {
-                KernelError::NegativeTimeout { .. }
-                | KernelError::InvalidArgument { .. }
-                | KernelError::OverLimit { .. } => Code::InvalidArgument,
-                KernelError::MessageTooLarge { .. } | KernelError::TooManyWaiters { .. } => {
-                    Code::ResourceExhausted
+                KernelError::NegativeTimeout { .. } | KernelError::InvalidArgument { .. } => {
+                    Code::InvalidArgument
                 }
+                KernelError::OverLimit { .. }
+                | KernelError::MessageTooLarge { .. }
+                | KernelError::TooManyWaiters { .. } => Code::ResourceExhausted,
                 KernelError::StaleReceipt { .. } => Code::FailedPrecondition,
             },
             Error::Store(s) => match s {

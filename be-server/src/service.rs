@@ -45,8 +45,10 @@ impl BackendService {
                 let handle = ReceiptHandle {
                     node: self.broker.node_id().clone(),
                     queue: queue.clone(),
+                    uid: d.queue,
                     seq: d.message.seq,
                     lease: d.lease,
+                    delivery_count: d.delivery_count,
                 };
                 convert::delivery_to_pb(d, &handle)
             })
@@ -65,7 +67,7 @@ impl BackendService {
                 if &r.queue != queue {
                     return Err(Error::WrongQueue { handle: h.clone(), handle_queue: r.queue.to_string(), queue: queue.to_string() });
                 }
-                Ok(LeaseRef { seq: r.seq, lease: r.lease })
+                Ok(LeaseRef { queue: r.uid, seq: r.seq, lease: r.lease, delivery_count: r.delivery_count })
             })
             .collect()
     }
@@ -171,9 +173,13 @@ impl pb::backend_server::Backend for BackendService {
             Some(0) => Wait::NoWait,
             Some(ms) => Wait::Until(now_ms().saturating_add(ms)),
         };
+        let mut max_messages = r.max_messages.max(1);
+        if r.clamp_max_messages {
+            max_messages = max_messages.min(self.broker.receive_batch_max(&queue).await?);
+        }
         let req = ReceiveRequest {
             owner: session(&r.session_id)?,
-            max_messages: r.max_messages.max(1),
+            max_messages,
             wait,
             lease_ms: r.lease_ms,
         };
@@ -211,7 +217,7 @@ impl pb::backend_server::Backend for BackendService {
             return Err(Status::invalid_argument("session_id is required"));
         };
         let queues = r.queues.iter().map(|q| queue_name(q)).collect::<Result<Vec<_>, _>>()?;
-        let count = self.broker.release_session(session, &queues).await?;
+        let count = self.broker.release_session(session, &queues, r.recover).await?;
         Ok(Response::new(pb::BackendCountResponse { count }))
     }
 

@@ -79,6 +79,8 @@ pub struct Config {
     pub listen: String,
     pub data_dir: PathBuf,
     pub storage: Storage,
+    /// After SIGTERM, how long open calls may take to finish before the node stops anyway.
+    pub shutdown_grace_ms: u64,
     pub log: LogConfig,
     pub limits: Limits,
     #[serde(default)]
@@ -92,6 +94,7 @@ impl Default for Config {
             listen: format!("127.0.0.1:{DEFAULT_PORT}"),
             data_dir: PathBuf::from("./ferry-data"),
             storage: Storage::Rocksdb,
+            shutdown_grace_ms: 10_000,
             log: LogConfig { filter: "info".into(), format: LogFormat::Text },
             limits: Limits::default(),
             cluster: ClusterConfig::default(),
@@ -165,5 +168,18 @@ mod tests {
         std::fs::write(&path, "lsiten = \"x\"\n").unwrap();
         assert!(Config::load(Some(&path), &Overrides::default()).unwrap_err().contains("lsiten"));
         assert!(Config::load(Some(&dir.path().join("missing.toml")), &Overrides::default()).is_err());
+    }
+}
+
+#[cfg(test)]
+mod deploy_example {
+    use super::*;
+
+    /// The documented example must stay loadable and equal to the defaults it claims to show.
+    #[test]
+    fn deploy_ferry_toml_is_the_defaults() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/ferry.toml");
+        let c = Config::load(Some(&path), &Overrides::default()).unwrap();
+        assert_eq!(c, Config::default());
     }
 }

@@ -4,10 +4,11 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context as _;
 use ferry_be_server::{BackendService, Broker, BrokerConfig};
-use ferry_fe_dispatcher::{frontend, BackendRef, FrontendConfig, RemoteBackend, Router};
+use ferry_fe_dispatcher::{BackendRef, Frontend, FrontendConfig, RemoteBackend, Router};
 use ferry_kernel::{NodeId, QueueConfig};
 use ferry_proto::pb;
 use ferry_store::{MemoryStore, QueueStore, RocksStore};
@@ -64,8 +65,8 @@ pub async fn run(config: Config, listener: TcpListener, shutdown: impl Future<Ou
         temporary_queues_per_connection_max: l.temporary_queues_per_connection_max,
         ..FrontendConfig::default()
     };
-    let (messaging, admin, reaper) = frontend(fe_config, router);
-    let reaper = tokio::spawn(reaper);
+    let frontend = Frontend::new(fe_config, router);
+    let reaper = tokio::spawn(frontend.reaper());
 
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<pb::messaging_server::MessagingServer<ferry_fe_dispatcher::MessagingService>>().await;
@@ -76,23 +77,33 @@ pub async fn run(config: Config, listener: TcpListener, shutdown: impl Future<Ou
     let max = l.grpc_max_request_bytes;
     let addr = listener.local_addr()?;
     tracing::info!(node = %node_id, %addr, "listening");
+    let begun = Arc::new(tokio::sync::Notify::new());
     let stopping = {
-        let (broker, health) = (broker.clone(), health.clone());
+        let (broker, health, begun) = (broker.clone(), health.clone(), begun.clone());
+        let stop_frontend = frontend.stop_handle();
         async move {
             shutdown.await;
             tracing::info!("shutting down");
+            begun.notify_one();
             health.set_not_serving::<pb::messaging_server::MessagingServer<ferry_fe_dispatcher::MessagingService>>().await;
+            stop_frontend.stop();
             broker.shutdown().await;
         }
     };
-    Server::builder()
-        .add_service(pb::messaging_server::MessagingServer::new(messaging).max_decoding_message_size(max))
-        .add_service(pb::admin_server::AdminServer::new(admin).max_decoding_message_size(max))
+    let server = Server::builder()
+        .add_service(pb::messaging_server::MessagingServer::new(frontend.messaging.clone()).max_decoding_message_size(max))
+        .add_service(pb::admin_server::AdminServer::new(frontend.admin.clone()).max_decoding_message_size(max))
         .add_service(pb::backend_server::BackendServer::new(backend).max_decoding_message_size(max))
         .add_service(health_service)
         .add_service(reflection)
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stopping)
-        .await?;
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stopping);
+    let grace = Duration::from_millis(config.shutdown_grace_ms);
+    tokio::select! {
+        served = server => served?,
+        () = async { begun.notified().await; tokio::time::sleep(grace).await } => {
+            tracing::warn!(grace_ms = config.shutdown_grace_ms, "calls still open after the shutdown grace period; stopping anyway");
+        }
+    }
     reaper.abort();
     broker.shutdown().await;
     tracing::info!("stopped");

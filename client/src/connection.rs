@@ -100,7 +100,7 @@ impl Connection {
             .create_session(pb::CreateSessionRequest { connection_id: self.id.clone(), ack_mode: ack_mode as i32 })
             .await?
             .into_inner();
-        Ok(Session { client: self.client.clone(), id: r.session_id, ack_mode })
+        Ok(Session { client: self.client.clone(), id: r.session_id, ack_mode, _heartbeat: self.heartbeat.clone() })
     }
 
     /// A queue that lives as long as this connection.
@@ -158,6 +158,8 @@ pub struct Session {
     client: Client,
     id: String,
     ack_mode: pb::AckMode,
+    /// A session keeps its connection's heartbeat going.
+    _heartbeat: Arc<AbortOnDrop>,
 }
 
 impl Session {
@@ -200,7 +202,16 @@ impl Session {
         let deliveries = self.client.messaging().receive(Request::new(req)).await?.into_inner().deliveries;
         let received: Vec<Received> = deliveries.into_iter().map(|delivery| Received { delivery }).collect();
         if matches!(self.ack_mode, pb::AckMode::Auto | pb::AckMode::DupsOk | pb::AckMode::Unspecified) && !received.is_empty() {
-            self.ack(&received).await?;
+            match self.ack(&received).await {
+                Ok(()) => {}
+                // Some leases ran out before the ack: those messages will come again (flagged
+                // redelivered); the rest were acknowledged. Hand all of them over rather than
+                // lose the acknowledged ones.
+                Err(ClientError::Status(s)) if s.code() == tonic::Code::FailedPrecondition => {
+                    tracing::warn!(error = %s.message(), "auto-acknowledge found expired leases");
+                }
+                Err(e) => return Err(e),
+            }
         }
         Ok(received)
     }

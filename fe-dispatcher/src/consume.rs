@@ -49,7 +49,13 @@ async fn run(
 ) {
     let mut credits = u64::from(start.prefetch);
     let mut inflight: Option<Inflight> = None;
+    let mut stopping = svc.stopping.clone();
     loop {
+        // Traffic on the stream keeps the connection alive; a session that is gone ends it.
+        if let Err(status) = svc.touch_session(&start.session_id, None) {
+            let _ = tx.send(Err(status)).await;
+            return;
+        }
         if inflight.is_none() && credits > 0 {
             let req = pb::BackendReceiveRequest {
                 queue: start.queue.clone(),
@@ -58,6 +64,7 @@ async fn run(
                 max_messages: u32::try_from(credits.min(BATCH_MAX)).unwrap_or(1),
                 wait_ms: None,
                 lease_ms: start.lease_ms,
+                clamp_max_messages: true,
             };
             let be = be.clone();
             inflight = Some(Box::pin(async move { be.receive(Request::new(req)).await }));
@@ -69,7 +76,7 @@ async fn run(
                     Ok(Some(_)) => continue,
                     Ok(None) | Err(_) => return,
                 };
-                if let Some(reply) = handle(&svc, &start, kind, &mut credits).await {
+                if let Some(reply) = handle(&svc, kind, &mut credits).await {
                     if tx.send(reply).await.is_err() {
                         return;
                     }
@@ -96,13 +103,13 @@ async fn run(
                 }
             }
             () = tx.closed() => return,
+            () = crate::stopped(&mut stopping) => return,
         }
     }
 }
 
 async fn handle(
     svc: &MessagingService,
-    start: &pb::ConsumeStart,
     kind: Kind,
     credits: &mut u64,
 ) -> Option<Result<pb::ConsumeResponse, Status>> {
@@ -115,7 +122,6 @@ async fn handle(
         Kind::Start(_) => Some(Err(Status::invalid_argument("a Consume stream takes `start` once, first"))),
         Kind::Credit(n) => {
             *credits = credits.saturating_add(u64::from(n));
-            let _ = svc.touch_session(&start.session_id, None);
             None
         }
         Kind::Ack(h) => match svc.lease_op(&h.receipt_handles, |be, req| async move { be.ack(Request::new(req)).await }).await {

@@ -14,6 +14,8 @@ pub enum Error {
     NegativeWait { wait_ms: i64 },
     #[error("no route to node {node}: it is not in this node's cluster configuration")]
     UnknownNode { node: NodeId },
+    #[error("receipt handle {handle:?} names node {node}, which is not in this cluster")]
+    ReceiptFromUnknownNode { handle: String, node: NodeId },
     #[error("{what}: this node allows {limit} ({limit_name})")]
     LimitReached { what: String, limit: usize, limit_name: &'static str },
     #[error("{feature} is not supported by this server yet")]
@@ -31,18 +33,19 @@ pub enum Error {
 impl From<Error> for Status {
     fn from(e: Error) -> Status {
         let code = match &e {
-            Error::Kernel(KernelError::MessageTooLarge { .. } | KernelError::TooManyWaiters { .. }) => {
-                Code::ResourceExhausted
-            }
-            Error::Kernel(KernelError::StaleReceipt { .. }) => Code::FailedPrecondition,
             Error::Kernel(
-                KernelError::NegativeTimeout { .. }
-                | KernelError::InvalidArgument { .. }
+                KernelError::MessageTooLarge { .. }
+                | KernelError::TooManyWaiters { .. }
                 | KernelError::OverLimit { .. },
-            ) => Code::InvalidArgument,
+            ) => Code::ResourceExhausted,
+            Error::Kernel(KernelError::StaleReceipt { .. }) => Code::FailedPrecondition,
+            Error::Kernel(KernelError::NegativeTimeout { .. } | KernelError::InvalidArgument { .. }) => {
+                Code::InvalidArgument
+            }
             Error::ConnectionNotFound { .. } | Error::SessionNotFound { .. } => Code::NotFound,
             Error::NegativeWait { .. } | Error::ConsumeNotStarted => Code::InvalidArgument,
             Error::UnknownNode { .. } => Code::Unavailable,
+            Error::ReceiptFromUnknownNode { .. } => Code::FailedPrecondition,
             Error::LimitReached { .. } => Code::ResourceExhausted,
             Error::Unimplemented { .. } => Code::Unimplemented,
             Error::NotTransacted { .. }

@@ -62,16 +62,48 @@ impl Default for FrontendConfig {
     }
 }
 
-/// Builds both client-facing services over one router and one session table, and returns the
-/// reaper that closes connections whose lease ran out (run it until shutdown).
-pub fn frontend(
-    config: FrontendConfig,
-    router: Router,
-) -> (MessagingService, AdminService, impl std::future::Future<Output = ()> + Send) {
-    let router = Arc::new(router);
-    let sessions = Arc::new(Sessions::new(config.clone()));
-    let messaging = MessagingService::new(config, router.clone(), sessions.clone());
-    let admin = AdminService::new(router.clone());
-    let reaper = messaging.clone().reap_expired_connections(Duration::from_millis(250));
-    (messaging, admin, reaper)
+/// The front-end of a node: both client-facing services over one router and one session table.
+#[derive(Debug)]
+pub struct Frontend {
+    pub messaging: MessagingService,
+    pub admin: AdminService,
+    stop: StopHandle,
+}
+
+/// Completes once the node is stopping.
+pub(crate) async fn stopped(rx: &mut tokio::sync::watch::Receiver<bool>) {
+    // An error means the sender is gone: the node is going away all the same.
+    let _ = rx.wait_for(|s| *s).await;
+}
+
+/// Tells a front-end that its node is stopping. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct StopHandle(Arc<tokio::sync::watch::Sender<bool>>);
+
+impl StopHandle {
+    /// Long polls answer empty and consume streams end, so the server's graceful shutdown does
+    /// not wait on them.
+    pub fn stop(&self) {
+        let _ = self.0.send(true);
+    }
+}
+
+impl Frontend {
+    pub fn new(config: FrontendConfig, router: Router) -> Self {
+        let router = Arc::new(router);
+        let sessions = Arc::new(Sessions::new(config.clone()));
+        let (stop, stopping) = tokio::sync::watch::channel(false);
+        let messaging = MessagingService::new(config, router.clone(), sessions, stopping);
+        let admin = AdminService::new(router);
+        Self { messaging, admin, stop: StopHandle(Arc::new(stop)) }
+    }
+
+    /// Closes connections whose lease ran out; run it until the node stops.
+    pub fn reaper(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        self.messaging.clone().reap_expired_connections(Duration::from_millis(250))
+    }
+
+    pub fn stop_handle(&self) -> StopHandle {
+        self.stop.clone()
+    }
 }

@@ -22,6 +22,8 @@ pub struct MessagingService {
     pub(crate) config: FrontendConfig,
     pub(crate) router: Arc<Router>,
     pub(crate) sessions: Arc<Sessions>,
+    /// Becomes true when the node stops: long polls answer empty, streams end.
+    pub(crate) stopping: tokio::sync::watch::Receiver<bool>,
 }
 
 pub(crate) fn queue_name(name: &str) -> Result<QueueName, Status> {
@@ -35,8 +37,13 @@ pub(crate) fn session_id(id: &str) -> Result<SessionId, Status> {
 type Reply<T> = Result<Response<T>, Status>;
 
 impl MessagingService {
-    pub(crate) fn new(config: FrontendConfig, router: Arc<Router>, sessions: Arc<Sessions>) -> Self {
-        Self { config, router, sessions }
+    pub(crate) fn new(
+        config: FrontendConfig,
+        router: Arc<Router>,
+        sessions: Arc<Sessions>,
+        stopping: tokio::sync::watch::Receiver<bool>,
+    ) -> Self {
+        Self { config, router, sessions, stopping }
     }
 
     /// Connections currently open on this front-end.
@@ -61,7 +68,7 @@ impl MessagingService {
     pub(crate) async fn release(&self, closed: Closed) -> u64 {
         let mut released = 0;
         for (session, queues) in closed.sessions {
-            released += self.release_session_queues(session, queues).await;
+            released += self.release_session_queues(session, queues, false).await;
         }
         for q in closed.temporary_queues {
             if let Ok(be) = self.router.for_queue(&q) {
@@ -74,7 +81,7 @@ impl MessagingService {
         released
     }
 
-    async fn release_session_queues(&self, session: SessionId, queues: Vec<QueueName>) -> u64 {
+    async fn release_session_queues(&self, session: SessionId, queues: Vec<QueueName>, recover: bool) -> u64 {
         // One call per owning back-end.
         let mut by_node: BTreeMap<NodeId, Vec<String>> = BTreeMap::new();
         for q in queues {
@@ -83,7 +90,7 @@ impl MessagingService {
         let mut released = 0;
         for (node, queues) in by_node {
             let Ok(be) = self.router.node(&node) else { continue };
-            let req = pb::BackendReleaseSessionRequest { session_id: session.to_string(), queues };
+            let req = pb::BackendReleaseSessionRequest { session_id: session.to_string(), queues, recover };
             match be.release_session(Request::new(req)).await {
                 Ok(r) => released += r.into_inner().count,
                 // The back-end's own lease timers return the messages if it cannot be told.
@@ -109,7 +116,13 @@ impl MessagingService {
         let mut expires = vec![0; handles.len()];
         let mut stale = vec![];
         for ((node, queue), items) in groups {
-            let be = self.router.node(&node)?.clone();
+            let be = match self.router.node(&node) {
+                Ok(be) => be.clone(),
+                Err(_) => {
+                    let handle = items.first().map(|(_, h)| h.clone()).unwrap_or_default();
+                    return Err(Error::ReceiptFromUnknownNode { handle, node }.into());
+                }
+            };
             let req = pb::BackendLeaseRequest {
                 queue: queue.to_string(),
                 receipt_handles: items.iter().map(|(_, h)| h.clone()).collect(),
@@ -251,12 +264,18 @@ impl pb::messaging_server::Messaging for MessagingService {
             max_messages: r.max_messages,
             wait_ms,
             lease_ms: r.lease_ms,
+            clamp_max_messages: false,
         });
         if let Some(d) = deadline {
             fwd.set_timeout(d);
         }
-        let out = be.receive(fwd).await?;
-        Ok(Response::new(pb::ReceiveResponse { deliveries: out.into_inner().deliveries }))
+        let mut stopping = self.stopping.clone();
+        let deliveries = tokio::select! {
+            out = be.receive(fwd) => out?.into_inner().deliveries,
+            // The node is stopping: a long poll ends empty (dropping the receive removes it).
+            () = crate::stopped(&mut stopping) => vec![],
+        };
+        Ok(Response::new(pb::ReceiveResponse { deliveries }))
     }
 
     type ConsumeStream = crate::consume::ConsumeStream;
@@ -302,7 +321,7 @@ impl pb::messaging_server::Messaging for MessagingService {
         let id = session_id(&req.into_inner().session_id)?;
         self.sessions.use_session(id, None)?;
         let queues = self.sessions.session_queues(id)?;
-        let n = self.release_session_queues(id, queues).await;
+        let n = self.release_session_queues(id, queues, true).await;
         Ok(Response::new(pb::RecoverResponse { redelivered: u32::try_from(n).unwrap_or(u32::MAX) }))
     }
 

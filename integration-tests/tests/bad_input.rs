@@ -62,7 +62,7 @@ async fn bad_input_is_refused_with_the_right_code() -> anyhow::Result<()> {
         .receive(pb::ReceiveRequest { queue: "q".into(), max_messages: 1_000_000, wait_ms: Some(0), ..Default::default() })
         .await
         .unwrap_err();
-    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
     assert!(e.message().contains("receive_batch_max"), "{e:?}");
 
     // A stale receipt handle never acknowledges anything.

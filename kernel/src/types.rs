@@ -322,24 +322,28 @@ impl Message {
 }
 
 /// The token a consumer acknowledges with. It names the back-end node and the queue, so any
-/// front-end can route an ack without a lookup, and the exact delivery (seq + lease), so a stale
-/// handle can never acknowledge a newer delivery of the same message.
+/// front-end can route an ack without a lookup, and the exact delivery (queue incarnation, seq,
+/// lease, delivery count), so a stale handle never acknowledges a newer delivery of the same
+/// message, not even after a restart or a queue deleted and created again.
 ///
-/// Text form: `r1.<node>.<seq>.<lease>.<queue>` (the queue last: it may contain dots).
+/// Text form: `r1.<node>.<uid hex>.<seq>.<lease>.<count>.<queue>` (the queue last: it may contain
+/// dots).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ReceiptHandle {
     pub node: NodeId,
     pub queue: QueueName,
+    pub uid: QueueUid,
     pub seq: Seq,
     pub lease: LeaseId,
+    pub delivery_count: u32,
 }
 
 impl fmt::Display for ReceiptHandle {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "r1.{}.{}.{}.{}",
-            self.node, self.seq.0, self.lease.0, self.queue
+            "r1.{}.{:x}.{}.{}.{}.{}",
+            self.node, self.uid.0, self.seq.0, self.lease.0, self.delivery_count, self.queue
         )
     }
 }
@@ -351,28 +355,18 @@ impl FromStr for ReceiptHandle {
             field: "receipt_handle",
             reason: format!("{s:?} is not a receipt handle from a delivery"),
         };
-        let mut parts = s.splitn(5, '.');
+        let mut parts = s.splitn(7, '.');
         if parts.next() != Some("r1") {
             return Err(bad());
         }
         let node = NodeId::new(parts.next().ok_or_else(bad)?).map_err(|_| bad())?;
-        let seq = parts
-            .next()
-            .and_then(|p| p.parse().ok())
-            .map(Seq)
-            .ok_or_else(bad)?;
-        let lease = parts
-            .next()
-            .and_then(|p| p.parse().ok())
-            .map(LeaseId)
-            .ok_or_else(bad)?;
+        let uid = parts.next().and_then(|p| u64::from_str_radix(p, 16).ok()).ok_or_else(bad)?;
+        let mut number = || parts.next().and_then(|p| p.parse::<u64>().ok()).ok_or_else(bad);
+        let seq = Seq(number()?);
+        let lease = LeaseId(number()?);
+        let delivery_count = u32::try_from(number()?).map_err(|_| bad())?;
         let queue = QueueName::new(parts.next().ok_or_else(bad)?).map_err(|_| bad())?;
-        Ok(Self {
-            node,
-            queue,
-            seq,
-            lease,
-        })
+        Ok(Self { node, queue, uid: QueueUid(uid), seq, lease, delivery_count })
     }
 }
 
@@ -388,12 +382,17 @@ mod tests {
         let h = ReceiptHandle {
             node: NodeId::new("node-1").unwrap(),
             queue: QueueName::new("orders.eu.DLQ").unwrap(),
+            uid: QueueUid(0xabc),
             seq: Seq(42),
             lease: LeaseId(7),
+            delivery_count: 2,
         };
         assert_eq!(h.to_string().parse::<ReceiptHandle>().unwrap(), h);
         assert!("r2.node.1.2.q".parse::<ReceiptHandle>().is_err());
-        assert!("r1.node.x.2.q".parse::<ReceiptHandle>().is_err());
+        assert!("r1.node.1.x.2.1.q".parse::<ReceiptHandle>().is_err());
+        assert!("r1.node.zz.1.2.1.q".parse::<ReceiptHandle>().is_err());
+        assert!("r1.node.1.1.2.99999999999.q".parse::<ReceiptHandle>().is_err());
+        assert!("r1.node.1.1.2.1".parse::<ReceiptHandle>().is_err());
     }
 
     #[test]

@@ -153,12 +153,12 @@ impl Model {
                 _ => {}
             }
         }
-        self.dispatch(now, handed);
         let (gone, keep): (Vec<ModelWaiter>, Vec<ModelWaiter>) = std::mem::take(&mut self.waiters)
             .into_iter()
             .partition(|w| w.deadline.is_some_and(|d| d <= now));
         ended.extend(gone.iter().map(|w| w.id));
         self.waiters = keep;
+        self.dispatch(now, handed);
     }
 }
 
@@ -353,7 +353,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
             }
             Op::CloseSession { session } => {
                 let owner = SessionId(session.into());
-                let fx = q.release_session(owner, now);
+                let (_, fx) = q.release_session(owner, now);
                 m.fire(now, &mut h, &mut e);
                 for mm in m.msgs.values_mut() {
                     if matches!(mm.state, MessageState::Leased { owner: Some(o), .. } if o == owner)

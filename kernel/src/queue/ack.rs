@@ -85,12 +85,18 @@ impl Queue {
     }
 
     /// The owner of a live delivery, or why the reference is stale.
-    fn live_lease(&self, r: LeaseRef) -> Result<Option<crate::types::SessionId>, KernelError> {
-        match self.entries.get(&r.seq).map(|e| e.state) {
-            Some(MessageState::Leased { lease, owner, .. }) if lease == r.lease => Ok(owner),
-            Some(
+    pub(crate) fn live_lease(&self, r: LeaseRef) -> Result<Option<crate::types::SessionId>, KernelError> {
+        let entry = self.entries.get(&r.seq).filter(|_| r.queue == self.uid);
+        match entry.map(|e| (e.state, e.delivery_count)) {
+            Some((MessageState::Leased { lease, owner, .. }, count))
+                if lease == r.lease && count == r.delivery_count =>
+            {
+                Ok(owner)
+            }
+            Some((
                 MessageState::Leased { .. } | MessageState::Ready | MessageState::Scheduled { .. },
-            )
+                _,
+            ))
             | None => Err(KernelError::StaleReceipt { seq: r.seq }),
         }
     }

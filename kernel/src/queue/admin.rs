@@ -91,9 +91,10 @@ impl Queue {
         after: Option<Seq>,
         max: usize,
     ) -> Vec<(SharedMessage, MessageState, u32)> {
-        let start = after.map_or(Seq(0), |s| Seq(s.0 + 1));
+        use std::ops::Bound::{Excluded, Unbounded};
+        let start = after.map_or(Unbounded, Excluded);
         self.entries
-            .range(start..)
+            .range((start, Unbounded))
             .take(max)
             .map(|(_, e)| (e.message.clone(), e.state, e.delivery_count))
             .collect()

@@ -95,6 +95,8 @@ pub enum PersistOp {
 /// A delivery: one message leased to one receiver.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Delivery {
+    /// The queue incarnation the message is in.
+    pub queue: QueueUid,
     pub message: SharedMessage,
     pub lease: LeaseId,
     /// JMSXDeliveryCount: 1 on the first delivery.
@@ -110,17 +112,23 @@ impl Delivery {
 
     pub fn lease_ref(&self) -> LeaseRef {
         LeaseRef {
+            queue: self.queue,
             seq: self.message.seq,
             lease: self.lease,
+            delivery_count: self.delivery_count,
         }
     }
 }
 
-/// Names one delivery of one message in this queue.
+/// Names one delivery of one message. Lease ids are unique within one run of a queue; the queue
+/// uid and the (persisted) delivery count make the name unique across restarts and across a
+/// queue deleted and created again, so a stale reference can never match a newer delivery.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct LeaseRef {
+    pub queue: QueueUid,
     pub seq: Seq,
     pub lease: LeaseId,
+    pub delivery_count: u32,
 }
 
 /// What an operation changed that the shell must act on.

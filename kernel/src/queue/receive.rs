@@ -202,6 +202,7 @@ impl Queue {
             };
             entry.delivery_count += 1;
             let delivery = Delivery {
+                queue: self.uid,
                 message: entry.message.clone(),
                 lease,
                 delivery_count: entry.delivery_count,

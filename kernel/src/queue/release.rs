@@ -6,32 +6,38 @@ use crate::types::SessionId;
 
 impl Queue {
     /// A session ended: every message it holds returns to Ready at once (it was delivered, so the
-    /// next delivery is flagged redelivered), and its parked receivers end empty-handed.
-    pub fn release_session(&mut self, owner: SessionId, now_ms: u64) -> Effects {
+    /// next delivery is flagged redelivered), and its parked receivers end empty-handed. Returns
+    /// how many messages were released.
+    pub fn release_session(&mut self, owner: SessionId, now_ms: u64) -> (u64, Effects) {
         let mut effects = Effects::default();
         self.fire_due(now_ms, &mut effects);
-        let held: Vec<_> = self
-            .leases_by_owner
-            .get(&owner)
-            .into_iter()
-            .flatten()
-            .copied()
-            .collect();
-        for seq in held {
-            self.set_state(seq, MessageState::Ready);
-        }
-        let waiters: Vec<_> = self
-            .waiters
-            .iter()
-            .filter(|(_, w)| w.owner == Some(owner))
-            .map(|(id, _)| *id)
-            .collect();
+        let released = self.release_leases(owner);
+        let waiters: Vec<_> =
+            self.waiters.iter().filter(|(_, w)| w.owner == Some(owner)).map(|(id, _)| *id).collect();
         for id in waiters {
             self.remove_waiter(id);
             effects.finished_empty.push(id);
         }
         self.dispatch(now_ms, &mut effects);
-        effects
+        (released, effects)
+    }
+
+    /// JMS `Session.recover()`: every message the session holds returns to Ready at once, to be
+    /// redelivered; the session's parked receivers keep waiting (and may get them back).
+    pub fn recover_session(&mut self, owner: SessionId, now_ms: u64) -> (u64, Effects) {
+        let mut effects = Effects::default();
+        self.fire_due(now_ms, &mut effects);
+        let released = self.release_leases(owner);
+        self.dispatch(now_ms, &mut effects);
+        (released, effects)
+    }
+
+    fn release_leases(&mut self, owner: SessionId) -> u64 {
+        let held: Vec<_> = self.leases_by_owner.get(&owner).into_iter().flatten().copied().collect();
+        for &seq in &held {
+            self.set_state(seq, MessageState::Ready);
+        }
+        held.len() as u64
     }
 
     /// Deliveries that never reached their receiver (its client was gone when the answer was

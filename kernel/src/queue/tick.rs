@@ -29,7 +29,8 @@ impl Queue {
             self.set_state(seq, MessageState::Ready);
             self.counters.lease_expired_total += 1;
         }
-        self.dispatch(now_ms, effects);
+        // Receivers whose deadline has come end first: a message that became ready at the same
+        // moment is not handed to a receiver whose caller has stopped waiting.
         while let Some(&(t, id)) = self.waiter_deadlines.first() {
             if t > now_ms {
                 break;
@@ -37,5 +38,6 @@ impl Queue {
             self.remove_waiter(id);
             effects.finished_empty.push(id);
         }
+        self.dispatch(now_ms, effects);
     }
 }
