@@ -24,27 +24,68 @@ use crate::clock::now_ms;
 use crate::error::Error;
 
 type Reply<T> = oneshot::Sender<Result<T, Error>>;
+
+/// The longest a queue's timer sleeps before looking again (one hour).
+const TIMER_MAX_MS: u64 = 3_600_000;
 pub(crate) type LeaseResults<T> = Vec<Result<T, KernelError>>;
 pub(crate) type Browsed = Vec<(Arc<ferry_kernel::Message>, MessageState, u32)>;
 
 pub(crate) enum Cmd {
-    Send { messages: Vec<NewMessage>, reply: Reply<Vec<MessageId>> },
-    Receive { req: ReceiveRequest, ticket: u64, reply: Reply<Vec<Delivery>> },
-    CancelReceive { ticket: u64 },
+    Send {
+        messages: Vec<NewMessage>,
+        reply: Reply<Vec<MessageId>>,
+    },
+    Receive {
+        req: ReceiveRequest,
+        ticket: u64,
+        reply: Reply<Vec<Delivery>>,
+    },
+    CancelReceive {
+        ticket: u64,
+    },
     /// Deliveries that reached the caller's side after it stopped waiting.
-    ReturnUndelivered { leases: Vec<LeaseRef> },
-    Ack { leases: Vec<LeaseRef>, reply: Reply<LeaseResults<()>> },
-    Nack { leases: Vec<LeaseRef>, delay_ms: Option<u64>, reply: Reply<LeaseResults<()>> },
-    Extend { leases: Vec<LeaseRef>, lease_ms: Option<u64>, reply: Reply<LeaseResults<u64>> },
+    ReturnUndelivered {
+        leases: Vec<LeaseRef>,
+    },
+    Ack {
+        leases: Vec<LeaseRef>,
+        reply: Reply<LeaseResults<()>>,
+    },
+    Nack {
+        leases: Vec<LeaseRef>,
+        delay_ms: Option<u64>,
+        reply: Reply<LeaseResults<()>>,
+    },
+    Extend {
+        leases: Vec<LeaseRef>,
+        lease_ms: Option<u64>,
+        reply: Reply<LeaseResults<u64>>,
+    },
     /// A session ended (`recover: false`) or is recovering (`true`).
-    ReleaseSession { session: SessionId, recover: bool, reply: Reply<u64> },
+    ReleaseSession {
+        session: SessionId,
+        recover: bool,
+        reply: Reply<u64>,
+    },
     /// The queue's largest receive batch.
-    BatchMax { reply: Reply<u32> },
-    Browse { after: Option<ferry_kernel::Seq>, max: usize, reply: Reply<Browsed> },
-    Purge { reply: Reply<u64> },
-    Stats { reply: Reply<QueueStats> },
+    BatchMax {
+        reply: Reply<u32>,
+    },
+    Browse {
+        after: Option<ferry_kernel::Seq>,
+        max: usize,
+        reply: Reply<Browsed>,
+    },
+    Purge {
+        reply: Reply<u64>,
+    },
+    Stats {
+        reply: Reply<QueueStats>,
+    },
     /// Ends the task: parked receivers are answered empty, pending writes finish first.
-    Stop { reply: oneshot::Sender<u64> },
+    Stop {
+        reply: oneshot::Sender<u64>,
+    },
 }
 
 /// Sends a caller its answer once the write it depends on is done. Returns the leases of
@@ -63,7 +104,10 @@ pub(crate) struct QueueHandle {
 impl QueueHandle {
     pub(crate) async fn call<T>(&self, make: impl FnOnce(Reply<T>) -> Cmd) -> Result<T, Error> {
         let (tx, rx) = oneshot::channel();
-        self.tx.send(make(tx)).await.map_err(|_| Error::ShuttingDown)?;
+        self.tx
+            .send(make(tx))
+            .await
+            .map_err(|_| Error::ShuttingDown)?;
         rx.await.map_err(|_| Error::ShuttingDown)?
     }
 
@@ -73,10 +117,18 @@ impl QueueHandle {
         let ticket = self.tickets.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         self.tx
-            .send(Cmd::Receive { req, ticket, reply: tx })
+            .send(Cmd::Receive {
+                req,
+                ticket,
+                reply: tx,
+            })
             .await
             .map_err(|_| Error::ShuttingDown)?;
-        let mut guard = CancelOnDrop { tx: self.tx.clone(), ticket, rx: Some(rx) };
+        let mut guard = CancelOnDrop {
+            tx: self.tx.clone(),
+            ticket,
+            rx: Some(rx),
+        };
         let rx = guard.rx.as_mut().expect("invariant: set just above");
         let out = rx.await.map_err(|_| Error::ShuttingDown);
         guard.rx = None;
@@ -110,7 +162,9 @@ impl Drop for CancelOnDrop {
             Ok(Ok(deliveries)) if !deliveries.is_empty() => Cmd::ReturnUndelivered {
                 leases: deliveries.iter().map(Delivery::lease_ref).collect(),
             },
-            _ => Cmd::CancelReceive { ticket: self.ticket },
+            _ => Cmd::CancelReceive {
+                ticket: self.ticket,
+            },
         };
         if let Err(mpsc::error::TrySendError::Full(cmd)) = self.tx.try_send(cmd) {
             // The queue is busy; deliver the command without blocking the dropping thread.
@@ -137,7 +191,12 @@ pub(crate) struct QueueActor {
 
 impl QueueActor {
     /// Starts the owner task of `queue`.
-    pub(crate) fn spawn(queue: Queue, durable: bool, commit: GroupCommit, capacity: usize) -> QueueHandle {
+    pub(crate) fn spawn(
+        queue: Queue,
+        durable: bool,
+        commit: GroupCommit,
+        capacity: usize,
+    ) -> QueueHandle {
         let (tx, rx) = mpsc::channel(capacity.max(1));
         let actor = QueueActor {
             queue,
@@ -149,13 +208,18 @@ impl QueueActor {
             pending: FuturesOrdered::new(),
         };
         tokio::spawn(actor.run());
-        QueueHandle { tx, tickets: Arc::new(AtomicU64::new(1)) }
+        QueueHandle {
+            tx,
+            tickets: Arc::new(AtomicU64::new(1)),
+        }
     }
 
     async fn run(mut self) {
         loop {
             let deadline = self.queue.next_deadline_ms().map(|at| {
-                let wait = Duration::from_millis(at.saturating_sub(now_ms()));
+                // Capped so a far-off deadline (a huge wait or delay from a client) can never
+                // overflow the timer; waking early is harmless, the kernel just re-arms.
+                let wait = Duration::from_millis(at.saturating_sub(now_ms()).min(TIMER_MAX_MS));
                 tokio::time::Instant::now() + wait
             });
             let timer = async {
@@ -237,17 +301,27 @@ impl QueueActor {
                 let (results, fx) = self.queue.ack(&leases, now);
                 self.finish(fx, vec![answer(reply, results)]).await;
             }
-            Cmd::Nack { leases, delay_ms, reply } => {
+            Cmd::Nack {
+                leases,
+                delay_ms,
+                reply,
+            } => {
                 let (results, fx) = self.queue.nack(&leases, delay_ms, now);
                 self.finish(fx, vec![answer(reply, results)]).await;
             }
-            Cmd::Extend { leases, lease_ms, reply } => {
-                match self.queue.extend_lease(&leases, lease_ms, now) {
-                    Ok((results, fx)) => self.finish(fx, vec![answer(reply, results)]).await,
-                    Err(e) => drop(reply.send(Err(e.into()))),
-                }
-            }
-            Cmd::ReleaseSession { session, recover, reply } => {
+            Cmd::Extend {
+                leases,
+                lease_ms,
+                reply,
+            } => match self.queue.extend_lease(&leases, lease_ms, now) {
+                Ok((results, fx)) => self.finish(fx, vec![answer(reply, results)]).await,
+                Err(e) => drop(reply.send(Err(e.into()))),
+            },
+            Cmd::ReleaseSession {
+                session,
+                recover,
+                reply,
+            } => {
                 let (released, fx) = if recover {
                     self.queue.recover_session(session, now)
                 } else {
@@ -288,7 +362,10 @@ impl QueueActor {
         }
         let ops: Vec<StoreOp> = if self.durable {
             let uid = self.queue.uid();
-            fx.persist.into_iter().map(|op| StoreOp::Queue { uid, op }).collect()
+            fx.persist
+                .into_iter()
+                .map(|op| StoreOp::Queue { uid, op })
+                .collect()
         } else {
             vec![]
         };
@@ -297,14 +374,19 @@ impl QueueActor {
             return;
         }
         match self.commit.submit(ops).await {
-            Ok(ticket) => self.pending.push_back(Box::pin(async move { (ticket.durable().await, answers) })),
+            Ok(ticket) => self
+                .pending
+                .push_back(Box::pin(async move { (ticket.durable().await, answers) })),
             Err(e) => self.answer(Err(e), answers).await,
         }
     }
 
     /// Sends the answers; deliveries nobody took go straight back to Ready.
     async fn answer(&mut self, result: Result<(), StoreError>, answers: Vec<Answer>) {
-        let undelivered: Vec<LeaseRef> = answers.into_iter().flat_map(|a| a(result.clone())).collect();
+        let undelivered: Vec<LeaseRef> = answers
+            .into_iter()
+            .flat_map(|a| a(result.clone()))
+            .collect();
         if !undelivered.is_empty() {
             let fx = self.queue.return_undelivered(&undelivered, now_ms());
             Box::pin(self.finish(fx, vec![])).await;

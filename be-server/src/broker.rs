@@ -76,20 +76,45 @@ impl Broker {
     /// Recovers every queue from `store` and starts serving them.
     pub async fn open(config: BrokerConfig, store: Arc<dyn QueueStore>) -> Result<Self, Error> {
         let recovered = tokio::task::block_in_place(|| store.recover())?;
-        let (commit, _writer) = GroupCommit::start(store, config.commit_queue_depth, config.commit_batch_max)
-            .map_err(|e| ferry_store::StoreError::Io { context: "starting the writer thread", message: e.to_string() })?;
+        let (commit, _writer) =
+            GroupCommit::start(store, config.commit_queue_depth, config.commit_batch_max).map_err(
+                |e| ferry_store::StoreError::Io {
+                    context: "starting the writer thread",
+                    message: e.to_string(),
+                },
+            )?;
         let now = now_ms();
         let mut queues = HashMap::new();
         let mut messages = 0usize;
         for r in recovered {
             messages += r.messages.len();
-            let q = Queue::recover(r.def.name.clone(), r.def.uid, r.def.config.clone(), r.seq_reserved_until, r.messages, now);
+            let q = Queue::recover(
+                r.def.name.clone(),
+                r.def.uid,
+                r.def.config.clone(),
+                r.seq_reserved_until,
+                r.messages,
+                now,
+            );
             let handle = QueueActor::spawn(q, true, commit.clone(), config.queue_channel_capacity);
-            queues.insert(r.def.name.clone(), Owned { def: r.def, temporary: false, handle });
+            queues.insert(
+                r.def.name.clone(),
+                Owned {
+                    def: r.def,
+                    temporary: false,
+                    handle,
+                },
+            );
         }
         tracing::info!(queues = queues.len(), messages, "recovered queues");
         Ok(Self {
-            inner: Arc::new(Inner { config, commit, queues: RwLock::new(queues), admin: tokio::sync::Mutex::new(()), stopping: false.into() }),
+            inner: Arc::new(Inner {
+                config,
+                commit,
+                queues: RwLock::new(queues),
+                admin: tokio::sync::Mutex::new(()),
+                stopping: false.into(),
+            }),
         })
     }
 
@@ -102,11 +127,21 @@ impl Broker {
     }
 
     fn owned(&self, queue: &QueueName) -> Result<Owned, Error> {
-        if self.inner.stopping.load(std::sync::atomic::Ordering::Acquire) {
+        if self
+            .inner
+            .stopping
+            .load(std::sync::atomic::Ordering::Acquire)
+        {
             return Err(Error::ShuttingDown);
         }
-        let map = self.inner.queues.read().unwrap_or_else(PoisonError::into_inner);
-        map.get(queue).cloned().ok_or_else(|| Error::QueueNotFound { queue: queue.to_string() })
+        let map = self
+            .inner
+            .queues
+            .read()
+            .unwrap_or_else(PoisonError::into_inner);
+        map.get(queue).cloned().ok_or_else(|| Error::QueueNotFound {
+            queue: queue.to_string(),
+        })
     }
 
     fn handle(&self, queue: &QueueName) -> Result<QueueHandle, Error> {
@@ -125,21 +160,45 @@ impl Broker {
         let _admin = self.inner.admin.lock().await;
         match self.owned(&name) {
             Ok(existing) if if_not_exists => return Ok((summary(&existing), false)),
-            Ok(_) => return Err(Error::QueueExists { queue: name.to_string() }),
+            Ok(_) => {
+                return Err(Error::QueueExists {
+                    queue: name.to_string(),
+                })
+            }
             Err(Error::QueueNotFound { .. }) => {}
             Err(e) => return Err(e),
         }
         // 0 and u64::MAX are reserved (key-range bounds in the store).
         let uid = QueueUid(rand::random_range(1..u64::MAX));
-        let def = QueueDef { name: name.clone(), uid, config };
+        let def = QueueDef {
+            name: name.clone(),
+            uid,
+            config,
+        };
         if !temporary {
-            self.inner.commit.commit(vec![StoreOp::PutQueue(def.clone())]).await?;
+            self.inner
+                .commit
+                .commit(vec![StoreOp::PutQueue(def.clone())])
+                .await?;
         }
         let q = Queue::new(name.clone(), uid, def.config.clone());
-        let handle = QueueActor::spawn(q, !temporary, self.inner.commit.clone(), self.inner.config.queue_channel_capacity);
-        let owned = Owned { def, temporary, handle };
+        let handle = QueueActor::spawn(
+            q,
+            !temporary,
+            self.inner.commit.clone(),
+            self.inner.config.queue_channel_capacity,
+        );
+        let owned = Owned {
+            def,
+            temporary,
+            handle,
+        };
         let s = summary(&owned);
-        self.inner.queues.write().unwrap_or_else(PoisonError::into_inner).insert(name, owned);
+        self.inner
+            .queues
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(name, owned);
         tracing::info!(queue = %s.name, temporary, "queue created");
         Ok((s, true))
     }
@@ -149,7 +208,11 @@ impl Broker {
     }
 
     pub fn list_queues(&self) -> Vec<QueueSummary> {
-        let map = self.inner.queues.read().unwrap_or_else(PoisonError::into_inner);
+        let map = self
+            .inner
+            .queues
+            .read()
+            .unwrap_or_else(PoisonError::into_inner);
         let mut all: Vec<_> = map.values().map(summary).collect();
         all.sort_by(|a, b| a.name.cmp(&b.name));
         all
@@ -162,43 +225,99 @@ impl Broker {
         let owned = self.owned(name)?;
         // Stop the owner task first (its submitted writes finish), then delete what it left on
         // disk: no write for this queue can land after the range delete.
-        self.inner.queues.write().unwrap_or_else(PoisonError::into_inner).remove(name);
+        self.inner
+            .queues
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(name);
         let held = owned.handle.stop().await;
         if !owned.temporary {
-            self.inner.commit.commit(vec![StoreOp::DeleteQueue(owned.def.uid)]).await?;
+            self.inner
+                .commit
+                .commit(vec![StoreOp::DeleteQueue(owned.def.uid)])
+                .await?;
         }
         tracing::info!(queue = %name, messages = held, "queue deleted");
         Ok(held)
     }
 
-    pub async fn send(&self, queue: &QueueName, messages: Vec<NewMessage>) -> Result<Vec<MessageId>, Error> {
-        self.handle(queue)?.call(|reply| Cmd::Send { messages, reply }).await
+    pub async fn send(
+        &self,
+        queue: &QueueName,
+        messages: Vec<NewMessage>,
+    ) -> Result<Vec<MessageId>, Error> {
+        self.handle(queue)?
+            .call(|reply| Cmd::Send { messages, reply })
+            .await
     }
 
     /// Receives from a queue; see [`ReceiveRequest`]. Dropping the future removes the receiver.
-    pub async fn receive(&self, queue: &QueueName, req: ReceiveRequest) -> Result<Vec<Delivery>, Error> {
+    pub async fn receive(
+        &self,
+        queue: &QueueName,
+        req: ReceiveRequest,
+    ) -> Result<Vec<Delivery>, Error> {
         self.handle(queue)?.receive(req).await
     }
 
-    pub async fn ack(&self, queue: &QueueName, leases: Vec<LeaseRef>) -> Result<LeaseResults<()>, Error> {
-        self.handle(queue)?.call(|reply| Cmd::Ack { leases, reply }).await
+    pub async fn ack(
+        &self,
+        queue: &QueueName,
+        leases: Vec<LeaseRef>,
+    ) -> Result<LeaseResults<()>, Error> {
+        self.handle(queue)?
+            .call(|reply| Cmd::Ack { leases, reply })
+            .await
     }
 
-    pub async fn nack(&self, queue: &QueueName, leases: Vec<LeaseRef>, delay_ms: Option<u64>) -> Result<LeaseResults<()>, Error> {
-        self.handle(queue)?.call(|reply| Cmd::Nack { leases, delay_ms, reply }).await
+    pub async fn nack(
+        &self,
+        queue: &QueueName,
+        leases: Vec<LeaseRef>,
+        delay_ms: Option<u64>,
+    ) -> Result<LeaseResults<()>, Error> {
+        self.handle(queue)?
+            .call(|reply| Cmd::Nack {
+                leases,
+                delay_ms,
+                reply,
+            })
+            .await
     }
 
-    pub async fn extend_lease(&self, queue: &QueueName, leases: Vec<LeaseRef>, lease_ms: Option<u64>) -> Result<LeaseResults<u64>, Error> {
-        self.handle(queue)?.call(|reply| Cmd::Extend { leases, lease_ms, reply }).await
+    pub async fn extend_lease(
+        &self,
+        queue: &QueueName,
+        leases: Vec<LeaseRef>,
+        lease_ms: Option<u64>,
+    ) -> Result<LeaseResults<u64>, Error> {
+        self.handle(queue)?
+            .call(|reply| Cmd::Extend {
+                leases,
+                lease_ms,
+                reply,
+            })
+            .await
     }
 
     /// A session ended: its messages in these queues return at once. Queues that no longer exist
     /// are skipped. Returns how many messages were released.
-    pub async fn release_session(&self, session: SessionId, queues: &[QueueName], recover: bool) -> Result<u64, Error> {
+    pub async fn release_session(
+        &self,
+        session: SessionId,
+        queues: &[QueueName],
+        recover: bool,
+    ) -> Result<u64, Error> {
         let mut released = 0;
         for q in queues {
             if let Ok(h) = self.handle(q) {
-                released += h.call(|reply| Cmd::ReleaseSession { session, recover, reply }).await?;
+                released += h
+                    .call(|reply| Cmd::ReleaseSession {
+                        session,
+                        recover,
+                        reply,
+                    })
+                    .await?;
             }
         }
         Ok(released)
@@ -206,11 +325,20 @@ impl Broker {
 
     /// The most messages one receive may ask of `queue`.
     pub async fn receive_batch_max(&self, queue: &QueueName) -> Result<u32, Error> {
-        self.handle(queue)?.call(|reply| Cmd::BatchMax { reply }).await
+        self.handle(queue)?
+            .call(|reply| Cmd::BatchMax { reply })
+            .await
     }
 
-    pub async fn browse(&self, queue: &QueueName, after: Option<ferry_kernel::Seq>, max: usize) -> Result<Browsed, Error> {
-        self.handle(queue)?.call(|reply| Cmd::Browse { after, max, reply }).await
+    pub async fn browse(
+        &self,
+        queue: &QueueName,
+        after: Option<ferry_kernel::Seq>,
+        max: usize,
+    ) -> Result<Browsed, Error> {
+        self.handle(queue)?
+            .call(|reply| Cmd::Browse { after, max, reply })
+            .await
     }
 
     pub async fn purge(&self, queue: &QueueName) -> Result<u64, Error> {
@@ -223,9 +351,15 @@ impl Broker {
 
     /// Stops every queue: parked receivers are answered empty, writes already submitted finish.
     pub async fn shutdown(&self) {
-        self.inner.stopping.store(true, std::sync::atomic::Ordering::Release);
+        self.inner
+            .stopping
+            .store(true, std::sync::atomic::Ordering::Release);
         let all: Vec<_> = {
-            let mut map = self.inner.queues.write().unwrap_or_else(PoisonError::into_inner);
+            let mut map = self
+                .inner
+                .queues
+                .write()
+                .unwrap_or_else(PoisonError::into_inner);
             map.drain().map(|(_, o)| o.handle).collect()
         };
         for h in all {
@@ -235,13 +369,25 @@ impl Broker {
 }
 
 fn summary(o: &Owned) -> QueueSummary {
-    QueueSummary { name: o.def.name.clone(), config: o.def.config.clone(), temporary: o.temporary }
+    QueueSummary {
+        name: o.def.name.clone(),
+        config: o.def.config.clone(),
+        temporary: o.temporary,
+    }
 }
 
 fn validate_config(c: &QueueConfig) -> Result<(), Error> {
-    let bad = |field: &'static str, reason: &str| Err(Error::Kernel(KernelError::InvalidArgument { field, reason: reason.into() }));
+    let bad = |field: &'static str, reason: &str| {
+        Err(Error::Kernel(KernelError::InvalidArgument {
+            field,
+            reason: reason.into(),
+        }))
+    };
     if c.default_lease_ms == 0 || c.default_lease_ms > c.lease_max_ms {
-        return bad("default_lease_ms", "must be at least 1 and at most lease_max_ms");
+        return bad(
+            "default_lease_ms",
+            "must be at least 1 and at most lease_max_ms",
+        );
     }
     if c.receive_batch_max == 0 {
         return bad("receive_batch_max", "must be at least 1");

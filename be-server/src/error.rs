@@ -14,9 +14,17 @@ pub enum Error {
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error("receipt handle {handle:?} belongs to node {owner}, not this node ({this})")]
-    WrongNode { handle: String, owner: NodeId, this: NodeId },
+    WrongNode {
+        handle: String,
+        owner: NodeId,
+        this: NodeId,
+    },
     #[error("receipt handle {handle:?} belongs to queue {handle_queue:?}, not {queue:?}")]
-    WrongQueue { handle: String, handle_queue: String, queue: String },
+    WrongQueue {
+        handle: String,
+        handle_queue: String,
+        queue: String,
+    },
     #[error("{feature} is not supported by this server yet")]
     Unimplemented { feature: &'static str },
     #[error("the node is shutting down; retry on another node or after it restarts")]
@@ -38,7 +46,9 @@ impl From<Error> for Status {
                 KernelError::StaleReceipt { .. } => Code::FailedPrecondition,
             },
             Error::Store(s) => match s {
-                StoreError::Io { .. } | StoreError::Poisoned | StoreError::Closed => Code::Unavailable,
+                StoreError::Io { .. } | StoreError::Poisoned | StoreError::Closed => {
+                    Code::Unavailable
+                }
                 StoreError::Corrupt { .. } => Code::DataLoss,
             },
             Error::WrongNode { .. } | Error::WrongQueue { .. } => Code::FailedPrecondition,

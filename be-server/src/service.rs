@@ -62,12 +62,25 @@ impl BackendService {
             .map(|h| {
                 let r = ReceiptHandle::from_str(h)?;
                 if &r.node != self.broker.node_id() {
-                    return Err(Error::WrongNode { handle: h.clone(), owner: r.node, this: self.broker.node_id().clone() });
+                    return Err(Error::WrongNode {
+                        handle: h.clone(),
+                        owner: r.node,
+                        this: self.broker.node_id().clone(),
+                    });
                 }
                 if &r.queue != queue {
-                    return Err(Error::WrongQueue { handle: h.clone(), handle_queue: r.queue.to_string(), queue: queue.to_string() });
+                    return Err(Error::WrongQueue {
+                        handle: h.clone(),
+                        handle_queue: r.queue.to_string(),
+                        queue: queue.to_string(),
+                    });
                 }
-                Ok(LeaseRef { queue: r.uid, seq: r.seq, lease: r.lease, delivery_count: r.delivery_count })
+                Ok(LeaseRef {
+                    queue: r.uid,
+                    seq: r.seq,
+                    lease: r.lease,
+                    delivery_count: r.delivery_count,
+                })
             })
             .collect()
     }
@@ -84,7 +97,10 @@ fn session(s: &str) -> Result<Option<SessionId>, Error> {
     Ok(Some(SessionId::from_str(s)?))
 }
 
-fn lease_response<T>(results: Vec<Result<T, KernelError>>, value: impl Fn(&T) -> u64) -> pb::BackendLeaseResponse {
+fn lease_response<T>(
+    results: Vec<Result<T, KernelError>>,
+    value: impl Fn(&T) -> u64,
+) -> pb::BackendLeaseResponse {
     let mut out = pb::BackendLeaseResponse::default();
     for r in results {
         match r {
@@ -105,11 +121,17 @@ type Reply<T> = Result<Response<T>, Status>;
 
 #[tonic::async_trait]
 impl pb::backend_server::Backend for BackendService {
-    async fn create_queue(&self, req: Request<pb::BackendCreateQueueRequest>) -> Reply<pb::QueueInfo> {
+    async fn create_queue(
+        &self,
+        req: Request<pb::BackendCreateQueueRequest>,
+    ) -> Reply<pb::QueueInfo> {
         let r = req.into_inner();
         let name = queue_name(&r.name)?;
         let config = convert::queue_config_from_pb(r.config, self.broker.queue_defaults());
-        let (s, _) = self.broker.create_queue(name, config, r.if_not_exists, r.temporary).await?;
+        let (s, _) = self
+            .broker
+            .create_queue(name, config, r.if_not_exists, r.temporary)
+            .await?;
         Ok(Response::new(self.info(&s)))
     }
 
@@ -118,27 +140,48 @@ impl pb::backend_server::Backend for BackendService {
         Ok(Response::new(self.info(&self.broker.get_queue(&name)?)))
     }
 
-    async fn list_queues(&self, _: Request<pb::BackendListQueuesRequest>) -> Reply<pb::BackendListQueuesResponse> {
-        let queues = self.broker.list_queues().iter().map(|s| self.info(s)).collect();
+    async fn list_queues(
+        &self,
+        _: Request<pb::BackendListQueuesRequest>,
+    ) -> Reply<pb::BackendListQueuesResponse> {
+        let queues = self
+            .broker
+            .list_queues()
+            .iter()
+            .map(|s| self.info(s))
+            .collect();
         Ok(Response::new(pb::BackendListQueuesResponse { queues }))
     }
 
-    async fn delete_queue(&self, req: Request<pb::BackendQueueRequest>) -> Reply<pb::BackendCountResponse> {
+    async fn delete_queue(
+        &self,
+        req: Request<pb::BackendQueueRequest>,
+    ) -> Reply<pb::BackendCountResponse> {
         let name = queue_name(&req.into_inner().name)?;
         let count = self.broker.delete_queue(&name).await?;
         Ok(Response::new(pb::BackendCountResponse { count }))
     }
 
-    async fn purge_queue(&self, req: Request<pb::BackendQueueRequest>) -> Reply<pb::BackendCountResponse> {
+    async fn purge_queue(
+        &self,
+        req: Request<pb::BackendQueueRequest>,
+    ) -> Reply<pb::BackendCountResponse> {
         let name = queue_name(&req.into_inner().name)?;
         let count = self.broker.purge(&name).await?;
         Ok(Response::new(pb::BackendCountResponse { count }))
     }
 
-    async fn get_queue_stats(&self, req: Request<pb::BackendQueueRequest>) -> Reply<pb::QueueStats> {
+    async fn get_queue_stats(
+        &self,
+        req: Request<pb::BackendQueueRequest>,
+    ) -> Reply<pb::QueueStats> {
         let name = queue_name(&req.into_inner().name)?;
         let stats = self.broker.stats(&name).await?;
-        Ok(Response::new(convert::queue_stats_to_pb(&name, self.broker.node_id().as_str(), &stats)))
+        Ok(Response::new(convert::queue_stats_to_pb(
+            &name,
+            self.broker.node_id().as_str(),
+            &stats,
+        )))
     }
 
     async fn send(&self, req: Request<pb::BackendSendRequest>) -> Reply<pb::BackendSendResponse> {
@@ -151,7 +194,10 @@ impl pb::backend_server::Backend for BackendService {
             .map(|(i, m)| {
                 NewMessage::try_from(m).map_err(|e| match e {
                     KernelError::InvalidArgument { field, reason } => {
-                        KernelError::InvalidArgument { field, reason: format!("message {i}: {reason}") }
+                        KernelError::InvalidArgument {
+                            field,
+                            reason: format!("message {i}: {reason}"),
+                        }
                     }
                     other => other,
                 })
@@ -159,14 +205,22 @@ impl pb::backend_server::Backend for BackendService {
             .collect::<Result<Vec<_>, _>>()
             .map_err(Error::from)?;
         let ids = self.broker.send(&queue, messages).await?;
-        Ok(Response::new(pb::BackendSendResponse { message_ids: ids.iter().map(ToString::to_string).collect() }))
+        Ok(Response::new(pb::BackendSendResponse {
+            message_ids: ids.iter().map(ToString::to_string).collect(),
+        }))
     }
 
-    async fn receive(&self, req: Request<pb::BackendReceiveRequest>) -> Reply<pb::BackendReceiveResponse> {
+    async fn receive(
+        &self,
+        req: Request<pb::BackendReceiveRequest>,
+    ) -> Reply<pb::BackendReceiveResponse> {
         let r = req.into_inner();
         let queue = queue_name(&r.queue)?;
         if !r.selector.is_empty() {
-            return Err(Error::Unimplemented { feature: "message selectors" }.into());
+            return Err(Error::Unimplemented {
+                feature: "message selectors",
+            }
+            .into());
         }
         let wait = match r.wait_ms {
             None => Wait::Forever,
@@ -184,7 +238,9 @@ impl pb::backend_server::Backend for BackendService {
             lease_ms: r.lease_ms,
         };
         let d = self.broker.receive(&queue, req).await?;
-        Ok(Response::new(pb::BackendReceiveResponse { deliveries: self.deliveries(&queue, &d) }))
+        Ok(Response::new(pb::BackendReceiveResponse {
+            deliveries: self.deliveries(&queue, &d),
+        }))
     }
 
     async fn ack(&self, req: Request<pb::BackendLeaseRequest>) -> Reply<pb::BackendLeaseResponse> {
@@ -203,7 +259,10 @@ impl pb::backend_server::Backend for BackendService {
         Ok(Response::new(lease_response(results, |()| 0)))
     }
 
-    async fn extend_lease(&self, req: Request<pb::BackendLeaseRequest>) -> Reply<pb::BackendLeaseResponse> {
+    async fn extend_lease(
+        &self,
+        req: Request<pb::BackendLeaseRequest>,
+    ) -> Reply<pb::BackendLeaseResponse> {
         let r = req.into_inner();
         let queue = queue_name(&r.queue)?;
         let leases = self.leases(&queue, &r.receipt_handles)?;
@@ -211,17 +270,30 @@ impl pb::backend_server::Backend for BackendService {
         Ok(Response::new(lease_response(results, |t| *t)))
     }
 
-    async fn release_session(&self, req: Request<pb::BackendReleaseSessionRequest>) -> Reply<pb::BackendCountResponse> {
+    async fn release_session(
+        &self,
+        req: Request<pb::BackendReleaseSessionRequest>,
+    ) -> Reply<pb::BackendCountResponse> {
         let r = req.into_inner();
         let Some(session) = session(&r.session_id)? else {
             return Err(Status::invalid_argument("session_id is required"));
         };
-        let queues = r.queues.iter().map(|q| queue_name(q)).collect::<Result<Vec<_>, _>>()?;
-        let count = self.broker.release_session(session, &queues, r.recover).await?;
+        let queues = r
+            .queues
+            .iter()
+            .map(|q| queue_name(q))
+            .collect::<Result<Vec<_>, _>>()?;
+        let count = self
+            .broker
+            .release_session(session, &queues, r.recover)
+            .await?;
         Ok(Response::new(pb::BackendCountResponse { count }))
     }
 
-    async fn browse(&self, req: Request<pb::BackendBrowseRequest>) -> Reply<pb::BackendBrowseResponse> {
+    async fn browse(
+        &self,
+        req: Request<pb::BackendBrowseRequest>,
+    ) -> Reply<pb::BackendBrowseResponse> {
         let r = req.into_inner();
         let queue = queue_name(&r.queue)?;
         let after = (r.after_seq > 0).then_some(Seq(r.after_seq));
@@ -236,6 +308,9 @@ impl pb::backend_server::Backend for BackendService {
                 delivery_count: *count,
             })
             .collect();
-        Ok(Response::new(pb::BackendBrowseResponse { messages, last_seq }))
+        Ok(Response::new(pb::BackendBrowseResponse {
+            messages,
+            last_seq,
+        }))
     }
 }

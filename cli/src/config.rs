@@ -95,7 +95,10 @@ impl Default for Config {
             data_dir: PathBuf::from("./ferry-data"),
             storage: Storage::Rocksdb,
             shutdown_grace_ms: 10_000,
-            log: LogConfig { filter: "info".into(), format: LogFormat::Text },
+            log: LogConfig {
+                filter: "info".into(),
+                format: LogFormat::Text,
+            },
             limits: Limits::default(),
             cluster: ClusterConfig::default(),
         }
@@ -128,15 +131,20 @@ impl Config {
         fig = fig
             .merge(Env::prefixed("FERRY_").split("__").ignore(&["server"]))
             .merge(Serialized::defaults(overrides));
-        let config: Config = fig.extract().map_err(|e| format!("invalid configuration: {e}"))?;
+        let config: Config = fig
+            .extract()
+            .map_err(|e| format!("invalid configuration: {e}"))?;
         config.check()?;
         Ok(config)
     }
 
     fn check(&self) -> Result<(), String> {
-        self.listen
-            .parse::<SocketAddr>()
-            .map_err(|_| format!("listen = {:?}: write it as HOST:PORT, e.g. 127.0.0.1:{DEFAULT_PORT}", self.listen))?;
+        self.listen.parse::<SocketAddr>().map_err(|_| {
+            format!(
+                "listen = {:?}: write it as HOST:PORT, e.g. 127.0.0.1:{DEFAULT_PORT}",
+                self.listen
+            )
+        })?;
         ferry_kernel::NodeId::new(self.node_id.as_str()).map_err(|e| e.to_string())?;
         Ok(())
     }
@@ -152,22 +160,43 @@ mod tests {
         let path = dir.path().join("ferry.toml");
         std::fs::write(&path, "node_id = \"n2\"\nlisten = \"127.0.0.1:9000\"\n[limits]\nmax_message_size_bytes = 10\n").unwrap();
         let c = Config::load(Some(&path), &Overrides::default()).unwrap();
-        assert_eq!((c.node_id.as_str(), c.listen.as_str()), ("n2", "127.0.0.1:9000"));
+        assert_eq!(
+            (c.node_id.as_str(), c.listen.as_str()),
+            ("n2", "127.0.0.1:9000")
+        );
         assert_eq!(c.limits.max_message_size_bytes, 10);
-        assert_eq!(c.limits.receive_batch_max, Limits::default().receive_batch_max);
-        let o = Overrides { listen: Some("127.0.0.1:9001".into()), ..Default::default() };
-        assert_eq!(Config::load(Some(&path), &o).unwrap().listen, "127.0.0.1:9001");
+        assert_eq!(
+            c.limits.receive_batch_max,
+            Limits::default().receive_batch_max
+        );
+        let o = Overrides {
+            listen: Some("127.0.0.1:9001".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            Config::load(Some(&path), &o).unwrap().listen,
+            "127.0.0.1:9001"
+        );
     }
 
     #[test]
     fn bad_values_are_explained() {
-        let o = Overrides { listen: Some("nowhere".into()), ..Default::default() };
+        let o = Overrides {
+            listen: Some("nowhere".into()),
+            ..Default::default()
+        };
         assert!(Config::load(None, &o).unwrap_err().contains("HOST:PORT"));
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("ferry.toml");
         std::fs::write(&path, "lsiten = \"x\"\n").unwrap();
-        assert!(Config::load(Some(&path), &Overrides::default()).unwrap_err().contains("lsiten"));
-        assert!(Config::load(Some(&dir.path().join("missing.toml")), &Overrides::default()).is_err());
+        assert!(Config::load(Some(&path), &Overrides::default())
+            .unwrap_err()
+            .contains("lsiten"));
+        assert!(Config::load(
+            Some(&dir.path().join("missing.toml")),
+            &Overrides::default()
+        )
+        .is_err());
     }
 }
 

@@ -21,16 +21,24 @@ use crate::config::{Config, Storage};
 /// Runs a node on `listener` until `shutdown` completes, then stops gracefully: no new calls are
 /// accepted, parked receivers are answered empty, writes already submitted finish durably, and
 /// calls still queued fail with UNAVAILABLE.
-pub async fn run(config: Config, listener: TcpListener, shutdown: impl Future<Output = ()> + Send) -> anyhow::Result<()> {
+pub async fn run(
+    config: Config,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send,
+) -> anyhow::Result<()> {
     let node_id = NodeId::new(config.node_id.as_str())?;
     let membership = config.cluster.validate(&node_id)?;
     let store: Arc<dyn QueueStore> = match config.storage {
         Storage::Rocksdb => {
-            std::fs::create_dir_all(&config.data_dir)
-                .with_context(|| format!("cannot create data directory {}", config.data_dir.display()))?;
+            std::fs::create_dir_all(&config.data_dir).with_context(|| {
+                format!("cannot create data directory {}", config.data_dir.display())
+            })?;
             let dir = config.data_dir.join("queues");
             Arc::new(RocksStore::open(&dir).with_context(|| {
-                format!("cannot open the queue store in {} (is another ferry server using it?)", dir.display())
+                format!(
+                    "cannot open the queue store in {} (is another ferry server using it?)",
+                    dir.display()
+                )
             })?)
         }
         Storage::Memory => Arc::new(MemoryStore::new()),
@@ -46,13 +54,17 @@ pub async fn run(config: Config, listener: TcpListener, shutdown: impl Future<Ou
     };
     let started = std::time::Instant::now();
     let broker = Broker::open(broker_config, store).await?;
-    tracing::info!(elapsed_ms = started.elapsed().as_millis() as u64, "back-end ready");
+    tracing::info!(
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "back-end ready"
+    );
 
     let backend = BackendService::new(broker.clone());
     let local: BackendRef = Arc::new(backend.clone());
     let mut router = Router::new(node_id.clone(), local);
     for (node, url) in &membership.nodes {
-        let remote = RemoteBackend::new(url).with_context(|| format!("cluster.nodes.{node} = {url:?}"))?;
+        let remote =
+            RemoteBackend::new(url).with_context(|| format!("cluster.nodes.{node} = {url:?}"))?;
         router = router.with_node(node.clone(), Arc::new(remote));
     }
     for (queue, node) in membership.placement {
@@ -91,8 +103,14 @@ pub async fn run(config: Config, listener: TcpListener, shutdown: impl Future<Ou
         }
     };
     let server = Server::builder()
-        .add_service(pb::messaging_server::MessagingServer::new(frontend.messaging.clone()).max_decoding_message_size(max))
-        .add_service(pb::admin_server::AdminServer::new(frontend.admin.clone()).max_decoding_message_size(max))
+        .add_service(
+            pb::messaging_server::MessagingServer::new(frontend.messaging.clone())
+                .max_decoding_message_size(max),
+        )
+        .add_service(
+            pb::admin_server::AdminServer::new(frontend.admin.clone())
+                .max_decoding_message_size(max),
+        )
         .add_service(pb::backend_server::BackendServer::new(backend).max_decoding_message_size(max))
         .add_service(health_service)
         .add_service(reflection)

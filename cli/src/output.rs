@@ -37,7 +37,11 @@ pub fn property_text(v: &pb::PropertyValue) -> String {
 
 /// One message as a JSON object.
 pub fn message_json(m: &pb::Message, delivery: Option<&pb::Delivery>) -> Value {
-    let properties: BTreeMap<&String, Value> = m.properties.iter().map(|(k, v)| (k, property_json(v))).collect();
+    let properties: BTreeMap<&String, Value> = m
+        .properties
+        .iter()
+        .map(|(k, v)| (k, property_json(v)))
+        .collect();
     let mut v = json!({
         "message_id": m.message_id,
         "queue": m.queue,
@@ -61,9 +65,13 @@ pub fn message_json(m: &pb::Message, delivery: Option<&pb::Delivery>) -> Value {
 
 /// One message for a person to read.
 pub fn message_text(m: &pb::Message, delivery: Option<&pb::Delivery>) -> String {
-    let mut s = format!("{}", m.message_id);
+    let mut s = m.message_id.clone();
     if let Some(d) = delivery {
-        s += &format!("  delivery {}{}", d.delivery_count, if d.redelivered { " (redelivered)" } else { "" });
+        s += &format!(
+            "  delivery {}{}",
+            d.delivery_count,
+            if d.redelivered { " (redelivered)" } else { "" }
+        );
     }
     s += &format!("  priority {}\n", m.priority);
     if let Some(c) = &m.correlation_id {

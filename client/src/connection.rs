@@ -21,12 +21,19 @@ pub struct Client {
 impl Client {
     /// Connects to `addr`: `host:port` or `http://host:port`.
     pub async fn connect(addr: &str) -> Result<Self, ClientError> {
-        let url = if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") };
+        let url = if addr.contains("://") {
+            addr.to_string()
+        } else {
+            format!("http://{addr}")
+        };
         let endpoint = Endpoint::from_shared(url.clone())
             .map_err(|e| ClientError::InvalidArgument(format!("bad server address {addr:?}: {e}")))?
             .connect_timeout(Duration::from_secs(5))
             .tcp_nodelay(true);
-        let channel = endpoint.connect().await.map_err(|source| ClientError::Connect { url, source })?;
+        let channel = endpoint
+            .connect()
+            .await
+            .map_err(|source| ClientError::Connect { url, source })?;
         Ok(Self { channel })
     }
 
@@ -47,7 +54,10 @@ impl Client {
     pub async fn open_connection(&self, client_id: &str) -> Result<Connection, ClientError> {
         let mut m = self.messaging();
         let r = m
-            .open_connection(pb::OpenConnectionRequest { client_id: client_id.into(), lease_ms: None })
+            .open_connection(pb::OpenConnectionRequest {
+                client_id: client_id.into(),
+                lease_ms: None,
+            })
             .await?
             .into_inner();
         let id = r.connection_id;
@@ -59,7 +69,12 @@ impl Client {
                 tick.tick().await;
                 loop {
                     tick.tick().await;
-                    match m.heartbeat(pb::HeartbeatRequest { connection_id: id.clone() }).await {
+                    match m
+                        .heartbeat(pb::HeartbeatRequest {
+                            connection_id: id.clone(),
+                        })
+                        .await
+                    {
                         Err(s) if s.code() == tonic::Code::NotFound => return,
                         Err(s) => tracing::warn!(error = %s, "heartbeat failed"),
                         Ok(_) => {}
@@ -67,7 +82,11 @@ impl Client {
                 }
             })
         };
-        Ok(Connection { client: self.clone(), id, heartbeat: Arc::new(AbortOnDrop(heartbeat)) })
+        Ok(Connection {
+            client: self.clone(),
+            id,
+            heartbeat: Arc::new(AbortOnDrop(heartbeat)),
+        })
     }
 }
 
@@ -97,10 +116,18 @@ impl Connection {
         let r = self
             .client
             .messaging()
-            .create_session(pb::CreateSessionRequest { connection_id: self.id.clone(), ack_mode: ack_mode as i32 })
+            .create_session(pb::CreateSessionRequest {
+                connection_id: self.id.clone(),
+                ack_mode: ack_mode as i32,
+            })
             .await?
             .into_inner();
-        Ok(Session { client: self.client.clone(), id: r.session_id, ack_mode, _heartbeat: self.heartbeat.clone() })
+        Ok(Session {
+            client: self.client.clone(),
+            id: r.session_id,
+            ack_mode,
+            _heartbeat: self.heartbeat.clone(),
+        })
     }
 
     /// A queue that lives as long as this connection.
@@ -108,7 +135,9 @@ impl Connection {
         let r = self
             .client
             .messaging()
-            .create_temporary_queue(pb::CreateTemporaryQueueRequest { connection_id: self.id.clone() })
+            .create_temporary_queue(pb::CreateTemporaryQueueRequest {
+                connection_id: self.id.clone(),
+            })
             .await?;
         Ok(r.into_inner().queue)
     }
@@ -117,7 +146,12 @@ impl Connection {
     /// temporary queues are deleted.
     pub async fn close(self) -> Result<(), ClientError> {
         self.heartbeat.0.abort();
-        self.client.messaging().close_connection(pb::CloseConnectionRequest { connection_id: self.id }).await?;
+        self.client
+            .messaging()
+            .close_connection(pb::CloseConnectionRequest {
+                connection_id: self.id,
+            })
+            .await?;
         Ok(())
     }
 }
@@ -135,7 +169,10 @@ pub struct ReceiveOptions {
 
 impl ReceiveOptions {
     pub fn timeout_ms(ms: i64) -> Self {
-        Self { timeout_ms: Some(ms), ..Self::default() }
+        Self {
+            timeout_ms: Some(ms),
+            ..Self::default()
+        }
     }
 
     pub fn no_wait() -> Self {
@@ -169,18 +206,32 @@ impl Session {
 
     /// Sends a batch to one queue; returns the server-assigned message ids once every persistent
     /// message is on disk.
-    pub async fn send(&self, queue: &str, messages: Vec<Message>) -> Result<Vec<String>, ClientError> {
+    pub async fn send(
+        &self,
+        queue: &str,
+        messages: Vec<Message>,
+    ) -> Result<Vec<String>, ClientError> {
         let req = pb::SendRequest {
             session_id: self.id.clone(),
             queue: queue.into(),
             messages: messages.into_iter().map(|m| m.0).collect(),
         };
-        Ok(self.client.messaging().send(req).await?.into_inner().message_ids)
+        Ok(self
+            .client
+            .messaging()
+            .send(req)
+            .await?
+            .into_inner()
+            .message_ids)
     }
 
     /// Receives. In auto and dups-ok mode the messages are acknowledged before they are returned
     /// (JMS: when `receive` returns); otherwise call [`Session::ack`].
-    pub async fn receive(&self, queue: &str, opts: ReceiveOptions) -> Result<Vec<Received>, ClientError> {
+    pub async fn receive(
+        &self,
+        queue: &str,
+        opts: ReceiveOptions,
+    ) -> Result<Vec<Received>, ClientError> {
         self.receive_selected(queue, "", opts).await
     }
 
@@ -199,9 +250,22 @@ impl Session {
             wait_ms: opts.timeout_ms,
             lease_ms: opts.lease_ms,
         };
-        let deliveries = self.client.messaging().receive(Request::new(req)).await?.into_inner().deliveries;
-        let received: Vec<Received> = deliveries.into_iter().map(|delivery| Received { delivery }).collect();
-        if matches!(self.ack_mode, pb::AckMode::Auto | pb::AckMode::DupsOk | pb::AckMode::Unspecified) && !received.is_empty() {
+        let deliveries = self
+            .client
+            .messaging()
+            .receive(Request::new(req))
+            .await?
+            .into_inner()
+            .deliveries;
+        let received: Vec<Received> = deliveries
+            .into_iter()
+            .map(|delivery| Received { delivery })
+            .collect();
+        if matches!(
+            self.ack_mode,
+            pb::AckMode::Auto | pb::AckMode::DupsOk | pb::AckMode::Unspecified
+        ) && !received.is_empty()
+        {
             match self.ack(&received).await {
                 Ok(()) => {}
                 // Some leases ran out before the ack: those messages will come again (flagged
@@ -217,27 +281,60 @@ impl Session {
     }
 
     pub async fn ack(&self, received: &[Received]) -> Result<(), ClientError> {
-        let receipt_handles = received.iter().map(|r| r.receipt_handle().to_string()).collect();
-        self.client.messaging().ack(pb::AckRequest { session_id: self.id.clone(), receipt_handles }).await?;
+        let receipt_handles = received
+            .iter()
+            .map(|r| r.receipt_handle().to_string())
+            .collect();
+        self.client
+            .messaging()
+            .ack(pb::AckRequest {
+                session_id: self.id.clone(),
+                receipt_handles,
+            })
+            .await?;
         Ok(())
     }
 
-    pub async fn nack(&self, received: &[Received], delay_ms: Option<u64>) -> Result<(), ClientError> {
-        let receipt_handles = received.iter().map(|r| r.receipt_handle().to_string()).collect();
-        let req = pb::NackRequest { session_id: self.id.clone(), receipt_handles, delay_ms, ..Default::default() };
+    pub async fn nack(
+        &self,
+        received: &[Received],
+        delay_ms: Option<u64>,
+    ) -> Result<(), ClientError> {
+        let receipt_handles = received
+            .iter()
+            .map(|r| r.receipt_handle().to_string())
+            .collect();
+        let req = pb::NackRequest {
+            session_id: self.id.clone(),
+            receipt_handles,
+            delay_ms,
+            ..Default::default()
+        };
         self.client.messaging().nack(req).await?;
         Ok(())
     }
 
     /// Redelivers every unacknowledged message of this session.
     pub async fn recover(&self) -> Result<u32, ClientError> {
-        let r = self.client.messaging().recover(pb::RecoverRequest { session_id: self.id.clone() }).await?;
+        let r = self
+            .client
+            .messaging()
+            .recover(pb::RecoverRequest {
+                session_id: self.id.clone(),
+            })
+            .await?;
         Ok(r.into_inner().redelivered)
     }
 
     /// Closes the session; its unacknowledged messages return to their queues at once.
     pub async fn close(self) -> Result<u32, ClientError> {
-        let r = self.client.messaging().close_session(pb::CloseSessionRequest { session_id: self.id }).await?;
+        let r = self
+            .client
+            .messaging()
+            .close_session(pb::CloseSessionRequest {
+                session_id: self.id,
+            })
+            .await?;
         Ok(r.into_inner().released)
     }
 }

@@ -26,7 +26,10 @@ pub use message::{Message, Received};
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     #[error("cannot reach the server at {url}: {source}")]
-    Connect { url: String, source: tonic::transport::Error },
+    Connect {
+        url: String,
+        source: tonic::transport::Error,
+    },
     #[error("{} ({:?})", .0.message(), .0.code())]
     Status(#[from] tonic::Status),
     #[error("{0}")]

@@ -10,7 +10,10 @@ pub struct Message(pub pb::OutgoingMessage);
 
 impl Message {
     pub fn bytes(body: impl Into<Vec<u8>>) -> Self {
-        Self(pb::OutgoingMessage { body: body.into(), ..Default::default() })
+        Self(pb::OutgoingMessage {
+            body: body.into(),
+            ..Default::default()
+        })
     }
 
     pub fn text(body: impl Into<String>) -> Self {
@@ -82,7 +85,10 @@ pub struct Received {
 impl Received {
     pub fn message(&self) -> &pb::Message {
         static EMPTY: std::sync::OnceLock<pb::Message> = std::sync::OnceLock::new();
-        self.delivery.message.as_ref().unwrap_or_else(|| EMPTY.get_or_init(pb::Message::default))
+        self.delivery
+            .message
+            .as_ref()
+            .unwrap_or_else(|| EMPTY.get_or_init(pb::Message::default))
     }
 
     pub fn message_id(&self) -> &str {

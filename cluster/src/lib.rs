@@ -47,7 +47,9 @@ impl ClusterConfig {
     pub fn validate(&self, this_node: &NodeId) -> Result<Membership, ClusterError> {
         let mut nodes = BTreeMap::new();
         for (id, addr) in &self.nodes {
-            let node = NodeId::new(id.as_str()).map_err(|e| ClusterError::BadNode { reason: e.to_string() })?;
+            let node = NodeId::new(id.as_str()).map_err(|e| ClusterError::BadNode {
+                reason: e.to_string(),
+            })?;
             if !(addr.starts_with("http://") || addr.starts_with("https://")) {
                 return Err(ClusterError::BadNode {
                     reason: format!("address of {id} is {addr:?}; write it as http://host:port"),
@@ -59,11 +61,17 @@ impl ClusterConfig {
         }
         let mut placement = BTreeMap::new();
         for (queue, node) in &self.placement {
-            let q = QueueName::new(queue.as_str()).map_err(|e| ClusterError::BadPlacement { reason: e.to_string() })?;
-            let n = NodeId::new(node.as_str()).map_err(|e| ClusterError::BadPlacement { reason: e.to_string() })?;
+            let q = QueueName::new(queue.as_str()).map_err(|e| ClusterError::BadPlacement {
+                reason: e.to_string(),
+            })?;
+            let n = NodeId::new(node.as_str()).map_err(|e| ClusterError::BadPlacement {
+                reason: e.to_string(),
+            })?;
             if &n != this_node && !nodes.contains_key(&n) {
                 return Err(ClusterError::BadPlacement {
-                    reason: format!("queue {queue} is placed on {node}, which is not in cluster.nodes"),
+                    reason: format!(
+                        "queue {queue} is placed on {node}, which is not in cluster.nodes"
+                    ),
                 });
             }
             placement.insert(q, n);
@@ -81,10 +89,16 @@ mod tests {
         let me = NodeId::new("a").unwrap();
         let mut c = ClusterConfig::default();
         c.placement.insert("orders".into(), "b".into());
-        assert!(matches!(c.validate(&me), Err(ClusterError::BadPlacement { .. })));
+        assert!(matches!(
+            c.validate(&me),
+            Err(ClusterError::BadPlacement { .. })
+        ));
         c.nodes.insert("b".into(), "http://127.0.0.1:7401".into());
         let m = c.validate(&me).unwrap();
-        assert_eq!(m.placement[&QueueName::new("orders").unwrap()], NodeId::new("b").unwrap());
+        assert_eq!(
+            m.placement[&QueueName::new("orders").unwrap()],
+            NodeId::new("b").unwrap()
+        );
         c.nodes.insert("c".into(), "127.0.0.1:7402".into());
         assert!(matches!(c.validate(&me), Err(ClusterError::BadNode { .. })));
     }

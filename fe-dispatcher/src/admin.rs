@@ -23,7 +23,12 @@ impl AdminService {
     async fn all_queues(&self) -> Result<Vec<pb::QueueInfo>, Status> {
         let mut all = vec![];
         for (_, be) in self.router.all() {
-            all.extend(be.list_queues(Request::new(pb::BackendListQueuesRequest {})).await?.into_inner().queues);
+            all.extend(
+                be.list_queues(Request::new(pb::BackendListQueuesRequest {}))
+                    .await?
+                    .into_inner()
+                    .queues,
+            );
         }
         all.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(all)
@@ -34,57 +39,109 @@ type Reply<T> = Result<Response<T>, Status>;
 
 #[tonic::async_trait]
 impl pb::admin_server::Admin for AdminService {
-    async fn create_queue(&self, req: Request<pb::CreateQueueRequest>) -> Reply<pb::CreateQueueResponse> {
+    async fn create_queue(
+        &self,
+        req: Request<pb::CreateQueueRequest>,
+    ) -> Reply<pb::CreateQueueResponse> {
         let r = req.into_inner();
         let name = queue_name(&r.name)?;
         if name.as_str().starts_with("tmp.") {
-            return Err(Status::invalid_argument("queue names starting with \"tmp.\" are reserved for temporary queues"));
+            return Err(Status::invalid_argument(
+                "queue names starting with \"tmp.\" are reserved for temporary queues",
+            ));
         }
         let be = self.router.for_queue(&name)?;
         // Tell "created" from "already there" by asking first; create is idempotent either way.
-        let existed = be.get_queue(Request::new(pb::BackendQueueRequest { name: r.name.clone() })).await.is_ok();
-        let create = pb::BackendCreateQueueRequest { name: r.name, config: r.config, if_not_exists: r.if_not_exists, temporary: false };
+        let existed = be
+            .get_queue(Request::new(pb::BackendQueueRequest {
+                name: r.name.clone(),
+            }))
+            .await
+            .is_ok();
+        let create = pb::BackendCreateQueueRequest {
+            name: r.name,
+            config: r.config,
+            if_not_exists: r.if_not_exists,
+            temporary: false,
+        };
         let info = be.create_queue(Request::new(create)).await?.into_inner();
-        Ok(Response::new(pb::CreateQueueResponse { queue: Some(info), created: !existed }))
+        Ok(Response::new(pb::CreateQueueResponse {
+            queue: Some(info),
+            created: !existed,
+        }))
     }
 
     async fn get_queue(&self, req: Request<pb::GetQueueRequest>) -> Reply<pb::GetQueueResponse> {
         let name = req.into_inner().name;
         let be = self.router.for_queue(&queue_name(&name)?)?;
-        let info = be.get_queue(Request::new(pb::BackendQueueRequest { name })).await?.into_inner();
+        let info = be
+            .get_queue(Request::new(pb::BackendQueueRequest { name }))
+            .await?
+            .into_inner();
         Ok(Response::new(pb::GetQueueResponse { queue: Some(info) }))
     }
 
-    async fn list_queues(&self, _: Request<pb::ListQueuesRequest>) -> Reply<pb::ListQueuesResponse> {
-        Ok(Response::new(pb::ListQueuesResponse { queues: self.all_queues().await? }))
+    async fn list_queues(
+        &self,
+        _: Request<pb::ListQueuesRequest>,
+    ) -> Reply<pb::ListQueuesResponse> {
+        Ok(Response::new(pb::ListQueuesResponse {
+            queues: self.all_queues().await?,
+        }))
     }
 
-    async fn delete_queue(&self, req: Request<pb::DeleteQueueRequest>) -> Reply<pb::DeleteQueueResponse> {
+    async fn delete_queue(
+        &self,
+        req: Request<pb::DeleteQueueRequest>,
+    ) -> Reply<pb::DeleteQueueResponse> {
         let name = req.into_inner().name;
         let be = self.router.for_queue(&queue_name(&name)?)?;
-        let n = be.delete_queue(Request::new(pb::BackendQueueRequest { name })).await?.into_inner().count;
-        Ok(Response::new(pb::DeleteQueueResponse { deleted_messages: n }))
+        let n = be
+            .delete_queue(Request::new(pb::BackendQueueRequest { name }))
+            .await?
+            .into_inner()
+            .count;
+        Ok(Response::new(pb::DeleteQueueResponse {
+            deleted_messages: n,
+        }))
     }
 
-    async fn purge_queue(&self, req: Request<pb::PurgeQueueRequest>) -> Reply<pb::PurgeQueueResponse> {
+    async fn purge_queue(
+        &self,
+        req: Request<pb::PurgeQueueRequest>,
+    ) -> Reply<pb::PurgeQueueResponse> {
         let name = req.into_inner().name;
         let be = self.router.for_queue(&queue_name(&name)?)?;
-        let n = be.purge_queue(Request::new(pb::BackendQueueRequest { name })).await?.into_inner().count;
+        let n = be
+            .purge_queue(Request::new(pb::BackendQueueRequest { name }))
+            .await?
+            .into_inner()
+            .count;
         Ok(Response::new(pb::PurgeQueueResponse { purged: n }))
     }
 
-    async fn get_queue_stats(&self, req: Request<pb::GetQueueStatsRequest>) -> Reply<pb::GetQueueStatsResponse> {
+    async fn get_queue_stats(
+        &self,
+        req: Request<pb::GetQueueStatsRequest>,
+    ) -> Reply<pb::GetQueueStatsResponse> {
         let name = req.into_inner().name;
         let listing = name.is_empty();
         let names = if listing {
-            self.all_queues().await?.into_iter().map(|q| q.name).collect()
+            self.all_queues()
+                .await?
+                .into_iter()
+                .map(|q| q.name)
+                .collect()
         } else {
             vec![name]
         };
         let mut queues = vec![];
         for name in names {
             let be = self.router.for_queue(&queue_name(&name)?)?;
-            match be.get_queue_stats(Request::new(pb::BackendQueueRequest { name })).await {
+            match be
+                .get_queue_stats(Request::new(pb::BackendQueueRequest { name }))
+                .await
+            {
                 Ok(s) => queues.push(s.into_inner()),
                 // Deleted between the listing and now: leave it out of "every queue".
                 Err(e) if listing && e.code() == tonic::Code::NotFound => {}

@@ -22,16 +22,23 @@ pub type ConsumeStream =
 /// Deliveries asked of the back-end in one receive.
 const BATCH_MAX: u64 = 256;
 
-type Inflight = Pin<Box<dyn Future<Output = Result<Response<pb::BackendReceiveResponse>, Status>> + Send>>;
+type Inflight =
+    Pin<Box<dyn Future<Output = Result<Response<pb::BackendReceiveResponse>, Status>> + Send>>;
 
-pub(crate) async fn start(svc: MessagingService, mut inbound: Streaming<pb::ConsumeRequest>) -> Result<ConsumeStream, Status> {
+pub(crate) async fn start(
+    svc: MessagingService,
+    mut inbound: Streaming<pb::ConsumeRequest>,
+) -> Result<ConsumeStream, Status> {
     let first = inbound.message().await?.ok_or(Error::ConsumeNotStarted)?;
     let Some(Kind::Start(start)) = first.kind else {
         return Err(Error::ConsumeNotStarted.into());
     };
     let queue = queue_name(&start.queue)?;
     if !start.selector.is_empty() {
-        return Err(Error::Unimplemented { feature: "message selectors" }.into());
+        return Err(Error::Unimplemented {
+            feature: "message selectors",
+        }
+        .into());
     }
     svc.touch_session(&start.session_id, Some(&queue))?;
     let be = svc.router.for_queue(&queue)?.clone();
@@ -115,20 +122,34 @@ async fn handle(
 ) -> Option<Result<pb::ConsumeResponse, Status>> {
     let result = |stale_receipt_handles| {
         Some(Ok(pb::ConsumeResponse {
-            kind: Some(pb::consume_response::Kind::AckResult(pb::AckResult { stale_receipt_handles })),
+            kind: Some(pb::consume_response::Kind::AckResult(pb::AckResult {
+                stale_receipt_handles,
+            })),
         }))
     };
     match kind {
-        Kind::Start(_) => Some(Err(Status::invalid_argument("a Consume stream takes `start` once, first"))),
+        Kind::Start(_) => Some(Err(Status::invalid_argument(
+            "a Consume stream takes `start` once, first",
+        ))),
         Kind::Credit(n) => {
             *credits = credits.saturating_add(u64::from(n));
             None
         }
-        Kind::Ack(h) => match svc.lease_op(&h.receipt_handles, |be, req| async move { be.ack(Request::new(req)).await }).await {
+        Kind::Ack(h) => match svc
+            .lease_op(&h.receipt_handles, |be, req| async move {
+                be.ack(Request::new(req)).await
+            })
+            .await
+        {
             Ok((_, stale)) => result(stale),
             Err(status) => Some(Err(status)),
         },
-        Kind::Nack(h) => match svc.lease_op(&h.receipt_handles, |be, req| async move { be.nack(Request::new(req)).await }).await {
+        Kind::Nack(h) => match svc
+            .lease_op(&h.receipt_handles, |be, req| async move {
+                be.nack(Request::new(req)).await
+            })
+            .await
+        {
             Ok((_, stale)) => result(stale),
             Err(status) => Some(Err(status)),
         },

@@ -30,7 +30,11 @@ mod tests {
     #[test]
     fn parses_every_unit_and_rejects_garbage() {
         let mut md = MetadataMap::new();
-        for (v, d) in [("5S", Duration::from_secs(5)), ("250m", Duration::from_millis(250)), ("2M", Duration::from_secs(120))] {
+        for (v, d) in [
+            ("5S", Duration::from_secs(5)),
+            ("250m", Duration::from_millis(250)),
+            ("2M", Duration::from_secs(120)),
+        ] {
             md.insert("grpc-timeout", v.parse().unwrap());
             assert_eq!(grpc_timeout(&md), Some(d));
         }

@@ -17,7 +17,11 @@ pub enum Error {
     #[error("receipt handle {handle:?} names node {node}, which is not in this cluster")]
     ReceiptFromUnknownNode { handle: String, node: NodeId },
     #[error("{what}: this node allows {limit} ({limit_name})")]
-    LimitReached { what: String, limit: usize, limit_name: &'static str },
+    LimitReached {
+        what: String,
+        limit: usize,
+        limit_name: &'static str,
+    },
     #[error("{feature} is not supported by this server yet")]
     Unimplemented { feature: &'static str },
     #[error("session {id} is not transacted: Commit and Rollback need a session created with ACK_MODE_TRANSACTED")]
@@ -25,7 +29,11 @@ pub enum Error {
     #[error("queue {queue} is not a temporary queue of connection {connection}")]
     NotOwnTemporaryQueue { queue: String, connection: String },
     #[error("{stale} of {total} receipt handles are not live deliveries (lease expired, already acknowledged, or redelivered since): {detail}")]
-    StaleReceipts { stale: usize, total: usize, detail: String },
+    StaleReceipts {
+        stale: usize,
+        total: usize,
+        detail: String,
+    },
     #[error("the first message on a Consume stream must be `start`")]
     ConsumeNotStarted,
 }
@@ -39,9 +47,9 @@ impl From<Error> for Status {
                 | KernelError::OverLimit { .. },
             ) => Code::ResourceExhausted,
             Error::Kernel(KernelError::StaleReceipt { .. }) => Code::FailedPrecondition,
-            Error::Kernel(KernelError::NegativeTimeout { .. } | KernelError::InvalidArgument { .. }) => {
-                Code::InvalidArgument
-            }
+            Error::Kernel(
+                KernelError::NegativeTimeout { .. } | KernelError::InvalidArgument { .. },
+            ) => Code::InvalidArgument,
             Error::ConnectionNotFound { .. } | Error::SessionNotFound { .. } => Code::NotFound,
             Error::NegativeWait { .. } | Error::ConsumeNotStarted => Code::InvalidArgument,
             Error::UnknownNode { .. } => Code::Unavailable,

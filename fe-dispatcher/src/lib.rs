@@ -95,12 +95,18 @@ impl Frontend {
         let (stop, stopping) = tokio::sync::watch::channel(false);
         let messaging = MessagingService::new(config, router.clone(), sessions, stopping);
         let admin = AdminService::new(router);
-        Self { messaging, admin, stop: StopHandle(Arc::new(stop)) }
+        Self {
+            messaging,
+            admin,
+            stop: StopHandle(Arc::new(stop)),
+        }
     }
 
     /// Closes connections whose lease ran out; run it until the node stops.
     pub fn reaper(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
-        self.messaging.clone().reap_expired_connections(Duration::from_millis(250))
+        self.messaging
+            .clone()
+            .reap_expired_connections(Duration::from_millis(250))
     }
 
     pub fn stop_handle(&self) -> StopHandle {

@@ -43,7 +43,12 @@ impl MessagingService {
         sessions: Arc<Sessions>,
         stopping: tokio::sync::watch::Receiver<bool>,
     ) -> Self {
-        Self { config, router, sessions, stopping }
+        Self {
+            config,
+            router,
+            sessions,
+            stopping,
+        }
     }
 
     /// Connections currently open on this front-end.
@@ -72,7 +77,9 @@ impl MessagingService {
         }
         for q in closed.temporary_queues {
             if let Ok(be) = self.router.for_queue(&q) {
-                let req = pb::BackendQueueRequest { name: q.to_string() };
+                let req = pb::BackendQueueRequest {
+                    name: q.to_string(),
+                };
                 if let Err(e) = be.delete_queue(Request::new(req)).await {
                     tracing::warn!(queue = %q, error = %e, "could not delete a temporary queue");
                 }
@@ -81,20 +88,36 @@ impl MessagingService {
         released
     }
 
-    async fn release_session_queues(&self, session: SessionId, queues: Vec<QueueName>, recover: bool) -> u64 {
+    async fn release_session_queues(
+        &self,
+        session: SessionId,
+        queues: Vec<QueueName>,
+        recover: bool,
+    ) -> u64 {
         // One call per owning back-end.
         let mut by_node: BTreeMap<NodeId, Vec<String>> = BTreeMap::new();
         for q in queues {
-            by_node.entry(self.router.owner_of(&q).clone()).or_default().push(q.to_string());
+            by_node
+                .entry(self.router.owner_of(&q).clone())
+                .or_default()
+                .push(q.to_string());
         }
         let mut released = 0;
         for (node, queues) in by_node {
-            let Ok(be) = self.router.node(&node) else { continue };
-            let req = pb::BackendReleaseSessionRequest { session_id: session.to_string(), queues, recover };
+            let Ok(be) = self.router.node(&node) else {
+                continue;
+            };
+            let req = pb::BackendReleaseSessionRequest {
+                session_id: session.to_string(),
+                queues,
+                recover,
+            };
             match be.release_session(Request::new(req)).await {
                 Ok(r) => released += r.into_inner().count,
                 // The back-end's own lease timers return the messages if it cannot be told.
-                Err(e) => tracing::warn!(%node, %session, error = %e, "could not release a session's leases"),
+                Err(e) => {
+                    tracing::warn!(%node, %session, error = %e, "could not release a session's leases")
+                }
             }
         }
         released
@@ -103,7 +126,11 @@ impl MessagingService {
     /// Applies `op` to receipt handles, grouped by owning back-end and queue. Returns the new
     /// lease expiry of each handle (0 where not applicable) and the handles that were not live
     /// deliveries, with why.
-    pub(crate) async fn lease_op<F, Fut>(&self, handles: &[String], op: F) -> Result<(Vec<u64>, Vec<String>), Status>
+    pub(crate) async fn lease_op<F, Fut>(
+        &self,
+        handles: &[String],
+        op: F,
+    ) -> Result<(Vec<u64>, Vec<String>), Status>
     where
         F: Fn(crate::BackendRef, pb::BackendLeaseRequest) -> Fut,
         Fut: std::future::Future<Output = Result<Response<pb::BackendLeaseResponse>, Status>>,
@@ -111,7 +138,10 @@ impl MessagingService {
         let mut groups: BTreeMap<(NodeId, QueueName), Vec<(usize, String)>> = BTreeMap::new();
         for (i, h) in handles.iter().enumerate() {
             let r = ReceiptHandle::from_str(h).map_err(Error::from)?;
-            groups.entry((r.node, r.queue)).or_default().push((i, h.clone()));
+            groups
+                .entry((r.node, r.queue))
+                .or_default()
+                .push((i, h.clone()));
         }
         let mut expires = vec![0; handles.len()];
         let mut stale = vec![];
@@ -129,7 +159,10 @@ impl MessagingService {
                 ..Default::default()
             };
             let resp = op(be, req).await?.into_inner();
-            for ((i, h), (err, at)) in items.iter().zip(resp.errors.iter().zip(resp.lease_expires_at_ms)) {
+            for ((i, h), (err, at)) in items
+                .iter()
+                .zip(resp.errors.iter().zip(resp.lease_expires_at_ms))
+            {
                 if err.is_empty() {
                     expires[*i] = at;
                 } else {
@@ -150,11 +183,20 @@ impl MessagingService {
         if stale.is_empty() {
             Ok(expires)
         } else {
-            Err(Error::StaleReceipts { stale: stale.len(), total: handles.len(), detail: stale.join("; ") }.into())
+            Err(Error::StaleReceipts {
+                stale: stale.len(),
+                total: handles.len(),
+                detail: stale.join("; "),
+            }
+            .into())
         }
     }
 
-    pub(crate) fn touch_session(&self, id: &str, queue: Option<&QueueName>) -> Result<Option<SessionId>, Status> {
+    pub(crate) fn touch_session(
+        &self,
+        id: &str,
+        queue: Option<&QueueName>,
+    ) -> Result<Option<SessionId>, Status> {
         if id.is_empty() {
             return Ok(None);
         }
@@ -165,7 +207,11 @@ impl MessagingService {
 
     /// The back-end wait for a receive: the asked wait, bounded by the call's deadline (less a
     /// margin so the empty answer arrives in time). `None`: until cancelled.
-    fn backend_wait(&self, wait_ms: Option<i64>, deadline: Option<Duration>) -> Result<Option<u64>, Status> {
+    fn backend_wait(
+        &self,
+        wait_ms: Option<i64>,
+        deadline: Option<Duration>,
+    ) -> Result<Option<u64>, Status> {
         let asked = match wait_ms {
             Some(w) if w < 0 => return Err(Error::NegativeWait { wait_ms: w }.into()),
             Some(w) => Some(w.unsigned_abs()),
@@ -174,7 +220,8 @@ impl MessagingService {
         let by_deadline = deadline.map(|d| {
             let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
             // At least 1 ms, so a short deadline still waits a little rather than not at all.
-            ms.saturating_sub(self.config.deadline_margin_ms.min(ms / 10)).max(1)
+            ms.saturating_sub(self.config.deadline_margin_ms.min(ms / 10))
+                .max(1)
         });
         Ok(match (asked, by_deadline) {
             (Some(0), _) => Some(0),
@@ -186,7 +233,10 @@ impl MessagingService {
 
 #[tonic::async_trait]
 impl pb::messaging_server::Messaging for MessagingService {
-    async fn open_connection(&self, req: Request<pb::OpenConnectionRequest>) -> Reply<pb::OpenConnectionResponse> {
+    async fn open_connection(
+        &self,
+        req: Request<pb::OpenConnectionRequest>,
+    ) -> Reply<pb::OpenConnectionResponse> {
         let r = req.into_inner();
         let (connection_id, lease_ms) = self.sessions.open(r.client_id, r.lease_ms)?;
         Ok(Response::new(pb::OpenConnectionResponse {
@@ -200,30 +250,53 @@ impl pb::messaging_server::Messaging for MessagingService {
         let at = self.sessions.touch(&req.into_inner().connection_id)?;
         let left = at.saturating_duration_since(tokio::time::Instant::now());
         let lease_expires_at_ms = ferry_now_ms() + u64::try_from(left.as_millis()).unwrap_or(0);
-        Ok(Response::new(pb::HeartbeatResponse { lease_expires_at_ms }))
+        Ok(Response::new(pb::HeartbeatResponse {
+            lease_expires_at_ms,
+        }))
     }
 
-    async fn close_connection(&self, req: Request<pb::CloseConnectionRequest>) -> Reply<pb::CloseConnectionResponse> {
-        let closed = self.sessions.close_connection(&req.into_inner().connection_id)?;
+    async fn close_connection(
+        &self,
+        req: Request<pb::CloseConnectionRequest>,
+    ) -> Reply<pb::CloseConnectionResponse> {
+        let closed = self
+            .sessions
+            .close_connection(&req.into_inner().connection_id)?;
         self.release(closed).await;
         Ok(Response::new(pb::CloseConnectionResponse {}))
     }
 
-    async fn create_session(&self, req: Request<pb::CreateSessionRequest>) -> Reply<pb::CreateSessionResponse> {
+    async fn create_session(
+        &self,
+        req: Request<pb::CreateSessionRequest>,
+    ) -> Reply<pb::CreateSessionResponse> {
         let r = req.into_inner();
-        let mode = pb::AckMode::try_from(r.ack_mode)
-            .map_err(|_| Status::invalid_argument(format!("ack_mode {} is not an ack mode", r.ack_mode)))?;
+        let mode = pb::AckMode::try_from(r.ack_mode).map_err(|_| {
+            Status::invalid_argument(format!("ack_mode {} is not an ack mode", r.ack_mode))
+        })?;
         if mode == pb::AckMode::Transacted {
-            return Err(Error::Unimplemented { feature: "transacted sessions" }.into());
+            return Err(Error::Unimplemented {
+                feature: "transacted sessions",
+            }
+            .into());
         }
         let id = self.sessions.create_session(&r.connection_id, mode)?;
-        Ok(Response::new(pb::CreateSessionResponse { session_id: id.to_string() }))
+        Ok(Response::new(pb::CreateSessionResponse {
+            session_id: id.to_string(),
+        }))
     }
 
-    async fn close_session(&self, req: Request<pb::CloseSessionRequest>) -> Reply<pb::CloseSessionResponse> {
-        let closed = self.sessions.close_session(session_id(&req.into_inner().session_id)?)?;
+    async fn close_session(
+        &self,
+        req: Request<pb::CloseSessionRequest>,
+    ) -> Reply<pb::CloseSessionResponse> {
+        let closed = self
+            .sessions
+            .close_session(session_id(&req.into_inner().session_id)?)?;
         let released = self.release(closed).await;
-        Ok(Response::new(pb::CloseSessionResponse { released: u32::try_from(released).unwrap_or(u32::MAX) }))
+        Ok(Response::new(pb::CloseSessionResponse {
+            released: u32::try_from(released).unwrap_or(u32::MAX),
+        }))
     }
 
     async fn send(&self, req: Request<pb::SendRequest>) -> Reply<pb::SendResponse> {
@@ -240,14 +313,23 @@ impl pb::messaging_server::Messaging for MessagingService {
             let reply_to = QueueName::new(m.reply_to.as_str())
                 .map_err(|e| Status::invalid_argument(format!("reply_to: {e}")))?;
             let be = self.router.for_queue(&reply_to)?;
-            be.get_queue(Request::new(pb::BackendQueueRequest { name: reply_to.to_string() }))
-                .await
-                .map_err(|e| Status::new(e.code(), format!("reply_to: {}", e.message())))?;
+            be.get_queue(Request::new(pb::BackendQueueRequest {
+                name: reply_to.to_string(),
+            }))
+            .await
+            .map_err(|e| Status::new(e.code(), format!("reply_to: {}", e.message())))?;
             checked.push(&m.reply_to);
         }
         let be = self.router.for_queue(&queue)?;
-        let out = be.send(Request::new(pb::BackendSendRequest { queue: r.queue, messages: r.messages })).await?;
-        Ok(Response::new(pb::SendResponse { message_ids: out.into_inner().message_ids }))
+        let out = be
+            .send(Request::new(pb::BackendSendRequest {
+                queue: r.queue,
+                messages: r.messages,
+            }))
+            .await?;
+        Ok(Response::new(pb::SendResponse {
+            message_ids: out.into_inner().message_ids,
+        }))
     }
 
     async fn receive(&self, req: Request<pb::ReceiveRequest>) -> Reply<pb::ReceiveResponse> {
@@ -280,41 +362,59 @@ impl pb::messaging_server::Messaging for MessagingService {
 
     type ConsumeStream = crate::consume::ConsumeStream;
 
-    async fn consume(&self, req: Request<Streaming<pb::ConsumeRequest>>) -> Reply<Self::ConsumeStream> {
-        crate::consume::start(self.clone(), req.into_inner()).await.map(Response::new)
+    async fn consume(
+        &self,
+        req: Request<Streaming<pb::ConsumeRequest>>,
+    ) -> Reply<Self::ConsumeStream> {
+        crate::consume::start(self.clone(), req.into_inner())
+            .await
+            .map(Response::new)
     }
 
     async fn ack(&self, req: Request<pb::AckRequest>) -> Reply<pb::AckResponse> {
         let r = req.into_inner();
         self.touch_session(&r.session_id, None)?;
-        self.by_receipts(r.receipt_handles, |be, req| async move { be.ack(Request::new(req)).await }).await?;
+        self.by_receipts(r.receipt_handles, |be, req| async move {
+            be.ack(Request::new(req)).await
+        })
+        .await?;
         Ok(Response::new(pb::AckResponse {}))
     }
 
     async fn nack(&self, req: Request<pb::NackRequest>) -> Reply<pb::NackResponse> {
         let r = req.into_inner();
         if r.dead_letter {
-            return Err(Error::Unimplemented { feature: "nack to the dead-letter queue" }.into());
+            return Err(Error::Unimplemented {
+                feature: "nack to the dead-letter queue",
+            }
+            .into());
         }
         self.touch_session(&r.session_id, None)?;
         let delay_ms = r.delay_ms;
         self.by_receipts(r.receipt_handles, |be, req| async move {
-            be.nack(Request::new(pb::BackendLeaseRequest { delay_ms, ..req })).await
+            be.nack(Request::new(pb::BackendLeaseRequest { delay_ms, ..req }))
+                .await
         })
         .await?;
         Ok(Response::new(pb::NackResponse {}))
     }
 
-    async fn extend_lease(&self, req: Request<pb::ExtendLeaseRequest>) -> Reply<pb::ExtendLeaseResponse> {
+    async fn extend_lease(
+        &self,
+        req: Request<pb::ExtendLeaseRequest>,
+    ) -> Reply<pb::ExtendLeaseResponse> {
         let r = req.into_inner();
         self.touch_session(&r.session_id, None)?;
         let lease_ms = r.lease_ms;
         let lease_expires_at_ms = self
             .by_receipts(r.receipt_handles, |be, req| async move {
-                be.extend_lease(Request::new(pb::BackendLeaseRequest { lease_ms, ..req })).await
+                be.extend_lease(Request::new(pb::BackendLeaseRequest { lease_ms, ..req }))
+                    .await
             })
             .await?;
-        Ok(Response::new(pb::ExtendLeaseResponse { lease_expires_at_ms }))
+        Ok(Response::new(pb::ExtendLeaseResponse {
+            lease_expires_at_ms,
+        }))
     }
 
     async fn recover(&self, req: Request<pb::RecoverRequest>) -> Reply<pb::RecoverResponse> {
@@ -322,7 +422,9 @@ impl pb::messaging_server::Messaging for MessagingService {
         self.sessions.use_session(id, None)?;
         let queues = self.sessions.session_queues(id)?;
         let n = self.release_session_queues(id, queues, true).await;
-        Ok(Response::new(pb::RecoverResponse { redelivered: u32::try_from(n).unwrap_or(u32::MAX) }))
+        Ok(Response::new(pb::RecoverResponse {
+            redelivered: u32::try_from(n).unwrap_or(u32::MAX),
+        }))
     }
 
     async fn commit(&self, req: Request<pb::CommitRequest>) -> Reply<pb::CommitResponse> {
@@ -342,15 +444,23 @@ impl pb::messaging_server::Messaging for MessagingService {
         req: Request<pb::CreateTemporaryQueueRequest>,
     ) -> Reply<pb::CreateTemporaryQueueResponse> {
         let connection = req.into_inner().connection_id;
-        let name = self.sessions.add_temporary_queue(&connection, self.router.local_node())?;
+        let name = self
+            .sessions
+            .add_temporary_queue(&connection, self.router.local_node())?;
         // Temporary queues live on this node's back-end: the requester is here.
         let be = self.router.local()?;
-        let create = pb::BackendCreateQueueRequest { name: name.to_string(), temporary: true, ..Default::default() };
+        let create = pb::BackendCreateQueueRequest {
+            name: name.to_string(),
+            temporary: true,
+            ..Default::default()
+        };
         if let Err(e) = be.create_queue(Request::new(create)).await {
             let _ = self.sessions.remove_temporary_queue(&connection, &name);
             return Err(e);
         }
-        Ok(Response::new(pb::CreateTemporaryQueueResponse { queue: name.to_string() }))
+        Ok(Response::new(pb::CreateTemporaryQueueResponse {
+            queue: name.to_string(),
+        }))
     }
 
     async fn delete_temporary_queue(
@@ -359,8 +469,12 @@ impl pb::messaging_server::Messaging for MessagingService {
     ) -> Reply<pb::DeleteTemporaryQueueResponse> {
         let r = req.into_inner();
         let queue = queue_name(&r.queue)?;
-        self.sessions.remove_temporary_queue(&r.connection_id, &queue)?;
-        self.router.local()?.delete_queue(Request::new(pb::BackendQueueRequest { name: r.queue })).await?;
+        self.sessions
+            .remove_temporary_queue(&r.connection_id, &queue)?;
+        self.router
+            .local()?
+            .delete_queue(Request::new(pb::BackendQueueRequest { name: r.queue }))
+            .await?;
         Ok(Response::new(pb::DeleteTemporaryQueueResponse {}))
     }
 
@@ -368,22 +482,44 @@ impl pb::messaging_server::Messaging for MessagingService {
         let r = req.into_inner();
         let queue = queue_name(&r.queue)?;
         if !r.selector.is_empty() {
-            return Err(Error::Unimplemented { feature: "message selectors" }.into());
+            return Err(Error::Unimplemented {
+                feature: "message selectors",
+            }
+            .into());
         }
         let after_seq = if r.page_token.is_empty() {
             0
         } else {
-            r.page_token.parse().map_err(|_| Status::invalid_argument("page_token: pass back the next_page_token of the previous answer"))?
+            r.page_token.parse().map_err(|_| {
+                Status::invalid_argument(
+                    "page_token: pass back the next_page_token of the previous answer",
+                )
+            })?
         };
-        let max_messages = if r.max_messages == 0 { 100 } else { r.max_messages.min(1_000) };
+        let max_messages = if r.max_messages == 0 {
+            100
+        } else {
+            r.max_messages.min(1_000)
+        };
         let be = self.router.for_queue(&queue)?;
         let out = be
-            .browse(Request::new(pb::BackendBrowseRequest { queue: r.queue, max_messages, after_seq }))
+            .browse(Request::new(pb::BackendBrowseRequest {
+                queue: r.queue,
+                max_messages,
+                after_seq,
+            }))
             .await?
             .into_inner();
         let full_page = out.messages.len() as u32 == max_messages;
-        let next_page_token = if full_page { out.last_seq.to_string() } else { String::new() };
-        Ok(Response::new(pb::BrowseResponse { messages: out.messages, next_page_token }))
+        let next_page_token = if full_page {
+            out.last_seq.to_string()
+        } else {
+            String::new()
+        };
+        Ok(Response::new(pb::BrowseResponse {
+            messages: out.messages,
+            next_page_token,
+        }))
     }
 }
 

@@ -21,7 +21,9 @@ impl RemoteBackend {
             .http2_keep_alive_interval(std::time::Duration::from_secs(10))
             .keep_alive_while_idle(true)
             .connect_lazy();
-        Ok(Self { client: BackendClient::new(channel) })
+        Ok(Self {
+            client: BackendClient::new(channel),
+        })
     }
 }
 

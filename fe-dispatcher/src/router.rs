@@ -32,7 +32,11 @@ impl Router {
     pub fn new(local_node: NodeId, local: BackendRef) -> Self {
         let mut backends = HashMap::new();
         backends.insert(local_node.clone(), local);
-        Self { local_node, backends, placement: HashMap::new() }
+        Self {
+            local_node,
+            backends,
+            placement: HashMap::new(),
+        }
     }
 
     /// Adds another node's back-end.
@@ -58,7 +62,11 @@ impl Router {
     /// The node that owns `queue`. A temporary queue (`tmp.<node>.<connection>.<n>`) lives on
     /// the node that created it.
     pub fn owner_of(&self, queue: &QueueName) -> &NodeId {
-        if let Some(node) = queue.as_str().strip_prefix("tmp.").and_then(|rest| rest.split('.').next()) {
+        if let Some(node) = queue
+            .as_str()
+            .strip_prefix("tmp.")
+            .and_then(|rest| rest.split('.').next())
+        {
             if let Some((id, _)) = self.backends.get_key_value(node) {
                 return id;
             }
@@ -72,7 +80,9 @@ impl Router {
     }
 
     pub fn node(&self, node: &NodeId) -> Result<&BackendRef, Error> {
-        self.backends.get(node).ok_or_else(|| Error::UnknownNode { node: node.clone() })
+        self.backends
+            .get(node)
+            .ok_or_else(|| Error::UnknownNode { node: node.clone() })
     }
 
     /// Every back-end, this node's first.

@@ -53,7 +53,10 @@ pub struct Sessions {
 
 impl Sessions {
     pub fn new(config: FrontendConfig) -> Self {
-        Self { config, state: Mutex::new(State::default()) }
+        Self {
+            config,
+            state: Mutex::new(State::default()),
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -61,7 +64,11 @@ impl Sessions {
     }
 
     /// Opens a connection; returns its id and granted lease.
-    pub(crate) fn open(&self, client_id: String, lease_ms: Option<u64>) -> Result<(String, u64), Error> {
+    pub(crate) fn open(
+        &self,
+        client_id: String,
+        lease_ms: Option<u64>,
+    ) -> Result<(String, u64), Error> {
         let c = &self.config;
         let lease_ms = lease_ms
             .unwrap_or(c.connection_lease_default_ms)
@@ -98,15 +105,29 @@ impl Sessions {
     /// Renews a connection's lease; returns when it now runs out.
     pub(crate) fn touch(&self, connection: &str) -> Result<Instant, Error> {
         let mut s = self.lock();
-        let c = s.connections.get_mut(connection).ok_or_else(|| Error::ConnectionNotFound { id: connection.into() })?;
+        let c = s
+            .connections
+            .get_mut(connection)
+            .ok_or_else(|| Error::ConnectionNotFound {
+                id: connection.into(),
+            })?;
         c.expires_at = Instant::now() + c.lease;
         Ok(c.expires_at)
     }
 
-    pub(crate) fn create_session(&self, connection: &str, ack_mode: AckMode) -> Result<SessionId, Error> {
+    pub(crate) fn create_session(
+        &self,
+        connection: &str,
+        ack_mode: AckMode,
+    ) -> Result<SessionId, Error> {
         let mut s = self.lock();
         let max = self.config.sessions_per_connection_max;
-        let c = s.connections.get_mut(connection).ok_or_else(|| Error::ConnectionNotFound { id: connection.into() })?;
+        let c = s
+            .connections
+            .get_mut(connection)
+            .ok_or_else(|| Error::ConnectionNotFound {
+                id: connection.into(),
+            })?;
         if c.sessions.len() >= max {
             return Err(Error::LimitReached {
                 what: format!("connection {connection} has {} sessions", c.sessions.len()),
@@ -124,15 +145,29 @@ impl Sessions {
         if let Some(c) = s.connections.get_mut(connection) {
             c.sessions.insert(id);
         }
-        s.sessions.insert(id, Session { connection: connection.into(), ack_mode, queues: HashSet::new() });
+        s.sessions.insert(
+            id,
+            Session {
+                connection: connection.into(),
+                ack_mode,
+                queues: HashSet::new(),
+            },
+        );
         Ok(id)
     }
 
     /// Checks a session exists, renews its connection, and (when `queue` is given) remembers that
     /// the session may hold leases there. Returns the session's ack mode.
-    pub(crate) fn use_session(&self, id: SessionId, queue: Option<&QueueName>) -> Result<AckMode, Error> {
+    pub(crate) fn use_session(
+        &self,
+        id: SessionId,
+        queue: Option<&QueueName>,
+    ) -> Result<AckMode, Error> {
         let mut s = self.lock();
-        let sess = s.sessions.get_mut(&id).ok_or_else(|| Error::SessionNotFound { id: id.to_string() })?;
+        let sess = s
+            .sessions
+            .get_mut(&id)
+            .ok_or_else(|| Error::SessionNotFound { id: id.to_string() })?;
         if let Some(q) = queue {
             if !sess.queues.contains(q) {
                 sess.queues.insert(q.clone());
@@ -148,30 +183,46 @@ impl Sessions {
     /// The queues where a session may hold leases.
     pub(crate) fn session_queues(&self, id: SessionId) -> Result<Vec<QueueName>, Error> {
         let s = self.lock();
-        let sess = s.sessions.get(&id).ok_or_else(|| Error::SessionNotFound { id: id.to_string() })?;
+        let sess = s
+            .sessions
+            .get(&id)
+            .ok_or_else(|| Error::SessionNotFound { id: id.to_string() })?;
         Ok(sess.queues.iter().cloned().collect())
     }
 
     pub(crate) fn close_session(&self, id: SessionId) -> Result<Closed, Error> {
         let mut s = self.lock();
-        let sess = s.sessions.remove(&id).ok_or_else(|| Error::SessionNotFound { id: id.to_string() })?;
+        let sess = s
+            .sessions
+            .remove(&id)
+            .ok_or_else(|| Error::SessionNotFound { id: id.to_string() })?;
         if let Some(c) = s.connections.get_mut(&sess.connection) {
             c.sessions.remove(&id);
         }
-        Ok(Closed { sessions: vec![(id, sess.queues.into_iter().collect())], temporary_queues: vec![] })
+        Ok(Closed {
+            sessions: vec![(id, sess.queues.into_iter().collect())],
+            temporary_queues: vec![],
+        })
     }
 
     pub(crate) fn close_connection(&self, id: &str) -> Result<Closed, Error> {
         let mut s = self.lock();
-        let c = s.connections.remove(id).ok_or_else(|| Error::ConnectionNotFound { id: id.into() })?;
+        let c = s
+            .connections
+            .remove(id)
+            .ok_or_else(|| Error::ConnectionNotFound { id: id.into() })?;
         Ok(close_locked(&mut s, c))
     }
 
     /// Closes every connection whose lease ran out.
     pub(crate) fn close_expired(&self, now: Instant) -> Vec<(String, Closed)> {
         let mut s = self.lock();
-        let expired: Vec<String> =
-            s.connections.iter().filter(|(_, c)| c.expires_at <= now).map(|(id, _)| id.clone()).collect();
+        let expired: Vec<String> = s
+            .connections
+            .iter()
+            .filter(|(_, c)| c.expires_at <= now)
+            .map(|(id, _)| id.clone())
+            .collect();
         expired
             .into_iter()
             .filter_map(|id| {
@@ -183,13 +234,25 @@ impl Sessions {
     }
 
     /// Names and records a new temporary queue for a connection.
-    pub(crate) fn add_temporary_queue(&self, connection: &str, node: &ferry_kernel::NodeId) -> Result<QueueName, Error> {
+    pub(crate) fn add_temporary_queue(
+        &self,
+        connection: &str,
+        node: &ferry_kernel::NodeId,
+    ) -> Result<QueueName, Error> {
         let mut s = self.lock();
         let max = self.config.temporary_queues_per_connection_max;
-        let c = s.connections.get_mut(connection).ok_or_else(|| Error::ConnectionNotFound { id: connection.into() })?;
+        let c = s
+            .connections
+            .get_mut(connection)
+            .ok_or_else(|| Error::ConnectionNotFound {
+                id: connection.into(),
+            })?;
         if c.temporary_queues.len() >= max {
             return Err(Error::LimitReached {
-                what: format!("connection {connection} has {} temporary queues", c.temporary_queues.len()),
+                what: format!(
+                    "connection {connection} has {} temporary queues",
+                    c.temporary_queues.len()
+                ),
                 limit: max,
                 limit_name: "temporary_queues_per_connection_max",
             });
@@ -202,13 +265,25 @@ impl Sessions {
     }
 
     /// Forgets a temporary queue (it was not created, or it is being deleted).
-    pub(crate) fn remove_temporary_queue(&self, connection: &str, queue: &QueueName) -> Result<(), Error> {
+    pub(crate) fn remove_temporary_queue(
+        &self,
+        connection: &str,
+        queue: &QueueName,
+    ) -> Result<(), Error> {
         let mut s = self.lock();
-        let c = s.connections.get_mut(connection).ok_or_else(|| Error::ConnectionNotFound { id: connection.into() })?;
+        let c = s
+            .connections
+            .get_mut(connection)
+            .ok_or_else(|| Error::ConnectionNotFound {
+                id: connection.into(),
+            })?;
         if c.temporary_queues.remove(queue) {
             Ok(())
         } else {
-            Err(Error::NotOwnTemporaryQueue { queue: queue.to_string(), connection: connection.into() })
+            Err(Error::NotOwnTemporaryQueue {
+                queue: queue.to_string(),
+                connection: connection.into(),
+            })
         }
     }
 
@@ -222,7 +297,14 @@ fn close_locked(s: &mut State, c: Connection) -> Closed {
     let sessions = c
         .sessions
         .iter()
-        .filter_map(|id| s.sessions.remove(id).map(|sess| (*id, sess.queues.into_iter().collect())))
+        .filter_map(|id| {
+            s.sessions
+                .remove(id)
+                .map(|sess| (*id, sess.queues.into_iter().collect()))
+        })
         .collect();
-    Closed { sessions, temporary_queues: c.temporary_queues.into_iter().collect() }
+    Closed {
+        sessions,
+        temporary_queues: c.temporary_queues.into_iter().collect(),
+    }
 }

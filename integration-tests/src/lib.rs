@@ -21,7 +21,10 @@ pub fn ferry_bin() -> PathBuf {
     }
     let exe = std::env::current_exe().expect("test executable path");
     // target/<profile>/deps/<test> → target/<profile>/ferry
-    let dir = exe.parent().and_then(Path::parent).expect("target directory");
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target directory");
     let bin = dir.join(format!("ferry{}", std::env::consts::EXE_SUFFIX));
     assert!(
         bin.exists(),
@@ -42,7 +45,11 @@ pub struct NodeOptions {
 
 impl Default for NodeOptions {
     fn default() -> Self {
-        Self { node_id: "node-1".into(), extra_toml: String::new(), memory: false }
+        Self {
+            node_id: "node-1".into(),
+            extra_toml: String::new(),
+            memory: false,
+        }
     }
 }
 
@@ -83,8 +90,14 @@ impl Node {
         let (data_dir, options) = (self.data_dir.clone(), self.options.clone());
         std::fs::create_dir_all(&data_dir)?;
         let config = data_dir.join("ferry.toml");
-        std::fs::write(&config, format!("node_id = {:?}\n{}\n", options.node_id, options.extra_toml))?;
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log_path)?;
+        std::fs::write(
+            &config,
+            format!("node_id = {:?}\n{}\n", options.node_id, options.extra_toml),
+        )?;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log_path)?;
         let mut cmd = Command::new(ferry_bin());
         cmd.arg("server")
             .arg("--config")
@@ -117,7 +130,10 @@ impl Node {
             Ok(line) => line,
             Err(_) => {
                 self.print_log();
-                bail!("ferry server {} did not report its address within 60 s", self.name);
+                bail!(
+                    "ferry server {} did not report its address within 60 s",
+                    self.name
+                );
             }
         };
         self.addr = line
@@ -135,10 +151,14 @@ impl Node {
     /// A client connected to this node, once it reports SERVING on the standard health service.
     pub async fn client(&self) -> anyhow::Result<Client> {
         let client = Client::connect(&self.url()).await?;
-        let channel = tonic::transport::Endpoint::from_shared(self.url())?.connect().await?;
+        let channel = tonic::transport::Endpoint::from_shared(self.url())?
+            .connect()
+            .await?;
         let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
         let r = health
-            .check(tonic_health::pb::HealthCheckRequest { service: String::new() })
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: String::new(),
+            })
             .await?
             .into_inner();
         if r.status != tonic_health::pb::health_check_response::ServingStatus::Serving as i32 {
@@ -157,8 +177,13 @@ impl Node {
 
     /// SIGTERM, then wait for the process to exit; returns whether it exited successfully.
     pub fn terminate(&mut self) -> anyhow::Result<bool> {
-        let Some(mut c) = self.child.take() else { bail!("not running") };
-        let status = Command::new("kill").arg("-TERM").arg(c.id().to_string()).status()?;
+        let Some(mut c) = self.child.take() else {
+            bail!("not running")
+        };
+        let status = Command::new("kill")
+            .arg("-TERM")
+            .arg(c.id().to_string())
+            .status()?;
         if !status.success() {
             bail!("kill -TERM failed");
         }
@@ -176,7 +201,12 @@ impl Node {
     }
 
     fn print_log(&self) {
-        eprintln!("----- log of ferry node {} ({}) -----\n{}\n----- end of log -----", self.name, self.log_path.display(), self.log());
+        eprintln!(
+            "----- log of ferry node {} ({}) -----\n{}\n----- end of log -----",
+            self.name,
+            self.log_path.display(),
+            self.log()
+        );
     }
 }
 
@@ -217,7 +247,11 @@ pub fn ferry_cli(node: &Node, args: &[&str]) -> anyhow::Result<(bool, String, St
         .env_remove("FERRY_SERVER")
         .stdin(Stdio::null())
         .output()?;
-    Ok((out.status.success(), String::from_utf8(out.stdout)?, String::from_utf8(out.stderr)?))
+    Ok((
+        out.status.success(),
+        String::from_utf8(out.stdout)?,
+        String::from_utf8(out.stderr)?,
+    ))
 }
 
 /// Queue statistics through the admin API.
@@ -234,7 +268,11 @@ pub async fn stats(client: &Client, queue: &str) -> anyhow::Result<ferry_client:
 pub async fn create_queue(client: &Client, name: &str) -> anyhow::Result<()> {
     client
         .admin()
-        .create_queue(ferry_client::pb::CreateQueueRequest { name: name.into(), config: None, if_not_exists: false })
+        .create_queue(ferry_client::pb::CreateQueueRequest {
+            name: name.into(),
+            config: None,
+            if_not_exists: false,
+        })
         .await?;
     Ok(())
 }

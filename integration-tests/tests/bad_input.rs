@@ -11,7 +11,14 @@ use tonic::Code;
 async fn bad_input_is_refused_with_the_right_code() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let extra = "[limits]\nmax_message_size_bytes = 1000\n".to_string();
-    let node = Node::start(dir.path(), NodeOptions { memory: true, extra_toml: extra, ..Default::default() })?;
+    let node = Node::start(
+        dir.path(),
+        NodeOptions {
+            memory: true,
+            extra_toml: extra,
+            ..Default::default()
+        },
+    )?;
     let client = node.client().await?;
     create_queue(&client, "q").await?;
     let mut m = client.messaging();
@@ -19,47 +26,88 @@ async fn bad_input_is_refused_with_the_right_code() -> anyhow::Result<()> {
     let session = conn.create_session(AckMode::Client).await?;
 
     // Unknown queue.
-    let e = session.send("nope", vec![Message::text("x")]).await.unwrap_err();
+    let e = session
+        .send("nope", vec![Message::text("x")])
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), Some(Code::NotFound), "{e}");
     assert!(e.to_string().contains("nope"), "{e}");
-    let e = session.receive("nope", ReceiveOptions::no_wait()).await.unwrap_err();
+    let e = session
+        .receive("nope", ReceiveOptions::no_wait())
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), Some(Code::NotFound), "{e}");
 
     // Negative wait: INVALID_ARGUMENT, and nothing is left parked.
-    let e = session.receive("q", ReceiveOptions::timeout_ms(-5)).await.unwrap_err();
+    let e = session
+        .receive("q", ReceiveOptions::timeout_ms(-5))
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), Some(Code::InvalidArgument), "{e}");
     assert!(e.to_string().contains("-5"), "{e}");
     assert_eq!(stats(&client, "q").await?.consumers, 0);
 
     // Over the message size limit, with the limit named.
-    let e = session.send("q", vec![Message::bytes(vec![0u8; 2_000])]).await.unwrap_err();
+    let e = session
+        .send("q", vec![Message::bytes(vec![0u8; 2_000])])
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), Some(Code::ResourceExhausted), "{e}");
-    assert!(e.to_string().contains("max_message_size_bytes = 1000"), "{e}");
+    assert!(
+        e.to_string().contains("max_message_size_bytes = 1000"),
+        "{e}"
+    );
 
     // Malformed names, priorities, properties, handles.
-    let e = session.send("bad name", vec![Message::text("x")]).await.unwrap_err();
+    let e = session
+        .send("bad name", vec![Message::text("x")])
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), Some(Code::InvalidArgument), "{e}");
-    let e = session.send("q", vec![Message::text("x").priority(10)]).await.unwrap_err();
+    let e = session
+        .send("q", vec![Message::text("x").priority(10)])
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), Some(Code::InvalidArgument), "{e}");
-    let e = session.send("q", vec![Message::text("x").property("bad-name", 1)]).await.unwrap_err();
+    let e = session
+        .send("q", vec![Message::text("x").property("bad-name", 1)])
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), Some(Code::InvalidArgument), "{e}");
     let e = m
-        .ack(pb::AckRequest { session_id: session.id().into(), receipt_handles: vec!["garbage".into()] })
+        .ack(pb::AckRequest {
+            session_id: session.id().into(),
+            receipt_handles: vec!["garbage".into()],
+        })
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
     let e = m
-        .receive(pb::ReceiveRequest { session_id: "zz".into(), queue: "q".into(), ..Default::default() })
+        .receive(pb::ReceiveRequest {
+            session_id: "zz".into(),
+            queue: "q".into(),
+            ..Default::default()
+        })
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
     let e = m
-        .receive(pb::ReceiveRequest { session_id: "00000000000000ff".into(), queue: "q".into(), wait_ms: Some(0), ..Default::default() })
+        .receive(pb::ReceiveRequest {
+            session_id: "00000000000000ff".into(),
+            queue: "q".into(),
+            wait_ms: Some(0),
+            ..Default::default()
+        })
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::NotFound, "unknown session: {e:?}");
     let e = m
-        .receive(pb::ReceiveRequest { queue: "q".into(), max_messages: 1_000_000, wait_ms: Some(0), ..Default::default() })
+        .receive(pb::ReceiveRequest {
+            queue: "q".into(),
+            max_messages: 1_000_000,
+            wait_ms: Some(0),
+            ..Default::default()
+        })
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
@@ -76,18 +124,30 @@ async fn bad_input_is_refused_with_the_right_code() -> anyhow::Result<()> {
     session.ack(&again).await?;
 
     // A reply queue must exist; a deleted temporary queue is gone for good.
-    let e = session.send("q", vec![Message::text("x").reply_to("missing")]).await.unwrap_err();
+    let e = session
+        .send("q", vec![Message::text("x").reply_to("missing")])
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), Some(Code::NotFound), "{e}");
     assert!(e.to_string().contains("reply_to"), "{e}");
     let tmp = conn.create_temporary_queue().await?;
     session.send(&tmp, vec![Message::text("reply")]).await?;
-    m.delete_temporary_queue(pb::DeleteTemporaryQueueRequest { connection_id: conn.id().into(), queue: tmp.clone() })
-        .await?;
-    let e = session.send(&tmp, vec![Message::text("late reply")]).await.unwrap_err();
+    m.delete_temporary_queue(pb::DeleteTemporaryQueueRequest {
+        connection_id: conn.id().into(),
+        queue: tmp.clone(),
+    })
+    .await?;
+    let e = session
+        .send(&tmp, vec![Message::text("late reply")])
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), Some(Code::NotFound), "{e}");
 
     // Not supported yet: said plainly.
-    let e = session.receive_selected("q", "n > 1", ReceiveOptions::no_wait()).await.unwrap_err();
+    let e = session
+        .receive_selected("q", "n > 1", ReceiveOptions::no_wait())
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), Some(Code::Unimplemented), "{e}");
     let e = conn.create_session(AckMode::Transacted).await.unwrap_err();
     assert_eq!(e.code(), Some(Code::Unimplemented), "{e}");
@@ -95,17 +155,64 @@ async fn bad_input_is_refused_with_the_right_code() -> anyhow::Result<()> {
     // Admin mistakes.
     let mut admin = client.admin();
     let e = admin
-        .create_queue(pb::CreateQueueRequest { name: "q".into(), ..Default::default() })
+        .create_queue(pb::CreateQueueRequest {
+            name: "q".into(),
+            ..Default::default()
+        })
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::AlreadyExists, "{e:?}");
-    let e = admin.delete_queue(pb::DeleteQueueRequest { name: "nope".into() }).await.unwrap_err();
+    let e = admin
+        .delete_queue(pb::DeleteQueueRequest {
+            name: "nope".into(),
+        })
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), Code::NotFound, "{e:?}");
     let e = admin
-        .create_queue(pb::CreateQueueRequest { name: "tmp.sneaky".into(), ..Default::default() })
+        .create_queue(pb::CreateQueueRequest {
+            name: "tmp.sneaky".into(),
+            ..Default::default()
+        })
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+
+    // Extreme but valid numbers: a wait, delay and time to live at the top of their range.
+    session
+        .send(
+            "q",
+            vec![Message::text("far").delay_ms(u64::MAX).ttl_ms(u64::MAX)],
+        )
+        .await?;
+    let far_wait = {
+        let mut m = m.clone();
+        let req = pb::ReceiveRequest {
+            queue: "q".into(),
+            wait_ms: Some(i64::MAX),
+            ..Default::default()
+        };
+        tokio::spawn(async move { m.receive(req).await })
+    };
+    ferry_integration_tests::wait_until(
+        std::time::Duration::from_secs(5),
+        "the far receiver to park",
+        || async { Ok(stats(&client, "q").await?.consumers == 1) },
+    )
+    .await?;
+    far_wait.abort();
+    let mut bounded = tonic::Request::new(pb::ReceiveRequest {
+        queue: "q".into(),
+        wait_ms: Some(i64::MAX),
+        ..Default::default()
+    });
+    bounded.set_timeout(std::time::Duration::from_millis(300));
+    let r = m.receive(bounded).await?.into_inner();
+    assert!(
+        r.deliveries.is_empty(),
+        "an empty answer at the deadline is a normal OK"
+    );
+    assert_eq!(stats(&client, "q").await?.scheduled, 1);
 
     // The server is still healthy after all of that.
     node.client().await?;

@@ -6,7 +6,9 @@ use ferry_integration_tests::{ferry_cli, Node, NodeOptions};
 use serde_json::Value;
 
 fn json_lines(s: &str) -> Vec<Value> {
-    s.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}"))).collect()
+    s.lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -18,27 +20,67 @@ async fn send_receive_and_queue_admin_from_the_command_line() -> anyhow::Result<
     assert!(ok, "{err}");
     assert_eq!(json_lines(&out)[0]["created"], true);
 
-    let (ok, out, err) = ferry_cli(&node, &[
-        "send", "--queue", "orders", "hello", "--property", "n=5", "--property", "ratio=2.5",
-        "--property", "vip=true", "--property", "code:string=007", "--correlation-id", " Req-1 ",
-        "--priority", "7", "-o", "json",
-    ])?;
+    let (ok, out, err) = ferry_cli(
+        &node,
+        &[
+            "send",
+            "--queue",
+            "orders",
+            "hello",
+            "--property",
+            "n=5",
+            "--property",
+            "ratio=2.5",
+            "--property",
+            "vip=true",
+            "--property",
+            "code:string=007",
+            "--correlation-id",
+            " Req-1 ",
+            "--priority",
+            "7",
+            "-o",
+            "json",
+        ],
+    )?;
     assert!(ok, "{err}");
     let sent = json_lines(&out);
     let id = sent[0]["message_id"].as_str().unwrap().to_string();
     assert!(id.starts_with("ID:"));
 
-    let (ok, out, err) = ferry_cli(&node, &["send", "--queue", "orders", "--count", "25", "-o", "json"])?;
+    let (ok, out, err) = ferry_cli(
+        &node,
+        &["send", "--queue", "orders", "--count", "25", "-o", "json"],
+    )?;
     assert!(ok, "{err}");
     assert_eq!(json_lines(&out).len(), 25);
 
     let (ok, out, err) = ferry_cli(&node, &["queue", "stats", "orders", "-o", "json"])?;
     assert!(ok, "{err}");
     let s = &json_lines(&out)[0];
-    assert_eq!((s["ready"].as_u64(), s["leased"].as_u64(), s["scheduled"].as_u64(), s["consumers"].as_u64()), (Some(26), Some(0), Some(0), Some(0)));
+    assert_eq!(
+        (
+            s["ready"].as_u64(),
+            s["leased"].as_u64(),
+            s["scheduled"].as_u64(),
+            s["consumers"].as_u64()
+        ),
+        (Some(26), Some(0), Some(0), Some(0))
+    );
 
     // Priority 7 comes before the 25 at priority 4.
-    let (ok, out, err) = ferry_cli(&node, &["receive", "--queue", "orders", "--timeout-ms", "0", "-o", "json"])?;
+    let (ok, out, err) = ferry_cli(
+        &node,
+        &[
+            "receive",
+            "--queue",
+            "orders",
+            "--timeout-ms",
+            "0",
+            "-o",
+            "json",
+        ],
+    )?;
     assert!(ok, "{err}");
     let m = &json_lines(&out)[0];
     assert_eq!(m["message_id"], id.as_str());
@@ -48,13 +90,48 @@ async fn send_receive_and_queue_admin_from_the_command_line() -> anyhow::Result<
     assert_eq!(m["properties"]["vip"], true);
     assert_eq!(m["properties"]["code"], "007");
     assert_eq!(m["correlation_id"], " Req-1 ", "byte for byte");
-    assert_eq!((m["priority"].as_u64(), m["delivery_count"].as_u64(), m["redelivered"].as_bool()), (Some(7), Some(1), Some(false)));
+    assert_eq!(
+        (
+            m["priority"].as_u64(),
+            m["delivery_count"].as_u64(),
+            m["redelivered"].as_bool()
+        ),
+        (Some(7), Some(1), Some(false))
+    );
 
     // --ack none: the messages come back when the command exits.
-    let (ok, out, _) = ferry_cli(&node, &["receive", "--queue", "orders", "--count", "5", "--timeout-ms", "0", "--ack", "none", "-o", "json"])?;
+    let (ok, out, _) = ferry_cli(
+        &node,
+        &[
+            "receive",
+            "--queue",
+            "orders",
+            "--count",
+            "5",
+            "--timeout-ms",
+            "0",
+            "--ack",
+            "none",
+            "-o",
+            "json",
+        ],
+    )?;
     assert!(ok);
     assert_eq!(json_lines(&out).len(), 5);
-    let (ok, out, _) = ferry_cli(&node, &["receive", "--queue", "orders", "--count", "100", "--timeout-ms", "200", "-o", "json"])?;
+    let (ok, out, _) = ferry_cli(
+        &node,
+        &[
+            "receive",
+            "--queue",
+            "orders",
+            "--count",
+            "100",
+            "--timeout-ms",
+            "200",
+            "-o",
+            "json",
+        ],
+    )?;
     assert!(ok);
     let rest = json_lines(&out);
     assert_eq!(rest.len(), 25);
@@ -74,11 +151,23 @@ async fn send_receive_and_queue_admin_from_the_command_line() -> anyhow::Result<
     // Errors say what went wrong and exit non-zero.
     let (ok, _, err) = ferry_cli(&node, &["send", "--queue", "orders", "x"])?;
     assert!(!ok);
-    assert!(err.contains("does not exist") && err.contains("ferry queue create"), "{err}");
-    let (ok, _, err) = ferry_cli(&node, &["receive", "--queue", "orders", "--timeout-ms", "-1"])?;
+    assert!(
+        err.contains("does not exist") && err.contains("ferry queue create"),
+        "{err}"
+    );
+    let (ok, _, err) = ferry_cli(
+        &node,
+        &["receive", "--queue", "orders", "--timeout-ms", "-1"],
+    )?;
     assert!(!ok);
-    assert!(err.contains("does not exist") || err.contains("wait_ms"), "{err}");
-    let (ok, _, err) = ferry_cli(&node, &["send", "--queue", "q", "--property", "1bad=2", "x"])?;
+    assert!(
+        err.contains("does not exist") || err.contains("wait_ms"),
+        "{err}"
+    );
+    let (ok, _, err) = ferry_cli(
+        &node,
+        &["send", "--queue", "q", "--property", "1bad=2", "x"],
+    )?;
     assert!(!ok);
     assert!(err.contains("1bad"), "{err}");
     Ok(())

@@ -23,7 +23,9 @@ async fn ten_thousand_confirmed_messages_survive_kill_9_exactly_once() -> anyhow
         tasks.push(tokio::spawn(async move {
             let mut ids = vec![];
             for batch in 0..10 {
-                let msgs = (0..100).map(|i| Message::text(format!("p{p}-b{batch}-m{i}"))).collect();
+                let msgs = (0..100)
+                    .map(|i| Message::text(format!("p{p}-b{batch}-m{i}")))
+                    .collect();
                 ids.extend(session.send("durable", msgs).await?);
             }
             anyhow::Ok(ids)
@@ -46,12 +48,18 @@ async fn ten_thousand_confirmed_messages_survive_kill_9_exactly_once() -> anyhow
     let mut received = HashSet::new();
     let mut bodies = HashSet::new();
     loop {
-        let batch = session.receive("durable", ReceiveOptions::no_wait().max(1_000)).await?;
+        let batch = session
+            .receive("durable", ReceiveOptions::no_wait().max(1_000))
+            .await?;
         if batch.is_empty() {
             break;
         }
         for r in batch {
-            assert!(received.insert(r.message_id().to_string()), "duplicate delivery of {}", r.message_id());
+            assert!(
+                received.insert(r.message_id().to_string()),
+                "duplicate delivery of {}",
+                r.message_id()
+            );
             assert!(bodies.insert(r.body().to_vec()));
             assert!(!r.redelivered(), "nothing was delivered before the crash");
         }
@@ -70,9 +78,15 @@ async fn delivery_count_and_unacked_messages_survive_a_crash() -> anyhow::Result
     create_queue(&client, "q").await?;
     let conn = client.open_connection("t").await?;
     let session = conn.create_session(AckMode::Client).await?;
-    let id = session.send("q", vec![Message::text("once")]).await?.remove(0);
+    let id = session
+        .send("q", vec![Message::text("once")])
+        .await?
+        .remove(0);
     let got = session.receive("q", ReceiveOptions::no_wait()).await?;
-    assert_eq!((got[0].message_id(), got[0].delivery_count()), (id.as_str(), 1));
+    assert_eq!(
+        (got[0].message_id(), got[0].delivery_count()),
+        (id.as_str(), 1)
+    );
     // Delivered, never acknowledged, then the node crashes.
     node.kill9();
     node.restart()?;
@@ -82,10 +96,16 @@ async fn delivery_count_and_unacked_messages_survive_a_crash() -> anyhow::Result
     let again = session.receive("q", ReceiveOptions::no_wait()).await?;
     assert_eq!(again[0].message_id(), id);
     assert_eq!(again[0].delivery_count(), 2);
-    assert!(again[0].redelivered(), "it may have been seen before the crash");
+    assert!(
+        again[0].redelivered(),
+        "it may have been seen before the crash"
+    );
     session.ack(&again).await?;
     // Message ids never repeat after a restart.
-    let next = session.send("q", vec![Message::text("after")]).await?.remove(0);
+    let next = session
+        .send("q", vec![Message::text("after")])
+        .await?
+        .remove(0);
     assert_ne!(next, id);
     Ok(())
 }

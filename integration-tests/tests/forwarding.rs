@@ -8,9 +8,25 @@ use ferry_integration_tests::{create_queue, stats, Node, NodeOptions};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_a_serves_a_queue_owned_by_node_b() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let b = Node::start(&dir.path().join("b"), NodeOptions { node_id: "b".into(), ..Default::default() })?;
-    let extra = format!("[cluster.nodes]\nb = \"{}\"\n[cluster.placement]\norders = \"b\"\n", b.url());
-    let a = Node::start(&dir.path().join("a"), NodeOptions { node_id: "a".into(), extra_toml: extra, ..Default::default() })?;
+    let b = Node::start(
+        &dir.path().join("b"),
+        NodeOptions {
+            node_id: "b".into(),
+            ..Default::default()
+        },
+    )?;
+    let extra = format!(
+        "[cluster.nodes]\nb = \"{}\"\n[cluster.placement]\norders = \"b\"\n",
+        b.url()
+    );
+    let a = Node::start(
+        &dir.path().join("a"),
+        NodeOptions {
+            node_id: "a".into(),
+            extra_toml: extra,
+            ..Default::default()
+        },
+    )?;
     let via_a = a.client().await?;
     let via_b = b.client().await?;
 
@@ -24,17 +40,35 @@ async fn node_a_serves_a_queue_owned_by_node_b() -> anyhow::Result<()> {
 
     let conn = via_a.open_connection("t").await?;
     let session = conn.create_session(AckMode::Client).await?;
-    let ids = session.send("orders", vec![Message::text("one"), Message::text("two")]).await?;
-    assert_eq!(stats(&via_b, "orders").await?.ready, 2, "the messages are in B's back-end");
+    let ids = session
+        .send("orders", vec![Message::text("one"), Message::text("two")])
+        .await?;
+    assert_eq!(
+        stats(&via_b, "orders").await?.ready,
+        2,
+        "the messages are in B's back-end"
+    );
 
     // A long-poll receive through A parks at B and is woken by a send through B.
     let waiting = {
         let session = session.clone();
-        tokio::spawn(async move { session.receive("orders", ReceiveOptions::timeout_ms(10_000).max(3)).await })
+        tokio::spawn(async move {
+            session
+                .receive("orders", ReceiveOptions::timeout_ms(10_000).max(3))
+                .await
+        })
     };
     let got = waiting.await??;
-    assert_eq!(got.iter().map(|r| r.message_id().to_string()).collect::<Vec<_>>(), ids);
-    assert!(got[0].receipt_handle().starts_with("r1.b."), "the receipt handle names the owning node");
+    assert_eq!(
+        got.iter()
+            .map(|r| r.message_id().to_string())
+            .collect::<Vec<_>>(),
+        ids
+    );
+    assert!(
+        got[0].receipt_handle().starts_with("r1.b."),
+        "the receipt handle names the owning node"
+    );
     assert_eq!(stats(&via_b, "orders").await?.leased, 2);
     // Acks sent to A are routed to B by the receipt handle alone.
     session.ack(&got).await?;

@@ -12,22 +12,38 @@ use ferry_integration_tests::{create_queue, stats, wait_until, Node, NodeOptions
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_whose_heartbeats_stop_releases_its_messages() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let node = Node::start(dir.path(), NodeOptions { memory: true, ..Default::default() })?;
+    let node = Node::start(
+        dir.path(),
+        NodeOptions {
+            memory: true,
+            ..Default::default()
+        },
+    )?;
     let client = node.client().await?;
     create_queue(&client, "q").await?;
     let mut m = client.messaging();
     // A raw connection with the shortest lease and no heartbeats: a client that hung.
     let conn = m
-        .open_connection(pb::OpenConnectionRequest { client_id: "silent".into(), lease_ms: Some(1_000) })
+        .open_connection(pb::OpenConnectionRequest {
+            client_id: "silent".into(),
+            lease_ms: Some(1_000),
+        })
         .await?
         .into_inner();
     assert_eq!(conn.lease_ms, 1_000);
     let session = m
-        .create_session(pb::CreateSessionRequest { connection_id: conn.connection_id.clone(), ack_mode: pb::AckMode::Client as i32 })
+        .create_session(pb::CreateSessionRequest {
+            connection_id: conn.connection_id.clone(),
+            ack_mode: pb::AckMode::Client as i32,
+        })
         .await?
         .into_inner()
         .session_id;
-    let producer = client.open_connection("producer").await?.create_session(AckMode::Auto).await?;
+    let producer = client
+        .open_connection("producer")
+        .await?
+        .create_session(AckMode::Auto)
+        .await?;
     producer.send("q", vec![Message::text("held")]).await?;
     let got = m
         .receive(pb::ReceiveRequest {
@@ -43,12 +59,23 @@ async fn a_connection_whose_heartbeats_stop_releases_its_messages() -> anyhow::R
     assert_eq!(got.len(), 1);
     assert_eq!(stats(&client, "q").await?.leased, 1);
     // Its delivery lease is ten minutes, but the connection lease runs out in about a second.
-    wait_until(Duration::from_secs(10), "the silent connection's message to return", || async {
-        Ok(stats(&client, "q").await?.ready == 1)
-    })
+    wait_until(
+        Duration::from_secs(10),
+        "the silent connection's message to return",
+        || async { Ok(stats(&client, "q").await?.ready == 1) },
+    )
     .await?;
-    let e = m.heartbeat(pb::HeartbeatRequest { connection_id: conn.connection_id }).await.unwrap_err();
-    assert_eq!(e.code(), tonic::Code::NotFound, "the expired connection is gone");
+    let e = m
+        .heartbeat(pb::HeartbeatRequest {
+            connection_id: conn.connection_id,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        e.code(),
+        tonic::Code::NotFound,
+        "the expired connection is gone"
+    );
     let again = producer.receive("q", ReceiveOptions::no_wait()).await?;
     assert!(again[0].redelivered());
     assert_eq!(again[0].delivery_count(), 2);
@@ -58,19 +85,31 @@ async fn a_connection_whose_heartbeats_stop_releases_its_messages() -> anyhow::R
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn closing_recovering_and_lease_expiry_return_messages() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let node = Node::start(dir.path(), NodeOptions { memory: true, ..Default::default() })?;
+    let node = Node::start(
+        dir.path(),
+        NodeOptions {
+            memory: true,
+            ..Default::default()
+        },
+    )?;
     let client = node.client().await?;
     create_queue(&client, "q").await?;
     let conn = client.open_connection("t").await?;
     let s1 = conn.create_session(AckMode::Client).await?;
-    s1.send("q", (0..3).map(|i| Message::text(format!("m{i}"))).collect()).await?;
+    s1.send(
+        "q",
+        (0..3).map(|i| Message::text(format!("m{i}"))).collect(),
+    )
+    .await?;
 
     // Recover: every unacknowledged message of the session comes back, flagged.
     let got = s1.receive("q", ReceiveOptions::no_wait().max(3)).await?;
     assert_eq!(got.len(), 3);
     assert_eq!(s1.recover().await?, 3);
     let again = s1.receive("q", ReceiveOptions::no_wait().max(3)).await?;
-    assert!(again.iter().all(|r| r.redelivered() && r.delivery_count() == 2));
+    assert!(again
+        .iter()
+        .all(|r| r.redelivered() && r.delivery_count() == 2));
 
     // Close: released at once.
     assert_eq!(s1.close().await?, 3);
@@ -78,14 +117,36 @@ async fn closing_recovering_and_lease_expiry_return_messages() -> anyhow::Result
 
     // A short delivery lease returns only its own message.
     let s2 = conn.create_session(AckMode::Client).await?;
-    let short = s2.receive("q", ReceiveOptions { lease_ms: Some(200), ..ReceiveOptions::no_wait() }).await?;
-    let long = s2.receive("q", ReceiveOptions { lease_ms: Some(600_000), ..ReceiveOptions::no_wait() }).await?;
+    let short = s2
+        .receive(
+            "q",
+            ReceiveOptions {
+                lease_ms: Some(200),
+                ..ReceiveOptions::no_wait()
+            },
+        )
+        .await?;
+    let long = s2
+        .receive(
+            "q",
+            ReceiveOptions {
+                lease_ms: Some(600_000),
+                ..ReceiveOptions::no_wait()
+            },
+        )
+        .await?;
     assert_eq!((short.len(), long.len()), (1, 1));
-    wait_until(Duration::from_secs(5), "the short lease to run out", || async {
-        Ok(stats(&client, "q").await?.ready == 2)
-    })
+    wait_until(
+        Duration::from_secs(5),
+        "the short lease to run out",
+        || async { Ok(stats(&client, "q").await?.ready == 2) },
+    )
     .await?;
-    assert_eq!(stats(&client, "q").await?.leased, 1, "the long lease still holds its message");
+    assert_eq!(
+        stats(&client, "q").await?.leased,
+        1,
+        "the long lease still holds its message"
+    );
     let e = s2.ack(&short).await.unwrap_err();
     assert_eq!(e.code(), Some(tonic::Code::FailedPrecondition), "{e}");
     s2.ack(&long).await?;
@@ -98,16 +159,35 @@ async fn closing_recovering_and_lease_expiry_return_messages() -> anyhow::Result
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn closing_a_connection_deletes_its_temporary_queues() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let node = Node::start(dir.path(), NodeOptions { memory: true, ..Default::default() })?;
+    let node = Node::start(
+        dir.path(),
+        NodeOptions {
+            memory: true,
+            ..Default::default()
+        },
+    )?;
     let client = node.client().await?;
     let conn = client.open_connection("requester").await?;
     let tmp = conn.create_temporary_queue().await?;
     let session = conn.create_session(AckMode::Auto).await?;
     session.send(&tmp, vec![Message::text("reply")]).await?;
-    assert_eq!(session.receive(&tmp, ReceiveOptions::no_wait()).await?.len(), 1);
+    assert_eq!(
+        session
+            .receive(&tmp, ReceiveOptions::no_wait())
+            .await?
+            .len(),
+        1
+    );
     conn.close().await?;
-    let other = client.open_connection("other").await?.create_session(AckMode::Auto).await?;
-    let e = other.send(&tmp, vec![Message::text("late")]).await.unwrap_err();
+    let other = client
+        .open_connection("other")
+        .await?
+        .create_session(AckMode::Auto)
+        .await?;
+    let e = other
+        .send(&tmp, vec![Message::text("late")])
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), Some(tonic::Code::NotFound), "{e}");
     Ok(())
 }
@@ -115,16 +195,39 @@ async fn closing_a_connection_deletes_its_temporary_queues() -> anyhow::Result<(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consume_stream_delivers_with_credits_and_takes_acks() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let node = Node::start(dir.path(), NodeOptions { memory: true, ..Default::default() })?;
+    let node = Node::start(
+        dir.path(),
+        NodeOptions {
+            memory: true,
+            ..Default::default()
+        },
+    )?;
     let client = node.client().await?;
     create_queue(&client, "q").await?;
     let conn = client.open_connection("t").await?;
     let session = conn.create_session(AckMode::Client).await?;
-    session.send("q", (0..5).map(|i| Message::text(format!("m{i}"))).collect()).await?;
+    session
+        .send(
+            "q",
+            (0..5).map(|i| Message::text(format!("m{i}"))).collect(),
+        )
+        .await?;
     let (tx, rx) = tokio::sync::mpsc::channel(8);
-    let start = pb::ConsumeStart { session_id: session.id().into(), queue: "q".into(), prefetch: 2, ..Default::default() };
-    tx.send(pb::ConsumeRequest { kind: Some(pb::consume_request::Kind::Start(start)) }).await?;
-    let mut stream = client.messaging().consume(tokio_stream::wrappers::ReceiverStream::new(rx)).await?.into_inner();
+    let start = pb::ConsumeStart {
+        session_id: session.id().into(),
+        queue: "q".into(),
+        prefetch: 2,
+        ..Default::default()
+    };
+    tx.send(pb::ConsumeRequest {
+        kind: Some(pb::consume_request::Kind::Start(start)),
+    })
+    .await?;
+    let mut stream = client
+        .messaging()
+        .consume(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await?
+        .into_inner();
     let mut got: Vec<pb::Delivery> = vec![];
     while got.len() < 2 {
         match stream.message().await?.and_then(|r| r.kind) {
@@ -135,12 +238,22 @@ async fn consume_stream_delivers_with_credits_and_takes_acks() -> anyhow::Result
     assert_eq!(got.len(), 2, "no more than the credit");
     assert_eq!(stats(&client, "q").await?.leased, 2);
     let handles = got.iter().map(|d| d.receipt_handle.clone()).collect();
-    tx.send(pb::ConsumeRequest { kind: Some(pb::consume_request::Kind::Ack(pb::ReceiptHandles { receipt_handles: handles })) }).await?;
+    tx.send(pb::ConsumeRequest {
+        kind: Some(pb::consume_request::Kind::Ack(pb::ReceiptHandles {
+            receipt_handles: handles,
+        })),
+    })
+    .await?;
     match stream.message().await?.and_then(|r| r.kind) {
-        Some(pb::consume_response::Kind::AckResult(r)) => assert!(r.stale_receipt_handles.is_empty()),
+        Some(pb::consume_response::Kind::AckResult(r)) => {
+            assert!(r.stale_receipt_handles.is_empty())
+        }
         other => anyhow::bail!("unexpected {other:?}"),
     }
-    tx.send(pb::ConsumeRequest { kind: Some(pb::consume_request::Kind::Credit(3)) }).await?;
+    tx.send(pb::ConsumeRequest {
+        kind: Some(pb::consume_request::Kind::Credit(3)),
+    })
+    .await?;
     let mut more = 0;
     while more < 3 {
         match stream.message().await?.and_then(|r| r.kind) {

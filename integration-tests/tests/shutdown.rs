@@ -16,7 +16,9 @@ async fn sigterm_stops_cleanly_and_keeps_confirmed_messages() -> anyhow::Result<
     create_queue(&client, "idle").await?;
     let conn = client.open_connection("t").await?;
     let session = conn.create_session(AckMode::Auto).await?;
-    let ids = session.send("q", vec![Message::text("a"), Message::text("b")]).await?;
+    let ids = session
+        .send("q", vec![Message::text("a"), Message::text("b")])
+        .await?;
     let parked = {
         let session = session.clone();
         tokio::spawn(async move { session.receive("idle", ReceiveOptions::forever()).await })
@@ -29,13 +31,33 @@ async fn sigterm_stops_cleanly_and_keeps_confirmed_messages() -> anyhow::Result<
     // The parked receive ended (empty, or UNAVAILABLE if the stop raced it): it did not hang.
     match parked.await? {
         Ok(got) => assert!(got.is_empty()),
-        Err(e) => assert!(matches!(e.code(), Some(tonic::Code::Unavailable | tonic::Code::Cancelled)), "{e}"),
+        Err(e) => assert!(
+            matches!(
+                e.code(),
+                Some(tonic::Code::Unavailable | tonic::Code::Cancelled)
+            ),
+            "{e}"
+        ),
     }
-    assert!(node.log().contains("stopped"), "the node logged a clean stop");
+    assert!(
+        node.log().contains("stopped"),
+        "the node logged a clean stop"
+    );
     node.restart()?;
     let client = node.client().await?;
-    let session = client.open_connection("t").await?.create_session(AckMode::Auto).await?;
-    let got = session.receive("q", ReceiveOptions::no_wait().max(10)).await?;
-    assert_eq!(got.iter().map(|r| r.message_id().to_string()).collect::<Vec<_>>(), ids);
+    let session = client
+        .open_connection("t")
+        .await?
+        .create_session(AckMode::Auto)
+        .await?;
+    let got = session
+        .receive("q", ReceiveOptions::no_wait().max(10))
+        .await?;
+    assert_eq!(
+        got.iter()
+            .map(|r| r.message_id().to_string())
+            .collect::<Vec<_>>(),
+        ids
+    );
     Ok(())
 }

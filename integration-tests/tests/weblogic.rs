@@ -11,13 +11,26 @@ use ferry_integration_tests::{create_queue, ferry_bin, stats, wait_until, Node, 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_receiver_leaves_nothing_behind() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let node = Node::start(dir.path(), NodeOptions { memory: true, ..Default::default() })?;
+    let node = Node::start(
+        dir.path(),
+        NodeOptions {
+            memory: true,
+            ..Default::default()
+        },
+    )?;
     let client = node.client().await?;
     create_queue(&client, "jobs").await?;
 
     // A separate client process blocks in receive(60 s)...
     let mut blocked = Command::new(ferry_bin())
-        .args(["receive", "--queue", "jobs", "--timeout-ms", "60000", "--server"])
+        .args([
+            "receive",
+            "--queue",
+            "jobs",
+            "--timeout-ms",
+            "60000",
+            "--server",
+        ])
         .arg(node.addr.to_string())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -29,29 +42,50 @@ async fn a_killed_receiver_leaves_nothing_behind() -> anyhow::Result<()> {
     // ...and is killed.
     blocked.kill()?;
     blocked.wait()?;
-    wait_until(Duration::from_secs(5), "the server to drop the dead receiver", || async {
-        Ok(stats(&client, "jobs").await?.consumers == 0)
-    })
+    wait_until(
+        Duration::from_secs(5),
+        "the server to drop the dead receiver",
+        || async { Ok(stats(&client, "jobs").await?.consumers == 0) },
+    )
     .await?;
 
     // A message sent afterwards goes to the next consumer at once, not to the dead one.
     let conn = client.open_connection("t").await?;
     let session = conn.create_session(AckMode::Client).await?;
-    let id = session.send("jobs", vec![Message::text("work")]).await?.remove(0);
-    let got = session.receive("jobs", ReceiveOptions::timeout_ms(1_000)).await?;
+    let id = session
+        .send("jobs", vec![Message::text("work")])
+        .await?
+        .remove(0);
+    let got = session
+        .receive("jobs", ReceiveOptions::timeout_ms(1_000))
+        .await?;
     assert_eq!(got.len(), 1, "received within a second");
     assert_eq!(got[0].message_id(), id);
-    assert_eq!(got[0].delivery_count(), 1, "it was never handed to the dead receiver");
+    assert_eq!(
+        got[0].delivery_count(),
+        1,
+        "it was never handed to the dead receiver"
+    );
     session.ack(&got).await?;
     let s = stats(&client, "jobs").await?;
-    assert_eq!((s.ready, s.leased, s.consumers), (0, 0, 0), "nothing stays leased");
+    assert_eq!(
+        (s.ready, s.leased, s.consumers),
+        (0, 0, 0),
+        "nothing stays leased"
+    );
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_receive_hands_the_next_message_to_the_next_receiver() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let node = Node::start(dir.path(), NodeOptions { memory: true, ..Default::default() })?;
+    let node = Node::start(
+        dir.path(),
+        NodeOptions {
+            memory: true,
+            ..Default::default()
+        },
+    )?;
     let client = node.client().await?;
     create_queue(&client, "q").await?;
     let conn = client.open_connection("t").await?;
@@ -62,23 +96,29 @@ async fn a_cancelled_receive_hands_the_next_message_to_the_next_receiver() -> an
         let first = first.clone();
         tokio::spawn(async move { first.receive("q", ReceiveOptions::forever()).await })
     };
-    wait_until(Duration::from_secs(5), "the first receiver to park", || async {
-        Ok(stats(&client, "q").await?.consumers == 1)
-    })
+    wait_until(
+        Duration::from_secs(5),
+        "the first receiver to park",
+        || async { Ok(stats(&client, "q").await?.consumers == 1) },
+    )
     .await?;
     cancelled.abort();
     let _ = cancelled.await;
-    wait_until(Duration::from_secs(5), "the cancelled receiver to be removed", || async {
-        Ok(stats(&client, "q").await?.consumers == 0)
-    })
+    wait_until(
+        Duration::from_secs(5),
+        "the cancelled receiver to be removed",
+        || async { Ok(stats(&client, "q").await?.consumers == 0) },
+    )
     .await?;
     let waiting = {
         let second = second.clone();
         tokio::spawn(async move { second.receive("q", ReceiveOptions::timeout_ms(5_000)).await })
     };
-    wait_until(Duration::from_secs(5), "the second receiver to park", || async {
-        Ok(stats(&client, "q").await?.consumers == 1)
-    })
+    wait_until(
+        Duration::from_secs(5),
+        "the second receiver to park",
+        || async { Ok(stats(&client, "q").await?.consumers == 1) },
+    )
     .await?;
     first.send("q", vec![Message::text("m")]).await?;
     let got = waiting.await??;

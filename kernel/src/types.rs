@@ -236,6 +236,24 @@ pub fn validate_property_name(name: &str) -> Result<(), KernelError> {
     Ok(())
 }
 
+/// Body, properties and headers: what a message costs, and what its size limit is checked against.
+fn content_size_bytes(
+    body: &[u8],
+    properties: &BTreeMap<String, PropertyValue>,
+    reply_to: Option<&QueueName>,
+    texts: [&Option<String>; 4],
+) -> u64 {
+    let props: u64 = properties
+        .iter()
+        .map(|(k, v)| k.len() as u64 + v.size_bytes())
+        .sum();
+    let texts: u64 = texts
+        .iter()
+        .map(|t| t.as_ref().map_or(0, |s| s.len() as u64))
+        .sum();
+    body.len() as u64 + props + texts + reply_to.map_or(0, |q| q.as_str().len() as u64)
+}
+
 /// What a producer sends: the message before the server stamps it.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct NewMessage {
@@ -257,21 +275,17 @@ pub struct NewMessage {
 impl NewMessage {
     /// The bytes this message costs: body, properties, headers. Limits are checked against it.
     pub fn size_bytes(&self) -> u64 {
-        let opt = |s: &Option<String>| s.as_ref().map_or(0, |s| s.len() as u64);
-        self.body.len() as u64
-            + self
-                .properties
-                .iter()
-                .map(|(k, v)| k.len() as u64 + v.size_bytes())
-                .sum::<u64>()
-            + opt(&self.correlation_id)
-            + self
-                .reply_to
-                .as_ref()
-                .map_or(0, |q| q.as_str().len() as u64)
-            + opt(&self.jms_type)
-            + opt(&self.dedup_id)
-            + opt(&self.group_id)
+        content_size_bytes(
+            &self.body,
+            &self.properties,
+            self.reply_to.as_ref(),
+            [
+                &self.correlation_id,
+                &self.jms_type,
+                &self.dedup_id,
+                &self.group_id,
+            ],
+        )
     }
 }
 
@@ -298,22 +312,19 @@ pub struct Message {
 }
 
 impl Message {
+    /// The bytes this message costs; the same measure as [`NewMessage::size_bytes`].
     pub fn size_bytes(&self) -> u64 {
-        let opt = |s: &Option<String>| s.as_ref().map_or(0, |s| s.len() as u64);
-        self.body.len() as u64
-            + self
-                .properties
-                .iter()
-                .map(|(k, v)| k.len() as u64 + v.size_bytes())
-                .sum::<u64>()
-            + opt(&self.correlation_id)
-            + self
-                .reply_to
-                .as_ref()
-                .map_or(0, |q| q.as_str().len() as u64)
-            + opt(&self.jms_type)
-            + opt(&self.dedup_id)
-            + opt(&self.group_id)
+        content_size_bytes(
+            &self.body,
+            &self.properties,
+            self.reply_to.as_ref(),
+            [
+                &self.correlation_id,
+                &self.jms_type,
+                &self.dedup_id,
+                &self.group_id,
+            ],
+        )
     }
 
     pub fn is_expired(&self, now_ms: u64) -> bool {
@@ -360,13 +371,28 @@ impl FromStr for ReceiptHandle {
             return Err(bad());
         }
         let node = NodeId::new(parts.next().ok_or_else(bad)?).map_err(|_| bad())?;
-        let uid = parts.next().and_then(|p| u64::from_str_radix(p, 16).ok()).ok_or_else(bad)?;
-        let mut number = || parts.next().and_then(|p| p.parse::<u64>().ok()).ok_or_else(bad);
+        let uid = parts
+            .next()
+            .and_then(|p| u64::from_str_radix(p, 16).ok())
+            .ok_or_else(bad)?;
+        let mut number = || {
+            parts
+                .next()
+                .and_then(|p| p.parse::<u64>().ok())
+                .ok_or_else(bad)
+        };
         let seq = Seq(number()?);
         let lease = LeaseId(number()?);
         let delivery_count = u32::try_from(number()?).map_err(|_| bad())?;
         let queue = QueueName::new(parts.next().ok_or_else(bad)?).map_err(|_| bad())?;
-        Ok(Self { node, queue, uid: QueueUid(uid), seq, lease, delivery_count })
+        Ok(Self {
+            node,
+            queue,
+            uid: QueueUid(uid),
+            seq,
+            lease,
+            delivery_count,
+        })
     }
 }
 
@@ -391,7 +417,9 @@ mod tests {
         assert!("r2.node.1.2.q".parse::<ReceiptHandle>().is_err());
         assert!("r1.node.1.x.2.1.q".parse::<ReceiptHandle>().is_err());
         assert!("r1.node.zz.1.2.1.q".parse::<ReceiptHandle>().is_err());
-        assert!("r1.node.1.1.2.99999999999.q".parse::<ReceiptHandle>().is_err());
+        assert!("r1.node.1.1.2.99999999999.q"
+            .parse::<ReceiptHandle>()
+            .is_err());
         assert!("r1.node.1.1.2.1".parse::<ReceiptHandle>().is_err());
     }
 

@@ -61,16 +61,24 @@ impl TryFrom<pb::OutgoingMessage> for NewMessage {
             .into_iter()
             .map(|(k, v)| property_from_pb(&k, v).map(|v| (k, v)))
             .collect::<Result<_, _>>()?;
-        let reply_to = non_empty(m.reply_to).map(QueueName::new).transpose().map_err(|e| {
-            KernelError::InvalidArgument { field: "reply_to", reason: e.to_string() }
-        })?;
+        let reply_to = non_empty(m.reply_to)
+            .map(QueueName::new)
+            .transpose()
+            .map_err(|e| KernelError::InvalidArgument {
+                field: "reply_to",
+                reason: e.to_string(),
+            })?;
         Ok(NewMessage {
             body: m.body,
             properties,
             correlation_id: m.correlation_id,
             reply_to,
             jms_type: non_empty(m.r#type),
-            priority: m.priority.map(Priority::new).transpose()?.unwrap_or_default(),
+            priority: m
+                .priority
+                .map(Priority::new)
+                .transpose()?
+                .unwrap_or_default(),
             time_to_live_ms: m.time_to_live_ms,
             delivery_delay_ms: m.delivery_delay_ms,
             persistent,
@@ -86,9 +94,17 @@ pub fn message_to_pb(m: &Message, queue: &QueueName) -> pb::Message {
         message_id: m.id.to_string(),
         queue: queue.to_string(),
         body: m.body.clone(),
-        properties: m.properties.iter().map(|(k, v)| (k.clone(), v.into())).collect(),
+        properties: m
+            .properties
+            .iter()
+            .map(|(k, v)| (k.clone(), v.into()))
+            .collect(),
         correlation_id: m.correlation_id.clone(),
-        reply_to: m.reply_to.as_ref().map(ToString::to_string).unwrap_or_default(),
+        reply_to: m
+            .reply_to
+            .as_ref()
+            .map(ToString::to_string)
+            .unwrap_or_default(),
         r#type: m.jms_type.clone().unwrap_or_default(),
         priority: m.priority.get().into(),
         timestamp_ms: m.timestamp_ms,
@@ -128,7 +144,9 @@ pub fn queue_config_from_pb(c: Option<pb::QueueConfig>, base: &QueueConfig) -> Q
     QueueConfig {
         default_lease_ms: c.default_lease_ms.unwrap_or(base.default_lease_ms),
         lease_max_ms: c.lease_max_ms.unwrap_or(base.lease_max_ms),
-        max_message_size_bytes: c.max_message_size_bytes.unwrap_or(base.max_message_size_bytes),
+        max_message_size_bytes: c
+            .max_message_size_bytes
+            .unwrap_or(base.max_message_size_bytes),
         receive_batch_max: c.receive_batch_max.unwrap_or(base.receive_batch_max),
         waiters_max: c.waiters_max.map_or(base.waiters_max, |w| w as usize),
     }
@@ -177,18 +195,28 @@ mod tests {
         .unwrap();
         assert!(m.persistent, "persistent is the JMS default");
         assert_eq!(m.priority, Priority::DEFAULT);
-        assert_eq!(m.correlation_id.as_deref(), Some(" Abc "), "kept byte for byte");
+        assert_eq!(
+            m.correlation_id.as_deref(),
+            Some(" Abc "),
+            "kept byte for byte"
+        );
     }
 
     #[test]
     fn bad_fields_are_named() {
-        let err = NewMessage::try_from(pb::OutgoingMessage { priority: Some(10), ..Default::default() })
-            .unwrap_err();
+        let err = NewMessage::try_from(pb::OutgoingMessage {
+            priority: Some(10),
+            ..Default::default()
+        })
+        .unwrap_err();
         assert!(err.to_string().contains("priority"), "{err}");
         let mut props = std::collections::HashMap::new();
         props.insert("n".to_string(), pb::PropertyValue { value: None });
-        let err = NewMessage::try_from(pb::OutgoingMessage { properties: props, ..Default::default() })
-            .unwrap_err();
+        let err = NewMessage::try_from(pb::OutgoingMessage {
+            properties: props,
+            ..Default::default()
+        })
+        .unwrap_err();
         assert!(err.to_string().contains("\"n\""), "{err}");
     }
 }

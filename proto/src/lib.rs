@@ -3,12 +3,18 @@
 //!
 //! Depends on the kernel for domain types only; it must not depend on the store or the servers.
 
-#[allow(missing_docs, clippy::all, clippy::pedantic, missing_debug_implementations)]
+#[allow(
+    missing_docs,
+    clippy::all,
+    clippy::pedantic,
+    missing_debug_implementations
+)]
 pub mod v1 {
     tonic::include_proto!("ferry.v1");
 
     /// Encoded `FileDescriptorSet` of the API, for gRPC server reflection.
-    pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("ferry_v1_descriptor");
+    pub const FILE_DESCRIPTOR_SET: &[u8] =
+        tonic::include_file_descriptor_set!("ferry_v1_descriptor");
 }
 
 pub mod convert;

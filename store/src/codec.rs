@@ -57,7 +57,10 @@ struct Reader<'a> {
 
 impl<'a> Reader<'a> {
     fn corrupt(&self, reason: &str) -> StoreError {
-        StoreError::Corrupt { what: self.what, reason: reason.to_string() }
+        StoreError::Corrupt {
+            what: self.what,
+            reason: reason.to_string(),
+        }
     }
     fn take(&mut self, n: usize) -> Result<&'a [u8], StoreError> {
         if self.buf.len() < n {
@@ -151,7 +154,10 @@ pub(crate) fn encode_message(m: &Message) -> Vec<u8> {
 }
 
 pub(crate) fn decode_message(uid: QueueUid, buf: &[u8]) -> Result<Message, StoreError> {
-    let mut r = Reader { buf, what: "message" };
+    let mut r = Reader {
+        buf,
+        what: "message",
+    };
     if r.u8()? != MESSAGE_V1 {
         return Err(r.corrupt("unknown message format version"));
     }
@@ -162,7 +168,11 @@ pub(crate) fn decode_message(uid: QueueUid, buf: &[u8]) -> Result<Message, Store
     let expiration_ms = r.opt_u64()?;
     let deliver_at_ms = r.opt_u64()?;
     let correlation_id = r.opt_string()?;
-    let reply_to = r.opt_string()?.map(QueueName::new).transpose().map_err(|e| r.corrupt(&e.to_string()))?;
+    let reply_to = r
+        .opt_string()?
+        .map(QueueName::new)
+        .transpose()
+        .map_err(|e| r.corrupt(&e.to_string()))?;
     let jms_type = r.opt_string()?;
     let dedup_id = r.opt_string()?;
     let group_id = r.opt_string()?;
@@ -215,7 +225,10 @@ pub(crate) fn encode_queue(d: &QueueDef) -> Vec<u8> {
 }
 
 pub(crate) fn decode_queue(buf: &[u8]) -> Result<QueueDef, StoreError> {
-    let mut r = Reader { buf, what: "queue definition" };
+    let mut r = Reader {
+        buf,
+        what: "queue definition",
+    };
     if r.u8()? != QUEUE_V1 {
         return Err(r.corrupt("unknown queue format version"));
     }
@@ -241,7 +254,9 @@ mod tests {
             any::<bool>().prop_map(PropertyValue::Bool),
             any::<i32>().prop_map(PropertyValue::Int),
             any::<i64>().prop_map(PropertyValue::Long),
-            any::<f64>().prop_filter("NaN != NaN", |d| !d.is_nan()).prop_map(PropertyValue::Double),
+            any::<f64>()
+                .prop_filter("NaN != NaN", |d| !d.is_nan())
+                .prop_map(PropertyValue::Double),
             ".*".prop_map(PropertyValue::String),
         ]
     }

@@ -62,7 +62,10 @@ impl GroupCommit {
     /// Queues `ops` for the next write. Waits only while the queue is full.
     pub async fn submit(&self, ops: Vec<StoreOp>) -> Result<CommitTicket, StoreError> {
         let (done, rx) = oneshot::channel();
-        self.tx.send(Pending { ops, done }).await.map_err(|_| StoreError::Closed)?;
+        self.tx
+            .send(Pending { ops, done })
+            .await
+            .map_err(|_| StoreError::Closed)?;
         Ok(CommitTicket(rx))
     }
 
@@ -96,7 +99,9 @@ fn writer(
             tracing::error!(error = %e, "group commit write failed");
         }
         stats.writes.fetch_add(1, Ordering::Relaxed);
-        stats.submissions.fetch_add(dones.len() as u64, Ordering::Relaxed);
+        stats
+            .submissions
+            .fetch_add(dones.len() as u64, Ordering::Relaxed);
         for done in dones {
             // A caller that stopped waiting no longer needs the answer.
             let _ = done.send(result.clone());

@@ -33,7 +33,10 @@ pub enum StoreOp {
     /// Removes the queue with every message and record it had.
     DeleteQueue(QueueUid),
     /// A change to one queue's messages, as the kernel asked for it.
-    Queue { uid: QueueUid, op: PersistOp },
+    Queue {
+        uid: QueueUid,
+        op: PersistOp,
+    },
 }
 
 /// Everything kept for one queue, read back at startup.
@@ -49,7 +52,10 @@ pub struct RecoveredQueue {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum StoreError {
     #[error("storage I/O failed while {context}: {message}")]
-    Io { context: &'static str, message: String },
+    Io {
+        context: &'static str,
+        message: String,
+    },
     #[error("stored {what} is unreadable: {reason}")]
     Corrupt { what: &'static str, reason: String },
     /// An earlier write failed; nothing more is written until the node restarts and recovers.

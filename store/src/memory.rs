@@ -65,8 +65,7 @@ impl QueueStore for MemoryStore {
 
     fn recover(&self) -> Result<Vec<RecoveredQueue>, StoreError> {
         let s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        Ok(s
-            .queues
+        Ok(s.queues
             .values()
             .map(|def| RecoveredQueue {
                 def: def.clone(),

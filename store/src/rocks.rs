@@ -10,7 +10,9 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use ferry_kernel::{PersistOp, QueueUid, RecoveredMessage, Seq};
-use rocksdb::{ColumnFamily, ColumnFamilyDescriptor, Options, ReadOptions, WriteBatch, WriteOptions, DB};
+use rocksdb::{
+    ColumnFamily, ColumnFamilyDescriptor, Options, ReadOptions, WriteBatch, WriteOptions, DB,
+};
 
 use crate::codec;
 use crate::{QueueStore, RecoveredQueue, StoreError, StoreOp};
@@ -30,7 +32,10 @@ pub struct RocksStore {
 }
 
 fn io(context: &'static str) -> impl FnOnce(rocksdb::Error) -> StoreError {
-    move |e| StoreError::Io { context, message: e.into_string() }
+    move |e| StoreError::Io {
+        context,
+        message: e.into_string(),
+    }
 }
 
 fn msg_key(uid: QueueUid, seq: Seq) -> [u8; 16] {
@@ -61,7 +66,10 @@ impl RocksStore {
             .into_iter()
             .map(|name| ColumnFamilyDescriptor::new(name, Options::default()));
         let db = DB::open_cf_descriptors(&opts, dir, cfs).map_err(io("opening the database"))?;
-        Ok(Self { db, poisoned: AtomicBool::new(false) })
+        Ok(Self {
+            db,
+            poisoned: AtomicBool::new(false),
+        })
     }
 
     fn cf(&self, name: &'static str) -> Result<&ColumnFamily, StoreError> {
@@ -74,14 +82,24 @@ impl RocksStore {
     fn add(&self, batch: &mut WriteBatch, op: &StoreOp) -> Result<(), StoreError> {
         match op {
             StoreOp::PutQueue(def) => {
-                batch.put_cf(self.cf(CF_QUEUES)?, def.uid.0.to_be_bytes(), codec::encode_queue(def));
+                batch.put_cf(
+                    self.cf(CF_QUEUES)?,
+                    def.uid.0.to_be_bytes(),
+                    codec::encode_queue(def),
+                );
             }
             StoreOp::DeleteQueue(uid) => {
-                let (from, to) = (msg_key(*uid, Seq(0)), msg_key(QueueUid(uid.0.wrapping_add(1)), Seq(0)));
+                let (from, to) = (
+                    msg_key(*uid, Seq(0)),
+                    msg_key(QueueUid(uid.0.wrapping_add(1)), Seq(0)),
+                );
                 if uid.0 == u64::MAX {
                     // No successor key: delete the last range one key at a time is not worth it;
                     // uids are random and this one is reserved.
-                    return Err(StoreError::Corrupt { what: "queue uid", reason: "u64::MAX is reserved".into() });
+                    return Err(StoreError::Corrupt {
+                        what: "queue uid",
+                        reason: "u64::MAX is reserved".into(),
+                    });
                 }
                 batch.delete_range_cf(self.cf(CF_MESSAGES)?, from, to);
                 batch.delete_range_cf(self.cf(CF_DELIVERIES)?, from, to);
@@ -90,14 +108,22 @@ impl RocksStore {
             }
             StoreOp::Queue { uid, op } => match op {
                 PersistOp::PutMessage(m) => {
-                    batch.put_cf(self.cf(CF_MESSAGES)?, msg_key(*uid, m.seq), codec::encode_message(m));
+                    batch.put_cf(
+                        self.cf(CF_MESSAGES)?,
+                        msg_key(*uid, m.seq),
+                        codec::encode_message(m),
+                    );
                 }
                 PersistOp::DeleteMessage(seq) => {
                     batch.delete_cf(self.cf(CF_MESSAGES)?, msg_key(*uid, *seq));
                     batch.delete_cf(self.cf(CF_DELIVERIES)?, msg_key(*uid, *seq));
                 }
                 PersistOp::SetDeliveryCount { seq, count } => {
-                    batch.put_cf(self.cf(CF_DELIVERIES)?, msg_key(*uid, *seq), count.to_be_bytes());
+                    batch.put_cf(
+                        self.cf(CF_DELIVERIES)?,
+                        msg_key(*uid, *seq),
+                        count.to_be_bytes(),
+                    );
                 }
                 PersistOp::ReserveSeq { until } => {
                     batch.put_cf(self.cf(CF_META)?, seq_key(*uid), until.0.to_be_bytes());
@@ -122,7 +148,11 @@ impl RocksStore {
             ro
         };
         let mut counts = std::collections::HashMap::new();
-        for item in self.db.iterator_cf_opt(self.cf(CF_DELIVERIES)?, bounds(), rocksdb::IteratorMode::Start) {
+        for item in self.db.iterator_cf_opt(
+            self.cf(CF_DELIVERIES)?,
+            bounds(),
+            rocksdb::IteratorMode::Start,
+        ) {
             let (k, v) = item.map_err(io("reading delivery counts"))?;
             let seq = be_u64(&k[8..]).map(Seq);
             let count = <[u8; 4]>::try_from(&v[..]).ok().map(u32::from_be_bytes);
@@ -131,13 +161,24 @@ impl RocksStore {
             }
         }
         let mut messages = Vec::new();
-        for item in self.db.iterator_cf_opt(self.cf(CF_MESSAGES)?, bounds(), rocksdb::IteratorMode::Start) {
+        for item in self.db.iterator_cf_opt(
+            self.cf(CF_MESSAGES)?,
+            bounds(),
+            rocksdb::IteratorMode::Start,
+        ) {
             let (_, v) = item.map_err(io("reading messages"))?;
             let message = codec::decode_message(uid, &v)?;
             let delivery_count = counts.get(&message.seq).copied().unwrap_or(0);
-            messages.push(RecoveredMessage { message, delivery_count });
+            messages.push(RecoveredMessage {
+                message,
+                delivery_count,
+            });
         }
-        Ok(RecoveredQueue { def, seq_reserved_until, messages })
+        Ok(RecoveredQueue {
+            def,
+            seq_reserved_until,
+            messages,
+        })
     }
 }
 
@@ -160,10 +201,15 @@ impl QueueStore for RocksStore {
 
     fn recover(&self) -> Result<Vec<RecoveredQueue>, StoreError> {
         let mut defs = Vec::new();
-        for item in self.db.iterator_cf(self.cf(CF_QUEUES)?, rocksdb::IteratorMode::Start) {
+        for item in self
+            .db
+            .iterator_cf(self.cf(CF_QUEUES)?, rocksdb::IteratorMode::Start)
+        {
             let (_, v) = item.map_err(io("reading queue definitions"))?;
             defs.push(codec::decode_queue(&v)?);
         }
-        defs.into_iter().map(|def| self.recover_queue(def)).collect()
+        defs.into_iter()
+            .map(|def| self.recover_queue(def))
+            .collect()
     }
 }

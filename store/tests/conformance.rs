@@ -37,12 +37,19 @@ impl Reopen for Rocks {
 fn backends() -> Vec<(&'static str, Box<dyn Reopen>)> {
     vec![
         ("memory", Box::new(Memory(MemoryStore::new()))),
-        ("rocksdb", Box::new(Rocks(tempfile::tempdir().unwrap(), None))),
+        (
+            "rocksdb",
+            Box::new(Rocks(tempfile::tempdir().unwrap(), None)),
+        ),
     ]
 }
 
 fn def(name: &str, uid: u64) -> QueueDef {
-    QueueDef { name: QueueName::new(name).unwrap(), uid: QueueUid(uid), config: QueueConfig::default() }
+    QueueDef {
+        name: QueueName::new(name).unwrap(),
+        uid: QueueUid(uid),
+        config: QueueConfig::default(),
+    }
 }
 
 fn message(uid: u64, seq: u64) -> Message {
@@ -67,11 +74,17 @@ fn message(uid: u64, seq: u64) -> Message {
 }
 
 fn put(uid: u64, seq: u64) -> StoreOp {
-    StoreOp::Queue { uid: QueueUid(uid), op: PersistOp::PutMessage(Arc::new(message(uid, seq))) }
+    StoreOp::Queue {
+        uid: QueueUid(uid),
+        op: PersistOp::PutMessage(Arc::new(message(uid, seq))),
+    }
 }
 
 fn op(uid: u64, op: PersistOp) -> StoreOp {
-    StoreOp::Queue { uid: QueueUid(uid), op }
+    StoreOp::Queue {
+        uid: QueueUid(uid),
+        op,
+    }
 }
 
 fn by_name(r: Vec<RecoveredQueue>) -> BTreeMap<String, RecoveredQueue> {
@@ -82,13 +95,24 @@ fn by_name(r: Vec<RecoveredQueue>) -> BTreeMap<String, RecoveredQueue> {
 fn queues_messages_and_delivery_counts_survive_reopen() {
     for (name, mut b) in backends() {
         let s = b.reopen();
-        s.write(&[vec![StoreOp::PutQueue(def("a", 1)), StoreOp::PutQueue(def("b", 2))]]).unwrap();
+        s.write(&[vec![
+            StoreOp::PutQueue(def("a", 1)),
+            StoreOp::PutQueue(def("b", 2)),
+        ]])
+        .unwrap();
         s.write(&[
             vec![put(1, 1), put(1, 2), put(2, 1)],
-            vec![op(1, PersistOp::SetDeliveryCount { seq: Seq(2), count: 3 })],
+            vec![op(
+                1,
+                PersistOp::SetDeliveryCount {
+                    seq: Seq(2),
+                    count: 3,
+                },
+            )],
             vec![op(1, PersistOp::ReserveSeq { until: Seq(10_001) })],
         ])
         .unwrap();
+        drop(s);
         let got = by_name(b.reopen().recover().unwrap());
         assert_eq!(got.len(), 2, "{name}");
         let a = &got["a"];
@@ -97,13 +121,23 @@ fn queues_messages_and_delivery_counts_survive_reopen() {
         assert_eq!(
             a.messages,
             vec![
-                RecoveredMessage { message: message(1, 1), delivery_count: 0 },
-                RecoveredMessage { message: message(1, 2), delivery_count: 3 },
+                RecoveredMessage {
+                    message: message(1, 1),
+                    delivery_count: 0
+                },
+                RecoveredMessage {
+                    message: message(1, 2),
+                    delivery_count: 3
+                },
             ],
             "{name}"
         );
         assert_eq!(got["b"].messages.len(), 1, "{name}");
-        assert_eq!(got["b"].seq_reserved_until, Seq(1), "{name}: nothing reserved yet");
+        assert_eq!(
+            got["b"].seq_reserved_until,
+            Seq(1),
+            "{name}: nothing reserved yet"
+        );
     }
 }
 
@@ -111,12 +145,22 @@ fn queues_messages_and_delivery_counts_survive_reopen() {
 fn deleting_a_message_removes_its_delivery_count() {
     for (name, mut b) in backends() {
         let s = b.reopen();
-        s.write(&[vec![StoreOp::PutQueue(def("a", 1)), put(1, 1)]]).unwrap();
-        s.write(&[vec![op(1, PersistOp::SetDeliveryCount { seq: Seq(1), count: 1 })]]).unwrap();
-        s.write(&[vec![op(1, PersistOp::DeleteMessage(Seq(1)))]]).unwrap();
+        s.write(&[vec![StoreOp::PutQueue(def("a", 1)), put(1, 1)]])
+            .unwrap();
+        s.write(&[vec![op(
+            1,
+            PersistOp::SetDeliveryCount {
+                seq: Seq(1),
+                count: 1,
+            },
+        )]])
+        .unwrap();
+        s.write(&[vec![op(1, PersistOp::DeleteMessage(Seq(1)))]])
+            .unwrap();
         // The same seq written again (it cannot happen in a queue, but the store must not
         // resurrect the old count if it did).
         s.write(&[vec![put(1, 1)]]).unwrap();
+        drop(s);
         let got = by_name(b.reopen().recover().unwrap());
         assert_eq!(got["a"].messages[0].delivery_count, 0, "{name}");
     }
@@ -131,17 +175,25 @@ fn deleting_a_queue_removes_everything_of_it_and_nothing_else() {
             StoreOp::PutQueue(def("b", 2)),
             put(1, 1),
             put(2, 1),
-            op(1, PersistOp::SetDeliveryCount { seq: Seq(1), count: 2 }),
+            op(
+                1,
+                PersistOp::SetDeliveryCount {
+                    seq: Seq(1),
+                    count: 2,
+                },
+            ),
             op(1, PersistOp::ReserveSeq { until: Seq(500) }),
         ]])
         .unwrap();
         s.write(&[vec![StoreOp::DeleteQueue(QueueUid(1))]]).unwrap();
+        drop(s);
         let got = by_name(b.reopen().recover().unwrap());
         assert_eq!(got.keys().collect::<Vec<_>>(), ["b"], "{name}");
         assert_eq!(got["b"].messages.len(), 1, "{name}");
         // A new queue under the old name starts clean.
         let s = b.reopen();
         s.write(&[vec![StoreOp::PutQueue(def("a", 3))]]).unwrap();
+        drop(s);
         let got = by_name(b.reopen().recover().unwrap());
         assert!(got["a"].messages.is_empty(), "{name}");
         assert_eq!(got["a"].seq_reserved_until, Seq(1), "{name}");
@@ -155,15 +207,24 @@ fn recovery_matches_the_writes_across_many_reopens() {
     for (name, mut b) in backends() {
         let mut model: BTreeMap<u64, u32> = BTreeMap::new();
         let mut next = 1u64;
-        b.reopen().write(&[vec![StoreOp::PutQueue(def("loop", 7))]]).unwrap();
+        b.reopen()
+            .write(&[vec![StoreOp::PutQueue(def("loop", 7))]])
+            .unwrap();
         for round in 0..25u64 {
             let s = b.reopen();
             let got = by_name(s.recover().unwrap());
-            let recovered: BTreeMap<u64, u32> =
-                got["loop"].messages.iter().map(|m| (m.message.seq.0, m.delivery_count)).collect();
+            let recovered: BTreeMap<u64, u32> = got["loop"]
+                .messages
+                .iter()
+                .map(|m| (m.message.seq.0, m.delivery_count))
+                .collect();
             assert_eq!(recovered, model, "{name}: round {round}");
             for m in &got["loop"].messages {
-                assert_eq!(m.message, message(7, m.message.seq.0), "{name}: round {round}");
+                assert_eq!(
+                    m.message,
+                    message(7, m.message.seq.0),
+                    "{name}: round {round}"
+                );
             }
             let mut ops = vec![];
             for _ in 0..(round % 7 + 3) {
@@ -174,12 +235,18 @@ fn recovery_matches_the_writes_across_many_reopens() {
             // Acknowledge every third message still there, deliver every other one again.
             let seqs: Vec<u64> = model.keys().copied().collect();
             for (i, seq) in seqs.into_iter().enumerate() {
-                if (i as u64 + round) % 3 == 0 {
+                if (i as u64 + round).is_multiple_of(3) {
                     ops.push(op(7, PersistOp::DeleteMessage(Seq(seq))));
                     model.remove(&seq);
-                } else if i % 2 == 0 {
+                } else if i.is_multiple_of(2) {
                     let c = model[&seq] + 1;
-                    ops.push(op(7, PersistOp::SetDeliveryCount { seq: Seq(seq), count: c }));
+                    ops.push(op(
+                        7,
+                        PersistOp::SetDeliveryCount {
+                            seq: Seq(seq),
+                            count: c,
+                        },
+                    ));
                     model.insert(seq, c);
                 }
             }

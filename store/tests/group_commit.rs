@@ -6,7 +6,9 @@ use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc, Mutex};
 
 use ferry_kernel::{PersistOp, QueueConfig, QueueName, QueueUid, Seq};
-use ferry_store::{GroupCommit, MemoryStore, QueueDef, QueueStore, RecoveredQueue, StoreError, StoreOp};
+use ferry_store::{
+    GroupCommit, MemoryStore, QueueDef, QueueStore, RecoveredQueue, StoreError, StoreOp,
+};
 
 /// A store whose first write blocks until the test opens the gate, so the test knows exactly what
 /// is queued behind it.
@@ -43,13 +45,20 @@ async fn concurrent_submissions_share_one_write_and_all_become_durable() {
     });
     let (gc, thread) = GroupCommit::start(store, 1024, 1024).unwrap();
     let uid = QueueUid(1);
-    let q = QueueDef { name: QueueName::new("q").unwrap(), uid, config: QueueConfig::default() };
+    let q = QueueDef {
+        name: QueueName::new("q").unwrap(),
+        uid,
+        config: QueueConfig::default(),
+    };
     let first = gc.submit(vec![StoreOp::PutQueue(q)]).await.unwrap();
     entered_rx.recv().unwrap();
     // The writer is inside its first write; these 99 queue up behind it.
     let mut tickets = vec![];
     for i in 0..99u64 {
-        let op = StoreOp::Queue { uid, op: PersistOp::ReserveSeq { until: Seq(i + 2) } };
+        let op = StoreOp::Queue {
+            uid,
+            op: PersistOp::ReserveSeq { until: Seq(i + 2) },
+        };
         tickets.push(gc.submit(vec![op]).await.unwrap());
     }
     gate_tx.send(()).unwrap();
@@ -57,9 +66,17 @@ async fn concurrent_submissions_share_one_write_and_all_become_durable() {
     for t in tickets {
         t.durable().await.unwrap();
     }
-    assert_eq!(gc.stats().writes.load(Ordering::Relaxed), 2, "99 submissions shared one write");
+    assert_eq!(
+        gc.stats().writes.load(Ordering::Relaxed),
+        2,
+        "99 submissions shared one write"
+    );
     assert_eq!(gc.stats().submissions.load(Ordering::Relaxed), 100);
-    assert_eq!(inner.recover().unwrap()[0].seq_reserved_until, Seq(100), "applied in order");
+    assert_eq!(
+        inner.recover().unwrap()[0].seq_reserved_until,
+        Seq(100),
+        "applied in order"
+    );
     drop(gc);
     thread.join().unwrap();
 }
@@ -68,7 +85,10 @@ async fn concurrent_submissions_share_one_write_and_all_become_durable() {
 struct Failing;
 impl QueueStore for Failing {
     fn write(&self, _: &[Vec<StoreOp>]) -> Result<(), StoreError> {
-        Err(StoreError::Io { context: "writing a batch", message: "disk on fire".into() })
+        Err(StoreError::Io {
+            context: "writing a batch",
+            message: "disk on fire".into(),
+        })
     }
     fn recover(&self) -> Result<Vec<RecoveredQueue>, StoreError> {
         Ok(vec![])

@@ -26,18 +26,29 @@ pub async fn run(a: BrowseArgs) -> anyhow::Result<()> {
             max_messages: u32::try_from((a.max - shown).min(1_000)).unwrap_or(1_000),
             page_token: page_token.clone(),
         };
-        let r = m.browse(req).await.with_context(|| format!("cannot browse queue {}", a.queue))?.into_inner();
+        let r = m
+            .browse(req)
+            .await
+            .with_context(|| format!("cannot browse queue {}", a.queue))?
+            .into_inner();
         for b in &r.messages {
             let msg = b.message.clone().unwrap_or_default();
             let state = pb::MessageState::try_from(b.state).map_or("unknown", |s| s.as_str_name());
             match a.client.output {
                 Format::Json => {
                     let mut v = message_json(&msg, None);
-                    v["state"] = state.trim_start_matches("MESSAGE_STATE_").to_lowercase().into();
+                    v["state"] = state
+                        .trim_start_matches("MESSAGE_STATE_")
+                        .to_lowercase()
+                        .into();
                     v["delivery_count"] = b.delivery_count.into();
                     println!("{v}");
                 }
-                Format::Human => println!("{}  [{}]", message_text(&msg, None), state.trim_start_matches("MESSAGE_STATE_").to_lowercase()),
+                Format::Human => println!(
+                    "{}  [{}]",
+                    message_text(&msg, None),
+                    state.trim_start_matches("MESSAGE_STATE_").to_lowercase()
+                ),
             }
         }
         shown += r.messages.len() as u64;

@@ -34,33 +34,64 @@ pub enum QueueCommand {
 pub async fn run(c: &ClientArgs, cmd: QueueCommand) -> anyhow::Result<()> {
     let mut admin = connect(c).await?.admin();
     match cmd {
-        QueueCommand::Create { name, if_not_exists, lease_ms, max_message_size_bytes } => {
-            let config = pb::QueueConfig { default_lease_ms: lease_ms, max_message_size_bytes, ..Default::default() };
+        QueueCommand::Create {
+            name,
+            if_not_exists,
+            lease_ms,
+            max_message_size_bytes,
+        } => {
+            let config = pb::QueueConfig {
+                default_lease_ms: lease_ms,
+                max_message_size_bytes,
+                ..Default::default()
+            };
             let r = admin
-                .create_queue(pb::CreateQueueRequest { name: name.clone(), config: Some(config), if_not_exists })
+                .create_queue(pb::CreateQueueRequest {
+                    name: name.clone(),
+                    config: Some(config),
+                    if_not_exists,
+                })
                 .await
                 .with_context(|| format!("cannot create queue {name}"))?
                 .into_inner();
             let owner = r.queue.map(|q| q.owner_node).unwrap_or_default();
             match c.output {
-                Format::Json => println!("{}", json!({ "queue": name, "created": r.created, "owner_node": owner })),
+                Format::Json => println!(
+                    "{}",
+                    json!({ "queue": name, "created": r.created, "owner_node": owner })
+                ),
                 Format::Human if r.created => println!("created queue {name} on {owner}"),
                 Format::Human => println!("queue {name} already exists (on {owner})"),
             }
         }
         QueueCommand::List => {
-            let queues = admin.list_queues(pb::ListQueuesRequest {}).await?.into_inner().queues;
+            let queues = admin
+                .list_queues(pb::ListQueuesRequest {})
+                .await?
+                .into_inner()
+                .queues;
             match c.output {
                 Format::Json => {
                     for q in queues {
-                        println!("{}", json!({ "name": q.name, "owner_node": q.owner_node, "temporary": q.temporary }));
+                        println!(
+                            "{}",
+                            json!({ "name": q.name, "owner_node": q.owner_node, "temporary": q.temporary })
+                        );
                     }
                 }
                 Format::Human => {
                     let mut t = Table::new();
                     t.set_header(["queue", "owner", "temporary"]);
                     for q in queues {
-                        t.add_row([q.name, q.owner_node, if q.temporary { "yes".into() } else { String::new() }]);
+                        t.add_row([
+                            q.name,
+                            q.owner_node,
+                            if q.temporary {
+                                "yes".into()
+                            } else {
+                                String::new()
+                            },
+                        ]);
                     }
                     println!("{t}");
                 }
@@ -73,7 +104,10 @@ pub async fn run(c: &ClientArgs, cmd: QueueCommand) -> anyhow::Result<()> {
                 .with_context(|| format!("cannot delete queue {name}"))?
                 .into_inner();
             match c.output {
-                Format::Json => println!("{}", json!({ "queue": name, "deleted_messages": r.deleted_messages })),
+                Format::Json => println!(
+                    "{}",
+                    json!({ "queue": name, "deleted_messages": r.deleted_messages })
+                ),
                 Format::Human => println!("deleted queue {name} ({} messages)", r.deleted_messages),
             }
         }
@@ -90,7 +124,9 @@ pub async fn run(c: &ClientArgs, cmd: QueueCommand) -> anyhow::Result<()> {
         }
         QueueCommand::Stats { name } => {
             let queues = admin
-                .get_queue_stats(pb::GetQueueStatsRequest { name: name.unwrap_or_default() })
+                .get_queue_stats(pb::GetQueueStatsRequest {
+                    name: name.unwrap_or_default(),
+                })
                 .await?
                 .into_inner()
                 .queues;
@@ -102,7 +138,18 @@ pub async fn run(c: &ClientArgs, cmd: QueueCommand) -> anyhow::Result<()> {
                 }
                 Format::Human => {
                     let mut t = Table::new();
-                    t.set_header(["queue", "ready", "scheduled", "leased", "consumers", "bytes", "sent", "acked", "redelivered", "owner"]);
+                    t.set_header([
+                        "queue",
+                        "ready",
+                        "scheduled",
+                        "leased",
+                        "consumers",
+                        "bytes",
+                        "sent",
+                        "acked",
+                        "redelivered",
+                        "owner",
+                    ]);
                     for s in queues {
                         t.add_row([
                             s.name,

@@ -37,13 +37,21 @@ pub struct ReceiveArgs {
 pub async fn run(a: ReceiveArgs) -> anyhow::Result<()> {
     let client = connect(&a.client).await?;
     let connection = client.open_connection("ferry-cli").await?;
-    let mode = if a.ack == Ack::Auto { AckMode::Auto } else { AckMode::Client };
+    let mode = if a.ack == Ack::Auto {
+        AckMode::Auto
+    } else {
+        AckMode::Client
+    };
     let session = connection.create_session(mode).await?;
     let mut got = 0u64;
     let result = async {
         while got < a.count {
             let max = u32::try_from((a.count - got).min(500)).unwrap_or(500);
-            let opts = ReceiveOptions { timeout_ms: a.timeout_ms, max_messages: max, lease_ms: None };
+            let opts = ReceiveOptions {
+                timeout_ms: a.timeout_ms,
+                max_messages: max,
+                lease_ms: None,
+            };
             let batch = match &a.selector {
                 Some(s) => session.receive_selected(&a.queue, s, opts).await,
                 None => session.receive(&a.queue, opts).await,

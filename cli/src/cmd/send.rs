@@ -52,7 +52,9 @@ pub struct SendArgs {
 /// Parses `NAME=VALUE` or `NAME:TYPE=VALUE` into a typed property.
 pub fn parse_property(s: &str) -> Result<(String, pb::PropertyValue), String> {
     use pb::property_value::Value;
-    let (key, value) = s.split_once('=').ok_or_else(|| format!("{s:?}: write a property as NAME=VALUE"))?;
+    let (key, value) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?}: write a property as NAME=VALUE"))?;
     let (name, ty) = match key.split_once(':') {
         Some((n, t)) => (n, Some(t)),
         None => (key, None),
@@ -65,13 +67,23 @@ pub fn parse_property(s: &str) -> Result<(String, pb::PropertyValue), String> {
         Some("long") => Value::LongValue(value.parse().map_err(|_| bad("long"))?),
         Some("double") => Value::DoubleValue(value.parse().map_err(|_| bad("double"))?),
         Some("bool") => Value::BoolValue(value.parse().map_err(|_| bad("bool (true or false)"))?),
-        Some(t) => return Err(format!("{s:?}: unknown type {t:?}; use string, int, long, double or bool")),
+        Some(t) => {
+            return Err(format!(
+                "{s:?}: unknown type {t:?}; use string, int, long, double or bool"
+            ))
+        }
         None => {
             if let Ok(i) = value.parse::<i32>() {
                 Value::IntValue(i)
             } else if let Ok(l) = value.parse::<i64>() {
                 Value::LongValue(l)
-            } else if let Ok(d) = value.parse::<f64>().map_err(|_| ()).and_then(|d| if d.is_finite() { Ok(d) } else { Err(()) }) {
+            } else if let Ok(d) = value.parse::<f64>().map_err(|_| ()).and_then(|d| {
+                if d.is_finite() {
+                    Ok(d)
+                } else {
+                    Err(())
+                }
+            }) {
                 Value::DoubleValue(d)
             } else if let Ok(b) = value.parse::<bool>() {
                 Value::BoolValue(b)
@@ -88,10 +100,14 @@ pub async fn run(a: SendArgs) -> anyhow::Result<()> {
         Some(b) => Some(b.into_bytes()),
         None if a.count.is_none() && !std::io::stdin().is_terminal() => {
             let mut buf = vec![];
-            std::io::stdin().read_to_end(&mut buf).context("cannot read the body from stdin")?;
+            std::io::stdin()
+                .read_to_end(&mut buf)
+                .context("cannot read the body from stdin")?;
             Some(buf)
         }
-        None if a.count.is_none() => bail!("give a body: ferry send --queue Q 'hello', pipe one on stdin, or use --count N"),
+        None if a.count.is_none() => {
+            bail!("give a body: ferry send --queue Q 'hello', pipe one on stdin, or use --count N")
+        }
         None => None,
     };
     let count = a.count.unwrap_or(1);
@@ -99,7 +115,9 @@ pub async fn run(a: SendArgs) -> anyhow::Result<()> {
     let connection = client.open_connection("ferry-cli").await?;
     let session = connection.create_session(AckMode::Auto).await?;
     let make = |i: u64| {
-        let body = body.clone().unwrap_or_else(|| format!("message {i}").into_bytes());
+        let body = body
+            .clone()
+            .unwrap_or_else(|| format!("message {i}").into_bytes());
         let mut m = Message::bytes(body);
         for (k, v) in &a.properties {
             m.0.properties.insert(k.clone(), v.clone());
@@ -119,7 +137,10 @@ pub async fn run(a: SendArgs) -> anyhow::Result<()> {
     while sent < count {
         let n = (count - sent).min(BATCH as u64);
         let batch: Vec<Message> = (sent + 1..=sent + n).map(make).collect();
-        let ids = session.send(&a.queue, batch).await.with_context(|| format!("cannot send to queue {}", a.queue))?;
+        let ids = session
+            .send(&a.queue, batch)
+            .await
+            .with_context(|| format!("cannot send to queue {}", a.queue))?;
         for id in &ids {
             match a.client.output {
                 Format::Json => println!("{}", json!({ "message_id": id, "queue": a.queue })),

@@ -35,7 +35,12 @@ pub async fn run(a: ServerArgs) -> anyhow::Result<()> {
     init_logging(&config)?;
     let listener = tokio::net::TcpListener::bind(&config.listen)
         .await
-        .with_context(|| format!("cannot listen on {} (is another server running there? pick another with --listen)", config.listen))?;
+        .with_context(|| {
+            format!(
+                "cannot listen on {} (is another server running there? pick another with --listen)",
+                config.listen
+            )
+        })?;
     let addr = listener.local_addr()?;
     tracing::info!(data_dir = %config.data_dir.display(), storage = ?config.storage, "starting ferry node");
     // One line on stdout, for people and for scripts that started us on port 0.
@@ -47,7 +52,9 @@ fn init_logging(config: &Config) -> anyhow::Result<()> {
     let filter = EnvFilter::try_from_default_env()
         .or_else(|_| EnvFilter::try_new(&config.log.filter))
         .with_context(|| format!("log.filter = {:?} is not a valid filter", config.log.filter))?;
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     let result = match config.log.format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().try_init(),

@@ -85,7 +85,10 @@ impl Queue {
     }
 
     /// The owner of a live delivery, or why the reference is stale.
-    pub(crate) fn live_lease(&self, r: LeaseRef) -> Result<Option<crate::types::SessionId>, KernelError> {
+    pub(crate) fn live_lease(
+        &self,
+        r: LeaseRef,
+    ) -> Result<Option<crate::types::SessionId>, KernelError> {
         let entry = self.entries.get(&r.seq).filter(|_| r.queue == self.uid);
         match entry.map(|e| (e.state, e.delivery_count)) {
             Some((MessageState::Leased { lease, owner, .. }, count))

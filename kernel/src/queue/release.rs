@@ -12,8 +12,12 @@ impl Queue {
         let mut effects = Effects::default();
         self.fire_due(now_ms, &mut effects);
         let released = self.release_leases(owner);
-        let waiters: Vec<_> =
-            self.waiters.iter().filter(|(_, w)| w.owner == Some(owner)).map(|(id, _)| *id).collect();
+        let waiters: Vec<_> = self
+            .waiters
+            .iter()
+            .filter(|(_, w)| w.owner == Some(owner))
+            .map(|(id, _)| *id)
+            .collect();
         for id in waiters {
             self.remove_waiter(id);
             effects.finished_empty.push(id);
@@ -33,7 +37,13 @@ impl Queue {
     }
 
     fn release_leases(&mut self, owner: SessionId) -> u64 {
-        let held: Vec<_> = self.leases_by_owner.get(&owner).into_iter().flatten().copied().collect();
+        let held: Vec<_> = self
+            .leases_by_owner
+            .get(&owner)
+            .into_iter()
+            .flatten()
+            .copied()
+            .collect();
         for &seq in &held {
             self.set_state(seq, MessageState::Ready);
         }

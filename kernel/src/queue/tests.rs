@@ -381,13 +381,26 @@ fn recover_returns_the_sessions_messages_but_keeps_its_receivers_waiting() {
     let mut q = queue();
     let _ = send(&mut q, "a", T0);
     let _ = send(&mut q, "b", T0);
-    let req = ReceiveRequest { max_messages: 2, ..recv(1, Wait::NoWait) };
+    let req = ReceiveRequest {
+        max_messages: 2,
+        ..recv(1, Wait::NoWait)
+    };
     let d = delivered(q.receive(req, T0).unwrap().0);
     assert_eq!(d.len(), 2);
     let (released, fx) = q.recover_session(SessionId(1), T0 + 1);
     assert_eq!(released, 2);
     assert!(fx.finished_empty.is_empty());
-    let again = delivered(q.receive(ReceiveRequest { max_messages: 2, ..recv(1, Wait::NoWait) }, T0 + 2).unwrap().0);
+    let again = delivered(
+        q.receive(
+            ReceiveRequest {
+                max_messages: 2,
+                ..recv(1, Wait::NoWait)
+            },
+            T0 + 2,
+        )
+        .unwrap()
+        .0,
+    );
     assert!(again.iter().all(|d| d.redelivered()));
     q.check_invariants();
 }
@@ -399,13 +412,32 @@ fn a_receipt_from_before_a_restart_does_not_match_the_redelivery() {
     let mut q = queue();
     let (_, fx) = q.send(vec![msg("a")], T0).unwrap();
     let old = delivered(q.receive(recv(1, Wait::NoWait), T0).unwrap().0).remove(0);
-    let PersistOp::PutMessage(m) = &fx.persist[1] else { panic!("{:?}", fx.persist) };
-    let rec = vec![RecoveredMessage { message: (**m).clone(), delivery_count: 1 }];
-    let mut r = Queue::recover(q.name().clone(), q.uid(), QueueConfig::default(), Seq(1), rec, T0);
+    let PersistOp::PutMessage(m) = &fx.persist[1] else {
+        panic!("{:?}", fx.persist)
+    };
+    let rec = vec![RecoveredMessage {
+        message: (**m).clone(),
+        delivery_count: 1,
+    }];
+    let mut r = Queue::recover(
+        q.name().clone(),
+        q.uid(),
+        QueueConfig::default(),
+        Seq(1),
+        rec,
+        T0,
+    );
     let new = delivered(r.receive(recv(2, Wait::NoWait), T0).unwrap().0).remove(0);
-    assert_eq!((old.lease, old.message.seq), (new.lease, new.message.seq), "same lease id and seq");
+    assert_eq!(
+        (old.lease, old.message.seq),
+        (new.lease, new.message.seq),
+        "same lease id and seq"
+    );
     let (res, _) = r.ack(&[old.lease_ref()], T0 + 1);
-    assert!(res[0].is_err(), "the stale receipt must not acknowledge the new delivery");
+    assert!(
+        res[0].is_err(),
+        "the stale receipt must not acknowledge the new delivery"
+    );
     let (res, _) = r.ack(&[new.lease_ref()], T0 + 1);
     assert!(res[0].is_ok());
 }
@@ -415,7 +447,11 @@ fn a_receipt_from_a_deleted_queue_does_not_match_its_successor() {
     let mut q1 = queue();
     let _ = send(&mut q1, "a", T0);
     let old = delivered(q1.receive(recv(1, Wait::NoWait), T0).unwrap().0).remove(0);
-    let mut q2 = Queue::new(QueueName::new("q").unwrap(), QueueUid(8), QueueConfig::default());
+    let mut q2 = Queue::new(
+        QueueName::new("q").unwrap(),
+        QueueUid(8),
+        QueueConfig::default(),
+    );
     let _ = send(&mut q2, "b", T0);
     let new = delivered(q2.receive(recv(1, Wait::NoWait), T0).unwrap().0).remove(0);
     assert_eq!((old.lease, old.message.seq), (new.lease, new.message.seq));
@@ -426,7 +462,10 @@ fn a_receipt_from_a_deleted_queue_does_not_match_its_successor() {
 #[test]
 fn a_receiver_whose_deadline_came_does_not_get_a_message_ready_at_that_moment() {
     let mut q = queue();
-    let m = NewMessage { delivery_delay_ms: Some(100), ..msg("m") };
+    let m = NewMessage {
+        delivery_delay_ms: Some(100),
+        ..msg("m")
+    };
     let _ = q.send(vec![m], T0).unwrap();
     let w = parked(q.receive(recv(1, Wait::Until(T0 + 100)), T0).unwrap().0);
     let fx = q.tick(T0 + 100);

@@ -1,0 +1,145 @@
+//! Persist, then reply: nobody hears of a change before it is durable.
+
+#![allow(clippy::unwrap_used)]
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+
+use ferry_be_server::{Broker, BrokerConfig};
+use ferry_kernel::{NewMessage, NodeId, QueueConfig, QueueName, ReceiveRequest, SessionId, Wait};
+use ferry_store::{MemoryStore, QueueStore, RecoveredQueue, StoreError, StoreOp};
+
+/// A store whose writes block while the gate is armed, and that counts writes.
+#[derive(Debug, Default)]
+struct Gated {
+    inner: MemoryStore,
+    writes: AtomicUsize,
+    gate: Mutex<Option<(mpsc::Sender<()>, mpsc::Receiver<()>)>>,
+}
+
+impl QueueStore for Gated {
+    fn write(&self, batches: &[Vec<StoreOp>]) -> Result<(), StoreError> {
+        let gate = self.gate.lock().unwrap().take();
+        if let Some((entered, release)) = gate {
+            entered.send(()).unwrap();
+            release.recv().unwrap();
+        }
+        self.writes.fetch_add(1, Ordering::SeqCst);
+        self.inner.write(batches)
+    }
+    fn recover(&self) -> Result<Vec<RecoveredQueue>, StoreError> {
+        self.inner.recover()
+    }
+}
+
+async fn broker(store: Arc<Gated>) -> Broker {
+    let b = Broker::open(BrokerConfig::new(NodeId::new("n").unwrap()), store)
+        .await
+        .unwrap();
+    b.create_queue(
+        QueueName::new("q").unwrap(),
+        QueueConfig::default(),
+        false,
+        false,
+    )
+    .await
+    .unwrap();
+    b
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sender_and_waiting_receiver_hear_only_after_the_write_is_durable() {
+    let store = Arc::new(Gated::default());
+    let b = broker(store.clone()).await;
+    let q = QueueName::new("q").unwrap();
+    let receiver = {
+        let (b, q) = (b.clone(), q.clone());
+        let req = ReceiveRequest {
+            owner: Some(SessionId(1)),
+            max_messages: 1,
+            wait: Wait::Forever,
+            lease_ms: None,
+        };
+        tokio::spawn(async move { b.receive(&q, req).await })
+    };
+    // Make sure the receiver is parked before the send (stats count parked receivers).
+    while b.stats(&q).await.unwrap().waiters == 0 {
+        tokio::task::yield_now().await;
+    }
+    let (entered_tx, entered_rx) = mpsc::channel();
+    let (release_tx, release_rx) = mpsc::channel();
+    *store.gate.lock().unwrap() = Some((entered_tx, release_rx));
+    let sender = {
+        let (b, q) = (b.clone(), q.clone());
+        let m = NewMessage {
+            body: b"x".to_vec(),
+            persistent: true,
+            ..Default::default()
+        };
+        tokio::spawn(async move { b.send(&q, vec![m]).await })
+    };
+    tokio::task::spawn_blocking(move || entered_rx.recv().unwrap())
+        .await
+        .unwrap();
+    // The write is in progress and cannot finish until released: neither may have an answer.
+    for _ in 0..100 {
+        tokio::task::yield_now().await;
+    }
+    assert!(
+        !sender.is_finished(),
+        "send confirmed before its write was durable"
+    );
+    assert!(
+        !receiver.is_finished(),
+        "receiver got a message before it was durable"
+    );
+    release_tx.send(()).unwrap();
+    let ids = sender.await.unwrap().unwrap();
+    let got = receiver.await.unwrap().unwrap();
+    assert_eq!(got[0].message.id, ids[0]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn non_persistent_messages_never_touch_the_store() {
+    let store = Arc::new(Gated::default());
+    let b = broker(store.clone()).await;
+    let q = QueueName::new("q").unwrap();
+    let before = store.writes.load(Ordering::SeqCst);
+    let m = NewMessage {
+        body: b"x".to_vec(),
+        persistent: false,
+        ..Default::default()
+    };
+    b.send(&q, vec![m]).await.unwrap();
+    let req = ReceiveRequest {
+        owner: None,
+        max_messages: 1,
+        wait: Wait::NoWait,
+        lease_ms: None,
+    };
+    let got = b.receive(&q, req).await.unwrap();
+    let results = b.ack(&q, vec![got[0].lease_ref()]).await.unwrap();
+    assert!(results[0].is_ok());
+    // The first send reserves a block of sequence numbers (one write); nothing else is written.
+    assert_eq!(store.writes.load(Ordering::SeqCst), before + 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_queue_leaves_nothing_in_the_store() {
+    let store = Arc::new(Gated::default());
+    let b = broker(store.clone()).await;
+    let q = QueueName::new("q").unwrap();
+    let m = NewMessage {
+        body: b"x".to_vec(),
+        persistent: true,
+        ..Default::default()
+    };
+    b.send(&q, vec![m]).await.unwrap();
+    assert_eq!(b.delete_queue(&q).await.unwrap(), 1);
+    assert!(store.recover().unwrap().is_empty());
+    let err = b.send(&q, vec![NewMessage::default()]).await.unwrap_err();
+    assert!(
+        matches!(err, ferry_be_server::Error::QueueNotFound { .. }),
+        "{err}"
+    );
+}
