@@ -70,13 +70,15 @@ struct Inner {
     admin: tokio::sync::Mutex<()>,
     /// Set by [`Broker::shutdown`]: every call fails with UNAVAILABLE from then on.
     stopping: std::sync::atomic::AtomicBool,
+    /// The group-commit writer; joined at shutdown, once it has closed the store.
+    writer: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 impl Broker {
     /// Recovers every queue from `store` and starts serving them.
     pub async fn open(config: BrokerConfig, store: Arc<dyn QueueStore>) -> Result<Self, Error> {
         let recovered = tokio::task::block_in_place(|| store.recover())?;
-        let (commit, _writer) =
+        let (commit, writer) =
             GroupCommit::start(store, config.commit_queue_depth, config.commit_batch_max).map_err(
                 |e| ferry_store::StoreError::Io {
                     context: "starting the writer thread",
@@ -114,6 +116,7 @@ impl Broker {
                 queues: RwLock::new(queues),
                 admin: tokio::sync::Mutex::new(()),
                 stopping: false.into(),
+                writer: Some(writer).into(),
             }),
         })
     }
@@ -364,6 +367,23 @@ impl Broker {
         };
         for h in all {
             h.stop().await;
+        }
+        // Every queue has finished its writes: close the store, and wait until it is closed
+        // (RocksDB must be closed before the process exits).
+        self.inner.commit.close().await;
+        let writer = self
+            .inner
+            .writer
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(w) = writer {
+            if !matches!(
+                tokio::task::spawn_blocking(move || w.join()).await,
+                Ok(Ok(()))
+            ) {
+                tracing::error!("the group-commit writer did not stop cleanly");
+            }
         }
     }
 }

@@ -175,8 +175,8 @@ impl Node {
         }
     }
 
-    /// SIGTERM, then wait for the process to exit; returns whether it exited successfully.
-    pub fn terminate(&mut self) -> anyhow::Result<bool> {
+    /// SIGTERM, then wait for the process to exit; returns its exit status.
+    pub fn terminate(&mut self) -> anyhow::Result<std::process::ExitStatus> {
         let Some(mut c) = self.child.take() else {
             bail!("not running")
         };
@@ -187,7 +187,7 @@ impl Node {
         if !status.success() {
             bail!("kill -TERM failed");
         }
-        Ok(c.wait()?.success())
+        Ok(c.wait()?)
     }
 
     /// Starts the node again on the same data directory (a new port).

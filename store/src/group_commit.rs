@@ -15,6 +15,12 @@ struct Pending {
     done: oneshot::Sender<Result<(), StoreError>>,
 }
 
+enum Job {
+    Write(Pending),
+    /// Finish what came before, then stop and close the store.
+    Close,
+}
+
 /// Counters for operators and tests.
 #[derive(Debug, Default)]
 pub struct GroupCommitStats {
@@ -25,10 +31,11 @@ pub struct GroupCommitStats {
 }
 
 /// A handle to the writer thread; cheap to clone. The thread ends, after finishing everything
-/// already submitted, when the last handle is dropped.
+/// already submitted, on [`GroupCommit::close`] or when the last handle is dropped; the store is
+/// dropped (closed) with it.
 #[derive(Debug, Clone)]
 pub struct GroupCommit {
-    tx: mpsc::Sender<Pending>,
+    tx: mpsc::Sender<Job>,
     stats: Arc<GroupCommitStats>,
 }
 
@@ -62,10 +69,8 @@ impl GroupCommit {
     /// Queues `ops` for the next write. Waits only while the queue is full.
     pub async fn submit(&self, ops: Vec<StoreOp>) -> Result<CommitTicket, StoreError> {
         let (done, rx) = oneshot::channel();
-        self.tx
-            .send(Pending { ops, done })
-            .await
-            .map_err(|_| StoreError::Closed)?;
+        let job = Job::Write(Pending { ops, done });
+        self.tx.send(job).await.map_err(|_| StoreError::Closed)?;
         Ok(CommitTicket(rx))
     }
 
@@ -77,19 +82,35 @@ impl GroupCommit {
     pub fn stats(&self) -> &GroupCommitStats {
         &self.stats
     }
+
+    /// Asks the writer to finish everything submitted so far, then close the store and end
+    /// (join its thread to know when it has). Later submissions fail with [`StoreError::Closed`].
+    pub async fn close(&self) {
+        // An error means the writer is already gone.
+        let _ = self.tx.send(Job::Close).await;
+    }
 }
 
 fn writer(
     store: Arc<dyn QueueStore>,
-    mut rx: mpsc::Receiver<Pending>,
+    mut rx: mpsc::Receiver<Job>,
     batch_max: usize,
     stats: &GroupCommitStats,
 ) {
-    while let Some(first) = rx.blocking_recv() {
+    let mut closing = false;
+    while !closing {
+        let first = match rx.blocking_recv() {
+            Some(Job::Write(p)) => p,
+            Some(Job::Close) | None => break,
+        };
         let mut group = vec![first];
         while group.len() < batch_max {
             match rx.try_recv() {
-                Ok(p) => group.push(p),
+                Ok(Job::Write(p)) => group.push(p),
+                Ok(Job::Close) => {
+                    closing = true;
+                    break;
+                }
                 Err(_) => break,
             }
         }
@@ -107,4 +128,7 @@ fn writer(
             let _ = done.send(result.clone());
         }
     }
+    // Submissions still queued get `Closed` when `rx` drops; then the store closes.
+    drop(rx);
+    drop(store);
 }

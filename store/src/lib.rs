@@ -66,7 +66,8 @@ pub enum StoreError {
 }
 
 /// Durable storage for queues. `write` returns only once the whole batch is durable (synced), or
-/// fails having written none of it.
+/// fails having written none of it. Dropping the store closes it (RocksDB must be closed before
+/// the process exits, or its background threads may abort it).
 pub trait QueueStore: Send + Sync + std::fmt::Debug + 'static {
     /// Applies every op of every batch, in order, atomically and durably.
     fn write(&self, batches: &[Vec<StoreOp>]) -> Result<(), StoreError>;
