@@ -37,9 +37,9 @@ impl From<Error> for Status {
             Error::QueueNotFound { .. } => Code::NotFound,
             Error::QueueExists { .. } => Code::AlreadyExists,
             Error::Kernel(k) => match k {
-                KernelError::NegativeTimeout { .. } | KernelError::InvalidArgument { .. } => {
-                    Code::InvalidArgument
-                }
+                KernelError::NegativeTimeout { .. }
+                | KernelError::InvalidArgument { .. }
+                | KernelError::InvalidSelector { .. } => Code::InvalidArgument,
                 KernelError::OverLimit { .. }
                 | KernelError::MessageTooLarge { .. }
                 | KernelError::TooManyWaiters { .. } => Code::ResourceExhausted,

@@ -48,7 +48,9 @@ impl From<Error> for Status {
             ) => Code::ResourceExhausted,
             Error::Kernel(KernelError::StaleReceipt { .. }) => Code::FailedPrecondition,
             Error::Kernel(
-                KernelError::NegativeTimeout { .. } | KernelError::InvalidArgument { .. },
+                KernelError::NegativeTimeout { .. }
+                | KernelError::InvalidArgument { .. }
+                | KernelError::InvalidSelector { .. },
             ) => Code::InvalidArgument,
             Error::ConnectionNotFound { .. } | Error::SessionNotFound { .. } => Code::NotFound,
             Error::NegativeWait { .. } | Error::ConsumeNotStarted => Code::InvalidArgument,

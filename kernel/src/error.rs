@@ -28,6 +28,10 @@ pub enum KernelError {
         waiters: usize,
         limit: usize,
     },
+    /// A message selector that does not parse, uses a name or type wrongly, or exceeds a limit.
+    /// `position` is the 1-based character position where the problem starts.
+    #[error("selector is invalid at position {position}: {reason}")]
+    InvalidSelector { position: usize, reason: String },
     /// The receipt handle names no live delivery: the message was acknowledged, its lease ran out
     /// and it was (or may be) delivered again, or the handle never existed.
     #[error("receipt handle for message seq {seq} is not a live delivery (lease expired, already acknowledged, or redelivered since)")]
