@@ -82,9 +82,15 @@ pub async fn run(
 
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<pb::messaging_server::MessagingServer<ferry_fe_dispatcher::MessagingService>>().await;
+    // Reflection in both versions: grpcurl and other tools ask for v1 or the older v1alpha.
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()?;
+    let reflection_alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()?;
 
     let max = l.grpc_max_request_bytes;
     let addr = listener.local_addr()?;
@@ -114,6 +120,7 @@ pub async fn run(
         .add_service(pb::backend_server::BackendServer::new(backend).max_decoding_message_size(max))
         .add_service(health_service)
         .add_service(reflection)
+        .add_service(reflection_alpha)
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stopping);
     let grace = Duration::from_millis(config.shutdown_grace_ms);
     tokio::select! {
