@@ -28,7 +28,11 @@ type Reply<T> = oneshot::Sender<Result<T, Error>>;
 /// The longest a queue's timer sleeps before looking again (one hour).
 const TIMER_MAX_MS: u64 = 3_600_000;
 pub(crate) type LeaseResults<T> = Vec<Result<T, KernelError>>;
-pub(crate) type Browsed = Vec<(Arc<ferry_kernel::Message>, MessageState, u32)>;
+/// Browsed messages with their state and delivery count, and where to resume (`None`: done).
+pub(crate) type Browsed = (
+    Vec<(Arc<ferry_kernel::Message>, MessageState, u32)>,
+    Option<ferry_kernel::Seq>,
+);
 
 pub(crate) enum Cmd {
     Send {
@@ -74,6 +78,7 @@ pub(crate) enum Cmd {
     Browse {
         after: Option<ferry_kernel::Seq>,
         max: usize,
+        selector: Option<Arc<ferry_kernel::Selector>>,
         reply: Reply<Browsed>,
     },
     Purge {
@@ -332,8 +337,20 @@ impl QueueActor {
             Cmd::BatchMax { reply } => {
                 let _ = reply.send(Ok(self.queue.config().receive_batch_max));
             }
-            Cmd::Browse { after, max, reply } => {
-                let _ = reply.send(Ok(self.queue.browse(after, max)));
+            Cmd::Browse {
+                after,
+                max,
+                selector,
+                reply,
+            } => {
+                // Bounded work per call: at most this many messages are looked at.
+                let scan_max = max.saturating_mul(100).max(10_000);
+                let _ = reply.send(Ok(self.queue.browse(
+                    after,
+                    max,
+                    selector.as_deref(),
+                    scan_max,
+                )));
             }
             Cmd::Purge { reply } => {
                 let (n, fx) = self.queue.purge(now);

@@ -338,9 +338,15 @@ impl Broker {
         queue: &QueueName,
         after: Option<ferry_kernel::Seq>,
         max: usize,
+        selector: Option<Arc<ferry_kernel::Selector>>,
     ) -> Result<Browsed, Error> {
         self.handle(queue)?
-            .call(|reply| Cmd::Browse { after, max, reply })
+            .call(|reply| Cmd::Browse {
+                after,
+                max,
+                selector,
+                reply,
+            })
             .await
     }
 

@@ -2,10 +2,11 @@
 //! call it over the network, or in-process as a plain trait object.
 
 use std::str::FromStr;
+use std::sync::Arc;
 
 use ferry_kernel::{
-    Delivery, KernelError, LeaseRef, NewMessage, QueueName, ReceiptHandle, ReceiveRequest, Seq,
-    SessionId, Wait,
+    Delivery, KernelError, LeaseRef, NewMessage, QueueName, ReceiptHandle, ReceiveRequest,
+    Selector, SelectorLimits, Seq, SessionId, Wait,
 };
 use ferry_proto::convert;
 use ferry_proto::pb;
@@ -88,6 +89,17 @@ impl BackendService {
 
 fn queue_name(name: &str) -> Result<QueueName, Error> {
     Ok(QueueName::new(name)?)
+}
+
+/// Parses a selector (empty: none). A bad one fails here, when the receiver is created.
+fn selector(text: &str) -> Result<Option<Arc<Selector>>, Error> {
+    if text.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(Arc::new(Selector::parse(
+        text,
+        &SelectorLimits::default(),
+    )?)))
 }
 
 fn session(s: &str) -> Result<Option<SessionId>, Error> {
@@ -216,12 +228,7 @@ impl pb::backend_server::Backend for BackendService {
     ) -> Reply<pb::BackendReceiveResponse> {
         let r = req.into_inner();
         let queue = queue_name(&r.queue)?;
-        if !r.selector.is_empty() {
-            return Err(Error::Unimplemented {
-                feature: "message selectors",
-            }
-            .into());
-        }
+        let selector = selector(&r.selector)?;
         let wait = match r.wait_ms {
             None => Wait::Forever,
             Some(0) => Wait::NoWait,
@@ -236,6 +243,7 @@ impl pb::backend_server::Backend for BackendService {
             max_messages,
             wait,
             lease_ms: r.lease_ms,
+            selector,
         };
         let d = self.broker.receive(&queue, req).await?;
         Ok(Response::new(pb::BackendReceiveResponse {
@@ -298,8 +306,8 @@ impl pb::backend_server::Backend for BackendService {
         let queue = queue_name(&r.queue)?;
         let after = (r.after_seq > 0).then_some(Seq(r.after_seq));
         let max = r.max_messages.clamp(1, 1_000) as usize;
-        let browsed = self.broker.browse(&queue, after, max).await?;
-        let last_seq = browsed.last().map_or(0, |(m, _, _)| m.seq.0);
+        let selector = selector(&r.selector)?;
+        let (browsed, resume) = self.broker.browse(&queue, after, max, selector).await?;
         let messages = browsed
             .iter()
             .map(|(m, state, count)| pb::BrowsedMessage {
@@ -310,7 +318,7 @@ impl pb::backend_server::Backend for BackendService {
             .collect();
         Ok(Response::new(pb::BackendBrowseResponse {
             messages,
-            last_seq,
+            resume_after_seq: resume.map_or(0, |s| s.0),
         }))
     }
 }

@@ -59,6 +59,7 @@ async fn sender_and_waiting_receiver_hear_only_after_the_write_is_durable() {
             max_messages: 1,
             wait: Wait::Forever,
             lease_ms: None,
+            selector: None,
         };
         tokio::spawn(async move { b.receive(&q, req).await })
     };
@@ -116,6 +117,7 @@ async fn non_persistent_messages_never_touch_the_store() {
         max_messages: 1,
         wait: Wait::NoWait,
         lease_ms: None,
+        selector: None,
     };
     let got = b.receive(&q, req).await.unwrap();
     let results = b.ack(&q, vec![got[0].lease_ref()]).await.unwrap();

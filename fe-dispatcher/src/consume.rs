@@ -35,10 +35,9 @@ pub(crate) async fn start(
     };
     let queue = queue_name(&start.queue)?;
     if !start.selector.is_empty() {
-        return Err(Error::Unimplemented {
-            feature: "message selectors",
-        }
-        .into());
+        // A bad selector fails when the consumer is created, never later.
+        ferry_kernel::Selector::parse(&start.selector, &ferry_kernel::SelectorLimits::default())
+            .map_err(Error::from)?;
     }
     svc.touch_session(&start.session_id, Some(&queue))?;
     let be = svc.router.for_queue(&queue)?.clone();
@@ -67,7 +66,7 @@ async fn run(
             let req = pb::BackendReceiveRequest {
                 queue: start.queue.clone(),
                 session_id: start.session_id.clone(),
-                selector: String::new(),
+                selector: start.selector.clone(),
                 max_messages: u32::try_from(credits.min(BATCH_MAX)).unwrap_or(1),
                 wait_ms: None,
                 lease_ms: start.lease_ms,

@@ -481,12 +481,6 @@ impl pb::messaging_server::Messaging for MessagingService {
     async fn browse(&self, req: Request<pb::BrowseRequest>) -> Reply<pb::BrowseResponse> {
         let r = req.into_inner();
         let queue = queue_name(&r.queue)?;
-        if !r.selector.is_empty() {
-            return Err(Error::Unimplemented {
-                feature: "message selectors",
-            }
-            .into());
-        }
         let after_seq = if r.page_token.is_empty() {
             0
         } else {
@@ -507,14 +501,13 @@ impl pb::messaging_server::Messaging for MessagingService {
                 queue: r.queue,
                 max_messages,
                 after_seq,
+                selector: r.selector,
             }))
             .await?
             .into_inner();
-        let full_page = out.messages.len() as u32 == max_messages;
-        let next_page_token = if full_page {
-            out.last_seq.to_string()
-        } else {
-            String::new()
+        let next_page_token = match out.resume_after_seq {
+            0 => String::new(),
+            seq => seq.to_string(),
         };
         Ok(Response::new(pb::BrowseResponse {
             messages: out.messages,

@@ -143,12 +143,16 @@ async fn bad_input_is_refused_with_the_right_code() -> anyhow::Result<()> {
         .unwrap_err();
     assert_eq!(e.code(), Some(Code::NotFound), "{e}");
 
-    // Not supported yet: said plainly.
+    // A malformed selector is refused when the receiver is created, naming the position.
     let e = session
-        .receive_selected("q", "n > 1", ReceiveOptions::no_wait())
+        .receive_selected("q", "n > ", ReceiveOptions::no_wait())
         .await
         .unwrap_err();
-    assert_eq!(e.code(), Some(Code::Unimplemented), "{e}");
+    assert_eq!(e.code(), Some(Code::InvalidArgument), "{e}");
+    assert!(e.to_string().contains("position"), "{e}");
+    assert_eq!(stats(&client, "q").await?.consumers, 0);
+
+    // Not supported yet: said plainly.
     let e = conn.create_session(AckMode::Transacted).await.unwrap_err();
     assert_eq!(e.code(), Some(Code::Unimplemented), "{e}");
 

@@ -11,6 +11,7 @@
 
 mod error;
 mod queue;
+pub mod selector;
 mod types;
 
 pub use error::KernelError;
@@ -18,6 +19,7 @@ pub use queue::{
     Delivery, Effects, LeaseRef, MessageState, PersistOp, Queue, QueueConfig, QueueStats,
     ReceiveOutcome, ReceiveRequest, RecoveredMessage, Wait, WaiterId,
 };
+pub use selector::{Selector, SelectorLimits};
 pub use types::{
     validate_property_name, LeaseId, Message, MessageId, NewMessage, NodeId, Priority,
     PropertyValue, QueueName, QueueUid, ReceiptHandle, Seq, SessionId,

@@ -6,10 +6,12 @@
 #![allow(clippy::unwrap_used)]
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use ferry_kernel::{
-    Delivery, Effects, LeaseId, LeaseRef, MessageState, NewMessage, Priority, Queue, QueueConfig,
-    QueueName, QueueUid, ReceiveOutcome, ReceiveRequest, SessionId, Wait, WaiterId,
+    Delivery, Effects, LeaseId, LeaseRef, MessageState, NewMessage, Priority, PropertyValue, Queue,
+    QueueConfig, QueueName, QueueUid, ReceiveOutcome, ReceiveRequest, Selector, SelectorLimits,
+    SessionId, Wait, WaiterId,
 };
 use proptest::prelude::*;
 
@@ -20,12 +22,15 @@ enum Op {
         priority: u8,
         delay_ms: u16,
         persistent: bool,
+        /// Value of the int property `n` on every message of the batch.
+        n: u8,
     },
     Receive {
         session: u8,
         max: u8,
         wait_ms: Option<u16>,
         lease_ms: u16,
+        filter: Option<Filter>,
     },
     Ack {
         pick: usize,
@@ -49,12 +54,37 @@ enum Op {
     },
 }
 
+/// A receiver's selector, `n = k` or `n > k`; the model checks it in plain Rust.
+#[derive(Debug, Clone, Copy)]
+struct Filter {
+    greater: bool,
+    k: u8,
+}
+
+impl Filter {
+    fn text(self) -> String {
+        format!("n {} {}", if self.greater { ">" } else { "=" }, self.k)
+    }
+
+    fn accepts(self, n: u8) -> bool {
+        if self.greater {
+            n > self.k
+        } else {
+            n == self.k
+        }
+    }
+}
+
 fn op() -> impl Strategy<Value = Op> {
+    let filter = proptest::option::weighted(
+        0.4,
+        (any::<bool>(), 0..3u8).prop_map(|(greater, k)| Filter { greater, k }),
+    );
     prop_oneof![
-        3 => (1..4u8, 0..10u8, prop_oneof![Just(0u16), 1..300u16], any::<bool>())
-            .prop_map(|(count, priority, delay_ms, persistent)| Op::Send { count, priority, delay_ms, persistent }),
-        3 => (0..3u8, 1..4u8, proptest::option::of(0..400u16), 1..500u16)
-            .prop_map(|(session, max, wait_ms, lease_ms)| Op::Receive { session, max, wait_ms, lease_ms }),
+        3 => (1..4u8, 0..10u8, prop_oneof![Just(0u16), 1..300u16], any::<bool>(), 0..3u8)
+            .prop_map(|(count, priority, delay_ms, persistent, n)| Op::Send { count, priority, delay_ms, persistent, n }),
+        3 => (0..3u8, 1..4u8, proptest::option::of(0..400u16), 1..500u16, filter)
+            .prop_map(|(session, max, wait_ms, lease_ms, filter)| Op::Receive { session, max, wait_ms, lease_ms, filter }),
         2 => any::<usize>().prop_map(|pick| Op::Ack { pick }),
         1 => (any::<usize>(), prop_oneof![Just(0u16), 1..200u16]).prop_map(|(pick, delay_ms)| Op::Nack { pick, delay_ms }),
         1 => (any::<usize>(), 1..500u16).prop_map(|(pick, lease_ms)| Op::Extend { pick, lease_ms }),
@@ -67,6 +97,7 @@ fn op() -> impl Strategy<Value = Op> {
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct ModelMsg {
     priority: u8,
+    n: u8,
     state: MessageState,
     count: u32,
 }
@@ -78,6 +109,7 @@ struct ModelWaiter {
     max: u32,
     lease_ms: u64,
     deadline: Option<u64>,
+    filter: Option<Filter>,
 }
 
 /// The reference: the same rules, written as plainly as possible.
@@ -102,10 +134,11 @@ impl Model {
         }
     }
 
-    fn next_ready(&self) -> Option<u64> {
+    fn next_ready(&self, filter: Option<Filter>) -> Option<u64> {
         self.msgs
             .iter()
             .filter(|(_, m)| m.state == MessageState::Ready)
+            .filter(|(_, m)| filter.is_none_or(|f| f.accepts(m.n)))
             .min_by_key(|(&seq, m)| (std::cmp::Reverse(m.priority), seq))
             .map(|(&seq, _)| seq)
     }
@@ -115,11 +148,14 @@ impl Model {
         max: u32,
         owner: SessionId,
         lease_ms: u64,
+        filter: Option<Filter>,
         now: u64,
     ) -> Vec<(u64, u64, u32)> {
         let mut out = vec![];
         while out.len() < max as usize {
-            let Some(seq) = self.next_ready() else { break };
+            let Some(seq) = self.next_ready(filter) else {
+                break;
+            };
             let lease = self.next_lease;
             self.next_lease += 1;
             let m = self.msgs.get_mut(&seq).unwrap();
@@ -134,11 +170,18 @@ impl Model {
         out
     }
 
+    /// Oldest receiver first; one whose filter matches nothing keeps waiting.
     fn dispatch(&mut self, now: u64, handed: &mut Handed) {
-        while self.next_ready().is_some() && !self.waiters.is_empty() {
-            let w = self.waiters.remove(0);
-            let got = self.take(w.max, w.owner, w.lease_ms, now);
-            handed.push((w.id, got));
+        let mut i = 0;
+        while i < self.waiters.len() {
+            let w = self.waiters[i];
+            let got = self.take(w.max, w.owner, w.lease_ms, w.filter, now);
+            if got.is_empty() {
+                i += 1;
+            } else {
+                self.waiters.remove(i);
+                handed.push((w.id, got));
+            }
         }
     }
 
@@ -198,9 +241,11 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 priority,
                 delay_ms,
                 persistent,
+                n,
             } => {
                 let batch = (0..count)
                     .map(|_| NewMessage {
+                        properties: [("n".to_string(), PropertyValue::Int(n.into()))].into(),
                         priority: Priority::new(priority.into()).unwrap(),
                         delivery_delay_ms: Some(delay_ms.into()),
                         persistent,
@@ -222,6 +267,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                         m.next_seq,
                         ModelMsg {
                             priority,
+                            n,
                             state,
                             count: 0,
                         },
@@ -237,18 +283,23 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 max,
                 wait_ms,
                 lease_ms,
+                filter,
             } => {
                 let wait = Wait::from_timeout_ms(wait_ms.map(i64::from), now).unwrap();
                 let owner = SessionId(session.into());
+                let selector = filter.map(|f| {
+                    Arc::new(Selector::parse(&f.text(), &SelectorLimits::default()).unwrap())
+                });
                 let req = ReceiveRequest {
                     owner: Some(owner),
                     max_messages: max.into(),
                     wait,
                     lease_ms: Some(lease_ms.into()),
+                    selector,
                 };
                 let (out, fx) = q.receive(req, now).unwrap();
                 m.fire(now, &mut h, &mut e);
-                let got = m.take(max.into(), owner, lease_ms.into(), now);
+                let got = m.take(max.into(), owner, lease_ms.into(), filter, now);
                 match out {
                     ReceiveOutcome::Delivered(d) => {
                         prop_assert_eq!(flatten(&d), got);
@@ -275,6 +326,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                             max: max.into(),
                             lease_ms: lease_ms.into(),
                             deadline,
+                            filter,
                         });
                         parked.push(id);
                     }
@@ -389,7 +441,8 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
         }
         // Every message the model holds, the kernel holds in the same state with the same count.
         let all: BTreeMap<u64, (MessageState, u32)> = q
-            .browse(None, usize::MAX)
+            .browse(None, usize::MAX, None, usize::MAX)
+            .0
             .into_iter()
             .map(|(msg, state, count)| (msg.seq.0, (state, count)))
             .collect();

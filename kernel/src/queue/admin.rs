@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use super::{Effects, MessageState, Queue, QueueConfig};
+use crate::selector::Selector;
 use crate::types::{Message, QueueName, QueueUid, Seq, SharedMessage};
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -86,18 +87,30 @@ impl Queue {
 
     /// Up to `max` messages after `after` in sequence order, with their state and delivery count,
     /// without leasing anything.
+    /// Up to `max` messages after `after` in sequence order that `selector` matches, with their
+    /// state and delivery count, without leasing anything. Looks at no more than `scan_max`
+    /// messages; returns where to resume (`None`: nothing more).
     pub fn browse(
         &self,
         after: Option<Seq>,
         max: usize,
-    ) -> Vec<(SharedMessage, MessageState, u32)> {
+        selector: Option<&Selector>,
+        scan_max: usize,
+    ) -> (Vec<(SharedMessage, MessageState, u32)>, Option<Seq>) {
         use std::ops::Bound::{Excluded, Unbounded};
         let start = after.map_or(Unbounded, Excluded);
-        self.entries
-            .range((start, Unbounded))
-            .take(max)
-            .map(|(_, e)| (e.message.clone(), e.state, e.delivery_count))
-            .collect()
+        let mut out = Vec::new();
+        let mut last = None;
+        for (scanned, (&seq, e)) in self.entries.range((start, Unbounded)).enumerate() {
+            if out.len() >= max || scanned >= scan_max {
+                return (out, last);
+            }
+            last = Some(seq);
+            if selector.is_none_or(|s| s.matches(&e.message, e.delivery_count)) {
+                out.push((e.message.clone(), e.state, e.delivery_count));
+            }
+        }
+        (out, None)
     }
 
     pub fn stats(&self) -> QueueStats {

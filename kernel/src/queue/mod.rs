@@ -179,6 +179,8 @@ pub struct Queue {
     next_waiter: WaiterId,
     /// Sum of `size_bytes` of every message in the queue.
     bytes: u64,
+    /// Messages that became Ready since the last dispatch (see `dispatch`).
+    newly_ready: Vec<Seq>,
     counters: admin::Counters,
 }
 
@@ -201,6 +203,7 @@ impl Queue {
             next_lease: LeaseId(1),
             next_waiter: WaiterId(1),
             bytes: 0,
+            newly_ready: Vec::new(),
             counters: admin::Counters::default(),
         }
     }
@@ -269,6 +272,9 @@ impl Queue {
             }
             MessageState::Ready => {
                 self.ready.insert((Reverse(priority), seq));
+                if !self.waiters.is_empty() {
+                    self.newly_ready.push(seq);
+                }
             }
             MessageState::Leased {
                 owner, until_ms, ..
@@ -376,8 +382,8 @@ impl Queue {
         // A parked receiver and a deliverable message never coexist: dispatch runs after every
         // change that makes a message ready or parks a receiver.
         assert!(
-            self.waiters.is_empty() || self.ready.is_empty(),
-            "waiter parked while messages are ready"
+            !self.waiter_could_take_ready(None),
+            "a parked receiver matches a ready message"
         );
         assert!(
             self.next_seq <= self.seq_reserved_until,

@@ -2,9 +2,11 @@
 //! its deadline passes, or it is cancelled. A waiter is removed on every way out.
 
 use std::cmp::Reverse;
+use std::sync::Arc;
 
 use super::{Delivery, Effects, MessageState, PersistOp, Queue};
 use crate::error::KernelError;
+use crate::selector::Selector;
 use crate::types::{LeaseId, SessionId};
 
 /// A parked receiver.
@@ -36,7 +38,7 @@ impl Wait {
 }
 
 /// One call to receive.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct ReceiveRequest {
     /// The session that will own the leases; `None` for a session-less receiver, whose leases only
     /// end by ack, nack or expiry.
@@ -45,6 +47,9 @@ pub struct ReceiveRequest {
     pub wait: Wait,
     /// Lease length; the queue's default when `None`.
     pub lease_ms: Option<u64>,
+    /// Only messages this selector matches; the others stay where they are, in order, for
+    /// other receivers.
+    pub selector: Option<Arc<Selector>>,
 }
 
 /// What a receive did.
@@ -64,6 +69,7 @@ pub(crate) struct Waiter {
     pub(crate) max_messages: u32,
     pub(crate) lease_ms: u64,
     pub(crate) deadline_ms: Option<u64>,
+    pub(crate) selector: Option<Arc<Selector>>,
 }
 
 impl Queue {
@@ -91,8 +97,14 @@ impl Queue {
         let lease_ms = self.lease_ms(req.lease_ms)?;
         let mut effects = Effects::default();
         self.fire_due(now_ms, &mut effects);
-        let deliveries =
-            self.take_ready(req.max_messages, req.owner, lease_ms, now_ms, &mut effects);
+        let deliveries = self.take_ready(
+            req.max_messages,
+            req.owner,
+            lease_ms,
+            req.selector.as_deref(),
+            now_ms,
+            &mut effects,
+        );
         if !deliveries.is_empty() {
             return Ok((ReceiveOutcome::Delivered(deliveries), effects));
         }
@@ -116,6 +128,7 @@ impl Queue {
             max_messages: req.max_messages,
             lease_ms,
             deadline_ms,
+            selector: req.selector,
         };
         self.insert_waiter(id, waiter);
         Ok((ReceiveOutcome::Parked(id), effects))
@@ -163,82 +176,168 @@ impl Queue {
         Some(waiter)
     }
 
-    /// Leases up to `max` Ready messages (highest priority, then oldest, first). Expired messages
-    /// met on the way are removed, never delivered.
+    /// Leases up to `max` Ready messages that `selector` matches (all, without one), highest
+    /// priority then oldest first; the ones it skips keep their place. Expired messages met on the
+    /// way are removed, never delivered.
     pub(crate) fn take_ready(
         &mut self,
         max: u32,
         owner: Option<SessionId>,
         lease_ms: u64,
+        selector: Option<&Selector>,
         now_ms: u64,
         effects: &mut Effects,
     ) -> Vec<Delivery> {
-        let mut out = Vec::new();
-        while out.len() < max as usize {
-            let Some(&(Reverse(_), seq)) = self.ready.first() else {
+        let mut chosen = Vec::new();
+        let mut expired = Vec::new();
+        for &(Reverse(_), seq) in &self.ready {
+            if chosen.len() >= max as usize {
                 break;
-            };
+            }
             let Some(entry) = self.entries.get(&seq) else {
-                break;
+                continue;
             };
             if entry.message.is_expired(now_ms) {
-                self.counters.expired_total += 1;
-                effects.persist.extend(self.remove_entry(seq));
-                continue;
+                expired.push(seq);
+            } else if selector.is_none_or(|s| s.matches(&entry.message, entry.delivery_count + 1)) {
+                chosen.push(seq);
             }
-            let lease = self.next_lease;
-            self.next_lease = LeaseId(lease.0 + 1);
-            let until_ms = now_ms.saturating_add(lease_ms);
-            self.set_state(
-                seq,
-                MessageState::Leased {
-                    lease,
-                    owner,
-                    until_ms,
-                },
-            );
-            let Some(entry) = self.entries.get_mut(&seq) else {
-                break;
-            };
-            entry.delivery_count += 1;
-            let delivery = Delivery {
-                queue: self.uid,
-                message: entry.message.clone(),
-                lease,
-                delivery_count: entry.delivery_count,
-                lease_until_ms: until_ms,
-            };
-            if delivery.message.persistent {
-                effects.persist.push(PersistOp::SetDeliveryCount {
-                    seq,
-                    count: entry.delivery_count,
-                });
-            }
-            self.counters.delivered_total += 1;
-            if delivery.redelivered() {
-                self.counters.redelivered_total += 1;
-            }
-            out.push(delivery);
         }
-        out
+        for seq in expired {
+            self.counters.expired_total += 1;
+            effects.persist.extend(self.remove_entry(seq));
+        }
+        chosen
+            .into_iter()
+            .filter_map(|seq| self.lease_one(seq, owner, lease_ms, now_ms, effects))
+            .collect()
     }
 
-    /// Hands Ready messages to parked receivers, oldest receiver first, until one side runs out.
+    /// Leases one Ready message.
+    fn lease_one(
+        &mut self,
+        seq: crate::types::Seq,
+        owner: Option<SessionId>,
+        lease_ms: u64,
+        now_ms: u64,
+        effects: &mut Effects,
+    ) -> Option<Delivery> {
+        let lease = self.next_lease;
+        self.next_lease = LeaseId(lease.0 + 1);
+        let until_ms = now_ms.saturating_add(lease_ms);
+        self.set_state(
+            seq,
+            MessageState::Leased {
+                lease,
+                owner,
+                until_ms,
+            },
+        );
+        let entry = self.entries.get_mut(&seq)?;
+        entry.delivery_count += 1;
+        let delivery = Delivery {
+            queue: self.uid,
+            message: entry.message.clone(),
+            lease,
+            delivery_count: entry.delivery_count,
+            lease_until_ms: until_ms,
+        };
+        if delivery.message.persistent {
+            effects.persist.push(PersistOp::SetDeliveryCount {
+                seq,
+                count: entry.delivery_count,
+            });
+        }
+        self.counters.delivered_total += 1;
+        if delivery.redelivered() {
+            self.counters.redelivered_total += 1;
+        }
+        Some(delivery)
+    }
+
+    /// Hands Ready messages to parked receivers, oldest receiver first; a receiver whose selector
+    /// matches none of them keeps waiting and the next one is served.
+    ///
+    /// Only messages that became Ready since the last dispatch are looked at: after every
+    /// operation no parked receiver matches any Ready message (checked by `check_invariants`), and
+    /// a receiver that parks has just seen every Ready message.
     pub(crate) fn dispatch(&mut self, now_ms: u64, effects: &mut Effects) {
-        while !self.ready.is_empty() {
-            let Some((&id, _)) = self.waiters.first_key_value() else {
-                break;
-            };
-            let Some(w) = self.remove_waiter(id) else {
-                break;
-            };
-            let deliveries = self.take_ready(w.max_messages, w.owner, w.lease_ms, now_ms, effects);
-            if deliveries.is_empty() {
-                // Everything that was ready had expired: the receiver keeps waiting.
-                self.insert_waiter(id, w);
+        if self.waiters.is_empty() {
+            self.newly_ready.clear();
+            return;
+        }
+        let mut fresh: Vec<(Reverse<crate::types::Priority>, crate::types::Seq)> =
+            std::mem::take(&mut self.newly_ready)
+                .into_iter()
+                .filter_map(|seq| {
+                    let e = self.entries.get(&seq)?;
+                    (e.state == MessageState::Ready).then_some((Reverse(e.message.priority), seq))
+                })
+                .collect();
+        fresh.sort_unstable();
+        fresh.dedup();
+        let ids: Vec<WaiterId> = self.waiters.keys().copied().collect();
+        for id in ids {
+            if fresh.is_empty() {
                 break;
             }
-            effects.handed.push((id, deliveries));
+            let Some(w) = self.waiters.get(&id) else {
+                continue;
+            };
+            let (max, owner, lease_ms, selector) =
+                (w.max_messages, w.owner, w.lease_ms, w.selector.clone());
+            let mut picks = Vec::new();
+            fresh.retain(|&(_, seq)| {
+                if picks.len() >= max as usize {
+                    return true;
+                }
+                let Some(e) = self.entries.get(&seq) else {
+                    return false;
+                };
+                if e.message.is_expired(now_ms) {
+                    return true; // removed below, never delivered
+                }
+                let take = selector
+                    .as_deref()
+                    .is_none_or(|s| s.matches(&e.message, e.delivery_count + 1));
+                if take {
+                    picks.push(seq);
+                }
+                !take
+            });
+            let deliveries: Vec<Delivery> = picks
+                .into_iter()
+                .filter_map(|seq| self.lease_one(seq, owner, lease_ms, now_ms, effects))
+                .collect();
+            if !deliveries.is_empty() {
+                self.remove_waiter(id);
+                effects.handed.push((id, deliveries));
+            }
         }
+        for (_, seq) in fresh {
+            if self
+                .entries
+                .get(&seq)
+                .is_some_and(|e| e.message.is_expired(now_ms))
+            {
+                self.counters.expired_total += 1;
+                effects.persist.extend(self.remove_entry(seq));
+            }
+        }
+        self.newly_ready.clear();
+    }
+
+    /// Whether a parked receiver could take a Ready message now (never true between operations).
+    pub(crate) fn waiter_could_take_ready(&self, now_ms: Option<u64>) -> bool {
+        self.waiters.values().any(|w| {
+            self.ready.iter().any(|&(Reverse(_), seq)| {
+                self.entries.get(&seq).is_some_and(|e| {
+                    !now_ms.is_some_and(|now| e.message.is_expired(now))
+                        && w.selector
+                            .as_deref()
+                            .is_none_or(|s| s.matches(&e.message, e.delivery_count + 1))
+                })
+            })
+        })
     }
 }

@@ -28,6 +28,7 @@ fn recv(owner: u64, wait: Wait) -> ReceiveRequest {
         max_messages: 1,
         wait,
         lease_ms: Some(1_000),
+        selector: None,
     }
 }
 
@@ -472,4 +473,89 @@ fn a_receiver_whose_deadline_came_does_not_get_a_message_ready_at_that_moment() 
     assert_eq!(fx.finished_empty, vec![w]);
     assert!(fx.handed.is_empty());
     assert_eq!(q.stats().ready, 1);
+}
+
+fn selected(owner: u64, wait: Wait, selector: &str) -> ReceiveRequest {
+    let s = crate::selector::Selector::parse(selector, &crate::selector::SelectorLimits::default())
+        .unwrap();
+    ReceiveRequest {
+        selector: Some(std::sync::Arc::new(s)),
+        ..recv(owner, wait)
+    }
+}
+
+fn with_color(body: &str, color: &str) -> NewMessage {
+    let mut m = msg(body);
+    m.properties.insert(
+        "color".into(),
+        crate::types::PropertyValue::String(color.into()),
+    );
+    m
+}
+
+#[test]
+fn a_selective_receiver_skips_other_messages_without_disturbing_their_order() {
+    let mut q = queue();
+    for (body, color) in [("r1", "red"), ("b1", "blue"), ("r2", "red"), ("b2", "blue")] {
+        let _ = q.send(vec![with_color(body, color)], T0).unwrap();
+    }
+    let blue = ReceiveRequest {
+        max_messages: 5,
+        ..selected(1, Wait::NoWait, "color = 'blue'")
+    };
+    let got = delivered(q.receive(blue, T0).unwrap().0);
+    let bodies: Vec<_> = got.iter().map(|d| d.message.body.clone()).collect();
+    assert_eq!(bodies, [b"b1".to_vec(), b"b2".to_vec()]);
+    let rest = delivered(
+        q.receive(
+            ReceiveRequest {
+                max_messages: 5,
+                ..recv(2, Wait::NoWait)
+            },
+            T0,
+        )
+        .unwrap()
+        .0,
+    );
+    let bodies: Vec<_> = rest.iter().map(|d| d.message.body.clone()).collect();
+    assert_eq!(
+        bodies,
+        [b"r1".to_vec(), b"r2".to_vec()],
+        "the others kept their order"
+    );
+    q.check_invariants();
+}
+
+#[test]
+fn a_parked_selective_receiver_does_not_hold_up_the_next_one() {
+    let mut q = queue();
+    let picky = parked(
+        q.receive(selected(1, Wait::Forever, "color = 'green'"), T0)
+            .unwrap()
+            .0,
+    );
+    let any = parked(q.receive(recv(2, Wait::Forever), T0).unwrap().0);
+    let fx = q.send(vec![with_color("x", "red")], T0).unwrap().1;
+    assert_eq!(fx.handed.len(), 1);
+    assert_eq!(fx.handed[0].0, any);
+    assert_eq!(q.waiter_count(), 1, "the picky receiver still waits");
+    let fx = q.send(vec![with_color("y", "green")], T0).unwrap().1;
+    assert_eq!(fx.handed[0].0, picky);
+    q.check_invariants();
+}
+
+#[test]
+fn selectors_see_the_delivery_count_the_message_would_have() {
+    let mut q = queue();
+    let _ = send(&mut q, "m", T0);
+    let first = selected(1, Wait::NoWait, "JMSXDeliveryCount > 1");
+    assert_eq!(
+        q.receive(first.clone(), T0).unwrap().0,
+        ReceiveOutcome::Empty
+    );
+    let d = delivered(q.receive(recv(1, Wait::NoWait), T0).unwrap().0);
+    let _ = q.nack(&[d[0].lease_ref()], None, T0 + 1);
+    let again = delivered(q.receive(first, T0 + 2).unwrap().0);
+    assert_eq!(again[0].delivery_count, 2);
+    q.check_invariants();
 }
