@@ -51,6 +51,14 @@ pub struct Sessions {
     state: Mutex<State>,
 }
 
+impl State {
+    fn connection_mut(&mut self, id: &str) -> Result<&mut Connection, Error> {
+        self.connections
+            .get_mut(id)
+            .ok_or_else(|| Error::ConnectionNotFound { id: id.into() })
+    }
+}
+
 impl Sessions {
     pub fn new(config: FrontendConfig) -> Self {
         Self {
@@ -105,12 +113,7 @@ impl Sessions {
     /// Renews a connection's lease; returns when it now runs out.
     pub(crate) fn touch(&self, connection: &str) -> Result<Instant, Error> {
         let mut s = self.lock();
-        let c = s
-            .connections
-            .get_mut(connection)
-            .ok_or_else(|| Error::ConnectionNotFound {
-                id: connection.into(),
-            })?;
+        let c = s.connection_mut(connection)?;
         c.expires_at = Instant::now() + c.lease;
         Ok(c.expires_at)
     }
@@ -122,12 +125,7 @@ impl Sessions {
     ) -> Result<SessionId, Error> {
         let mut s = self.lock();
         let max = self.config.sessions_per_connection_max;
-        let c = s
-            .connections
-            .get_mut(connection)
-            .ok_or_else(|| Error::ConnectionNotFound {
-                id: connection.into(),
-            })?;
+        let c = s.connection_mut(connection)?;
         if c.sessions.len() >= max {
             return Err(Error::LimitReached {
                 what: format!("connection {connection} has {} sessions", c.sessions.len()),
@@ -241,12 +239,7 @@ impl Sessions {
     ) -> Result<QueueName, Error> {
         let mut s = self.lock();
         let max = self.config.temporary_queues_per_connection_max;
-        let c = s
-            .connections
-            .get_mut(connection)
-            .ok_or_else(|| Error::ConnectionNotFound {
-                id: connection.into(),
-            })?;
+        let c = s.connection_mut(connection)?;
         if c.temporary_queues.len() >= max {
             return Err(Error::LimitReached {
                 what: format!(
@@ -271,12 +264,7 @@ impl Sessions {
         queue: &QueueName,
     ) -> Result<(), Error> {
         let mut s = self.lock();
-        let c = s
-            .connections
-            .get_mut(connection)
-            .ok_or_else(|| Error::ConnectionNotFound {
-                id: connection.into(),
-            })?;
+        let c = s.connection_mut(connection)?;
         if c.temporary_queues.remove(queue) {
             Ok(())
         } else {

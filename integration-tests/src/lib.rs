@@ -276,3 +276,21 @@ pub async fn create_queue(client: &Client, name: &str) -> anyhow::Result<()> {
         .await?;
     Ok(())
 }
+
+/// A running in-memory node with these queues created, and a client connected to it. Keep the
+/// returned directory alive as long as the node.
+pub async fn memory_node(queues: &[&str]) -> anyhow::Result<(tempfile::TempDir, Node, Client)> {
+    let dir = tempfile::tempdir()?;
+    let node = Node::start(
+        dir.path(),
+        NodeOptions {
+            memory: true,
+            ..Default::default()
+        },
+    )?;
+    let client = node.client().await?;
+    for q in queues {
+        create_queue(&client, q).await?;
+    }
+    Ok((dir, node, client))
+}

@@ -5,20 +5,11 @@
 
 use ferry_client::pb;
 use ferry_client::{AckMode, Message, ReceiveOptions};
-use ferry_integration_tests::{create_queue, ferry_cli, Node, NodeOptions};
+use ferry_integration_tests::{ferry_cli, memory_node};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn selectors_take_only_matching_messages_and_keep_the_rest_in_order() -> anyhow::Result<()> {
-    let dir = tempfile::tempdir()?;
-    let node = Node::start(
-        dir.path(),
-        NodeOptions {
-            memory: true,
-            ..Default::default()
-        },
-    )?;
-    let client = node.client().await?;
-    create_queue(&client, "q").await?;
+    let (_dir, _node, client) = memory_node(&["q"]).await?;
     let conn = client.open_connection("t").await?;
     let session = conn.create_session(AckMode::Auto).await?;
     let msgs = (1..=6)
@@ -102,16 +93,7 @@ async fn selectors_take_only_matching_messages_and_keep_the_rest_in_order() -> a
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_consume_stream_with_a_bad_selector_is_refused_at_start() -> anyhow::Result<()> {
-    let dir = tempfile::tempdir()?;
-    let node = Node::start(
-        dir.path(),
-        NodeOptions {
-            memory: true,
-            ..Default::default()
-        },
-    )?;
-    let client = node.client().await?;
-    create_queue(&client, "q").await?;
+    let (_dir, node, client) = memory_node(&["q"]).await?;
     let start = pb::ConsumeStart {
         queue: "q".into(),
         selector: "color = ".into(),

@@ -7,20 +7,11 @@ use std::time::Duration;
 
 use ferry_client::pb;
 use ferry_client::{AckMode, Message, ReceiveOptions};
-use ferry_integration_tests::{create_queue, stats, wait_until, Node, NodeOptions};
+use ferry_integration_tests::{memory_node, stats, wait_until};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_whose_heartbeats_stop_releases_its_messages() -> anyhow::Result<()> {
-    let dir = tempfile::tempdir()?;
-    let node = Node::start(
-        dir.path(),
-        NodeOptions {
-            memory: true,
-            ..Default::default()
-        },
-    )?;
-    let client = node.client().await?;
-    create_queue(&client, "q").await?;
+    let (_dir, _node, client) = memory_node(&["q"]).await?;
     let mut m = client.messaging();
     // A raw connection with the shortest lease and no heartbeats: a client that hung.
     let conn = m
@@ -84,16 +75,7 @@ async fn a_connection_whose_heartbeats_stop_releases_its_messages() -> anyhow::R
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn closing_recovering_and_lease_expiry_return_messages() -> anyhow::Result<()> {
-    let dir = tempfile::tempdir()?;
-    let node = Node::start(
-        dir.path(),
-        NodeOptions {
-            memory: true,
-            ..Default::default()
-        },
-    )?;
-    let client = node.client().await?;
-    create_queue(&client, "q").await?;
+    let (_dir, _node, client) = memory_node(&["q"]).await?;
     let conn = client.open_connection("t").await?;
     let s1 = conn.create_session(AckMode::Client).await?;
     s1.send(
@@ -158,15 +140,7 @@ async fn closing_recovering_and_lease_expiry_return_messages() -> anyhow::Result
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn closing_a_connection_deletes_its_temporary_queues() -> anyhow::Result<()> {
-    let dir = tempfile::tempdir()?;
-    let node = Node::start(
-        dir.path(),
-        NodeOptions {
-            memory: true,
-            ..Default::default()
-        },
-    )?;
-    let client = node.client().await?;
+    let (_dir, _node, client) = memory_node(&[]).await?;
     let conn = client.open_connection("requester").await?;
     let tmp = conn.create_temporary_queue().await?;
     let session = conn.create_session(AckMode::Auto).await?;
@@ -194,16 +168,7 @@ async fn closing_a_connection_deletes_its_temporary_queues() -> anyhow::Result<(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consume_stream_delivers_with_credits_and_takes_acks() -> anyhow::Result<()> {
-    let dir = tempfile::tempdir()?;
-    let node = Node::start(
-        dir.path(),
-        NodeOptions {
-            memory: true,
-            ..Default::default()
-        },
-    )?;
-    let client = node.client().await?;
-    create_queue(&client, "q").await?;
+    let (_dir, _node, client) = memory_node(&["q"]).await?;
     let conn = client.open_connection("t").await?;
     let session = conn.create_session(AckMode::Client).await?;
     session

@@ -6,20 +6,11 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use ferry_client::{AckMode, Message, ReceiveOptions};
-use ferry_integration_tests::{create_queue, ferry_bin, stats, wait_until, Node, NodeOptions};
+use ferry_integration_tests::{ferry_bin, memory_node, stats, wait_until};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_receiver_leaves_nothing_behind() -> anyhow::Result<()> {
-    let dir = tempfile::tempdir()?;
-    let node = Node::start(
-        dir.path(),
-        NodeOptions {
-            memory: true,
-            ..Default::default()
-        },
-    )?;
-    let client = node.client().await?;
-    create_queue(&client, "jobs").await?;
+    let (_dir, node, client) = memory_node(&["jobs"]).await?;
 
     // A separate client process blocks in receive(60 s)...
     let mut blocked = Command::new(ferry_bin())
@@ -78,16 +69,7 @@ async fn a_killed_receiver_leaves_nothing_behind() -> anyhow::Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_receive_hands_the_next_message_to_the_next_receiver() -> anyhow::Result<()> {
-    let dir = tempfile::tempdir()?;
-    let node = Node::start(
-        dir.path(),
-        NodeOptions {
-            memory: true,
-            ..Default::default()
-        },
-    )?;
-    let client = node.client().await?;
-    create_queue(&client, "q").await?;
+    let (_dir, _node, client) = memory_node(&["q"]).await?;
     let conn = client.open_connection("t").await?;
     let first = conn.create_session(AckMode::Client).await?;
     let second = conn.create_session(AckMode::Client).await?;
