@@ -234,3 +234,87 @@ async fn consume_stream_delivers_with_credits_and_takes_acks() -> anyhow::Result
     assert_eq!((s.ready, s.leased, s.acked_total), (3, 0, 2));
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_acknowledge_is_cumulative_and_individual_is_not() -> anyhow::Result<()> {
+    let (_dir, _node, client) = memory_node(&["q"]).await?;
+    let conn = client.open_connection("t").await?;
+    let producer = conn.create_session(AckMode::Auto).await?;
+    producer
+        .send(
+            "q",
+            (1..=6).map(|i| Message::text(format!("m{i}"))).collect(),
+        )
+        .await?;
+
+    // CLIENT: acknowledging the second message acknowledges the first too, not the third.
+    let client_ack = conn.create_session(AckMode::Client).await?;
+    let mut got = vec![];
+    for _ in 0..3 {
+        got.extend(client_ack.receive("q", ReceiveOptions::no_wait()).await?);
+    }
+    client_ack.ack(&got[1..2]).await?;
+    let s = stats(&client, "q").await?;
+    assert_eq!((s.acked_total, s.leased, s.ready), (2, 1, 3));
+
+    // INDIVIDUAL: acknowledging one acknowledges only that one.
+    let individual = conn.create_session(AckMode::Individual).await?;
+    let mut got = vec![];
+    for _ in 0..2 {
+        got.extend(individual.receive("q", ReceiveOptions::no_wait()).await?);
+    }
+    individual.ack(&got[1..2]).await?;
+    let s = stats(&client, "q").await?;
+    assert_eq!((s.acked_total, s.leased, s.ready), (3, 2, 1));
+
+    // Recover forgets what the client session held; nothing is acknowledged by a later ack
+    // beyond what it names and what was delivered after the recover.
+    assert_eq!(client_ack.recover().await?, 1);
+    let again = client_ack
+        .receive("q", ReceiveOptions::no_wait().max(2))
+        .await?;
+    assert_eq!(again.len(), 2);
+    client_ack.ack(&again[0..1]).await?;
+    let s = stats(&client, "q").await?;
+    assert_eq!((s.acked_total, s.leased), (4, 2));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_acknowledge_session_is_bounded() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let extra = "[limits]\nunacked_per_session_max = 3\n".to_string();
+    let node = ferry_integration_tests::Node::start(
+        dir.path(),
+        ferry_integration_tests::NodeOptions {
+            memory: true,
+            extra_toml: extra,
+            ..Default::default()
+        },
+    )?;
+    let client = node.client().await?;
+    ferry_integration_tests::create_queue(&client, "q").await?;
+    let conn = client.open_connection("t").await?;
+    let session = conn.create_session(AckMode::Client).await?;
+    session
+        .send(
+            "q",
+            (0..5).map(|i| Message::text(format!("m{i}"))).collect(),
+        )
+        .await?;
+    let held = session
+        .receive("q", ReceiveOptions::no_wait().max(3))
+        .await?;
+    let e = session
+        .receive("q", ReceiveOptions::no_wait())
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Some(tonic::Code::ResourceExhausted), "{e}");
+    assert!(e.to_string().contains("unacked_per_session_max"), "{e}");
+    session.ack(&held[2..3]).await?;
+    assert_eq!(
+        session.receive("q", ReceiveOptions::no_wait()).await?.len(),
+        1
+    );
+    Ok(())
+}
