@@ -16,11 +16,13 @@
 
 mod connection;
 mod message;
+mod request;
 
 pub use connection::{Client, Connection, ReceiveOptions, Session};
 pub use ferry_proto::pb;
 pub use ferry_proto::pb::AckMode;
 pub use message::{Message, Received};
+pub use request::Requestor;
 
 /// What can go wrong talking to a server.
 #[derive(Debug, thiserror::Error)]

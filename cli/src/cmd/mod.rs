@@ -3,6 +3,7 @@
 mod browse;
 mod queue;
 mod receive;
+mod request;
 mod send;
 mod server;
 
@@ -49,6 +50,11 @@ pub enum Command {
     Receive(receive::ReceiveArgs),
     /// Look at a queue's messages without taking them.
     Browse(browse::BrowseArgs),
+    /// Send a request and wait for its reply (on a temporary queue, matched by correlation id).
+    Request(request::RequestArgs),
+    /// Answer requests: reply to each request's reply-to queue with its message id as the
+    /// correlation id.
+    Reply(request::ReplyArgs),
 }
 
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
@@ -58,6 +64,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Send(a) => send::run(a).await,
         Command::Receive(a) => receive::run(a).await,
         Command::Browse(a) => browse::run(a).await,
+        Command::Request(a) => request::request(a).await,
+        Command::Reply(a) => request::reply(a).await,
     }
 }
 

@@ -1,0 +1,127 @@
+//! `ferry request` and `ferry reply`: request-reply over queues from the command line.
+
+use std::time::Duration;
+
+use anyhow::{bail, Context as _};
+use ferry_client::{AckMode, Message, ReceiveOptions, Requestor};
+use ferry_proto::pb;
+use serde_json::json;
+
+use super::{connect, ClientArgs};
+use crate::output::{message_json, message_text, Format};
+
+#[derive(Debug, clap::Args)]
+pub struct RequestArgs {
+    #[command(flatten)]
+    client: ClientArgs,
+    /// The queue the replier listens on.
+    #[arg(long, short)]
+    queue: String,
+    /// The request body.
+    body: String,
+    /// A typed property, NAME=VALUE or NAME:TYPE=VALUE (see `ferry send --help`). Repeatable.
+    #[arg(long = "property", short = 'p', value_parser = super::parse_property)]
+    properties: Vec<(String, pb::PropertyValue)>,
+    /// How long to wait for the reply.
+    #[arg(long, default_value_t = 5_000)]
+    timeout_ms: u64,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ReplyArgs {
+    #[command(flatten)]
+    client: ClientArgs,
+    /// The queue requests arrive on.
+    #[arg(long, short)]
+    queue: String,
+    /// Answer this many requests, then stop.
+    #[arg(long, default_value_t = 1)]
+    count: u64,
+    /// How long to wait for each request; absent: until one comes.
+    #[arg(long)]
+    timeout_ms: Option<i64>,
+    /// Reply with this body; without it, the reply echoes the request's body.
+    #[arg(long)]
+    body: Option<String>,
+    /// Time to live of each reply: a reply nobody collects in time expires instead of piling up.
+    #[arg(long)]
+    ttl_ms: Option<u64>,
+}
+
+pub async fn request(a: RequestArgs) -> anyhow::Result<()> {
+    let client = connect(&a.client).await?;
+    let connection = client.open_connection("ferry-cli-request").await?;
+    let requestor = Requestor::new(&connection).await?;
+    let mut msg = Message::text(a.body);
+    for (k, v) in a.properties {
+        msg.0.properties.insert(k, v);
+    }
+    let timeout = Duration::from_millis(a.timeout_ms);
+    let reply = requestor
+        .request(&a.queue, msg, timeout)
+        .await
+        .with_context(|| format!("cannot send the request to queue {}", a.queue))?;
+    connection.close().await?;
+    let Some(reply) = reply else {
+        bail!(
+            "no reply within {} ms: is a replier running? (ferry reply --queue {})",
+            a.timeout_ms,
+            a.queue
+        );
+    };
+    match a.client.output {
+        Format::Json => println!("{}", message_json(reply.message(), Some(&reply.delivery))),
+        Format::Human => println!("{}", message_text(reply.message(), Some(&reply.delivery))),
+    }
+    Ok(())
+}
+
+pub async fn reply(a: ReplyArgs) -> anyhow::Result<()> {
+    let client = connect(&a.client).await?;
+    let connection = client.open_connection("ferry-cli-reply").await?;
+    // Client acknowledge: a request is acknowledged only once its reply was sent.
+    let session = connection.create_session(AckMode::Client).await?;
+    let mut answered = 0u64;
+    let result = async {
+        while answered < a.count {
+            let opts = ReceiveOptions {
+                timeout_ms: a.timeout_ms,
+                ..ReceiveOptions::default()
+            };
+            let got = session
+                .receive(&a.queue, opts)
+                .await
+                .with_context(|| format!("cannot receive from queue {}", a.queue))?;
+            let Some(request) = got.into_iter().next() else {
+                break;
+            };
+            let body = a
+                .body
+                .clone()
+                .map_or_else(|| request.body().to_vec(), String::into_bytes);
+            let mut reply = Message::bytes(body);
+            if let Some(ttl) = a.ttl_ms {
+                reply = reply.ttl_ms(ttl);
+            }
+            let sent = session.reply(&request, reply).await;
+            session
+                .ack(std::slice::from_ref(&request))
+                .await
+                .context("cannot acknowledge the request")?;
+            match (sent, a.client.output) {
+                (Ok(id), Format::Json) => println!(
+                    "{}",
+                    json!({ "request_id": request.message_id(), "reply_id": id })
+                ),
+                (Ok(id), Format::Human) => println!("answered {} with {id}", request.message_id()),
+                // The requester may be gone (its temporary queue with it): say so and go on.
+                (Err(e), _) => eprintln!("could not answer {}: {e}", request.message_id()),
+            }
+            answered += 1;
+        }
+        anyhow::Ok(())
+    }
+    .await;
+    connection.close().await?;
+    result
+}
