@@ -20,11 +20,13 @@ use crate::config::{Config, Storage};
 
 /// Runs a node on `listener` until `shutdown` completes, then stops gracefully: no new calls are
 /// accepted, parked receivers are answered empty, writes already submitted finish durably, and
-/// calls still queued fail with UNAVAILABLE.
+/// calls still queued fail with UNAVAILABLE. `on_ready` is called once every queue is recovered,
+/// just before the node serves.
 pub async fn run(
     config: Config,
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send,
+    on_ready: impl FnOnce(std::net::SocketAddr),
 ) -> anyhow::Result<()> {
     let node_id = NodeId::new(config.node_id.as_str())?;
     let membership = config.cluster.validate(&node_id)?;
@@ -96,6 +98,7 @@ pub async fn run(
     let max = l.grpc_max_request_bytes;
     let addr = listener.local_addr()?;
     tracing::info!(node = %node_id, %addr, "listening");
+    on_ready(addr);
     let begun = Arc::new(tokio::sync::Notify::new());
     let stopping = {
         let (broker, health, begun) = (broker.clone(), health.clone(), begun.clone());

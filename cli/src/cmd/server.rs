@@ -41,11 +41,11 @@ pub async fn run(a: ServerArgs) -> anyhow::Result<()> {
                 config.listen
             )
         })?;
-    let addr = listener.local_addr()?;
     tracing::info!(data_dir = %config.data_dir.display(), storage = ?config.storage, "starting ferry node");
-    // One line on stdout, for people and for scripts that started us on port 0.
-    println!("ferry {} listening on {addr}", env!("CARGO_PKG_VERSION"));
-    crate::node::run(config, listener, crate::node::shutdown_signal()).await
+    // One line on stdout once the node serves, for people and for scripts that started it on
+    // port 0 and wait for it.
+    let ready = |addr| println!("ferry {} listening on {addr}", env!("CARGO_PKG_VERSION"));
+    crate::node::run(config, listener, crate::node::shutdown_signal(), ready).await
 }
 
 fn init_logging(config: &Config) -> anyhow::Result<()> {
