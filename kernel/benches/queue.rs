@@ -61,6 +61,7 @@ fn send_receive_ack(c: &mut Criterion) {
                 };
                 let leases: Vec<_> = d.iter().map(|d| d.lease_ref()).collect();
                 let _ = black_box(q.ack(&leases, 1_001));
+                q
             },
             BatchSize::SmallInput,
         );
@@ -78,10 +79,11 @@ fn send_receive_ack(c: &mut Criterion) {
                 q
             },
             |mut q| {
-                black_box(
-                    q.receive(receive(1_000, Some(sel.clone())), 1_000)
-                        .expect("receive"),
-                )
+                let out = q
+                    .receive(receive(1_000, Some(sel.clone())), 1_000)
+                    .expect("receive");
+                // Returned, so dropping the queue happens outside the measurement.
+                (q, black_box(out))
             },
             BatchSize::SmallInput,
         );
