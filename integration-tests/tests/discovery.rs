@@ -1,7 +1,7 @@
 //! Standard gRPC tooling works against a node: server reflection (what `grpcurl list` uses) and
 //! the health service.
 
-use ferry_integration_tests::{Node, NodeOptions};
+use ferry_integration_tests::memory_node;
 use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
 use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
 use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
@@ -9,15 +9,7 @@ use tonic_reflection::pb::v1::ServerReflectionRequest;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reflection_lists_the_api_services() -> anyhow::Result<()> {
-    let dir = tempfile::tempdir()?;
-    let node = Node::start(
-        dir.path(),
-        NodeOptions {
-            memory: true,
-            ..Default::default()
-        },
-    )?;
-    node.client().await?; // healthy (SERVING) first
+    let (_dir, node, _client) = memory_node(&[]).await?; // SERVING once this returns
     let channel = tonic::transport::Endpoint::from_shared(node.url())?
         .connect()
         .await?;
