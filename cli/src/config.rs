@@ -51,8 +51,6 @@ pub struct Limits {
     pub connections_max: usize,
     pub sessions_per_connection_max: usize,
     pub temporary_queues_per_connection_max: usize,
-    /// Unacknowledged deliveries one client-acknowledge session may hold.
-    pub unacked_per_session_max: usize,
 }
 
 impl Default for Limits {
@@ -68,7 +66,6 @@ impl Default for Limits {
             connections_max: 100_000,
             sessions_per_connection_max: 1_000,
             temporary_queues_per_connection_max: 1_000,
-            unacked_per_session_max: 10_000,
         }
     }
 }

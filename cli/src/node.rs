@@ -77,7 +77,6 @@ pub async fn run(
         connections_max: l.connections_max,
         sessions_per_connection_max: l.sessions_per_connection_max,
         temporary_queues_per_connection_max: l.temporary_queues_per_connection_max,
-        unacked_per_session_max: l.unacked_per_session_max,
         ..FrontendConfig::default()
     };
     let frontend = Frontend::new(fe_config, router);

@@ -1,5 +1,6 @@
 //! Client, connection (a lease kept alive by a background heartbeat) and session.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -127,6 +128,7 @@ impl Connection {
             id: r.session_id,
             ack_mode,
             _heartbeat: self.heartbeat.clone(),
+            unacked: Arc::default(),
         })
     }
 
@@ -197,6 +199,7 @@ pub struct Session {
     ack_mode: pb::AckMode,
     /// A session keeps its connection's heartbeat going.
     _heartbeat: Arc<AbortOnDrop>,
+    unacked: Arc<std::sync::Mutex<VecDeque<String>>>,
 }
 
 impl Session {
@@ -277,22 +280,73 @@ impl Session {
                 Err(e) => return Err(e),
             }
         }
+        if self.ack_mode == pb::AckMode::Client {
+            self.unacked()
+                .extend(received.iter().map(|r| r.receipt_handle().to_string()));
+        }
         Ok(received)
     }
 
+    /// Acknowledges messages. In client-acknowledge mode this acknowledges, as JMS
+    /// `Message.acknowledge()` does, every message this session handed to the application up to
+    /// the latest one named; otherwise exactly the ones named. Fails with FAILED_PRECONDITION if a
+    /// named delivery is no longer live (its lease ran out: it is or will be redelivered).
     pub async fn ack(&self, received: &[Received]) -> Result<(), ClientError> {
-        let receipt_handles = received
+        let named: Vec<String> = received
             .iter()
             .map(|r| r.receipt_handle().to_string())
             .collect();
-        self.client
-            .messaging()
-            .ack(pb::AckRequest {
-                session_id: self.id.clone(),
-                receipt_handles,
+        let implied: Vec<String> = if self.ack_mode == pb::AckMode::Client {
+            let unacked = self.unacked();
+            let upto = named
+                .iter()
+                .filter_map(|h| unacked.iter().position(|u| u == h))
+                .max();
+            upto.map_or_else(Vec::new, |upto| {
+                unacked
+                    .iter()
+                    .take(upto + 1)
+                    .filter(|h| !named.contains(h))
+                    .cloned()
+                    .collect()
             })
-            .await?;
+        } else {
+            vec![]
+        };
+        if !implied.is_empty() {
+            match self.send_ack(implied.clone()).await {
+                // An earlier delivery whose lease ran out is redelivered; not this call's mistake.
+                Err(ClientError::Status(s)) if s.code() == tonic::Code::FailedPrecondition => {}
+                other => other?,
+            }
+        }
+        let result = self.send_ack(named.clone()).await;
+        let acked_or_stale = match &result {
+            Ok(()) => true,
+            Err(ClientError::Status(s)) => s.code() == tonic::Code::FailedPrecondition,
+            Err(_) => false,
+        };
+        if acked_or_stale {
+            self.unacked()
+                .retain(|h| !named.contains(h) && !implied.contains(h));
+        }
+        result
+    }
+
+    async fn send_ack(&self, receipt_handles: Vec<String>) -> Result<(), ClientError> {
+        let req = pb::AckRequest {
+            session_id: self.id.clone(),
+            receipt_handles,
+        };
+        self.client.messaging().ack(req).await?;
         Ok(())
+    }
+
+    /// Client-acknowledge bookkeeping: deliveries handed to the application, not yet acknowledged.
+    fn unacked(&self) -> std::sync::MutexGuard<'_, VecDeque<String>> {
+        self.unacked
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     pub async fn nack(
@@ -300,10 +354,11 @@ impl Session {
         received: &[Received],
         delay_ms: Option<u64>,
     ) -> Result<(), ClientError> {
-        let receipt_handles = received
+        let receipt_handles: Vec<String> = received
             .iter()
             .map(|r| r.receipt_handle().to_string())
             .collect();
+        self.unacked().retain(|h| !receipt_handles.contains(h));
         let req = pb::NackRequest {
             session_id: self.id.clone(),
             receipt_handles,
@@ -316,6 +371,7 @@ impl Session {
 
     /// Redelivers every unacknowledged message of this session.
     pub async fn recover(&self) -> Result<u32, ClientError> {
+        self.unacked().clear();
         let r = self
             .client
             .messaging()

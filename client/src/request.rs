@@ -4,7 +4,6 @@
 //! acknowledged, discarded and counted, never mistaken for the answer.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ferry_proto::pb;
@@ -14,11 +13,13 @@ use crate::message::{Message, Received};
 use crate::ClientError;
 
 /// Sends requests and waits for their replies; reuses one temporary queue for all of them.
-#[derive(Debug, Clone)]
+/// One request at a time (`&mut self`): requests in flight together would read each other's
+/// replies from the shared queue. Make one requestor per concurrent caller.
+#[derive(Debug)]
 pub struct Requestor {
     session: Session,
     reply_queue: String,
-    stale_replies: Arc<AtomicU64>,
+    stale_replies: AtomicU64,
 }
 
 impl Requestor {
@@ -30,7 +31,7 @@ impl Requestor {
         Ok(Self {
             session,
             reply_queue,
-            stale_replies: Arc::default(),
+            stale_replies: AtomicU64::new(0),
         })
     }
 
@@ -47,7 +48,7 @@ impl Requestor {
     /// Sends `request` to `queue` and waits up to `timeout` for its reply. `Ok(None)`: no reply
     /// in time (nobody answered, or too late: a late reply is discarded by a later call).
     pub async fn request(
-        &self,
+        &mut self,
         queue: &str,
         request: Message,
         timeout: Duration,

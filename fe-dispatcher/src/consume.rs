@@ -58,13 +58,10 @@ async fn run(
     let mut stopping = svc.stopping.clone();
     loop {
         // Traffic on the stream keeps the connection alive; a session that is gone ends it.
-        let session = match svc.touch_session(&start.session_id, None) {
-            Ok(session) => session,
-            Err(status) => {
-                let _ = tx.send(Err(status)).await;
-                return;
-            }
-        };
+        if let Err(status) = svc.touch_session(&start.session_id, None) {
+            let _ = tx.send(Err(status)).await;
+            return;
+        }
         if inflight.is_none() && credits > 0 {
             let req = pb::BackendReceiveRequest {
                 queue: start.queue.clone(),
@@ -85,7 +82,7 @@ async fn run(
                     Ok(Some(_)) => continue,
                     Ok(None) | Err(_) => return,
                 };
-                if let Some(reply) = handle(&svc, session, kind, &mut credits).await {
+                if let Some(reply) = handle(&svc, kind, &mut credits).await {
                     if tx.send(reply).await.is_err() {
                         return;
                     }
@@ -97,9 +94,6 @@ async fn run(
                     Ok(r) => {
                         let deliveries = r.into_inner().deliveries;
                         credits = credits.saturating_sub(deliveries.len() as u64);
-                        if let Some(id) = session {
-                            svc.sessions.record_deliveries(id, deliveries.iter().map(|d| d.receipt_handle.as_str()));
-                        }
                         let handles: Vec<String> = deliveries.iter().map(|d| d.receipt_handle.clone()).collect();
                         let out = pb::ConsumeResponse { kind: Some(pb::consume_response::Kind::Deliveries(pb::Deliveries { deliveries })) };
                         if tx.send(Ok(out)).await.is_err() {
@@ -122,7 +116,6 @@ async fn run(
 
 async fn handle(
     svc: &MessagingService,
-    session: Option<ferry_kernel::SessionId>,
     kind: Kind,
     credits: &mut u64,
 ) -> Option<Result<pb::ConsumeResponse, Status>> {
@@ -141,19 +134,23 @@ async fn handle(
             *credits = credits.saturating_add(u64::from(n));
             None
         }
-        Kind::Ack(h) => match svc.ack_cumulative(session, h.receipt_handles).await {
-            Ok(stale) => result(stale),
+        Kind::Ack(h) => match svc
+            .lease_op(&h.receipt_handles, |be, req| async move {
+                be.ack(Request::new(req)).await
+            })
+            .await
+        {
+            Ok((_, stale)) => result(stale),
             Err(status) => Some(Err(status)),
         },
-        Kind::Nack(h) => {
-            if let Some(id) = session {
-                svc.sessions.forget_deliveries(id, Some(&h.receipt_handles));
-            }
-            let nack = |be: crate::BackendRef, req| async move { be.nack(Request::new(req)).await };
-            match svc.lease_op(&h.receipt_handles, nack).await {
-                Ok((_, stale)) => result(stale),
-                Err(status) => Some(Err(status)),
-            }
-        }
+        Kind::Nack(h) => match svc
+            .lease_op(&h.receipt_handles, |be, req| async move {
+                be.nack(Request::new(req)).await
+            })
+            .await
+        {
+            Ok((_, stale)) => result(stale),
+            Err(status) => Some(Err(status)),
+        },
     }
 }

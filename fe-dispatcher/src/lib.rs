@@ -43,8 +43,6 @@ pub struct FrontendConfig {
     pub temporary_queues_per_connection_max: usize,
     /// Connections this node holds at once.
     pub connections_max: usize,
-    /// Unacknowledged deliveries one client-acknowledge session may hold.
-    pub unacked_per_session_max: usize,
     /// A long-poll receive bounded by the call's deadline answers this much before it, so the
     /// empty answer reaches the client in time.
     pub deadline_margin_ms: u64,
@@ -59,7 +57,6 @@ impl Default for FrontendConfig {
             sessions_per_connection_max: 1_000,
             temporary_queues_per_connection_max: 1_000,
             connections_max: 100_000,
-            unacked_per_session_max: 10_000,
             deadline_margin_ms: 50,
         }
     }

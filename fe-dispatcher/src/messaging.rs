@@ -173,31 +173,6 @@ impl MessagingService {
         Ok((expires, stale))
     }
 
-    /// Acknowledges `named` and, in client-acknowledge mode, every earlier delivery of the
-    /// session. Returns the named handles that were stale, with why (an implied one that is stale
-    /// has been or will be redelivered; that is not the caller's mistake).
-    pub(crate) async fn ack_cumulative(
-        &self,
-        session: Option<SessionId>,
-        named: Vec<String>,
-    ) -> Result<Vec<String>, Status> {
-        let (named, implied) = match session {
-            Some(id) => self.sessions.ack_set(id, &named),
-            None => (named, vec![]),
-        };
-        let all: Vec<String> = named.iter().chain(&implied).cloned().collect();
-        let (_, stale) = self
-            .lease_op(
-                &all,
-                |be, req| async move { be.ack(Request::new(req)).await },
-            )
-            .await?;
-        Ok(stale
-            .into_iter()
-            .filter(|s| named.iter().any(|n| s.starts_with(n.as_str())))
-            .collect())
-    }
-
     /// [`Self::lease_op`], failing with FAILED_PRECONDITION if any handle was stale.
     async fn by_receipts<F, Fut>(&self, handles: Vec<String>, op: F) -> Result<Vec<u64>, Status>
     where
@@ -362,10 +337,7 @@ impl pb::messaging_server::Messaging for MessagingService {
         let r = req.into_inner();
         let queue = queue_name(&r.queue)?;
         let wait_ms = self.backend_wait(r.wait_ms, deadline)?;
-        let session = self.touch_session(&r.session_id, Some(&queue))?;
-        if let Some(id) = session {
-            self.sessions.check_unacked_room(id)?;
-        }
+        self.touch_session(&r.session_id, Some(&queue))?;
         let be = self.router.for_queue(&queue)?;
         let mut fwd = Request::new(pb::BackendReceiveRequest {
             queue: r.queue,
@@ -385,10 +357,6 @@ impl pb::messaging_server::Messaging for MessagingService {
             // The node is stopping: a long poll ends empty (dropping the receive removes it).
             () = crate::stopped(&mut stopping) => vec![],
         };
-        if let Some(id) = session {
-            self.sessions
-                .record_deliveries(id, deliveries.iter().map(|d| d.receipt_handle.as_str()));
-        }
         Ok(Response::new(pb::ReceiveResponse { deliveries }))
     }
 
@@ -405,18 +373,11 @@ impl pb::messaging_server::Messaging for MessagingService {
 
     async fn ack(&self, req: Request<pb::AckRequest>) -> Reply<pb::AckResponse> {
         let r = req.into_inner();
-        let session = self.touch_session(&r.session_id, None)?;
-        let total = r.receipt_handles.len();
-        let stale = self.ack_cumulative(session, r.receipt_handles).await?;
-        if !stale.is_empty() {
-            let detail = stale.join("; ");
-            return Err(Error::StaleReceipts {
-                stale: stale.len(),
-                total,
-                detail,
-            }
-            .into());
-        }
+        self.touch_session(&r.session_id, None)?;
+        self.by_receipts(r.receipt_handles, |be, req| async move {
+            be.ack(Request::new(req)).await
+        })
+        .await?;
         Ok(Response::new(pb::AckResponse {}))
     }
 
@@ -428,10 +389,7 @@ impl pb::messaging_server::Messaging for MessagingService {
             }
             .into());
         }
-        if let Some(id) = self.touch_session(&r.session_id, None)? {
-            self.sessions
-                .forget_deliveries(id, Some(&r.receipt_handles));
-        }
+        self.touch_session(&r.session_id, None)?;
         let delay_ms = r.delay_ms;
         self.by_receipts(r.receipt_handles, |be, req| async move {
             be.nack(Request::new(pb::BackendLeaseRequest { delay_ms, ..req }))
@@ -463,7 +421,6 @@ impl pb::messaging_server::Messaging for MessagingService {
         let id = session_id(&req.into_inner().session_id)?;
         self.sessions.use_session(id, None)?;
         let queues = self.sessions.session_queues(id)?;
-        self.sessions.forget_deliveries(id, None);
         let n = self.release_session_queues(id, queues, true).await;
         Ok(Response::new(pb::RecoverResponse {
             redelivered: u32::try_from(n).unwrap_or(u32::MAX),

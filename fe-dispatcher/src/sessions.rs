@@ -3,7 +3,7 @@
 //! closed exactly as if the client had closed it. Plain data behind a `std::sync::Mutex`, never
 //! held across an `.await`: closing returns what the caller must then release on the back-ends.
 
-use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Mutex, PoisonError};
 
 use ferry_kernel::{QueueName, SessionId};
@@ -29,9 +29,6 @@ struct Session {
     ack_mode: AckMode,
     /// Queues this session received from: where its leases may be.
     queues: HashSet<QueueName>,
-    /// Client-acknowledge mode: receipt handles of unacknowledged deliveries, oldest first, so
-    /// acknowledging one acknowledges every delivery before it.
-    delivered: VecDeque<String>,
 }
 
 /// What the back-ends must be told after a session or connection ended.
@@ -152,7 +149,6 @@ impl Sessions {
                 connection: connection.into(),
                 ack_mode,
                 queues: HashSet::new(),
-                delivered: VecDeque::new(),
             },
         );
         Ok(id)
@@ -180,80 +176,6 @@ impl Sessions {
             c.expires_at = Instant::now() + c.lease;
         }
         Ok(mode)
-    }
-
-    /// Client-acknowledge mode: refuses another receive while the session holds too many
-    /// unacknowledged deliveries (they are tracked to make acks cumulative).
-    pub(crate) fn check_unacked_room(&self, id: SessionId) -> Result<(), Error> {
-        let s = self.lock();
-        let Some(sess) = s.sessions.get(&id) else {
-            return Ok(());
-        };
-        let max = self.config.unacked_per_session_max;
-        if sess.ack_mode == AckMode::Client && sess.delivered.len() >= max {
-            return Err(Error::LimitReached {
-                what: format!(
-                    "session {id} holds {} unacknowledged messages; acknowledge some first",
-                    sess.delivered.len()
-                ),
-                limit: max,
-                limit_name: "unacked_per_session_max",
-            });
-        }
-        Ok(())
-    }
-
-    /// Remembers deliveries made to a client-acknowledge session.
-    pub(crate) fn record_deliveries<'a>(
-        &self,
-        id: SessionId,
-        handles: impl IntoIterator<Item = &'a str>,
-    ) {
-        let mut s = self.lock();
-        if let Some(sess) = s.sessions.get_mut(&id) {
-            if sess.ack_mode == AckMode::Client {
-                sess.delivered
-                    .extend(handles.into_iter().map(str::to_owned));
-            }
-        }
-    }
-
-    /// The handles an ack of `named` acknowledges: in client-acknowledge mode, every delivery of
-    /// the session up to the latest one named (JMS `Message.acknowledge()`), else just `named`.
-    /// The returned handles are forgotten. The second list is the implied ones (not named).
-    pub(crate) fn ack_set(&self, id: SessionId, named: &[String]) -> (Vec<String>, Vec<String>) {
-        let mut s = self.lock();
-        let Some(sess) = s
-            .sessions
-            .get_mut(&id)
-            .filter(|s| s.ack_mode == AckMode::Client)
-        else {
-            return (named.to_vec(), vec![]);
-        };
-        let upto = named
-            .iter()
-            .filter_map(|h| sess.delivered.iter().position(|d| d == h))
-            .max();
-        let mut implied = vec![];
-        if let Some(upto) = upto {
-            for h in sess.delivered.drain(..=upto) {
-                if !named.contains(&h) {
-                    implied.push(h);
-                }
-            }
-        }
-        (named.to_vec(), implied)
-    }
-
-    /// Forgets deliveries that were given back (nack) or returned (recover).
-    pub(crate) fn forget_deliveries(&self, id: SessionId, handles: Option<&[String]>) {
-        let mut s = self.lock();
-        if let Some(sess) = s.sessions.get_mut(&id) {
-            match handles {
-                Some(h) => sess.delivered.retain(|d| !h.contains(d)),
-                None => sess.delivered.clear(),
-            }
-        }
     }
 
     /// The queues where a session may hold leases.

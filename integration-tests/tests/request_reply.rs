@@ -11,7 +11,7 @@ use ferry_integration_tests::{ferry_bin, ferry_cli, memory_node, stats, wait_unt
 async fn a_request_gets_its_own_reply_and_strays_are_counted() -> anyhow::Result<()> {
     let (_dir, _node, client) = memory_node(&["svc"]).await?;
     let conn = client.open_connection("requester").await?;
-    let requestor = Requestor::new(&conn).await?;
+    let mut requestor = Requestor::new(&conn).await?;
 
     // A stray reply (say, a late answer to an earlier request) is already waiting.
     let other = client

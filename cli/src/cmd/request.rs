@@ -51,7 +51,7 @@ pub struct ReplyArgs {
 pub async fn request(a: RequestArgs) -> anyhow::Result<()> {
     let client = connect(&a.client).await?;
     let connection = client.open_connection("ferry-cli-request").await?;
-    let requestor = Requestor::new(&connection).await?;
+    let mut requestor = Requestor::new(&connection).await?;
     let mut msg = Message::text(a.body);
     for (k, v) in a.properties {
         msg.0.properties.insert(k, v);
@@ -103,19 +103,38 @@ pub async fn reply(a: ReplyArgs) -> anyhow::Result<()> {
             if let Some(ttl) = a.ttl_ms {
                 reply = reply.ttl_ms(ttl);
             }
-            let sent = session.reply(&request, reply).await;
-            session
-                .ack(std::slice::from_ref(&request))
-                .await
-                .context("cannot acknowledge the request")?;
-            match (sent, a.client.output) {
-                (Ok(id), Format::Json) => println!(
-                    "{}",
-                    json!({ "request_id": request.message_id(), "reply_id": id })
-                ),
-                (Ok(id), Format::Human) => println!("answered {} with {id}", request.message_id()),
-                // The requester may be gone (its temporary queue with it): say so and go on.
-                (Err(e), _) => eprintln!("could not answer {}: {e}", request.message_id()),
+            let this = std::slice::from_ref(&request);
+            match session.reply(&request, reply).await {
+                Ok(id) => {
+                    session
+                        .ack(this)
+                        .await
+                        .context("cannot acknowledge the request")?;
+                    let rid = request.message_id();
+                    match a.client.output {
+                        Format::Json => {
+                            println!("{}", json!({ "request_id": rid, "reply_id": id }))
+                        }
+                        Format::Human => println!("answered {rid} with {id}"),
+                    }
+                }
+                // The requester is gone with its temporary queue: nobody can take an answer.
+                Err(e) if e.code() == Some(tonic::Code::NotFound) => {
+                    session
+                        .ack(this)
+                        .await
+                        .context("cannot acknowledge the request")?;
+                    eprintln!("could not answer {}: {e}", request.message_id());
+                }
+                // Anything else may pass: give the request back to be answered again.
+                Err(e) => {
+                    session
+                        .nack(this, None)
+                        .await
+                        .context("cannot give the request back")?;
+                    let what = format!("cannot answer {}", request.message_id());
+                    return Err(anyhow::Error::new(e).context(what));
+                }
             }
             answered += 1;
         }
