@@ -32,10 +32,17 @@ pub enum ClientError {
         url: String,
         source: tonic::transport::Error,
     },
+    /// The server's answer (its message says what to fix; the code is the gRPC status code).
     #[error("{} ({:?})", .0.message(), .0.code())]
-    Status(#[from] tonic::Status),
+    Status(tonic::Status),
     #[error("{0}")]
     InvalidArgument(String),
+}
+
+impl From<tonic::Status> for ClientError {
+    fn from(s: tonic::Status) -> Self {
+        ClientError::Status(s)
+    }
 }
 
 impl ClientError {

@@ -155,6 +155,7 @@ async fn send_receive_and_queue_admin_from_the_command_line() -> anyhow::Result<
         err.contains("does not exist") && err.contains("ferry queue create"),
         "{err}"
     );
+    assert_eq!(err.matches("does not exist").count(), 1, "said once: {err}");
     let (ok, _, err) = ferry_cli(
         &node,
         &["receive", "--queue", "orders", "--timeout-ms", "-1"],
@@ -176,7 +177,8 @@ async fn send_receive_and_queue_admin_from_the_command_line() -> anyhow::Result<
 #[test]
 fn a_client_pointed_at_nothing_says_how_to_fix_it() -> anyhow::Result<()> {
     let out = std::process::Command::new(ferry_integration_tests::ferry_bin())
-        .args(["queue", "list", "--server", "127.0.0.1:1"])
+        // Client options go before or after the subcommand.
+        .args(["--server", "127.0.0.1:1", "queue", "list"])
         .env_remove("FERRY_SERVER")
         .output()?;
     assert!(!out.status.success());

@@ -6,8 +6,6 @@ use crate::output::{message_json, message_text, Format};
 
 #[derive(Debug, clap::Args)]
 pub struct BrowseArgs {
-    #[command(flatten)]
-    client: ClientArgs,
     #[arg(long, short)]
     queue: String,
     /// At most this many messages.
@@ -15,8 +13,8 @@ pub struct BrowseArgs {
     max: u64,
 }
 
-pub async fn run(a: BrowseArgs) -> anyhow::Result<()> {
-    let mut m = connect(&a.client).await?.messaging();
+pub async fn run(c: &ClientArgs, a: BrowseArgs) -> anyhow::Result<()> {
+    let mut m = connect(c).await?.messaging();
     let mut shown = 0u64;
     let mut page_token = String::new();
     while shown < a.max {
@@ -34,7 +32,7 @@ pub async fn run(a: BrowseArgs) -> anyhow::Result<()> {
         for b in &r.messages {
             let msg = b.message.clone().unwrap_or_default();
             let state = pb::MessageState::try_from(b.state).map_or("unknown", |s| s.as_str_name());
-            match a.client.output {
+            match c.output {
                 Format::Json => {
                     let mut v = message_json(&msg, None);
                     v["state"] = state

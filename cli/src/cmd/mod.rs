@@ -18,11 +18,13 @@ pub use send::parse_property;
 #[derive(Debug, Parser)]
 #[command(name = "ferry", version, about, propagate_version = true)]
 pub struct Cli {
+    #[command(flatten)]
+    pub client: ClientArgs,
     #[command(subcommand)]
     pub command: Command,
 }
 
-/// Options every client subcommand takes.
+/// Options every client subcommand takes, before or after the subcommand's name.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ClientArgs {
     /// The node to talk to.
@@ -39,8 +41,6 @@ pub enum Command {
     Server(server::ServerArgs),
     /// Create, list, delete, purge queues and show their statistics.
     Queue {
-        #[command(flatten)]
-        client: ClientArgs,
         #[command(subcommand)]
         command: queue::QueueCommand,
     },
@@ -60,12 +60,12 @@ pub enum Command {
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Server(a) => server::run(a).await,
-        Command::Queue { client, command } => queue::run(&client, command).await,
-        Command::Send(a) => send::run(a).await,
-        Command::Receive(a) => receive::run(a).await,
-        Command::Browse(a) => browse::run(a).await,
-        Command::Request(a) => request::request(a).await,
-        Command::Reply(a) => request::reply(a).await,
+        Command::Queue { command } => queue::run(&cli.client, command).await,
+        Command::Send(a) => send::run(&cli.client, a).await,
+        Command::Receive(a) => receive::run(&cli.client, a).await,
+        Command::Browse(a) => browse::run(&cli.client, a).await,
+        Command::Request(a) => request::request(&cli.client, a).await,
+        Command::Reply(a) => request::reply(&cli.client, a).await,
     }
 }
 

@@ -16,8 +16,6 @@ pub enum Ack {
 
 #[derive(Debug, clap::Args)]
 pub struct ReceiveArgs {
-    #[command(flatten)]
-    client: ClientArgs,
     /// The queue to receive from.
     #[arg(long, short)]
     queue: String,
@@ -34,8 +32,8 @@ pub struct ReceiveArgs {
     ack: Ack,
 }
 
-pub async fn run(a: ReceiveArgs) -> anyhow::Result<()> {
-    let client = connect(&a.client).await?;
+pub async fn run(c: &ClientArgs, a: ReceiveArgs) -> anyhow::Result<()> {
+    let client = connect(c).await?;
     let connection = client.open_connection("ferry-cli").await?;
     let mode = if a.ack == Ack::Auto {
         AckMode::Auto
@@ -61,7 +59,7 @@ pub async fn run(a: ReceiveArgs) -> anyhow::Result<()> {
                 break;
             }
             for r in &batch {
-                match a.client.output {
+                match c.output {
                     Format::Json => println!("{}", message_json(r.message(), Some(&r.delivery))),
                     Format::Human => println!("{}", message_text(r.message(), Some(&r.delivery))),
                 }
@@ -76,7 +74,7 @@ pub async fn run(a: ReceiveArgs) -> anyhow::Result<()> {
     .await;
     connection.close().await?;
     result?;
-    if got == 0 && a.client.output == Format::Human {
+    if got == 0 && c.output == Format::Human {
         eprintln!("no message arrived");
     }
     Ok(())

@@ -12,8 +12,6 @@ use crate::output::{message_json, message_text, Format};
 
 #[derive(Debug, clap::Args)]
 pub struct RequestArgs {
-    #[command(flatten)]
-    client: ClientArgs,
     /// The queue the replier listens on.
     #[arg(long, short)]
     queue: String,
@@ -29,8 +27,6 @@ pub struct RequestArgs {
 
 #[derive(Debug, clap::Args)]
 pub struct ReplyArgs {
-    #[command(flatten)]
-    client: ClientArgs,
     /// The queue requests arrive on.
     #[arg(long, short)]
     queue: String,
@@ -48,8 +44,8 @@ pub struct ReplyArgs {
     ttl_ms: Option<u64>,
 }
 
-pub async fn request(a: RequestArgs) -> anyhow::Result<()> {
-    let client = connect(&a.client).await?;
+pub async fn request(c: &ClientArgs, a: RequestArgs) -> anyhow::Result<()> {
+    let client = connect(c).await?;
     let connection = client.open_connection("ferry-cli-request").await?;
     let mut requestor = Requestor::new(&connection).await?;
     let mut msg = Message::text(a.body);
@@ -69,15 +65,15 @@ pub async fn request(a: RequestArgs) -> anyhow::Result<()> {
             a.queue
         );
     };
-    match a.client.output {
+    match c.output {
         Format::Json => println!("{}", message_json(reply.message(), Some(&reply.delivery))),
         Format::Human => println!("{}", message_text(reply.message(), Some(&reply.delivery))),
     }
     Ok(())
 }
 
-pub async fn reply(a: ReplyArgs) -> anyhow::Result<()> {
-    let client = connect(&a.client).await?;
+pub async fn reply(c: &ClientArgs, a: ReplyArgs) -> anyhow::Result<()> {
+    let client = connect(c).await?;
     let connection = client.open_connection("ferry-cli-reply").await?;
     // Client acknowledge: a request is acknowledged only once its reply was sent.
     let session = connection.create_session(AckMode::Client).await?;
@@ -111,7 +107,7 @@ pub async fn reply(a: ReplyArgs) -> anyhow::Result<()> {
                         .await
                         .context("cannot acknowledge the request")?;
                     let rid = request.message_id();
-                    match a.client.output {
+                    match c.output {
                         Format::Json => {
                             println!("{}", json!({ "request_id": rid, "reply_id": id }))
                         }

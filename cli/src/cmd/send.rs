@@ -13,8 +13,6 @@ const BATCH: usize = 500;
 
 #[derive(Debug, clap::Args)]
 pub struct SendArgs {
-    #[command(flatten)]
-    client: ClientArgs,
     /// The queue to send to.
     #[arg(long, short)]
     queue: String,
@@ -95,7 +93,7 @@ pub fn parse_property(s: &str) -> Result<(String, pb::PropertyValue), String> {
     Ok((name.to_string(), pb::PropertyValue { value: Some(v) }))
 }
 
-pub async fn run(a: SendArgs) -> anyhow::Result<()> {
+pub async fn run(c: &ClientArgs, a: SendArgs) -> anyhow::Result<()> {
     let body: Option<Vec<u8>> = match a.body.clone() {
         Some(b) => Some(b.into_bytes()),
         None if a.count.is_none() && !std::io::stdin().is_terminal() => {
@@ -111,7 +109,7 @@ pub async fn run(a: SendArgs) -> anyhow::Result<()> {
         None => None,
     };
     let count = a.count.unwrap_or(1);
-    let client = connect(&a.client).await?;
+    let client = connect(c).await?;
     let connection = client.open_connection("ferry-cli").await?;
     let session = connection.create_session(AckMode::Auto).await?;
     let make = |i: u64| {
@@ -142,7 +140,7 @@ pub async fn run(a: SendArgs) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("cannot send to queue {}", a.queue))?;
         for id in &ids {
-            match a.client.output {
+            match c.output {
                 Format::Json => println!("{}", json!({ "message_id": id, "queue": a.queue })),
                 Format::Human if count <= 10 => println!("{id}"),
                 Format::Human => {}
@@ -150,7 +148,7 @@ pub async fn run(a: SendArgs) -> anyhow::Result<()> {
         }
         sent += n;
     }
-    if a.client.output == Format::Human && count > 10 {
+    if c.output == Format::Human && count > 10 {
         println!("sent {count} messages to {}", a.queue);
     }
     connection.close().await?;
