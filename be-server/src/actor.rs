@@ -71,10 +71,6 @@ pub(crate) enum Cmd {
         recover: bool,
         reply: Reply<u64>,
     },
-    /// The queue's largest receive batch.
-    BatchMax {
-        reply: Reply<u32>,
-    },
     Browse {
         after: Option<ferry_kernel::Seq>,
         max: usize,
@@ -333,9 +329,6 @@ impl QueueActor {
                     self.queue.release_session(session, now)
                 };
                 self.finish(fx, vec![answer(reply, released)]).await;
-            }
-            Cmd::BatchMax { reply } => {
-                let _ = reply.send(Ok(self.queue.config().receive_batch_max));
             }
             Cmd::Browse {
                 after,

@@ -327,10 +327,8 @@ impl Broker {
     }
 
     /// The most messages one receive may ask of `queue`.
-    pub async fn receive_batch_max(&self, queue: &QueueName) -> Result<u32, Error> {
-        self.handle(queue)?
-            .call(|reply| Cmd::BatchMax { reply })
-            .await
+    pub fn receive_batch_max(&self, queue: &QueueName) -> Result<u32, Error> {
+        self.owned(queue).map(|o| o.def.config.receive_batch_max)
     }
 
     pub async fn browse(

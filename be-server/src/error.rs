@@ -25,8 +25,6 @@ pub enum Error {
         handle_queue: String,
         queue: String,
     },
-    #[error("{feature} is not supported by this server yet")]
-    Unimplemented { feature: &'static str },
     #[error("the node is shutting down; retry on another node or after it restarts")]
     ShuttingDown,
 }
@@ -52,7 +50,6 @@ impl From<Error> for Status {
                 StoreError::Corrupt { .. } => Code::DataLoss,
             },
             Error::WrongNode { .. } | Error::WrongQueue { .. } => Code::FailedPrecondition,
-            Error::Unimplemented { .. } => Code::Unimplemented,
             Error::ShuttingDown => Code::Unavailable,
         };
         Status::new(code, e.to_string())

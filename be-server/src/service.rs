@@ -27,10 +27,6 @@ impl BackendService {
         Self { broker }
     }
 
-    pub fn broker(&self) -> &Broker {
-        &self.broker
-    }
-
     fn info(&self, s: &QueueSummary) -> pb::QueueInfo {
         pb::QueueInfo {
             name: s.name.to_string(),
@@ -236,7 +232,7 @@ impl pb::backend_server::Backend for BackendService {
         };
         let mut max_messages = r.max_messages.max(1);
         if r.clamp_max_messages {
-            max_messages = max_messages.min(self.broker.receive_batch_max(&queue).await?);
+            max_messages = max_messages.min(self.broker.receive_batch_max(&queue)?);
         }
         let req = ReceiveRequest {
             owner: session(&r.session_id)?,

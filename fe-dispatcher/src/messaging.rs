@@ -51,11 +51,6 @@ impl MessagingService {
         }
     }
 
-    /// Connections currently open on this front-end.
-    pub fn connection_count(&self) -> usize {
-        self.sessions.connection_count()
-    }
-
     /// Closes connections whose lease ran out, every `period`, for ever.
     pub(crate) async fn reap_expired_connections(self, period: Duration) {
         let mut tick = tokio::time::interval(period);

@@ -274,11 +274,6 @@ impl Sessions {
             })
         }
     }
-
-    /// Connections currently open.
-    pub fn connection_count(&self) -> usize {
-        self.lock().connections.len()
-    }
 }
 
 fn close_locked(s: &mut State, c: Connection) -> Closed {

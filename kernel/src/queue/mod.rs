@@ -382,7 +382,7 @@ impl Queue {
         // A parked receiver and a deliverable message never coexist: dispatch runs after every
         // change that makes a message ready or parks a receiver.
         assert!(
-            !self.waiter_could_take_ready(None),
+            !self.waiter_could_take_ready(),
             "a parked receiver matches a ready message"
         );
         assert!(

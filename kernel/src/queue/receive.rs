@@ -328,14 +328,13 @@ impl Queue {
     }
 
     /// Whether a parked receiver could take a Ready message now (never true between operations).
-    pub(crate) fn waiter_could_take_ready(&self, now_ms: Option<u64>) -> bool {
+    pub(crate) fn waiter_could_take_ready(&self) -> bool {
         self.waiters.values().any(|w| {
             self.ready.iter().any(|&(Reverse(_), seq)| {
                 self.entries.get(&seq).is_some_and(|e| {
-                    !now_ms.is_some_and(|now| e.message.is_expired(now))
-                        && w.selector
-                            .as_deref()
-                            .is_none_or(|s| s.matches(&e.message, e.delivery_count + 1))
+                    w.selector
+                        .as_deref()
+                        .is_none_or(|s| s.matches(&e.message, e.delivery_count + 1))
                 })
             })
         })

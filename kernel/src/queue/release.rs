@@ -78,9 +78,4 @@ impl Queue {
         self.dispatch(now_ms, &mut effects);
         effects
     }
-
-    /// Sessions that hold at least one lease in this queue.
-    pub fn lease_owners(&self) -> impl Iterator<Item = SessionId> + '_ {
-        self.leases_by_owner.keys().copied()
-    }
 }
