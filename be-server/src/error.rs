@@ -34,15 +34,7 @@ impl From<Error> for Status {
         let code = match &e {
             Error::QueueNotFound { .. } => Code::NotFound,
             Error::QueueExists { .. } => Code::AlreadyExists,
-            Error::Kernel(k) => match k {
-                KernelError::NegativeTimeout { .. }
-                | KernelError::InvalidArgument { .. }
-                | KernelError::InvalidSelector { .. } => Code::InvalidArgument,
-                KernelError::OverLimit { .. }
-                | KernelError::MessageTooLarge { .. }
-                | KernelError::TooManyWaiters { .. } => Code::ResourceExhausted,
-                KernelError::StaleReceipt { .. } => Code::FailedPrecondition,
-            },
+            Error::Kernel(k) => ferry_proto::convert::kernel_error_code(k),
             Error::Store(s) => match s {
                 StoreError::Io { .. } | StoreError::Poisoned | StoreError::Closed => {
                     Code::Unavailable

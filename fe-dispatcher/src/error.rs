@@ -41,17 +41,7 @@ pub enum Error {
 impl From<Error> for Status {
     fn from(e: Error) -> Status {
         let code = match &e {
-            Error::Kernel(
-                KernelError::MessageTooLarge { .. }
-                | KernelError::TooManyWaiters { .. }
-                | KernelError::OverLimit { .. },
-            ) => Code::ResourceExhausted,
-            Error::Kernel(KernelError::StaleReceipt { .. }) => Code::FailedPrecondition,
-            Error::Kernel(
-                KernelError::NegativeTimeout { .. }
-                | KernelError::InvalidArgument { .. }
-                | KernelError::InvalidSelector { .. },
-            ) => Code::InvalidArgument,
+            Error::Kernel(k) => ferry_proto::convert::kernel_error_code(k),
             Error::ConnectionNotFound { .. } | Error::SessionNotFound { .. } => Code::NotFound,
             Error::NegativeWait { .. } | Error::ConsumeNotStarted => Code::InvalidArgument,
             Error::UnknownNode { .. } => Code::Unavailable,

@@ -181,6 +181,20 @@ pub fn queue_stats_to_pb(name: &QueueName, owner: &str, s: &QueueStats) -> pb::Q
     }
 }
 
+/// The gRPC code for a kernel refusal, the same in every service: caller mistakes are
+/// INVALID_ARGUMENT, limits RESOURCE_EXHAUSTED, a stale receipt FAILED_PRECONDITION.
+pub fn kernel_error_code(e: &KernelError) -> tonic::Code {
+    match e {
+        KernelError::NegativeTimeout { .. }
+        | KernelError::InvalidArgument { .. }
+        | KernelError::InvalidSelector { .. } => tonic::Code::InvalidArgument,
+        KernelError::OverLimit { .. }
+        | KernelError::MessageTooLarge { .. }
+        | KernelError::TooManyWaiters { .. } => tonic::Code::ResourceExhausted,
+        KernelError::StaleReceipt { .. } => tonic::Code::FailedPrecondition,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
