@@ -13,14 +13,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ferry_kernel::{
-    Delivery, Effects, KernelError, LeaseRef, MessageId, MessageState, NewMessage, Queue,
-    QueueStats, ReceiveOutcome, ReceiveRequest, SessionId, WaiterId,
+    DeadLetter, Delivery, Effects, KernelError, LeaseRef, MessageId, MessageState, NewMessage,
+    Queue, QueueName, QueueStats, ReceiveOutcome, ReceiveRequest, SessionId, WaiterId,
 };
 use ferry_store::{GroupCommit, StoreError, StoreOp};
 use futures::stream::{FuturesOrdered, StreamExt};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::clock::now_ms;
+use crate::dead_letter::{DeadLetterJob, DeadLetterSink};
 use crate::error::Error;
 
 type Reply<T> = oneshot::Sender<Result<T, Error>>;
@@ -38,6 +39,33 @@ pub(crate) enum Cmd {
     Send {
         messages: Vec<NewMessage>,
         reply: Reply<Vec<MessageId>>,
+    },
+    /// Sends of a transacted session: staged until it commits.
+    Stage {
+        session: SessionId,
+        messages: Vec<NewMessage>,
+        reply: Reply<Vec<MessageId>>,
+    },
+    /// Dead letters moved here from another queue, with the durable deletes from their source
+    /// queue: both are written in one batch.
+    AcceptDeadLetters {
+        messages: Vec<NewMessage>,
+        source_deletes: Vec<StoreOp>,
+        reply: Reply<Vec<MessageId>>,
+    },
+    /// First phase of a commit: may the session's transaction commit here? If so, the task
+    /// answers and then waits for the decision, touching nothing else until it comes, so the
+    /// answer stays true.
+    TxPrepare {
+        session: SessionId,
+        acks: Vec<LeaseRef>,
+        reply: Reply<()>,
+        decision: oneshot::Receiver<TxDecision>,
+    },
+    /// Drops the session's staged sends and gives back what it received.
+    Rollback {
+        session: SessionId,
+        reply: Reply<u64>,
     },
     Receive {
         req: ReceiveRequest,
@@ -58,6 +86,8 @@ pub(crate) enum Cmd {
     Nack {
         leases: Vec<LeaseRef>,
         delay_ms: Option<u64>,
+        /// Straight to the dead-letter target.
+        reject: bool,
         reply: Reply<LeaseResults<()>>,
     },
     Extend {
@@ -87,6 +117,17 @@ pub(crate) enum Cmd {
     Stop {
         reply: oneshot::Sender<u64>,
     },
+}
+
+/// The second phase of a commit (see [`Cmd::TxPrepare`]).
+pub(crate) enum TxDecision {
+    /// Apply the transaction and hand over its writes; they are written in one batch with the
+    /// other queues' writes, and `durable` says when that batch is on disk.
+    Commit {
+        ops: oneshot::Sender<Vec<StoreOp>>,
+        durable: oneshot::Receiver<Result<(), StoreError>>,
+    },
+    Abort,
 }
 
 /// Sends a caller its answer once the write it depends on is done. Returns the leases of
@@ -181,9 +222,10 @@ impl Drop for CancelOnDrop {
 
 pub(crate) struct QueueActor {
     queue: Queue,
-    /// Temporary queues keep nothing on disk.
+    /// Temporary queues keep nothing on disk (and discard their dead letters).
     durable: bool,
     commit: GroupCommit,
+    dead_letters: DeadLetterSink,
     rx: mpsc::Receiver<Cmd>,
     waiters: HashMap<WaiterId, (u64, Reply<Vec<Delivery>>)>,
     tickets: HashMap<u64, WaiterId>,
@@ -196,6 +238,7 @@ impl QueueActor {
         queue: Queue,
         durable: bool,
         commit: GroupCommit,
+        dead_letters: DeadLetterSink,
         capacity: usize,
     ) -> QueueHandle {
         let (tx, rx) = mpsc::channel(capacity.max(1));
@@ -203,6 +246,7 @@ impl QueueActor {
             queue,
             durable,
             commit,
+            dead_letters,
             rx,
             waiters: HashMap::new(),
             tickets: HashMap::new(),
@@ -273,6 +317,35 @@ impl QueueActor {
                 Ok((ids, fx)) => self.finish(fx, vec![answer(reply, ids)]).await,
                 Err(e) => drop(reply.send(Err(e.into()))),
             },
+            Cmd::Stage {
+                session,
+                messages,
+                reply,
+            } => match self.queue.stage(session, messages, now) {
+                Ok((ids, fx)) => self.finish(fx, vec![answer(reply, ids)]).await,
+                Err(e) => drop(reply.send(Err(e.into()))),
+            },
+            Cmd::AcceptDeadLetters {
+                messages,
+                source_deletes,
+                reply,
+            } => {
+                let (ids, fx) = self.queue.send_moved(messages, now);
+                let mut answers = vec![answer(reply, ids)];
+                let mut ops = self.collect(fx, &mut answers);
+                ops.extend(source_deletes);
+                self.submit(ops, answers).await;
+            }
+            Cmd::TxPrepare {
+                session,
+                acks,
+                reply,
+                decision,
+            } => self.prepare(session, acks, now, reply, decision).await,
+            Cmd::Rollback { session, reply } => {
+                let (released, fx) = self.queue.rollback(session, now);
+                self.finish(fx, vec![answer(reply, released)]).await;
+            }
             Cmd::Receive { req, ticket, reply } => match self.queue.receive(req, now) {
                 Ok((ReceiveOutcome::Delivered(d), fx)) => {
                     self.finish(fx, vec![deliver(reply, d)]).await;
@@ -305,9 +378,10 @@ impl QueueActor {
             Cmd::Nack {
                 leases,
                 delay_ms,
+                reject,
                 reply,
             } => {
-                let (results, fx) = self.queue.nack(&leases, delay_ms, now);
+                let (results, fx) = self.queue.nack(&leases, delay_ms, reject, now);
                 self.finish(fx, vec![answer(reply, results)]).await;
             }
             Cmd::Extend {
@@ -358,6 +432,12 @@ impl QueueActor {
 
     /// Answers now if nothing must be written, else once the write is durable.
     async fn finish(&mut self, fx: Effects, mut answers: Vec<Answer>) {
+        let ops = self.collect(fx, &mut answers);
+        self.submit(ops, answers).await;
+    }
+
+    /// Turns effects into the writes to make and the answers to send once they are made.
+    fn collect(&mut self, fx: Effects, answers: &mut Vec<Answer>) -> Vec<StoreOp> {
         for (id, deliveries) in fx.handed {
             if let Some((ticket, reply)) = self.waiters.remove(&id) {
                 self.tickets.remove(&ticket);
@@ -370,15 +450,61 @@ impl QueueActor {
                 let _ = reply.send(Ok(vec![]));
             }
         }
-        let ops: Vec<StoreOp> = if self.durable {
+        let mut persist = fx.persist;
+        let mut moves: HashMap<QueueName, Vec<DeadLetter>> = HashMap::new();
+        for dl in fx.dead_letters {
+            let source = self.queue.name();
+            // Temporary queues keep nothing: their dead letters are dropped (and counted).
+            let target = if self.durable {
+                dl.target.resolve(source)
+            } else {
+                None
+            };
+            match target {
+                Some(target) => moves.entry(target).or_default().push(dl),
+                None => {
+                    tracing::info!(
+                        queue = %source,
+                        message = %dl.message.id,
+                        reason = dl.reason.as_str(),
+                        "message discarded"
+                    );
+                    persist.extend(dl.delete);
+                }
+            }
+        }
+        if !moves.is_empty() {
+            // Moved once this queue's own writes are durable, so the move's delete of the
+            // source copy can never be overtaken by an earlier write of it.
+            let sink = self.dead_letters.clone();
+            let (source, uid) = (self.queue.name().clone(), self.queue.uid());
+            answers.push(Box::new(move |written| {
+                if written.is_ok() {
+                    for (target, letters) in moves {
+                        sink.send(DeadLetterJob {
+                            source: source.clone(),
+                            source_uid: uid,
+                            target,
+                            letters,
+                        });
+                    }
+                }
+                vec![]
+            }));
+        }
+        if self.durable {
             let uid = self.queue.uid();
-            fx.persist
+            persist
                 .into_iter()
                 .map(|op| StoreOp::Queue { uid, op })
                 .collect()
         } else {
             vec![]
-        };
+        }
+    }
+
+    /// Writes `ops` (if any) and answers once they are durable.
+    async fn submit(&mut self, ops: Vec<StoreOp>, answers: Vec<Answer>) {
         if ops.is_empty() {
             self.answer(Ok(()), answers).await;
             return;
@@ -389,6 +515,39 @@ impl QueueActor {
                 .push_back(Box::pin(async move { (ticket.durable().await, answers) })),
             Err(e) => self.answer(Err(e), answers).await,
         }
+    }
+
+    /// See [`Cmd::TxPrepare`]. Both phases run at the same `now`, with nothing in between.
+    async fn prepare(
+        &mut self,
+        session: SessionId,
+        acks: Vec<LeaseRef>,
+        now: u64,
+        reply: Reply<()>,
+        decision: oneshot::Receiver<TxDecision>,
+    ) {
+        let (checked, fx) = self.queue.check_commit(session, &acks, now);
+        let refused = checked.is_err();
+        let _ = reply.send(checked.map_err(Error::from));
+        self.finish(fx, vec![]).await;
+        if refused {
+            return;
+        }
+        // A dropped decision (the coordinator went away) is an abort: nothing was changed.
+        let Ok(TxDecision::Commit { ops, durable }) = decision.await else {
+            return;
+        };
+        let (result, fx) = self.queue.commit(session, &acks, now);
+        if let Err(e) = result {
+            // Cannot happen: nothing ran between the check and the commit.
+            tracing::error!(queue = %self.queue.name(), error = %e, "commit refused after its check passed");
+        }
+        let mut answers = vec![];
+        let tx_ops = self.collect(fx, &mut answers);
+        let _ = ops.send(tx_ops);
+        self.pending.push_back(Box::pin(async move {
+            (durable.await.unwrap_or(Err(StoreError::Closed)), answers)
+        }));
     }
 
     /// Sends the answers; deliveries nobody took go straight back to Ready.

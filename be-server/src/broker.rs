@@ -10,8 +10,9 @@ use ferry_kernel::{
 };
 use ferry_store::{GroupCommit, QueueDef, QueueStore, StoreOp};
 
-use crate::actor::{Browsed, Cmd, LeaseResults, QueueActor, QueueHandle};
+use crate::actor::{Browsed, Cmd, LeaseResults, QueueActor, QueueHandle, TxDecision};
 use crate::clock::now_ms;
+use crate::dead_letter::{self, DeadLetterSink};
 use crate::error::Error;
 
 /// Back-end settings.
@@ -41,7 +42,7 @@ impl BrokerConfig {
 }
 
 /// What a listing shows of a queue.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct QueueSummary {
     pub name: QueueName,
     pub config: QueueConfig,
@@ -62,9 +63,10 @@ pub struct Broker {
 }
 
 #[derive(Debug)]
-struct Inner {
+pub(crate) struct Inner {
     config: BrokerConfig,
     commit: GroupCommit,
+    dead_letters: DeadLetterSink,
     queues: RwLock<HashMap<QueueName, Owned>>,
     /// Create and delete are rare; one at a time keeps the map and the store in step.
     admin: tokio::sync::Mutex<()>,
@@ -86,39 +88,53 @@ impl Broker {
                 },
             )?;
         let now = now_ms();
-        let mut queues = HashMap::new();
-        let mut messages = 0usize;
-        for r in recovered {
-            messages += r.messages.len();
-            let q = Queue::recover(
-                r.def.name.clone(),
-                r.def.uid,
-                r.def.config.clone(),
-                r.seq_reserved_until,
-                r.messages,
-                now,
-            );
-            let handle = QueueActor::spawn(q, true, commit.clone(), config.queue_channel_capacity);
-            queues.insert(
-                r.def.name.clone(),
-                Owned {
-                    def: r.def,
-                    temporary: false,
-                    handle,
-                },
-            );
-        }
-        tracing::info!(queues = queues.len(), messages, "recovered queues");
-        Ok(Self {
-            inner: Arc::new(Inner {
+        let inner = Arc::new_cyclic(|weak| {
+            let dead_letters = dead_letter::start(weak.clone());
+            let mut queues = HashMap::new();
+            let mut messages = 0usize;
+            for r in recovered {
+                messages += r.messages.len();
+                let q = Queue::recover(
+                    r.def.name.clone(),
+                    r.def.uid,
+                    r.def.config.clone(),
+                    r.seq_reserved_until,
+                    r.messages,
+                    r.dedup,
+                    now,
+                );
+                let handle = QueueActor::spawn(
+                    q,
+                    true,
+                    commit.clone(),
+                    dead_letters.clone(),
+                    config.queue_channel_capacity,
+                );
+                queues.insert(
+                    r.def.name.clone(),
+                    Owned {
+                        def: r.def,
+                        temporary: false,
+                        handle,
+                    },
+                );
+            }
+            tracing::info!(queues = queues.len(), messages, "recovered queues");
+            Inner {
                 config,
                 commit,
+                dead_letters,
                 queues: RwLock::new(queues),
                 admin: tokio::sync::Mutex::new(()),
                 stopping: false.into(),
                 writer: Some(writer).into(),
-            }),
-        })
+            }
+        });
+        Ok(Self { inner })
+    }
+
+    pub(crate) fn from_inner(inner: Arc<Inner>) -> Self {
+        Self { inner }
     }
 
     pub fn node_id(&self) -> &NodeId {
@@ -159,7 +175,13 @@ impl Broker {
         if_not_exists: bool,
         temporary: bool,
     ) -> Result<(QueueSummary, bool), Error> {
-        validate_config(&config)?;
+        let mut config = config;
+        if temporary {
+            // A temporary queue keeps nothing: not even its dead letters.
+            config.dead_letter = ferry_kernel::DeadLetterTarget::Discard;
+            config.expiry = ferry_kernel::DeadLetterTarget::Discard;
+        }
+        validate_config(&name, &config)?;
         let _admin = self.inner.admin.lock().await;
         match self.owned(&name) {
             Ok(existing) if if_not_exists => return Ok((summary(&existing), false)),
@@ -189,6 +211,7 @@ impl Broker {
             q,
             !temporary,
             self.inner.commit.clone(),
+            self.inner.dead_letters.clone(),
             self.inner.config.queue_channel_capacity,
         );
         let owned = Owned {
@@ -204,6 +227,25 @@ impl Broker {
             .insert(name, owned);
         tracing::info!(queue = %s.name, temporary, "queue created");
         Ok((s, true))
+    }
+
+    /// The dead-letter queue `target` of `source`, created on demand with settings derived from
+    /// the source's.
+    pub(crate) async fn dead_letter_queue(
+        &self,
+        source: &QueueName,
+        target: &QueueName,
+    ) -> Result<QueueHandle, Error> {
+        if let Ok(h) = self.handle(target) {
+            return Ok(h);
+        }
+        let config = self
+            .owned(source)
+            .map(|o| dead_letter::dead_letter_queue_config(&o.def.config))
+            .unwrap_or_else(|_| dead_letter::dead_letter_queue_config(self.queue_defaults()));
+        self.create_queue(target.clone(), config, true, false)
+            .await?;
+        self.handle(target)
     }
 
     pub fn get_queue(&self, name: &QueueName) -> Result<QueueSummary, Error> {
@@ -273,19 +315,125 @@ impl Broker {
             .await
     }
 
+    /// Gives deliveries back through the queue's redelivery policy (`delay_ms` replaces its
+    /// delay), or with `reject` straight to its dead-letter target.
     pub async fn nack(
         &self,
         queue: &QueueName,
         leases: Vec<LeaseRef>,
         delay_ms: Option<u64>,
+        reject: bool,
     ) -> Result<LeaseResults<()>, Error> {
         self.handle(queue)?
             .call(|reply| Cmd::Nack {
                 leases,
                 delay_ms,
+                reject,
                 reply,
             })
             .await
+    }
+
+    /// Stages sends of a transacted session: invisible until [`Broker::commit`].
+    pub async fn stage(
+        &self,
+        queue: &QueueName,
+        session: SessionId,
+        messages: Vec<NewMessage>,
+    ) -> Result<Vec<MessageId>, Error> {
+        self.handle(queue)?
+            .call(|reply| Cmd::Stage {
+                session,
+                messages,
+                reply,
+            })
+            .await
+    }
+
+    /// Commits a transacted session's work on these queues (its staged sends in each, and the
+    /// acknowledgements it names) atomically: every queue agrees first, then all their writes go
+    /// to disk in one batch. If any acknowledgement is stale nothing changes and the error says
+    /// which; the caller rolls back.
+    ///
+    /// Queues are asked in name order, so two transactions over the same queues can never wait
+    /// for each other. Runs to its end even if the caller stops waiting.
+    pub async fn commit(
+        &self,
+        session: SessionId,
+        mut parts: Vec<(QueueName, Vec<LeaseRef>)>,
+    ) -> Result<(), Error> {
+        parts.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut handles = Vec::with_capacity(parts.len());
+        for (queue, acks) in parts {
+            match self.handle(&queue) {
+                Ok(h) => handles.push((h, acks)),
+                // A queue deleted meanwhile has no staged sends left; its acks cannot succeed.
+                Err(Error::QueueNotFound { .. }) if acks.is_empty() => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let commit = self.inner.commit.clone();
+        tokio::spawn(async move {
+            let mut decisions = Vec::with_capacity(handles.len());
+            for (h, acks) in handles {
+                let (decide, decision) = tokio::sync::oneshot::channel();
+                let prepared = h
+                    .call(|reply| Cmd::TxPrepare {
+                        session,
+                        acks,
+                        reply,
+                        decision,
+                    })
+                    .await;
+                if let Err(e) = prepared {
+                    for d in decisions {
+                        let _ = tokio::sync::oneshot::Sender::send(d, TxDecision::Abort);
+                    }
+                    return Err(e);
+                }
+                decisions.push(decide);
+            }
+            let mut writes = Vec::with_capacity(decisions.len());
+            let mut durables = Vec::with_capacity(decisions.len());
+            for d in decisions {
+                let (ops_tx, ops_rx) = tokio::sync::oneshot::channel();
+                let (durable_tx, durable_rx) = tokio::sync::oneshot::channel();
+                let _ = d.send(TxDecision::Commit {
+                    ops: ops_tx,
+                    durable: durable_rx,
+                });
+                writes.push(ops_rx);
+                durables.push(durable_tx);
+            }
+            let mut ops = Vec::new();
+            for w in writes {
+                ops.extend(w.await.unwrap_or_default());
+            }
+            let written = if ops.is_empty() {
+                Ok(())
+            } else {
+                commit.commit(ops).await
+            };
+            for d in durables {
+                let _ = d.send(written.clone());
+            }
+            written.map_err(Error::from)
+        })
+        .await
+        .map_err(|_| Error::ShuttingDown)?
+    }
+
+    /// Rolls back a transacted session's work on these queues: staged sends are dropped and
+    /// what it received comes back through each queue's redelivery policy. Queues that no longer
+    /// exist are skipped. Returns how many messages came back.
+    pub async fn rollback(&self, session: SessionId, queues: &[QueueName]) -> Result<u64, Error> {
+        let mut released = 0;
+        for q in queues {
+            if let Ok(h) = self.handle(q) {
+                released += h.call(|reply| Cmd::Rollback { session, reply }).await?;
+            }
+        }
+        Ok(released)
     }
 
     pub async fn extend_lease(
@@ -400,7 +548,36 @@ fn summary(o: &Owned) -> QueueSummary {
     }
 }
 
-fn validate_config(c: &QueueConfig) -> Result<(), Error> {
+fn validate_config(name: &QueueName, c: &QueueConfig) -> Result<(), Error> {
+    if let Err((field, reason)) = c.redelivery.validate() {
+        return Err(Error::Kernel(KernelError::InvalidArgument {
+            field,
+            reason,
+        }));
+    }
+    for (field, target) in [
+        ("dead_letter_queue", &c.dead_letter),
+        ("expiry_queue", &c.expiry),
+    ] {
+        match target {
+            ferry_kernel::DeadLetterTarget::Default if target.resolve(name).is_none() => {
+                return Err(Error::Kernel(KernelError::InvalidArgument {
+                    field,
+                    reason: format!(
+                        "the default {name}.DLQ is not a valid queue name (names are at most {} bytes); name another queue or discard",
+                        QueueName::LEN_MAX
+                    ),
+                }));
+            }
+            ferry_kernel::DeadLetterTarget::Queue(q) if q == name => {
+                return Err(Error::Kernel(KernelError::InvalidArgument {
+                    field,
+                    reason: format!("{name} cannot be its own dead-letter queue"),
+                }));
+            }
+            _ => {}
+        }
+    }
     let bad = |field: &'static str, reason: &str| {
         Err(Error::Kernel(KernelError::InvalidArgument {
             field,

@@ -30,7 +30,7 @@ impl BackendService {
     fn info(&self, s: &QueueSummary) -> pb::QueueInfo {
         pb::QueueInfo {
             name: s.name.to_string(),
-            config: Some(convert::queue_config_to_pb(&s.config)),
+            config: Some(convert::queue_config_to_pb(&s.name, &s.config)),
             owner_node: self.broker.node_id().to_string(),
             temporary: s.temporary,
         }
@@ -135,7 +135,8 @@ impl pb::backend_server::Backend for BackendService {
     ) -> Reply<pb::QueueInfo> {
         let r = req.into_inner();
         let name = queue_name(&r.name)?;
-        let config = convert::queue_config_from_pb(r.config, self.broker.queue_defaults());
+        let config = convert::queue_config_from_pb(r.config, self.broker.queue_defaults())
+            .map_err(Error::from)?;
         let (s, _) = self
             .broker
             .create_queue(name, config, r.if_not_exists, r.temporary)
@@ -212,7 +213,16 @@ impl pb::backend_server::Backend for BackendService {
             })
             .collect::<Result<Vec<_>, _>>()
             .map_err(Error::from)?;
-        let ids = self.broker.send(&queue, messages).await?;
+        let ids = if r.transacted {
+            let Some(session) = session(&r.session_id)? else {
+                return Err(Status::invalid_argument(
+                    "session_id is required for a transacted send",
+                ));
+            };
+            self.broker.stage(&queue, session, messages).await?
+        } else {
+            self.broker.send(&queue, messages).await?
+        };
         Ok(Response::new(pb::BackendSendResponse {
             message_ids: ids.iter().map(ToString::to_string).collect(),
         }))
@@ -259,7 +269,10 @@ impl pb::backend_server::Backend for BackendService {
         let r = req.into_inner();
         let queue = queue_name(&r.queue)?;
         let leases = self.leases(&queue, &r.receipt_handles)?;
-        let results = self.broker.nack(&queue, leases, r.delay_ms).await?;
+        let results = self
+            .broker
+            .nack(&queue, leases, r.delay_ms, r.dead_letter)
+            .await?;
         Ok(Response::new(lease_response(results, |()| 0)))
     }
 
@@ -316,5 +329,42 @@ impl pb::backend_server::Backend for BackendService {
             messages,
             resume_after_seq: resume.map_or(0, |s| s.0),
         }))
+    }
+
+    async fn commit(
+        &self,
+        req: Request<pb::BackendCommitRequest>,
+    ) -> Reply<pb::BackendCountResponse> {
+        let r = req.into_inner();
+        let Some(session) = session(&r.session_id)? else {
+            return Err(Status::invalid_argument("session_id is required"));
+        };
+        let mut parts = Vec::with_capacity(r.queues.len());
+        let mut acked = 0u64;
+        for q in r.queues {
+            let queue = queue_name(&q.queue)?;
+            let leases = self.leases(&queue, &q.receipt_handles)?;
+            acked += leases.len() as u64;
+            parts.push((queue, leases));
+        }
+        self.broker.commit(session, parts).await?;
+        Ok(Response::new(pb::BackendCountResponse { count: acked }))
+    }
+
+    async fn rollback(
+        &self,
+        req: Request<pb::BackendRollbackRequest>,
+    ) -> Reply<pb::BackendCountResponse> {
+        let r = req.into_inner();
+        let Some(session) = session(&r.session_id)? else {
+            return Err(Status::invalid_argument("session_id is required"));
+        };
+        let queues = r
+            .queues
+            .iter()
+            .map(|q| queue_name(q))
+            .collect::<Result<Vec<_>, _>>()?;
+        let count = self.broker.rollback(session, &queues).await?;
+        Ok(Response::new(pb::BackendCountResponse { count }))
     }
 }

@@ -280,7 +280,9 @@ impl Session {
                 Err(e) => return Err(e),
             }
         }
-        if self.ack_mode == pb::AckMode::Client {
+        if matches!(self.ack_mode, pb::AckMode::Client | pb::AckMode::Transacted) {
+            // Client mode: what a cumulative acknowledge covers. Transacted: what commit
+            // acknowledges.
             self.unacked()
                 .extend(received.iter().map(|r| r.receipt_handle().to_string()));
         }
@@ -367,6 +369,54 @@ impl Session {
         };
         self.client.messaging().nack(req).await?;
         Ok(())
+    }
+
+    /// Rejects messages: they go straight to their queue's dead-letter queue (reason `rejected`)
+    /// instead of being redelivered.
+    pub async fn reject(&self, received: &[Received], reason: &str) -> Result<(), ClientError> {
+        let receipt_handles: Vec<String> = received
+            .iter()
+            .map(|r| r.receipt_handle().to_string())
+            .collect();
+        self.unacked().retain(|h| !receipt_handles.contains(h));
+        let req = pb::NackRequest {
+            session_id: self.id.clone(),
+            receipt_handles,
+            dead_letter: true,
+            reason: reason.into(),
+            ..Default::default()
+        };
+        self.client.messaging().nack(req).await?;
+        Ok(())
+    }
+
+    /// Transacted sessions: makes every send of the transaction visible and acknowledges every
+    /// message received in it, atomically. If a received message's lease ran out meanwhile the
+    /// whole transaction is rolled back and this fails with ABORTED.
+    pub async fn commit(&self) -> Result<(), ClientError> {
+        let receipt_handles: Vec<String> = self.unacked().drain(..).collect();
+        self.client
+            .messaging()
+            .commit(pb::CommitRequest {
+                session_id: self.id.clone(),
+                receipt_handles,
+            })
+            .await?;
+        Ok(())
+    }
+
+    /// Transacted sessions: drops the transaction's sends and redelivers what it received
+    /// (through each queue's redelivery policy). Returns how many messages come back.
+    pub async fn rollback(&self) -> Result<u32, ClientError> {
+        self.unacked().clear();
+        let r = self
+            .client
+            .messaging()
+            .rollback(pb::RollbackRequest {
+                session_id: self.id.clone(),
+            })
+            .await?;
+        Ok(r.into_inner().redelivered)
     }
 
     /// Redelivers every unacknowledged message of this session.

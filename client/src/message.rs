@@ -55,6 +55,19 @@ impl Message {
         self
     }
 
+    /// JMSXGroupID: messages of one group go to one consumer at a time, in order.
+    pub fn group_id(mut self, group: impl Into<String>) -> Self {
+        self.0.group_id = group.into();
+        self
+    }
+
+    /// A producer dedup id: a repeat within the queue's dedup window returns the first send's
+    /// message id and stores nothing new.
+    pub fn dedup_id(mut self, id: impl Into<String>) -> Self {
+        self.0.dedup_id = id.into();
+        self
+    }
+
     pub fn non_persistent(mut self) -> Self {
         self.0.delivery_mode = pb::DeliveryMode::NonPersistent as i32;
         self

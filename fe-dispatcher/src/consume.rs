@@ -39,7 +39,15 @@ pub(crate) async fn start(
         ferry_kernel::Selector::parse(&start.selector, &ferry_kernel::SelectorLimits::default())
             .map_err(Error::from)?;
     }
-    svc.touch_session(&start.session_id, Some(&queue))?;
+    if let Some(sid) = svc.touch_session(&start.session_id, Some(&queue))? {
+        if svc.sessions.is_transacted(sid)? {
+            return Err(crate::error::Error::Transacted {
+                id: sid.to_string(),
+                what: "Consume streams acknowledge as they go; a transacted session receives with Receive and acknowledges at Commit",
+            }
+            .into());
+        }
+    }
     let be = svc.router.for_queue(&queue)?.clone();
     let (tx, rx) = mpsc::channel(16);
     tokio::spawn(run(svc, be, start, inbound, tx));

@@ -26,6 +26,17 @@ pub enum Error {
     Unimplemented { feature: &'static str },
     #[error("session {id} is not transacted: Commit and Rollback need a session created with ACK_MODE_TRANSACTED")]
     NotTransacted { id: String },
+    #[error("session {session}'s transaction is on back-end {first}, but queue {queue} lives on {second}: a transaction spans the queues of one back-end; commit or roll back first, or place the queues on one node")]
+    TransactionSpansBackends {
+        session: String,
+        first: ferry_kernel::NodeId,
+        queue: String,
+        second: ferry_kernel::NodeId,
+    },
+    #[error("transaction of session {session} rolled back: {reason}")]
+    RolledBack { session: String, reason: String },
+    #[error("session {id} is transacted: {what}")]
+    Transacted { id: String, what: &'static str },
     #[error("queue {queue} is not a temporary queue of connection {connection}")]
     NotOwnTemporaryQueue { queue: String, connection: String },
     #[error("{stale} of {total} receipt handles are not live deliveries (lease expired, already acknowledged, or redelivered since): {detail}")]
@@ -48,7 +59,10 @@ impl From<Error> for Status {
             Error::ReceiptFromUnknownNode { .. } => Code::FailedPrecondition,
             Error::LimitReached { .. } => Code::ResourceExhausted,
             Error::Unimplemented { .. } => Code::Unimplemented,
+            Error::RolledBack { .. } => Code::Aborted,
             Error::NotTransacted { .. }
+            | Error::TransactionSpansBackends { .. }
+            | Error::Transacted { .. }
             | Error::NotOwnTemporaryQueue { .. }
             | Error::StaleReceipts { .. } => Code::FailedPrecondition,
         };

@@ -226,6 +226,75 @@ impl MessagingService {
     }
 }
 
+impl MessagingService {
+    /// Commits a transaction at its back-end: its staged sends and held acknowledgements (which
+    /// must all belong to that back-end), at once.
+    async fn commit_tx(
+        &self,
+        id: SessionId,
+        tx: &crate::sessions::Transaction,
+    ) -> Result<(), Status> {
+        let mut by_queue: BTreeMap<QueueName, Vec<String>> =
+            tx.queues.iter().map(|q| (q.clone(), vec![])).collect();
+        let mut node = tx.node.clone();
+        for h in &tx.acks {
+            let r = ReceiptHandle::from_str(h).map_err(Error::from)?;
+            match &node {
+                Some(n) if *n != r.node => {
+                    return Err(Error::TransactionSpansBackends {
+                        session: id.to_string(),
+                        first: n.clone(),
+                        queue: r.queue.to_string(),
+                        second: r.node,
+                    }
+                    .into())
+                }
+                Some(_) => {}
+                None => node = Some(r.node.clone()),
+            }
+            by_queue.entry(r.queue).or_default().push(h.clone());
+        }
+        let Some(node) = node else {
+            return Ok(()); // nothing was done in this transaction
+        };
+        let req = pb::BackendCommitRequest {
+            session_id: id.to_string(),
+            queues: by_queue
+                .into_iter()
+                .map(|(queue, receipt_handles)| pb::BackendTxQueue {
+                    queue: queue.to_string(),
+                    receipt_handles,
+                })
+                .collect(),
+        };
+        self.router.node(&node)?.commit(Request::new(req)).await?;
+        Ok(())
+    }
+
+    /// Rolls back a transaction at its back-end. Returns how many messages come back.
+    async fn rollback_tx(
+        &self,
+        id: SessionId,
+        tx: &crate::sessions::Transaction,
+    ) -> Result<u64, Status> {
+        let Some(node) = &tx.node else {
+            return Ok(0);
+        };
+        let req = pb::BackendRollbackRequest {
+            session_id: id.to_string(),
+            queues: tx.queues.iter().map(ToString::to_string).collect(),
+        };
+        let out = self.router.node(node)?.rollback(Request::new(req)).await;
+        match out {
+            Ok(r) => Ok(r.into_inner().count),
+            Err(e) => {
+                tracing::warn!(session = %id, error = %e, "could not roll back a transaction; its leases return when they expire");
+                Err(e)
+            }
+        }
+    }
+}
+
 #[tonic::async_trait]
 impl pb::messaging_server::Messaging for MessagingService {
     async fn open_connection(
@@ -269,12 +338,6 @@ impl pb::messaging_server::Messaging for MessagingService {
         let mode = pb::AckMode::try_from(r.ack_mode).map_err(|_| {
             Status::invalid_argument(format!("ack_mode {} is not an ack mode", r.ack_mode))
         })?;
-        if mode == pb::AckMode::Transacted {
-            return Err(Error::Unimplemented {
-                feature: "transacted sessions",
-            }
-            .into());
-        }
         let id = self.sessions.create_session(&r.connection_id, mode)?;
         Ok(Response::new(pb::CreateSessionResponse {
             session_id: id.to_string(),
@@ -297,7 +360,13 @@ impl pb::messaging_server::Messaging for MessagingService {
     async fn send(&self, req: Request<pb::SendRequest>) -> Reply<pb::SendResponse> {
         let r = req.into_inner();
         let queue = queue_name(&r.queue)?;
-        self.touch_session(&r.session_id, None)?;
+        let session = self.touch_session(&r.session_id, None)?;
+        let transacted = match session {
+            Some(sid) => self
+                .sessions
+                .tx_touch(sid, &queue, self.router.owner_of(&queue))?,
+            None => false,
+        };
         // A reply must have somewhere to go: a missing reply queue (a deleted temporary queue
         // above all) fails the send now instead of losing the reply later.
         let mut checked: Vec<&str> = vec![];
@@ -320,6 +389,12 @@ impl pb::messaging_server::Messaging for MessagingService {
             .send(Request::new(pb::BackendSendRequest {
                 queue: r.queue,
                 messages: r.messages,
+                session_id: if transacted {
+                    r.session_id
+                } else {
+                    String::new()
+                },
+                transacted,
             }))
             .await?;
         Ok(Response::new(pb::SendResponse {
@@ -332,7 +407,10 @@ impl pb::messaging_server::Messaging for MessagingService {
         let r = req.into_inner();
         let queue = queue_name(&r.queue)?;
         let wait_ms = self.backend_wait(r.wait_ms, deadline)?;
-        self.touch_session(&r.session_id, Some(&queue))?;
+        if let Some(sid) = self.touch_session(&r.session_id, Some(&queue))? {
+            self.sessions
+                .tx_touch(sid, &queue, self.router.owner_of(&queue))?;
+        }
         let be = self.router.for_queue(&queue)?;
         let mut fwd = Request::new(pb::BackendReceiveRequest {
             queue: r.queue,
@@ -368,7 +446,15 @@ impl pb::messaging_server::Messaging for MessagingService {
 
     async fn ack(&self, req: Request<pb::AckRequest>) -> Reply<pb::AckResponse> {
         let r = req.into_inner();
-        self.touch_session(&r.session_id, None)?;
+        if let Some(sid) = self.touch_session(&r.session_id, None)? {
+            // A transacted session's acknowledgements take effect at commit.
+            for h in &r.receipt_handles {
+                ReceiptHandle::from_str(h).map_err(Error::from)?;
+            }
+            if self.sessions.tx_hold_acks(sid, &r.receipt_handles)? {
+                return Ok(Response::new(pb::AckResponse {}));
+            }
+        }
         self.by_receipts(r.receipt_handles, |be, req| async move {
             be.ack(Request::new(req)).await
         })
@@ -378,17 +464,18 @@ impl pb::messaging_server::Messaging for MessagingService {
 
     async fn nack(&self, req: Request<pb::NackRequest>) -> Reply<pb::NackResponse> {
         let r = req.into_inner();
-        if r.dead_letter {
-            return Err(Error::Unimplemented {
-                feature: "nack to the dead-letter queue",
-            }
-            .into());
-        }
         self.touch_session(&r.session_id, None)?;
-        let delay_ms = r.delay_ms;
+        let (delay_ms, dead_letter) = (r.delay_ms, r.dead_letter);
+        if dead_letter && !r.reason.is_empty() {
+            tracing::info!(reason = %r.reason, handles = r.receipt_handles.len(), "consumer rejected messages");
+        }
         self.by_receipts(r.receipt_handles, |be, req| async move {
-            be.nack(Request::new(pb::BackendLeaseRequest { delay_ms, ..req }))
-                .await
+            be.nack(Request::new(pb::BackendLeaseRequest {
+                delay_ms,
+                dead_letter,
+                ..req
+            }))
+            .await
         })
         .await?;
         Ok(Response::new(pb::NackResponse {}))
@@ -423,15 +510,34 @@ impl pb::messaging_server::Messaging for MessagingService {
     }
 
     async fn commit(&self, req: Request<pb::CommitRequest>) -> Reply<pb::CommitResponse> {
-        let id = req.into_inner().session_id;
-        self.sessions.use_session(session_id(&id)?, None)?;
-        Err(Error::NotTransacted { id }.into())
+        let r = req.into_inner();
+        let id = session_id(&r.session_id)?;
+        self.sessions.use_session(id, None)?;
+        for h in &r.receipt_handles {
+            ReceiptHandle::from_str(h).map_err(Error::from)?;
+        }
+        let mut tx = self.sessions.tx_take(id)?;
+        tx.acks.extend(r.receipt_handles);
+        let Err(e) = self.commit_tx(id, &tx).await else {
+            return Ok(Response::new(pb::CommitResponse {}));
+        };
+        // JMS: a commit that fails rolls the transaction back.
+        let _ = self.rollback_tx(id, &tx).await;
+        Err(Error::RolledBack {
+            session: id.to_string(),
+            reason: e.message().to_owned(),
+        }
+        .into())
     }
 
     async fn rollback(&self, req: Request<pb::RollbackRequest>) -> Reply<pb::RollbackResponse> {
-        let id = req.into_inner().session_id;
-        self.sessions.use_session(session_id(&id)?, None)?;
-        Err(Error::NotTransacted { id }.into())
+        let id = session_id(&req.into_inner().session_id)?;
+        self.sessions.use_session(id, None)?;
+        let tx = self.sessions.tx_take(id)?;
+        let redelivered = self.rollback_tx(id, &tx).await?;
+        Ok(Response::new(pb::RollbackResponse {
+            redelivered: u32::try_from(redelivered).unwrap_or(u32::MAX),
+        }))
     }
 
     async fn create_temporary_queue(

@@ -64,4 +64,6 @@ forward_all! {
     extend_lease(pb::BackendLeaseRequest) -> pb::BackendLeaseResponse;
     release_session(pb::BackendReleaseSessionRequest) -> pb::BackendCountResponse;
     browse(pb::BackendBrowseRequest) -> pb::BackendBrowseResponse;
+    commit(pb::BackendCommitRequest) -> pb::BackendCountResponse;
+    rollback(pb::BackendRollbackRequest) -> pb::BackendCountResponse;
 }

@@ -60,7 +60,7 @@ impl Router {
     }
 
     /// The node that owns `queue`. A temporary queue (`tmp.<node>.<connection>.<n>`) lives on
-    /// the node that created it.
+    /// the node that created it; `<queue>.DLQ` lives with `<queue>`.
     pub fn owner_of(&self, queue: &QueueName) -> &NodeId {
         if let Some(node) = queue
             .as_str()
@@ -71,7 +71,19 @@ impl Router {
                 return id;
             }
         }
-        self.placement.get(queue).unwrap_or(&self.local_node)
+        if let Some(node) = self.placement.get(queue) {
+            return node;
+        }
+        // A dead-letter queue is created on demand next to its queue: `<queue>.DLQ` lives where
+        // `<queue>` does unless placed explicitly.
+        if let Some(base) = queue
+            .as_str()
+            .strip_suffix(".DLQ")
+            .and_then(|b| QueueName::new(b).ok())
+        {
+            return self.owner_of(&base);
+        }
+        &self.local_node
     }
 
     /// The back-end that owns `queue`.

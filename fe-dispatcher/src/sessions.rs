@@ -6,7 +6,7 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Mutex, PoisonError};
 
-use ferry_kernel::{QueueName, SessionId};
+use ferry_kernel::{NodeId, QueueName, SessionId};
 use ferry_proto::pb::AckMode;
 use tokio::time::{Duration, Instant};
 
@@ -27,8 +27,21 @@ struct Connection {
 struct Session {
     connection: String,
     ack_mode: AckMode,
-    /// Queues this session received from: where its leases may be.
+    /// Queues this session received from or staged sends in: where its leases and uncommitted
+    /// sends may be.
     queues: HashSet<QueueName>,
+    /// The open transaction of a transacted session.
+    tx: Option<Transaction>,
+}
+
+/// What a transacted session did since its last commit or rollback.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Transaction {
+    /// The back-end every queue of the transaction lives on.
+    pub(crate) node: Option<NodeId>,
+    pub(crate) queues: BTreeSet<QueueName>,
+    /// Acknowledgements held until commit.
+    pub(crate) acks: Vec<String>,
 }
 
 /// What the back-ends must be told after a session or connection ended.
@@ -149,6 +162,7 @@ impl Sessions {
                 connection: connection.into(),
                 ack_mode,
                 queues: HashSet::new(),
+                tx: (ack_mode == AckMode::Transacted).then(Transaction::default),
             },
         );
         Ok(id)
@@ -176,6 +190,78 @@ impl Sessions {
             c.expires_at = Instant::now() + c.lease;
         }
         Ok(mode)
+    }
+
+    /// A transacted session touches `queue` on `node` (a send or a receive). Fails if the
+    /// transaction already lives on another back-end. Returns whether the session is transacted.
+    pub(crate) fn tx_touch(
+        &self,
+        id: SessionId,
+        queue: &QueueName,
+        node: &NodeId,
+    ) -> Result<bool, Error> {
+        let mut s = self.lock();
+        let sess = s
+            .sessions
+            .get_mut(&id)
+            .ok_or_else(|| Error::SessionNotFound { id: id.to_string() })?;
+        let Some(tx) = sess.tx.as_mut() else {
+            return Ok(false);
+        };
+        match &tx.node {
+            Some(first) if first != node => {
+                return Err(Error::TransactionSpansBackends {
+                    session: id.to_string(),
+                    first: first.clone(),
+                    queue: queue.to_string(),
+                    second: node.clone(),
+                })
+            }
+            Some(_) => {}
+            None => tx.node = Some(node.clone()),
+        }
+        tx.queues.insert(queue.clone());
+        sess.queues.insert(queue.clone());
+        Ok(true)
+    }
+
+    /// Holds acknowledgements of a transacted session until it commits. Returns false (and holds
+    /// nothing) if the session is not transacted.
+    pub(crate) fn tx_hold_acks(&self, id: SessionId, handles: &[String]) -> Result<bool, Error> {
+        let mut s = self.lock();
+        let sess = s
+            .sessions
+            .get_mut(&id)
+            .ok_or_else(|| Error::SessionNotFound { id: id.to_string() })?;
+        let Some(tx) = sess.tx.as_mut() else {
+            return Ok(false);
+        };
+        tx.acks.extend(handles.iter().cloned());
+        Ok(true)
+    }
+
+    /// Ends a transacted session's transaction (for commit or rollback): returns what it did and
+    /// starts a new, empty one.
+    pub(crate) fn tx_take(&self, id: SessionId) -> Result<Transaction, Error> {
+        let mut s = self.lock();
+        let sess = s
+            .sessions
+            .get_mut(&id)
+            .ok_or_else(|| Error::SessionNotFound { id: id.to_string() })?;
+        match sess.tx.as_mut() {
+            Some(tx) => Ok(std::mem::take(tx)),
+            None => Err(Error::NotTransacted { id: id.to_string() }),
+        }
+    }
+
+    /// Whether a session is transacted.
+    pub(crate) fn is_transacted(&self, id: SessionId) -> Result<bool, Error> {
+        let s = self.lock();
+        let sess = s
+            .sessions
+            .get(&id)
+            .ok_or_else(|| Error::SessionNotFound { id: id.to_string() })?;
+        Ok(sess.tx.is_some())
     }
 
     /// The queues where a session may hold leases.

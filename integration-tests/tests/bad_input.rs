@@ -152,9 +152,47 @@ async fn bad_input_is_refused_with_the_right_code() -> anyhow::Result<()> {
     assert!(e.to_string().contains("position"), "{e}");
     assert_eq!(stats(&client, "q").await?.consumers, 0);
 
-    // Not supported yet: said plainly.
-    let e = conn.create_session(AckMode::Transacted).await.unwrap_err();
-    assert_eq!(e.code(), Some(Code::Unimplemented), "{e}");
+    // Commit and rollback belong to transacted sessions.
+    let e = session.commit().await.unwrap_err();
+    assert_eq!(e.code(), Some(Code::FailedPrecondition), "{e}");
+    assert!(e.to_string().contains("ACK_MODE_TRANSACTED"), "{e}");
+    let e = session.rollback().await.unwrap_err();
+    assert_eq!(e.code(), Some(Code::FailedPrecondition), "{e}");
+
+    // A redelivery policy that makes no sense is refused, naming the field.
+    let e = client
+        .admin()
+        .create_queue(pb::CreateQueueRequest {
+            name: "bad-policy".into(),
+            config: Some(pb::QueueConfig {
+                redelivery: Some(pb::RedeliveryPolicy {
+                    backoff_multiplier: Some(0.5),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            if_not_exists: false,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("backoff_multiplier"), "{e:?}");
+    let e = client
+        .admin()
+        .create_queue(pb::CreateQueueRequest {
+            name: "selfish".into(),
+            config: Some(pb::QueueConfig {
+                dead_letter: Some(pb::DeadLetterTarget {
+                    target: Some(pb::dead_letter_target::Target::Queue("selfish".into())),
+                }),
+                ..Default::default()
+            }),
+            if_not_exists: false,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("own dead-letter queue"), "{e:?}");
 
     // Admin mistakes.
     let mut admin = client.admin();

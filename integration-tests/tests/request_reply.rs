@@ -114,3 +114,76 @@ async fn ferry_request_and_ferry_reply_talk_to_each_other() -> anyhow::Result<()
     );
     Ok(())
 }
+
+/// 1,000 round trips with a replier that answers some requests late: every reply that arrives in
+/// time is the answer to its own request; each late reply is discarded and counted, never taken
+/// for the answer to a later request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_round_trips_with_late_replies_never_mismatch() -> anyhow::Result<()> {
+    const N: u32 = 1_000;
+    // Requests the replier holds back: it answers one only when the next request arrives, which
+    // is after the requester has given up on it.
+    let late = |i: u32| i % 25 == 12;
+    let (_dir, _node, client) = memory_node(&["svc"]).await?;
+    let conn = client.open_connection("requester").await?;
+    let mut requestor = Requestor::new(&conn).await?;
+    let replier = {
+        let session = client
+            .open_connection("replier")
+            .await?
+            .create_session(AckMode::Individual)
+            .await?;
+        tokio::spawn(async move {
+            let mut held = None;
+            for _ in 0..N {
+                let req = session
+                    .receive("svc", ReceiveOptions::timeout_ms(30_000))
+                    .await?;
+                anyhow::ensure!(req.len() == 1, "the requester stopped sending");
+                // A held request is answered now: too late for its requester.
+                if let Some(old) = held.take() {
+                    session.reply(&old, Message::text("late")).await?;
+                    session.ack(&[old]).await?;
+                }
+                let body = String::from_utf8_lossy(req[0].body()).into_owned();
+                let i: u32 = body.trim_start_matches("req ").parse()?;
+                let r = req.into_iter().next().expect("one request");
+                if late(i) {
+                    held = Some(r);
+                } else {
+                    session.reply(&r, Message::text(format!("re {i}"))).await?;
+                    session.ack(&[r]).await?;
+                }
+            }
+            anyhow::Ok(())
+        })
+    };
+    let mut answered = 0;
+    for i in 0..N {
+        let timeout = if late(i) {
+            Duration::from_millis(100)
+        } else {
+            Duration::from_secs(30)
+        };
+        let reply = requestor
+            .request("svc", Message::text(format!("req {i}")), timeout)
+            .await?;
+        match reply {
+            Some(r) => {
+                assert!(!late(i), "request {i} was held back, yet answered in time");
+                assert_eq!(r.body(), format!("re {i}").as_bytes(), "request {i}");
+                answered += 1;
+            }
+            None => assert!(late(i), "request {i} got no reply"),
+        }
+    }
+    replier.await??;
+    let held_back = (0..N).filter(|&i| late(i)).count() as u64;
+    assert_eq!(answered, N as u64 - held_back);
+    assert_eq!(
+        requestor.stale_replies(),
+        held_back,
+        "every late reply was discarded and counted"
+    );
+    Ok(())
+}

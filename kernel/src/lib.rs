@@ -1,8 +1,10 @@
 //! Ferry's pure queue semantics: the message state machine of a point-to-point queue, delivery
-//! leases, waiting receivers, priorities, delivery delays and the effects the shell must persist.
+//! leases, waiting receivers, priorities, delivery delays, expiry, the redelivery policy and dead
+//! letters, transacted sessions, message groups, producer dedup, and the effects the shell must
+//! persist.
 //!
 //! The kernel does no I/O. It has no clock, no timers, no threads, no async runtime and no random
-//! source: every operation that depends on time takes `now_ms` (milliseconds since the Unix epoch),
+//! source (collision avoidance uses a seeded generator): every operation that depends on time takes `now_ms` (milliseconds since the Unix epoch),
 //! the kernel reports its next deadline with [`Queue::next_deadline_ms`], and the shell calls
 //! [`Queue::tick`] when that time comes. Operations return what happened ([`Effects`]: things to
 //! persist, deliveries for parked receivers, receivers that timed out); the kernel never calls back.
@@ -16,8 +18,9 @@ mod types;
 
 pub use error::KernelError;
 pub use queue::{
-    Delivery, Effects, LeaseRef, MessageState, PersistOp, Queue, QueueConfig, QueueStats,
-    ReceiveOutcome, ReceiveRequest, RecoveredMessage, Wait, WaiterId,
+    DeadLetter, DeadLetterCounts, DeadLetterReason, DeadLetterTarget, DedupRecord, Delivery,
+    Effects, LeaseRef, MessageState, PersistOp, Queue, QueueConfig, QueueStats, ReceiveOutcome,
+    ReceiveRequest, RecoveredMessage, RedeliveryPolicy, Wait, WaiterId, STAGED_MAX,
 };
 pub use selector::{Selector, SelectorLimits};
 pub use types::{

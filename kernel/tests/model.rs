@@ -1,7 +1,9 @@
-//! Model-based test: random sequences of send / receive / ack / nack / cancel / close session /
-//! extend lease / advance time, run against the kernel and against a deliberately naive reference
-//! model (linear scans, no indexes). After every step both must agree on every message's state and
-//! delivery count, on every answer, and the kernel's own invariants must hold.
+//! Model-based test: random sequences of send (priorities, delays, expiry, groups, selector
+//! property) / receive (with selectors) / ack / nack / reject / extend lease / cancel / recover /
+//! transacted send / commit / rollback / close session / advance time, run against the kernel and
+//! against a deliberately naive reference model (linear scans, no indexes). After every step both
+//! must agree on every message's state and delivery count, on every answer, on every message
+//! dead-lettered and why, and the kernel's own invariants must hold.
 
 #![allow(clippy::unwrap_used)]
 
@@ -9,10 +11,22 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use ferry_kernel::{
-    Delivery, Effects, LeaseId, LeaseRef, MessageState, NewMessage, Priority, PropertyValue, Queue,
-    QueueConfig, QueueName, QueueUid, ReceiveOutcome, ReceiveRequest, Selector, SelectorLimits,
-    SessionId, Wait, WaiterId,
+    DeadLetterReason, Delivery, Effects, LeaseId, LeaseRef, MessageState, NewMessage, Priority,
+    PropertyValue, Queue, QueueConfig, QueueName, QueueUid, ReceiveOutcome, ReceiveRequest,
+    RedeliveryPolicy, Selector, SelectorLimits, SessionId, Wait, WaiterId,
 };
+
+/// The redelivery policy both sides follow: 50 ms, then doubling, capped at 150 ms; a message
+/// is delivered at most 1 + 3 times.
+const MAX_REDELIVERIES: u32 = 3;
+
+fn model_delay(n: u32) -> u64 {
+    if n <= 1 {
+        50
+    } else {
+        (50u64 << (n - 1).min(20)).min(150)
+    }
+}
 use proptest::prelude::*;
 
 #[derive(Debug, Clone)]
@@ -21,9 +35,13 @@ enum Op {
         count: u8,
         priority: u8,
         delay_ms: u16,
+        ttl_ms: Option<u16>,
         persistent: bool,
         /// Value of the int property `n` on every message of the batch.
         n: u8,
+        group: Option<u8>,
+        /// Staged by this transacted session instead of sent.
+        tx: Option<u8>,
     },
     Receive {
         session: u8,
@@ -37,7 +55,9 @@ enum Op {
     },
     Nack {
         pick: usize,
-        delay_ms: u16,
+        /// `None`: the policy's delay.
+        delay_ms: Option<u16>,
+        reject: bool,
     },
     Extend {
         pick: usize,
@@ -47,6 +67,18 @@ enum Op {
         pick: usize,
     },
     CloseSession {
+        session: u8,
+    },
+    Recover {
+        session: u8,
+    },
+    /// Commits `session`'s staged sends with acks of every live delivery it holds, or of one
+    /// picked delivery (which may be stale or another session's: then the commit fails whole).
+    Commit {
+        session: u8,
+        pick: Option<usize>,
+    },
+    Rollback {
         session: u8,
     },
     Advance {
@@ -81,15 +113,27 @@ fn op() -> impl Strategy<Value = Op> {
         (any::<bool>(), 0..3u8).prop_map(|(greater, k)| Filter { greater, k }),
     );
     prop_oneof![
-        3 => (1..4u8, 0..10u8, prop_oneof![Just(0u16), 1..300u16], any::<bool>(), 0..3u8)
-            .prop_map(|(count, priority, delay_ms, persistent, n)| Op::Send { count, priority, delay_ms, persistent, n }),
+        3 => (
+            (1..4u8, 0..10u8, prop_oneof![Just(0u16), 1..300u16]),
+            proptest::option::weighted(0.3, 1..400u16),
+            (any::<bool>(), 0..3u8, proptest::option::weighted(0.3, 0..3u8)),
+            proptest::option::weighted(0.25, 0..3u8),
+        )
+            .prop_map(|((count, priority, delay_ms), ttl_ms, (persistent, n, group), tx)| {
+                Op::Send { count, priority, delay_ms, ttl_ms, persistent, n, group, tx }
+            }),
         3 => (0..3u8, 1..4u8, proptest::option::of(0..400u16), 1..500u16, filter)
             .prop_map(|(session, max, wait_ms, lease_ms, filter)| Op::Receive { session, max, wait_ms, lease_ms, filter }),
         2 => any::<usize>().prop_map(|pick| Op::Ack { pick }),
-        1 => (any::<usize>(), prop_oneof![Just(0u16), 1..200u16]).prop_map(|(pick, delay_ms)| Op::Nack { pick, delay_ms }),
+        2 => (any::<usize>(), proptest::option::of(prop_oneof![Just(0u16), 1..200u16]), proptest::bool::weighted(0.15))
+            .prop_map(|(pick, delay_ms, reject)| Op::Nack { pick, delay_ms, reject }),
         1 => (any::<usize>(), 1..500u16).prop_map(|(pick, lease_ms)| Op::Extend { pick, lease_ms }),
         1 => any::<usize>().prop_map(|pick| Op::Cancel { pick }),
         1 => (0..3u8).prop_map(|session| Op::CloseSession { session }),
+        1 => (0..3u8).prop_map(|session| Op::Recover { session }),
+        1 => (0..3u8, proptest::option::weighted(0.3, any::<usize>()))
+            .prop_map(|(session, pick)| Op::Commit { session, pick }),
+        1 => (0..3u8).prop_map(|session| Op::Rollback { session }),
         3 => (0..300u16).prop_map(|ms| Op::Advance { ms }),
     ]
 }
@@ -98,6 +142,8 @@ fn op() -> impl Strategy<Value = Op> {
 struct ModelMsg {
     priority: u8,
     n: u8,
+    group: Option<u8>,
+    expires: Option<u64>,
     state: MessageState,
     count: u32,
 }
@@ -116,6 +162,12 @@ struct ModelWaiter {
 #[derive(Debug, Default)]
 struct Model {
     msgs: BTreeMap<u64, ModelMsg>,
+    /// Transacted sends not yet committed, by session.
+    staged: BTreeMap<SessionId, Vec<(u64, ModelMsg)>>,
+    /// Which session holds each message group.
+    groups: BTreeMap<u8, SessionId>,
+    /// Dead-lettered this step.
+    dead: Vec<(u64, DeadLetterReason)>,
     waiters: Vec<ModelWaiter>,
     next_seq: u64,
     next_lease: u64,
@@ -134,11 +186,15 @@ impl Model {
         }
     }
 
-    fn next_ready(&self, filter: Option<Filter>) -> Option<u64> {
+    fn next_ready(&self, owner: SessionId, filter: Option<Filter>) -> Option<u64> {
         self.msgs
             .iter()
             .filter(|(_, m)| m.state == MessageState::Ready)
             .filter(|(_, m)| filter.is_none_or(|f| f.accepts(m.n)))
+            .filter(|(_, m)| {
+                m.group
+                    .is_none_or(|g| self.groups.get(&g).is_none_or(|&o| o == owner))
+            })
             .min_by_key(|(&seq, m)| (std::cmp::Reverse(m.priority), seq))
             .map(|(&seq, _)| seq)
     }
@@ -153,13 +209,16 @@ impl Model {
     ) -> Vec<(u64, u64, u32)> {
         let mut out = vec![];
         while out.len() < max as usize {
-            let Some(seq) = self.next_ready(filter) else {
+            let Some(seq) = self.next_ready(owner, filter) else {
                 break;
             };
             let lease = self.next_lease;
             self.next_lease += 1;
             let m = self.msgs.get_mut(&seq).unwrap();
             m.count += 1;
+            if let Some(g) = m.group {
+                self.groups.entry(g).or_insert(owner);
+            }
             m.state = MessageState::Leased {
                 lease: LeaseId(lease),
                 owner: Some(owner),
@@ -170,8 +229,23 @@ impl Model {
         out
     }
 
+    fn expire(&mut self, now: u64) {
+        let expired: Vec<u64> = self
+            .msgs
+            .iter()
+            .filter(|(_, m)| !matches!(m.state, MessageState::Leased { .. }))
+            .filter(|(_, m)| m.expires.is_some_and(|t| t <= now))
+            .map(|(&s, _)| s)
+            .collect();
+        for seq in expired {
+            self.msgs.remove(&seq);
+            self.dead.push((seq, DeadLetterReason::Expired));
+        }
+    }
+
     /// Oldest receiver first; one whose filter matches nothing keeps waiting.
     fn dispatch(&mut self, now: u64, handed: &mut Handed) {
+        self.expire(now);
         let mut i = 0;
         while i < self.waiters.len() {
             let w = self.waiters[i];
@@ -185,17 +259,59 @@ impl Model {
         }
     }
 
+    /// A delivered message came back: dead-lettered if expired or delivered as often as allowed,
+    /// else Ready after the policy's delay (or `delay`).
+    fn give_back(&mut self, seq: u64, delay: Option<u64>, now: u64) {
+        let m = self.msgs[&seq];
+        let reason = if m.expires.is_some_and(|t| t <= now) {
+            Some(DeadLetterReason::Expired)
+        } else if m.count > MAX_REDELIVERIES {
+            Some(DeadLetterReason::MaxDeliveries)
+        } else {
+            None
+        };
+        if let Some(reason) = reason {
+            self.msgs.remove(&seq);
+            self.dead.push((seq, reason));
+            return;
+        }
+        let delay = delay.unwrap_or_else(|| model_delay(m.count));
+        self.msgs.get_mut(&seq).unwrap().state = if delay > 0 {
+            MessageState::Scheduled {
+                until_ms: now + delay,
+            }
+        } else {
+            MessageState::Ready
+        };
+    }
+
+    fn held_by(&self, owner: SessionId) -> Vec<u64> {
+        self.msgs
+            .iter()
+            .filter(|(_, m)| matches!(m.state, MessageState::Leased { owner: Some(o), .. } if o == owner))
+            .map(|(&s, _)| s)
+            .collect()
+    }
+
     fn fire(&mut self, now: u64, handed: &mut Handed, ended: &mut Vec<u64>) {
         for m in self.msgs.values_mut() {
             match m.state {
-                MessageState::Scheduled { until_ms } | MessageState::Leased { until_ms, .. }
-                    if until_ms <= now =>
-                {
+                MessageState::Scheduled { until_ms } if until_ms <= now => {
                     m.state = MessageState::Ready
                 }
                 _ => {}
             }
         }
+        let lapsed: Vec<u64> = self
+            .msgs
+            .iter()
+            .filter(|(_, m)| matches!(m.state, MessageState::Leased { until_ms, .. } if until_ms <= now))
+            .map(|(&s, _)| s)
+            .collect();
+        for seq in lapsed {
+            self.give_back(seq, None, now);
+        }
+        self.expire(now);
         let (gone, keep): (Vec<ModelWaiter>, Vec<ModelWaiter>) = std::mem::take(&mut self.waiters)
             .into_iter()
             .partition(|w| w.deadline.is_some_and(|d| d <= now));
@@ -221,11 +337,19 @@ fn ended_ids(fx: &Effects) -> Vec<u64> {
 }
 
 fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
-    let mut q = Queue::new(
-        QueueName::new("model").unwrap(),
-        QueueUid(1),
-        QueueConfig::default(),
-    );
+    let config = QueueConfig {
+        redelivery: RedeliveryPolicy {
+            max_redeliveries: Some(MAX_REDELIVERIES),
+            initial_delay_ms: 50,
+            delay_ms: 50,
+            exponential_backoff: true,
+            backoff_multiplier: 2.0,
+            collision_avoidance_percent: 0,
+            max_delay_ms: 150,
+        },
+        ..QueueConfig::default()
+    };
+    let mut q = Queue::new(QueueName::new("model").unwrap(), QueueUid(1), config);
     let mut m = Model::new();
     let mut now = 1_000u64;
     // Deliveries handed out so far (live or stale) and parked waiters, for ops to pick from.
@@ -233,6 +357,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
     let mut parked: Vec<WaiterId> = vec![];
     let mut acked = 0u64;
     let mut sent = 0u64;
+    let mut dead = 0u64;
     for op in ops {
         let (mut h, mut e) = (Handed::new(), Vec::new());
         let fx = match op {
@@ -240,19 +365,27 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 count,
                 priority,
                 delay_ms,
+                ttl_ms,
                 persistent,
                 n,
+                group,
+                tx,
             } => {
                 let batch = (0..count)
                     .map(|_| NewMessage {
                         properties: [("n".to_string(), PropertyValue::Int(n.into()))].into(),
                         priority: Priority::new(priority.into()).unwrap(),
                         delivery_delay_ms: Some(delay_ms.into()),
+                        time_to_live_ms: ttl_ms.map(u64::from),
+                        group_id: group.map(|g| format!("g{g}")),
                         persistent,
                         ..Default::default()
                     })
                     .collect();
-                let (ids, fx) = q.send(batch, now).unwrap();
+                let (ids, fx) = match tx {
+                    Some(t) => q.stage(SessionId(t.into()), batch, now).unwrap(),
+                    None => q.send(batch, now).unwrap(),
+                };
                 prop_assert_eq!(ids.len(), count as usize);
                 m.fire(now, &mut h, &mut e);
                 for _ in 0..count {
@@ -263,17 +396,26 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     } else {
                         MessageState::Ready
                     };
-                    m.msgs.insert(
-                        m.next_seq,
-                        ModelMsg {
-                            priority,
-                            n,
-                            state,
-                            count: 0,
-                        },
-                    );
+                    let msg = ModelMsg {
+                        priority,
+                        n,
+                        group,
+                        expires: ttl_ms.map(|t| now + u64::from(t)),
+                        state,
+                        count: 0,
+                    };
+                    match tx {
+                        Some(t) => m
+                            .staged
+                            .entry(SessionId(t.into()))
+                            .or_default()
+                            .push((m.next_seq, msg)),
+                        None => {
+                            m.msgs.insert(m.next_seq, msg);
+                            sent += 1;
+                        }
+                    }
                     m.next_seq += 1;
-                    sent += 1;
                 }
                 m.dispatch(now, &mut h);
                 fx
@@ -352,20 +494,21 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 m.dispatch(now, &mut h);
                 fx
             }
-            Op::Nack { pick, delay_ms } => {
+            Op::Nack {
+                pick,
+                delay_ms,
+                reject,
+            } => {
                 let r = leases[pick % leases.len()];
-                let (res, fx) = q.nack(&[r], Some(delay_ms.into()), now);
+                let (res, fx) = q.nack(&[r], delay_ms.map(u64::from), reject, now);
                 m.fire(now, &mut h, &mut e);
                 let live = matches!(m.msgs.get(&r.seq.0), Some(mm) if matches!(mm.state, MessageState::Leased { lease, .. } if lease == r.lease));
                 prop_assert_eq!(res[0].is_ok(), live);
-                if live {
-                    m.msgs.get_mut(&r.seq.0).unwrap().state = if delay_ms > 0 {
-                        MessageState::Scheduled {
-                            until_ms: now + u64::from(delay_ms),
-                        }
-                    } else {
-                        MessageState::Ready
-                    };
+                if live && reject {
+                    m.msgs.remove(&r.seq.0);
+                    m.dead.push((r.seq.0, DeadLetterReason::Rejected));
+                } else if live {
+                    m.give_back(r.seq.0, delay_ms.map(u64::from), now);
                 }
                 m.dispatch(now, &mut h);
                 fx
@@ -407,18 +550,73 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 let owner = SessionId(session.into());
                 let (_, fx) = q.release_session(owner, now);
                 m.fire(now, &mut h, &mut e);
-                for mm in m.msgs.values_mut() {
-                    if matches!(mm.state, MessageState::Leased { owner: Some(o), .. } if o == owner)
-                    {
-                        mm.state = MessageState::Ready;
-                    }
+                m.staged.remove(&owner);
+                for seq in m.held_by(owner) {
+                    m.give_back(seq, None, now);
                 }
+                m.groups.retain(|_, o| *o != owner);
                 let (gone, keep): (Vec<ModelWaiter>, Vec<ModelWaiter>) =
                     std::mem::take(&mut m.waiters)
                         .into_iter()
                         .partition(|w| w.owner == owner);
                 e.extend(gone.iter().map(|w| w.id));
                 m.waiters = keep;
+                m.dispatch(now, &mut h);
+                fx
+            }
+            Op::Recover { session } | Op::Rollback { session } => {
+                let owner = SessionId(session.into());
+                let (released, fx) = if matches!(op, Op::Recover { .. }) {
+                    q.recover_session(owner, now)
+                } else {
+                    m.staged.remove(&owner);
+                    q.rollback(owner, now)
+                };
+                m.fire(now, &mut h, &mut e);
+                let held = m.held_by(owner);
+                prop_assert_eq!(released, held.len() as u64);
+                for seq in held {
+                    m.give_back(seq, None, now);
+                }
+                m.dispatch(now, &mut h);
+                fx
+            }
+            Op::Commit { session, pick } => {
+                let owner = SessionId(session.into());
+                let acks: Vec<LeaseRef> = match pick {
+                    Some(p) if !leases.is_empty() => vec![leases[p % leases.len()]],
+                    _ => {
+                        m.fire(now, &mut Handed::new(), &mut Vec::new());
+                        let held = m.held_by(owner);
+                        leases
+                            .iter()
+                            .copied()
+                            .filter(|r| held.contains(&r.seq.0))
+                            .filter(|r| matches!(m.msgs[&r.seq.0].state, MessageState::Leased { lease, .. } if lease == r.lease))
+                            .collect()
+                    }
+                };
+                let (result, fx) = q.commit(owner, &acks, now);
+                m.fire(now, &mut h, &mut e);
+                let valid = acks.iter().all(|r| {
+                    matches!(m.msgs.get(&r.seq.0), Some(mm) if matches!(mm.state, MessageState::Leased { lease, owner: Some(o), .. } if lease == r.lease && o == owner))
+                });
+                prop_assert_eq!(result.is_ok(), valid);
+                if valid {
+                    for r in &acks {
+                        m.msgs.remove(&r.seq.0);
+                        acked += 1;
+                    }
+                    for (seq, mut msg) in m.staged.remove(&owner).unwrap_or_default() {
+                        // The delivery delay counts from the send, not the commit.
+                        if matches!(msg.state, MessageState::Scheduled { until_ms } if until_ms <= now)
+                        {
+                            msg.state = MessageState::Ready;
+                        }
+                        m.msgs.insert(seq, msg);
+                        sent += 1;
+                    }
+                }
                 m.dispatch(now, &mut h);
                 fx
             }
@@ -431,6 +629,16 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
         };
         q.check_invariants();
         prop_assert_eq!(kernel_handed(&fx), h.clone());
+        let mut kernel_dead: Vec<(u64, DeadLetterReason)> = fx
+            .dead_letters
+            .iter()
+            .map(|d| (d.message.seq.0, d.reason))
+            .collect();
+        kernel_dead.sort_unstable_by_key(|d| d.0);
+        let mut model_dead = std::mem::take(&mut m.dead);
+        model_dead.sort_unstable_by_key(|d| d.0);
+        prop_assert_eq!(&kernel_dead, &model_dead);
+        dead += model_dead.len() as u64;
         // Which receivers ended matters, not the order they are reported in.
         let mut ended = ended_ids(&fx);
         ended.sort_unstable();
@@ -452,8 +660,13 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
             .map(|(&s, mm)| (s, (mm.state, mm.count)))
             .collect();
         prop_assert_eq!(&all, &model);
-        // Nothing is lost: every message sent is still in the queue or was acknowledged.
-        prop_assert_eq!(sent, acked + all.len() as u64);
+        // Nothing is lost: every message sent is still in the queue, was acknowledged, or was
+        // dead-lettered.
+        prop_assert_eq!(sent, acked + dead + all.len() as u64);
+        prop_assert_eq!(
+            q.stats().staged,
+            m.staged.values().map(Vec::len).sum::<usize>() as u64
+        );
         prop_assert_eq!(q.waiter_count(), m.waiters.len());
     }
     Ok(())

@@ -2,8 +2,8 @@
 //! express (ranges, names, types) and fails with a [`KernelError`] naming the field.
 
 use ferry_kernel::{
-    Delivery, KernelError, Message, MessageState, NewMessage, Priority, PropertyValue, QueueConfig,
-    QueueName, QueueStats, ReceiptHandle,
+    DeadLetterTarget, Delivery, KernelError, Message, MessageState, NewMessage, Priority,
+    PropertyValue, QueueConfig, QueueName, QueueStats, ReceiptHandle, RedeliveryPolicy,
 };
 
 use crate::v1 as pb;
@@ -139,9 +139,36 @@ pub fn state_to_pb(s: MessageState) -> pb::MessageState {
 }
 
 /// Applies the fields set on the wire over `base` (the server's defaults).
-pub fn queue_config_from_pb(c: Option<pb::QueueConfig>, base: &QueueConfig) -> QueueConfig {
+pub fn queue_config_from_pb(
+    c: Option<pb::QueueConfig>,
+    base: &QueueConfig,
+) -> Result<QueueConfig, KernelError> {
     let c = c.unwrap_or_default();
-    QueueConfig {
+    let r = c.redelivery.unwrap_or_default();
+    let b = &base.redelivery;
+    let collision = match r.collision_avoidance_percent {
+        None => b.collision_avoidance_percent,
+        Some(p) => u8::try_from(p).ok().filter(|p| *p <= 100).ok_or_else(|| {
+            KernelError::InvalidArgument {
+                field: "redelivery.collision_avoidance_percent",
+                reason: format!("must be between 0 and 100, got {p}"),
+            }
+        })?,
+    };
+    let redelivery = RedeliveryPolicy {
+        max_redeliveries: if r.unlimited_redeliveries {
+            None
+        } else {
+            r.max_redeliveries.map_or(b.max_redeliveries, Some)
+        },
+        initial_delay_ms: r.initial_delay_ms.unwrap_or(b.initial_delay_ms),
+        delay_ms: r.delay_ms.unwrap_or(b.delay_ms),
+        exponential_backoff: r.exponential_backoff.unwrap_or(b.exponential_backoff),
+        backoff_multiplier: r.backoff_multiplier.unwrap_or(b.backoff_multiplier),
+        collision_avoidance_percent: collision,
+        max_delay_ms: r.max_delay_ms.unwrap_or(b.max_delay_ms),
+    };
+    Ok(QueueConfig {
         default_lease_ms: c.default_lease_ms.unwrap_or(base.default_lease_ms),
         lease_max_ms: c.lease_max_ms.unwrap_or(base.lease_max_ms),
         max_message_size_bytes: c
@@ -149,16 +176,64 @@ pub fn queue_config_from_pb(c: Option<pb::QueueConfig>, base: &QueueConfig) -> Q
             .unwrap_or(base.max_message_size_bytes),
         receive_batch_max: c.receive_batch_max.unwrap_or(base.receive_batch_max),
         waiters_max: c.waiters_max.map_or(base.waiters_max, |w| w as usize),
-    }
+        redelivery,
+        dead_letter: target_from_pb(c.dead_letter, &base.dead_letter, "dead_letter.queue")?,
+        expiry: target_from_pb(c.expiry, &base.expiry, "expiry.queue")?,
+        dedup_window_ms: c.dedup_window_ms.unwrap_or(base.dedup_window_ms),
+    })
 }
 
-pub fn queue_config_to_pb(c: &QueueConfig) -> pb::QueueConfig {
+fn target_from_pb(
+    t: Option<pb::DeadLetterTarget>,
+    base: &DeadLetterTarget,
+    field: &'static str,
+) -> Result<DeadLetterTarget, KernelError> {
+    use pb::dead_letter_target::Target;
+    Ok(match t.and_then(|t| t.target) {
+        None => base.clone(),
+        Some(Target::Discard(true)) => DeadLetterTarget::Discard,
+        Some(Target::Discard(false)) => DeadLetterTarget::Default,
+        Some(Target::Queue(q)) => DeadLetterTarget::Queue(QueueName::new(q).map_err(|e| {
+            KernelError::InvalidArgument {
+                field,
+                reason: e.to_string(),
+            }
+        })?),
+    })
+}
+
+/// A queue's settings as the API shows them; the default dead-letter target is shown resolved
+/// (`<queue>.DLQ`).
+pub fn queue_config_to_pb(name: &QueueName, c: &QueueConfig) -> pb::QueueConfig {
+    let r = &c.redelivery;
+    let target = |t: &DeadLetterTarget| {
+        use pb::dead_letter_target::Target;
+        Some(pb::DeadLetterTarget {
+            target: Some(match t.resolve(name) {
+                Some(q) => Target::Queue(q.to_string()),
+                None => Target::Discard(true),
+            }),
+        })
+    };
     pb::QueueConfig {
         default_lease_ms: Some(c.default_lease_ms),
         lease_max_ms: Some(c.lease_max_ms),
         max_message_size_bytes: Some(c.max_message_size_bytes),
         receive_batch_max: Some(c.receive_batch_max),
         waiters_max: Some(u32::try_from(c.waiters_max).unwrap_or(u32::MAX)),
+        redelivery: Some(pb::RedeliveryPolicy {
+            max_redeliveries: r.max_redeliveries,
+            unlimited_redeliveries: r.max_redeliveries.is_none(),
+            initial_delay_ms: Some(r.initial_delay_ms),
+            delay_ms: Some(r.delay_ms),
+            exponential_backoff: Some(r.exponential_backoff),
+            backoff_multiplier: Some(r.backoff_multiplier),
+            collision_avoidance_percent: Some(r.collision_avoidance_percent.into()),
+            max_delay_ms: Some(r.max_delay_ms),
+        }),
+        dead_letter: target(&c.dead_letter),
+        expiry: target(&c.expiry),
+        dedup_window_ms: Some(c.dedup_window_ms),
     }
 }
 
@@ -178,6 +253,10 @@ pub fn queue_stats_to_pb(name: &QueueName, owner: &str, s: &QueueStats) -> pb::Q
         lease_expired_total: s.lease_expired_total,
         purged_total: s.purged_total,
         owner_node: owner.to_string(),
+        dead_lettered_max_deliveries_total: s.dead_lettered.max_deliveries,
+        dead_lettered_rejected_total: s.dead_lettered.rejected,
+        staged: s.staged,
+        groups: s.groups,
     }
 }
 

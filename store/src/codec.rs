@@ -5,13 +5,16 @@
 use std::collections::BTreeMap;
 
 use ferry_kernel::{
-    Message, MessageId, Priority, PropertyValue, QueueConfig, QueueName, QueueUid, Seq,
+    DeadLetterTarget, Message, MessageId, Priority, PropertyValue, QueueConfig, QueueName,
+    QueueUid, RedeliveryPolicy, Seq,
 };
 
 use crate::{QueueDef, StoreError};
 
 const MESSAGE_V1: u8 = 1;
 const QUEUE_V1: u8 = 1;
+/// V1 plus the redelivery policy, dead-letter and expiry targets and the dedup window.
+const QUEUE_V2: u8 = 2;
 
 struct Writer(Vec<u8>);
 
@@ -212,16 +215,48 @@ pub(crate) fn decode_message(uid: QueueUid, buf: &[u8]) -> Result<Message, Store
 }
 
 pub(crate) fn encode_queue(d: &QueueDef) -> Vec<u8> {
-    let mut w = Writer(Vec::with_capacity(64));
-    w.u8(QUEUE_V1);
+    let mut w = Writer(Vec::with_capacity(128));
+    let c = &d.config;
+    w.u8(QUEUE_V2);
     w.u64(d.uid.0);
     w.bytes(d.name.as_str().as_bytes());
-    w.u64(d.config.default_lease_ms);
-    w.u64(d.config.lease_max_ms);
-    w.u64(d.config.max_message_size_bytes);
-    w.u32(d.config.receive_batch_max);
-    w.u64(d.config.waiters_max as u64);
+    w.u64(c.default_lease_ms);
+    w.u64(c.lease_max_ms);
+    w.u64(c.max_message_size_bytes);
+    w.u32(c.receive_batch_max);
+    w.u64(c.waiters_max as u64);
+    let r = &c.redelivery;
+    w.opt_u64(r.max_redeliveries.map(u64::from));
+    w.u64(r.initial_delay_ms);
+    w.u64(r.delay_ms);
+    w.u8(u8::from(r.exponential_backoff));
+    w.u64(r.backoff_multiplier.to_bits());
+    w.u8(r.collision_avoidance_percent);
+    w.u64(r.max_delay_ms);
+    target(&mut w, &c.dead_letter);
+    target(&mut w, &c.expiry);
+    w.u64(c.dedup_window_ms);
     w.0
+}
+
+fn target(w: &mut Writer, t: &DeadLetterTarget) {
+    match t {
+        DeadLetterTarget::Default => w.u8(0),
+        DeadLetterTarget::Queue(q) => {
+            w.u8(1);
+            w.bytes(q.as_str().as_bytes());
+        }
+        DeadLetterTarget::Discard => w.u8(2),
+    }
+}
+
+fn read_target(r: &mut Reader) -> Result<DeadLetterTarget, StoreError> {
+    Ok(match r.u8()? {
+        0 => DeadLetterTarget::Default,
+        1 => DeadLetterTarget::Queue(r.queue_name()?),
+        2 => DeadLetterTarget::Discard,
+        _ => return Err(r.corrupt("unknown dead-letter target")),
+    })
 }
 
 pub(crate) fn decode_queue(buf: &[u8]) -> Result<QueueDef, StoreError> {
@@ -229,19 +264,52 @@ pub(crate) fn decode_queue(buf: &[u8]) -> Result<QueueDef, StoreError> {
         buf,
         what: "queue definition",
     };
-    if r.u8()? != QUEUE_V1 {
+    let version = r.u8()?;
+    if version != QUEUE_V1 && version != QUEUE_V2 {
         return Err(r.corrupt("unknown queue format version"));
     }
     let uid = QueueUid(r.u64()?);
     let name = r.queue_name()?;
-    let config = QueueConfig {
+    let mut config = QueueConfig {
         default_lease_ms: r.u64()?,
         lease_max_ms: r.u64()?,
         max_message_size_bytes: r.u64()?,
         receive_batch_max: r.u32()?,
         waiters_max: usize::try_from(r.u64()?).unwrap_or(usize::MAX),
+        ..QueueConfig::default()
     };
+    if version >= QUEUE_V2 {
+        config.redelivery = RedeliveryPolicy {
+            max_redeliveries: r.opt_u64()?.map(|v| u32::try_from(v).unwrap_or(u32::MAX)),
+            initial_delay_ms: r.u64()?,
+            delay_ms: r.u64()?,
+            exponential_backoff: r.u8()? != 0,
+            backoff_multiplier: f64::from_bits(r.u64()?),
+            collision_avoidance_percent: r.u8()?,
+            max_delay_ms: r.u64()?,
+        };
+        config.dead_letter = read_target(&mut r)?;
+        config.expiry = read_target(&mut r)?;
+        config.dedup_window_ms = r.u64()?;
+    }
     Ok(QueueDef { name, uid, config })
+}
+
+/// A dedup record's value: when it expires, and the sequence number of the message it produced.
+pub(crate) fn encode_dedup(seq: Seq, expires_ms: u64) -> [u8; 16] {
+    let mut v = [0u8; 16];
+    v[..8].copy_from_slice(&expires_ms.to_be_bytes());
+    v[8..].copy_from_slice(&seq.0.to_be_bytes());
+    v
+}
+
+pub(crate) fn decode_dedup(v: &[u8]) -> Result<(Seq, u64), StoreError> {
+    let mut r = Reader {
+        buf: v,
+        what: "dedup record",
+    };
+    let expires = r.u64()?;
+    Ok((Seq(r.u64()?), expires))
 }
 
 #[cfg(test)]
@@ -290,5 +358,51 @@ mod tests {
         for n in 0..bytes.len() {
             assert!(decode_queue(&bytes[..n]).is_err());
         }
+    }
+
+    #[test]
+    fn queue_settings_round_trip() {
+        let d = QueueDef {
+            name: QueueName::new("orders").unwrap(),
+            uid: QueueUid(77),
+            config: QueueConfig {
+                redelivery: RedeliveryPolicy {
+                    max_redeliveries: None,
+                    initial_delay_ms: 10,
+                    delay_ms: 20,
+                    exponential_backoff: true,
+                    backoff_multiplier: 1.5,
+                    collision_avoidance_percent: 15,
+                    max_delay_ms: 99_000,
+                },
+                dead_letter: DeadLetterTarget::Queue(QueueName::new("parking").unwrap()),
+                expiry: DeadLetterTarget::Discard,
+                dedup_window_ms: 5,
+                ..QueueConfig::default()
+            },
+        };
+        assert_eq!(decode_queue(&encode_queue(&d)).unwrap(), d);
+    }
+
+    #[test]
+    fn version_1_definitions_read_with_default_policies() {
+        let d = QueueDef {
+            name: QueueName::new("old").unwrap(),
+            uid: QueueUid(3),
+            config: QueueConfig {
+                default_lease_ms: 1_234,
+                ..QueueConfig::default()
+            },
+        };
+        let mut w = Writer(vec![]);
+        w.u8(QUEUE_V1);
+        w.u64(3);
+        w.bytes(b"old");
+        w.u64(1_234);
+        w.u64(d.config.lease_max_ms);
+        w.u64(d.config.max_message_size_bytes);
+        w.u32(d.config.receive_batch_max);
+        w.u64(d.config.waiters_max as u64);
+        assert_eq!(decode_queue(&w.0).unwrap(), d);
     }
 }

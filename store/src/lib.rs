@@ -12,14 +12,16 @@ mod group_commit;
 mod memory;
 mod rocks;
 
-use ferry_kernel::{PersistOp, QueueConfig, QueueName, QueueUid, RecoveredMessage, Seq};
+use ferry_kernel::{
+    DedupRecord, PersistOp, QueueConfig, QueueName, QueueUid, RecoveredMessage, Seq,
+};
 
 pub use group_commit::{CommitTicket, GroupCommit, GroupCommitStats};
 pub use memory::MemoryStore;
 pub use rocks::RocksStore;
 
 /// A queue's durable definition.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct QueueDef {
     pub name: QueueName,
     pub uid: QueueUid,
@@ -46,6 +48,9 @@ pub struct RecoveredQueue {
     pub seq_reserved_until: Seq,
     /// In sequence order.
     pub messages: Vec<RecoveredMessage>,
+    /// Producer dedup ids still remembered (some may have expired since; the queue forgets
+    /// those at once).
+    pub dedup: Vec<DedupRecord>,
 }
 
 /// Why a store operation failed.

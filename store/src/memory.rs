@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use ferry_kernel::{Message, PersistOp, QueueUid, RecoveredMessage, Seq};
+use ferry_kernel::{DedupRecord, Message, PersistOp, QueueUid, RecoveredMessage, Seq};
 
 use crate::{QueueDef, QueueStore, RecoveredQueue, StoreError, StoreOp};
 
@@ -14,6 +14,7 @@ struct State {
     messages: BTreeMap<(QueueUid, Seq), Message>,
     delivery_counts: BTreeMap<(QueueUid, Seq), u32>,
     seq_reserved: HashMap<QueueUid, Seq>,
+    dedup: BTreeMap<(QueueUid, String), (Seq, u64)>,
 }
 
 /// See the module docs.
@@ -42,6 +43,7 @@ impl QueueStore for MemoryStore {
                     s.messages.retain(|(u, _), _| *u != uid);
                     s.delivery_counts.retain(|(u, _), _| *u != uid);
                     s.seq_reserved.remove(&uid);
+                    s.dedup.retain(|(u, _), _| *u != uid);
                 }
                 StoreOp::Queue { uid, op } => match op {
                     PersistOp::PutMessage(m) => {
@@ -56,6 +58,13 @@ impl QueueStore for MemoryStore {
                     }
                     PersistOp::ReserveSeq { until } => {
                         s.seq_reserved.insert(*uid, *until);
+                    }
+                    PersistOp::PutDedup(r) => {
+                        s.dedup
+                            .insert((*uid, r.dedup_id.clone()), (r.seq, r.expires_ms));
+                    }
+                    PersistOp::DeleteDedup { dedup_id } => {
+                        s.dedup.remove(&(*uid, dedup_id.clone()));
                     }
                 },
             }
@@ -76,6 +85,16 @@ impl QueueStore for MemoryStore {
                     .map(|(k, m)| RecoveredMessage {
                         message: m.clone(),
                         delivery_count: s.delivery_counts.get(k).copied().unwrap_or(0),
+                    })
+                    .collect(),
+                dedup: s
+                    .dedup
+                    .iter()
+                    .filter(|((u, _), _)| *u == def.uid)
+                    .map(|((_, id), &(seq, expires_ms))| DedupRecord {
+                        dedup_id: id.clone(),
+                        seq,
+                        expires_ms,
                     })
                     .collect(),
             })

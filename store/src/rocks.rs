@@ -5,11 +5,12 @@
 //! - `messages`: `uid ++ seq` → message
 //! - `deliveries`: `uid ++ seq` → delivery count (u32), only for messages delivered at least once
 //! - `meta`: `"seq/" ++ uid` → sequence numbers reserved up to (u64)
+//! - `dedup`: `uid ++ dedup id` → expiry (u64) ++ seq of the message it produced (u64)
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use ferry_kernel::{PersistOp, QueueUid, RecoveredMessage, Seq};
+use ferry_kernel::{DedupRecord, PersistOp, QueueUid, RecoveredMessage, Seq};
 use rocksdb::{
     ColumnFamily, ColumnFamilyDescriptor, Options, ReadOptions, WriteBatch, WriteOptions, DB,
 };
@@ -21,6 +22,7 @@ const CF_QUEUES: &str = "queues";
 const CF_MESSAGES: &str = "messages";
 const CF_DELIVERIES: &str = "deliveries";
 const CF_META: &str = "meta";
+const CF_DEDUP: &str = "dedup";
 
 /// See the module docs.
 #[derive(Debug)]
@@ -52,6 +54,13 @@ fn seq_key(uid: QueueUid) -> [u8; 12] {
     k
 }
 
+fn dedup_key(uid: QueueUid, dedup_id: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(8 + dedup_id.len());
+    k.extend_from_slice(&uid.0.to_be_bytes());
+    k.extend_from_slice(dedup_id.as_bytes());
+    k
+}
+
 fn be_u64(b: &[u8]) -> Option<u64> {
     Some(u64::from_be_bytes(b.try_into().ok()?))
 }
@@ -62,7 +71,7 @@ impl RocksStore {
         let mut opts = Options::default();
         opts.create_if_missing(true);
         opts.create_missing_column_families(true);
-        let cfs = [CF_QUEUES, CF_MESSAGES, CF_DELIVERIES, CF_META]
+        let cfs = [CF_QUEUES, CF_MESSAGES, CF_DELIVERIES, CF_META, CF_DEDUP]
             .into_iter()
             .map(|name| ColumnFamilyDescriptor::new(name, Options::default()));
         let db = DB::open_cf_descriptors(&opts, dir, cfs).map_err(io("opening the database"))?;
@@ -103,6 +112,11 @@ impl RocksStore {
                 }
                 batch.delete_range_cf(self.cf(CF_MESSAGES)?, from, to);
                 batch.delete_range_cf(self.cf(CF_DELIVERIES)?, from, to);
+                batch.delete_range_cf(
+                    self.cf(CF_DEDUP)?,
+                    uid.0.to_be_bytes(),
+                    (uid.0 + 1).to_be_bytes(),
+                );
                 batch.delete_cf(self.cf(CF_META)?, seq_key(*uid));
                 batch.delete_cf(self.cf(CF_QUEUES)?, uid.0.to_be_bytes());
             }
@@ -127,6 +141,16 @@ impl RocksStore {
                 }
                 PersistOp::ReserveSeq { until } => {
                     batch.put_cf(self.cf(CF_META)?, seq_key(*uid), until.0.to_be_bytes());
+                }
+                PersistOp::PutDedup(r) => {
+                    batch.put_cf(
+                        self.cf(CF_DEDUP)?,
+                        dedup_key(*uid, &r.dedup_id),
+                        codec::encode_dedup(r.seq, r.expires_ms),
+                    );
+                }
+                PersistOp::DeleteDedup { dedup_id } => {
+                    batch.delete_cf(self.cf(CF_DEDUP)?, dedup_key(*uid, dedup_id));
                 }
             },
         }
@@ -174,10 +198,31 @@ impl RocksStore {
                 delivery_count,
             });
         }
+        let mut dedup = Vec::new();
+        let mut ro = ReadOptions::default();
+        ro.set_iterate_lower_bound(uid.0.to_be_bytes().to_vec());
+        ro.set_iterate_upper_bound(uid.0.saturating_add(1).to_be_bytes().to_vec());
+        for item in self
+            .db
+            .iterator_cf_opt(self.cf(CF_DEDUP)?, ro, rocksdb::IteratorMode::Start)
+        {
+            let (k, v) = item.map_err(io("reading dedup records"))?;
+            let dedup_id = String::from_utf8(k[8..].to_vec()).map_err(|_| StoreError::Corrupt {
+                what: "dedup record",
+                reason: "the dedup id is not UTF-8".into(),
+            })?;
+            let (seq, expires_ms) = codec::decode_dedup(&v)?;
+            dedup.push(DedupRecord {
+                dedup_id,
+                seq,
+                expires_ms,
+            });
+        }
         Ok(RecoveredQueue {
             def,
             seq_reserved_until,
             messages,
+            dedup,
         })
     }
 }

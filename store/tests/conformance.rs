@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use ferry_kernel::{
-    Message, MessageId, PersistOp, Priority, PropertyValue, QueueConfig, QueueName, QueueUid,
-    RecoveredMessage, Seq,
+    DedupRecord, Message, MessageId, PersistOp, Priority, PropertyValue, QueueConfig, QueueName,
+    QueueUid, RecoveredMessage, Seq,
 };
 use ferry_store::{MemoryStore, QueueDef, QueueStore, RecoveredQueue, RocksStore, StoreOp};
 
@@ -197,6 +197,47 @@ fn deleting_a_queue_removes_everything_of_it_and_nothing_else() {
         let got = by_name(b.reopen().recover().unwrap());
         assert!(got["a"].messages.is_empty(), "{name}");
         assert_eq!(got["a"].seq_reserved_until, Seq(1), "{name}");
+    }
+}
+
+fn dedup(id: &str, seq: u64, expires_ms: u64) -> DedupRecord {
+    DedupRecord {
+        dedup_id: id.into(),
+        seq: Seq(seq),
+        expires_ms,
+    }
+}
+
+#[test]
+fn dedup_records_survive_reopen_until_deleted_and_go_with_their_queue() {
+    for (name, mut b) in backends() {
+        let s = b.reopen();
+        s.write(&[vec![
+            StoreOp::PutQueue(def("a", 1)),
+            StoreOp::PutQueue(def("b", 2)),
+            op(1, PersistOp::PutDedup(dedup("k1", 1, 100))),
+            op(1, PersistOp::PutDedup(dedup("k2", 2, 200))),
+            op(2, PersistOp::PutDedup(dedup("k1", 7, 300))),
+        ]])
+        .unwrap();
+        s.write(&[vec![op(
+            1,
+            PersistOp::DeleteDedup {
+                dedup_id: "k1".into(),
+            },
+        )]])
+        .unwrap();
+        drop(s);
+        let got = by_name(b.reopen().recover().unwrap());
+        assert_eq!(got["a"].dedup, [dedup("k2", 2, 200)], "{name}");
+        assert_eq!(got["b"].dedup, [dedup("k1", 7, 300)], "{name}");
+        let s = b.reopen();
+        s.write(&[vec![StoreOp::DeleteQueue(QueueUid(1))]]).unwrap();
+        s.write(&[vec![StoreOp::PutQueue(def("a", 1))]]).unwrap();
+        drop(s);
+        let got = by_name(b.reopen().recover().unwrap());
+        assert!(got["a"].dedup.is_empty(), "{name}: deleted with the queue");
+        assert_eq!(got["b"].dedup.len(), 1, "{name}");
     }
 }
 

@@ -20,7 +20,11 @@ pub enum QueueCommand {
         /// Largest message (body + properties + headers).
         #[arg(long)]
         max_message_size_bytes: Option<u64>,
+        #[command(flatten)]
+        policy: PolicyArgs,
     },
+    /// Show a queue's settings.
+    Show { name: String },
     /// List queues.
     List,
     /// Delete a queue and its messages.
@@ -31,6 +35,89 @@ pub enum QueueCommand {
     Stats { name: Option<String> },
 }
 
+/// Redelivery, dead-letter and dedup settings of a new queue; unset ones keep the server's
+/// defaults (6 redeliveries without delay, dead letters and expired messages to `<queue>.DLQ`,
+/// a 10-minute dedup window).
+#[derive(Debug, clap::Args)]
+pub struct PolicyArgs {
+    /// Deliveries after the first before a message is dead-lettered.
+    #[arg(long, conflicts_with = "unlimited_redeliveries")]
+    max_redeliveries: Option<u32>,
+    /// Redeliver for ever.
+    #[arg(long)]
+    unlimited_redeliveries: bool,
+    /// Delay before the first redelivery.
+    #[arg(long)]
+    redelivery_initial_delay_ms: Option<u64>,
+    /// Delay before later redeliveries (the base of exponential backoff).
+    #[arg(long)]
+    redelivery_delay_ms: Option<u64>,
+    /// Multiply the delay by --backoff-multiplier at each redelivery.
+    #[arg(long)]
+    exponential_backoff: bool,
+    #[arg(long)]
+    backoff_multiplier: Option<f64>,
+    /// Spread each delay by up to ± this percent at random.
+    #[arg(long)]
+    collision_avoidance_percent: Option<u32>,
+    /// Cap on every redelivery delay.
+    #[arg(long)]
+    max_redelivery_delay_ms: Option<u64>,
+    /// Where messages go after their last delivery or when rejected (default <queue>.DLQ).
+    #[arg(long, conflicts_with = "discard_dead_letters")]
+    dead_letter_queue: Option<String>,
+    /// Drop such messages instead (they are counted).
+    #[arg(long)]
+    discard_dead_letters: bool,
+    /// Where expired messages go (default <queue>.DLQ).
+    #[arg(long, conflicts_with = "discard_expired")]
+    expiry_queue: Option<String>,
+    /// Drop expired messages instead (they are counted).
+    #[arg(long)]
+    discard_expired: bool,
+    /// How long a producer dedup id is remembered; 0 turns dedup off.
+    #[arg(long)]
+    dedup_window_ms: Option<u64>,
+}
+
+impl PolicyArgs {
+    fn apply(self, config: &mut pb::QueueConfig) {
+        use pb::dead_letter_target::Target;
+        let target = |queue: Option<String>, discard: bool| {
+            if discard {
+                Some(pb::DeadLetterTarget {
+                    target: Some(Target::Discard(true)),
+                })
+            } else {
+                queue.map(|q| pb::DeadLetterTarget {
+                    target: Some(Target::Queue(q)),
+                })
+            }
+        };
+        config.redelivery = Some(pb::RedeliveryPolicy {
+            max_redeliveries: self.max_redeliveries,
+            unlimited_redeliveries: self.unlimited_redeliveries,
+            initial_delay_ms: self.redelivery_initial_delay_ms,
+            delay_ms: self.redelivery_delay_ms,
+            exponential_backoff: self.exponential_backoff.then_some(true),
+            backoff_multiplier: self.backoff_multiplier,
+            collision_avoidance_percent: self.collision_avoidance_percent,
+            max_delay_ms: self.max_redelivery_delay_ms,
+        });
+        config.dead_letter = target(self.dead_letter_queue, self.discard_dead_letters);
+        config.expiry = target(self.expiry_queue, self.discard_expired);
+        config.dedup_window_ms = self.dedup_window_ms;
+    }
+}
+
+fn target_text(t: Option<&pb::DeadLetterTarget>) -> String {
+    match t.and_then(|t| t.target.as_ref()) {
+        Some(pb::dead_letter_target::Target::Queue(q)) => q.clone(),
+        Some(pb::dead_letter_target::Target::Discard(true)) => "discard".into(),
+        _ => "default".into(),
+    }
+}
+
 pub async fn run(c: &ClientArgs, cmd: QueueCommand) -> anyhow::Result<()> {
     let mut admin = connect(c).await?.admin();
     match cmd {
@@ -39,12 +126,14 @@ pub async fn run(c: &ClientArgs, cmd: QueueCommand) -> anyhow::Result<()> {
             if_not_exists,
             lease_ms,
             max_message_size_bytes,
+            policy,
         } => {
-            let config = pb::QueueConfig {
+            let mut config = pb::QueueConfig {
                 default_lease_ms: lease_ms,
                 max_message_size_bytes,
                 ..Default::default()
             };
+            policy.apply(&mut config);
             let r = admin
                 .create_queue(pb::CreateQueueRequest {
                     name: name.clone(),
@@ -62,6 +151,69 @@ pub async fn run(c: &ClientArgs, cmd: QueueCommand) -> anyhow::Result<()> {
                 ),
                 Format::Human if r.created => println!("created queue {name} on {owner}"),
                 Format::Human => println!("queue {name} already exists (on {owner})"),
+            }
+        }
+        QueueCommand::Show { name } => {
+            let q = admin
+                .get_queue(pb::GetQueueRequest { name: name.clone() })
+                .await
+                .with_context(|| format!("cannot show queue {name}"))?
+                .into_inner()
+                .queue
+                .unwrap_or_default();
+            let cfg = q.config.unwrap_or_default();
+            let r = cfg.redelivery.unwrap_or_default();
+            let opt = |v: Option<u64>| v.map_or_else(String::new, |v| v.to_string());
+            let rows: Vec<(&str, String)> = vec![
+                ("queue", q.name.clone()),
+                ("owner node", q.owner_node.clone()),
+                ("temporary", q.temporary.to_string()),
+                ("default lease ms", opt(cfg.default_lease_ms)),
+                ("lease max ms", opt(cfg.lease_max_ms)),
+                ("max message size bytes", opt(cfg.max_message_size_bytes)),
+                (
+                    "max redeliveries",
+                    if r.unlimited_redeliveries {
+                        "unlimited".into()
+                    } else {
+                        opt(r.max_redeliveries.map(u64::from))
+                    },
+                ),
+                ("redelivery initial delay ms", opt(r.initial_delay_ms)),
+                ("redelivery delay ms", opt(r.delay_ms)),
+                (
+                    "exponential backoff",
+                    r.exponential_backoff.unwrap_or_default().to_string(),
+                ),
+                (
+                    "backoff multiplier",
+                    r.backoff_multiplier
+                        .map_or_else(String::new, |m| m.to_string()),
+                ),
+                (
+                    "collision avoidance percent",
+                    opt(r.collision_avoidance_percent.map(u64::from)),
+                ),
+                ("max redelivery delay ms", opt(r.max_delay_ms)),
+                ("dead-letter queue", target_text(cfg.dead_letter.as_ref())),
+                ("expiry queue", target_text(cfg.expiry.as_ref())),
+                ("dedup window ms", opt(cfg.dedup_window_ms)),
+            ];
+            match c.output {
+                Format::Json => {
+                    let map: serde_json::Map<String, serde_json::Value> = rows
+                        .iter()
+                        .map(|(k, v)| (k.replace([' ', '-'], "_"), json!(v)))
+                        .collect();
+                    println!("{}", serde_json::Value::Object(map));
+                }
+                Format::Human => {
+                    let mut t = Table::new();
+                    for (k, v) in rows {
+                        t.add_row([k.to_string(), v]);
+                    }
+                    println!("{t}");
+                }
             }
         }
         QueueCommand::List => {
@@ -148,6 +300,8 @@ pub async fn run(c: &ClientArgs, cmd: QueueCommand) -> anyhow::Result<()> {
                         "sent",
                         "acked",
                         "redelivered",
+                        "dead-lettered",
+                        "expired",
                         "owner",
                     ]);
                     for s in queues {
@@ -161,6 +315,9 @@ pub async fn run(c: &ClientArgs, cmd: QueueCommand) -> anyhow::Result<()> {
                             s.sent_total.to_string(),
                             s.acked_total.to_string(),
                             s.redelivered_total.to_string(),
+                            (s.dead_lettered_max_deliveries_total + s.dead_lettered_rejected_total)
+                                .to_string(),
+                            s.expired_total.to_string(),
                             s.owner_node,
                         ]);
                     }
@@ -187,6 +344,10 @@ fn stats_json(s: &pb::QueueStats) -> serde_json::Value {
         "expired_total": s.expired_total,
         "lease_expired_total": s.lease_expired_total,
         "purged_total": s.purged_total,
+        "dead_lettered_max_deliveries_total": s.dead_lettered_max_deliveries_total,
+        "dead_lettered_rejected_total": s.dead_lettered_rejected_total,
+        "staged": s.staged,
+        "groups": s.groups,
         "owner_node": s.owner_node,
     })
 }

@@ -8,8 +8,12 @@ use crate::output::{message_json, message_text, Format};
 pub enum Ack {
     /// Acknowledged as it is received.
     Auto,
-    /// Acknowledged after it is printed.
+    /// Acknowledged after it is printed (client acknowledge: one acknowledge covers the batch).
     Client,
+    /// Each message acknowledged on its own after it is printed.
+    Individual,
+    /// Rejected after it is printed: sent to the queue's dead-letter queue.
+    Reject,
     /// Not acknowledged: the messages return to the queue when this command exits.
     None,
 }
@@ -35,10 +39,10 @@ pub struct ReceiveArgs {
 pub async fn run(c: &ClientArgs, a: ReceiveArgs) -> anyhow::Result<()> {
     let client = connect(c).await?;
     let connection = client.open_connection("ferry-cli").await?;
-    let mode = if a.ack == Ack::Auto {
-        AckMode::Auto
-    } else {
-        AckMode::Client
+    let mode = match a.ack {
+        Ack::Auto => AckMode::Auto,
+        Ack::Client | Ack::None => AckMode::Client,
+        Ack::Individual | Ack::Reject => AckMode::Individual,
     };
     let session = connection.create_session(mode).await?;
     let mut got = 0u64;
@@ -64,8 +68,17 @@ pub async fn run(c: &ClientArgs, a: ReceiveArgs) -> anyhow::Result<()> {
                     Format::Human => println!("{}", message_text(r.message(), Some(&r.delivery))),
                 }
             }
-            if a.ack == Ack::Client {
-                session.ack(&batch).await.context("cannot acknowledge")?;
+            match a.ack {
+                Ack::Client | Ack::Individual => {
+                    session.ack(&batch).await.context("cannot acknowledge")?;
+                }
+                Ack::Reject => {
+                    session
+                        .reject(&batch, "rejected with ferry receive --ack reject")
+                        .await
+                        .context("cannot reject")?;
+                }
+                Ack::Auto | Ack::None => {}
             }
             got += batch.len() as u64;
         }

@@ -45,6 +45,13 @@ pub struct SendArgs {
     /// Keep the message in memory only.
     #[arg(long)]
     non_persistent: bool,
+    /// JMSXGroupID: a group's messages go to one consumer at a time, in order.
+    #[arg(long)]
+    group_id: Option<String>,
+    /// Producer dedup id: resending it within the queue's dedup window stores nothing new and
+    /// returns the first message id.
+    #[arg(long)]
+    dedup_id: Option<String>,
 }
 
 /// Parses `NAME=VALUE` or `NAME:TYPE=VALUE` into a typed property.
@@ -126,6 +133,12 @@ pub async fn run(c: &ClientArgs, a: SendArgs) -> anyhow::Result<()> {
         m.0.priority = a.priority;
         m.0.time_to_live_ms = a.ttl_ms;
         m.0.delivery_delay_ms = a.delay_ms;
+        if let Some(g) = &a.group_id {
+            m = m.group_id(g.clone());
+        }
+        if let Some(d) = &a.dedup_id {
+            m = m.dedup_id(d.clone());
+        }
         if a.non_persistent {
             m = m.non_persistent();
         }

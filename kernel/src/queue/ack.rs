@@ -2,7 +2,7 @@
 //! delivery that is no longer live (acknowledged, lease expired, redelivered since) is refused and
 //! never touches a newer delivery of the same message.
 
-use super::{Effects, LeaseRef, MessageState, Queue};
+use super::{DeadLetterReason, Effects, LeaseRef, MessageState, Queue};
 use crate::error::KernelError;
 
 impl Queue {
@@ -27,26 +27,27 @@ impl Queue {
         (results, effects)
     }
 
-    /// Gives deliveries back: each message becomes Ready again, or Scheduled for `delay_ms`.
+    /// Gives deliveries back. Each message goes through the redelivery policy (`delay_ms`, when
+    /// given, replaces the policy's delay; exhausted deliveries still dead-letter), or straight to
+    /// the dead-letter target with `reject`.
     pub fn nack(
         &mut self,
         leases: &[LeaseRef],
         delay_ms: Option<u64>,
+        reject: bool,
         now_ms: u64,
     ) -> (Vec<Result<(), KernelError>>, Effects) {
         let mut effects = Effects::default();
         self.fire_due(now_ms, &mut effects);
-        let state = match delay_ms {
-            Some(d) if d > 0 => MessageState::Scheduled {
-                until_ms: now_ms.saturating_add(d),
-            },
-            _ => MessageState::Ready,
-        };
         let results = leases
             .iter()
             .map(|r| {
                 self.live_lease(*r)?;
-                self.set_state(r.seq, state);
+                if reject {
+                    self.dead_letter(r.seq, DeadLetterReason::Rejected, &mut effects);
+                } else {
+                    self.return_delivered(r.seq, delay_ms, now_ms, &mut effects);
+                }
                 Ok(())
             })
             .collect();

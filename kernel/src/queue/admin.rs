@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use super::{Effects, MessageState, Queue, QueueConfig};
+use super::{DedupRecord, Effects, MessageState, Queue, QueueConfig};
 use crate::selector::Selector;
 use crate::types::{Message, QueueName, QueueUid, Seq, SharedMessage};
 
@@ -15,6 +15,14 @@ pub(crate) struct Counters {
     pub(crate) expired_total: u64,
     pub(crate) lease_expired_total: u64,
     pub(crate) purged_total: u64,
+    pub(crate) dead_lettered: DeadLetterCounts,
+}
+
+/// Messages dead-lettered, by reason (expired messages are in `expired_total`).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct DeadLetterCounts {
+    pub max_deliveries: u64,
+    pub rejected: u64,
 }
 
 /// A queue's numbers at one moment. Totals count since the node started.
@@ -32,6 +40,13 @@ pub struct QueueStats {
     pub expired_total: u64,
     pub lease_expired_total: u64,
     pub purged_total: u64,
+    /// Messages that left for the dead-letter target (or were discarded) after their deliveries
+    /// ran out or a consumer rejected them.
+    pub dead_lettered: DeadLetterCounts,
+    /// Sends staged by transacted sessions, not yet committed.
+    pub staged: u64,
+    /// Message groups held by a session.
+    pub groups: u64,
 }
 
 /// A message read back from the store at startup.
@@ -44,16 +59,22 @@ pub struct RecoveredMessage {
 impl Queue {
     /// Rebuilds a queue from what the store kept. Messages that were leased when the node stopped
     /// are Ready again (their delivery count survives, so their next delivery is flagged
-    /// redelivered); delayed ones stay Scheduled.
+    /// redelivered); delayed ones stay Scheduled; dedup ids are remembered until their window
+    /// ends. Messages that may not be delivered again (expired, deliveries exhausted) are
+    /// dead-lettered by the first [`Queue::tick`], which is due at once.
     pub fn recover(
         name: QueueName,
         uid: QueueUid,
         config: QueueConfig,
         seq_reserved_until: Seq,
         messages: Vec<RecoveredMessage>,
+        dedup: Vec<DedupRecord>,
         now_ms: u64,
     ) -> Self {
         let mut q = Queue::new(name, uid, config);
+        for r in dedup {
+            q.remember_dedup(r);
+        }
         let mut next = seq_reserved_until.max(Seq(1));
         for m in messages {
             next = next.max(Seq(m.message.seq.0 + 1));
@@ -61,7 +82,12 @@ impl Queue {
                 Some(until_ms) if until_ms > now_ms => MessageState::Scheduled { until_ms },
                 _ => MessageState::Ready,
             };
+            let exhausted = q.config.redelivery.exhausted(m.delivery_count);
+            let seq = m.message.seq;
             q.insert_entry(Arc::new(m.message), state, m.delivery_count);
+            if exhausted {
+                q.recovered_exhausted.push(seq);
+            }
         }
         q.next_seq = next;
         q.seq_reserved_until = next;
@@ -128,6 +154,9 @@ impl Queue {
             expired_total: c.expired_total,
             lease_expired_total: c.lease_expired_total,
             purged_total: c.purged_total,
+            dead_lettered: c.dead_lettered,
+            staged: self.staged_count() as u64,
+            groups: self.groups.len() as u64,
         }
     }
 }

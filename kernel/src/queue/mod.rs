@@ -7,11 +7,17 @@
 
 mod ack;
 mod admin;
+mod groups;
+mod policy;
 mod receive;
+mod redeliver;
 mod release;
 mod send;
 mod tick;
+mod tx;
 
+#[cfg(test)]
+mod semantics_tests;
 #[cfg(test)]
 mod tests;
 
@@ -20,11 +26,14 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use crate::types::{LeaseId, Priority, QueueName, QueueUid, Seq, SessionId, SharedMessage};
 
-pub use admin::{QueueStats, RecoveredMessage};
+pub use admin::{DeadLetterCounts, QueueStats, RecoveredMessage};
+pub use policy::{DeadLetterReason, DeadLetterTarget, RedeliveryPolicy};
 pub use receive::{ReceiveOutcome, ReceiveRequest, Wait, WaiterId};
+pub use send::DedupRecord;
+pub use tx::STAGED_MAX;
 
 /// Per-queue settings. Every limit has its unit last in its name.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct QueueConfig {
     /// Lease of a delivery when the receiver does not ask for one.
     pub default_lease_ms: u64,
@@ -36,6 +45,15 @@ pub struct QueueConfig {
     pub receive_batch_max: u32,
     /// Receivers parked on this queue at once.
     pub waiters_max: usize,
+    /// When returned messages are delivered again, and how often.
+    pub redelivery: RedeliveryPolicy,
+    /// Where messages go after `max_redeliveries` or when rejected.
+    pub dead_letter: DeadLetterTarget,
+    /// Where expired messages go.
+    pub expiry: DeadLetterTarget,
+    /// How long a producer's dedup id is remembered: a send repeating it within the window
+    /// returns the original message id and stores nothing.
+    pub dedup_window_ms: u64,
 }
 
 impl Default for QueueConfig {
@@ -46,6 +64,10 @@ impl Default for QueueConfig {
             max_message_size_bytes: 1024 * 1024,
             receive_batch_max: 1_000,
             waiters_max: 10_000,
+            redelivery: RedeliveryPolicy::default(),
+            dead_letter: DeadLetterTarget::Default,
+            expiry: DeadLetterTarget::Default,
+            dedup_window_ms: 600_000,
         }
     }
 }
@@ -89,6 +111,12 @@ pub enum PersistOp {
     /// at least here, so message ids are never reused (not even of non-persistent messages).
     ReserveSeq {
         until: Seq,
+    },
+    /// Remember a producer's dedup id until `record.expires_ms`.
+    PutDedup(DedupRecord),
+    /// Forget a dedup id whose window has passed.
+    DeleteDedup {
+        dedup_id: String,
     },
 }
 
@@ -142,18 +170,40 @@ pub struct Effects {
     /// Parked receivers that ended empty-handed (their time ran out or their session closed);
     /// each waiter is gone from the queue.
     pub finished_empty: Vec<WaiterId>,
+    /// Messages that left the queue for its dead-letter target. They are gone from the queue's
+    /// memory, but each one's durable delete is in [`DeadLetter::delete`], not in `persist`: the
+    /// shell writes it in the same batch that stores the message in its new queue (or alone, when
+    /// the target is to discard), so a crash can never lose it in between.
+    pub dead_letters: Vec<DeadLetter>,
 }
 
 impl Effects {
     pub fn is_empty(&self) -> bool {
-        self.persist.is_empty() && self.handed.is_empty() && self.finished_empty.is_empty()
+        self.persist.is_empty()
+            && self.handed.is_empty()
+            && self.finished_empty.is_empty()
+            && self.dead_letters.is_empty()
     }
 
     pub fn merge(&mut self, other: Effects) {
         self.persist.extend(other.persist);
         self.handed.extend(other.handed);
         self.finished_empty.extend(other.finished_empty);
+        self.dead_letters.extend(other.dead_letters);
     }
+}
+
+/// A message leaving its queue for the dead-letter target (see [`Effects::dead_letters`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeadLetter {
+    pub message: SharedMessage,
+    pub reason: DeadLetterReason,
+    /// Deliveries it had (0 for a message that expired before any).
+    pub delivery_count: u32,
+    /// Where the queue's configuration sends it.
+    pub target: DeadLetterTarget,
+    /// Removes it from the source queue's durable state; `None` for a non-persistent message.
+    pub delete: Option<PersistOp>,
 }
 
 /// How many sequence numbers one [`PersistOp::ReserveSeq`] reserves.
@@ -170,6 +220,9 @@ pub struct Queue {
     ready: BTreeSet<(Reverse<Priority>, Seq)>,
     scheduled: BTreeSet<(u64, Seq)>,
     lease_expiry: BTreeSet<(u64, Seq)>,
+    /// Expiration of every message that is not leased (a leased message is judged when it comes
+    /// back: its receiver got it in time).
+    expiry: BTreeSet<(u64, Seq)>,
     leases_by_owner: HashMap<SessionId, BTreeSet<Seq>>,
     waiters: BTreeMap<WaiterId, receive::Waiter>,
     waiter_deadlines: BTreeSet<(u64, WaiterId)>,
@@ -182,6 +235,18 @@ pub struct Queue {
     /// Messages that became Ready since the last dispatch (see `dispatch`).
     newly_ready: Vec<Seq>,
     counters: admin::Counters,
+    /// Collision avoidance for redelivery delays.
+    rng: policy::SplitMix64,
+    /// Message groups (JMSXGroupID) and the session each belongs to.
+    groups: groups::Groups,
+    /// Sends of transacted sessions, invisible until commit.
+    staged: HashMap<SessionId, Vec<SharedMessage>>,
+    /// Producer dedup ids remembered, with the message id they produced.
+    dedup: HashMap<String, (Seq, u64)>,
+    dedup_expiry: BTreeSet<(u64, String)>,
+    /// Recovered messages delivered as often as the policy allows: dead-lettered at the first
+    /// tick.
+    recovered_exhausted: Vec<Seq>,
 }
 
 impl Queue {
@@ -195,6 +260,7 @@ impl Queue {
             ready: BTreeSet::new(),
             scheduled: BTreeSet::new(),
             lease_expiry: BTreeSet::new(),
+            expiry: BTreeSet::new(),
             leases_by_owner: HashMap::new(),
             waiters: BTreeMap::new(),
             waiter_deadlines: BTreeSet::new(),
@@ -205,7 +271,18 @@ impl Queue {
             bytes: 0,
             newly_ready: Vec::new(),
             counters: admin::Counters::default(),
+            rng: policy::SplitMix64::new(uid.0),
+            groups: groups::Groups::default(),
+            staged: HashMap::new(),
+            dedup: HashMap::new(),
+            dedup_expiry: BTreeSet::new(),
+            recovered_exhausted: Vec::new(),
         }
+    }
+
+    /// Reseeds the random source of collision avoidance (tests pin the delays with it).
+    pub fn seed_random(&mut self, seed: u64) {
+        self.rng = policy::SplitMix64::new(seed);
     }
 
     pub fn name(&self) -> &QueueName {
@@ -228,9 +305,12 @@ impl Queue {
     /// The earliest time at which [`Queue::tick`] has something to do.
     pub fn next_deadline_ms(&self) -> Option<u64> {
         [
+            (!self.recovered_exhausted.is_empty()).then_some(0),
             self.scheduled.first().map(|&(t, _)| t),
             self.lease_expiry.first().map(|&(t, _)| t),
+            self.expiry.first().map(|&(t, _)| t),
             self.waiter_deadlines.first().map(|&(t, _)| t),
+            self.dedup_expiry.first().map(|&(t, _)| t),
         ]
         .into_iter()
         .flatten()
@@ -243,8 +323,17 @@ impl Queue {
         let Some(entry) = self.entries.get_mut(&seq) else {
             return;
         };
+        let old = std::mem::replace(&mut entry.state, new);
         let priority = entry.message.priority;
-        match entry.state {
+        if let Some(at) = entry.message.expiration_ms {
+            if !matches!(old, MessageState::Leased { .. }) {
+                self.expiry.remove(&(at, seq));
+            }
+            if !matches!(new, MessageState::Leased { .. }) {
+                self.expiry.insert((at, seq));
+            }
+        }
+        match old {
             MessageState::Scheduled { until_ms } => {
                 self.scheduled.remove(&(until_ms, seq));
             }
@@ -265,7 +354,6 @@ impl Queue {
                 }
             }
         }
-        entry.state = new;
         match new {
             MessageState::Scheduled { until_ms } => {
                 self.scheduled.insert((until_ms, seq));
@@ -301,6 +389,9 @@ impl Queue {
             },
         );
         self.ready.insert((Reverse(priority), seq));
+        if let Some(at) = self.entries.get(&seq).and_then(|e| e.message.expiration_ms) {
+            self.expiry.insert((at, seq));
+        }
         self.set_state(seq, state);
     }
 
@@ -311,6 +402,9 @@ impl Queue {
         self.set_state(seq, MessageState::Ready);
         let entry = self.entries.remove(&seq)?;
         self.ready.remove(&(Reverse(entry.message.priority), seq));
+        if let Some(at) = entry.message.expiration_ms {
+            self.expiry.remove(&(at, seq));
+        }
         self.bytes -= entry.message.size_bytes();
         entry
             .message
@@ -322,10 +416,16 @@ impl Queue {
     /// step.
     pub fn check_invariants(&self) {
         let (mut ready, mut scheduled, mut leased) = (0usize, 0usize, 0usize);
-        let mut owned = 0usize;
+        let (mut owned, mut expiring) = (0usize, 0usize);
         for (&seq, e) in &self.entries {
             assert_eq!(e.message.seq, seq, "entry key matches message seq");
             assert!(seq < self.next_seq, "seq {seq} below next_seq");
+            if let Some(at) = e.message.expiration_ms {
+                let leased = matches!(e.state, MessageState::Leased { .. });
+                assert_eq!(self.expiry.contains(&(at, seq)), !leased, "expiry index");
+                expiring += usize::from(!leased);
+            }
+            self.groups.check_entry(e);
             match e.state {
                 MessageState::Ready => {
                     ready += 1;
@@ -357,6 +457,20 @@ impl Queue {
         assert_eq!(self.ready.len(), ready, "ready index size");
         assert_eq!(self.scheduled.len(), scheduled, "scheduled index size");
         assert_eq!(self.lease_expiry.len(), leased, "lease index size");
+        assert_eq!(self.expiry.len(), expiring, "expiry index size");
+        for staged in self.staged.values() {
+            for m in staged {
+                assert!(m.seq < self.next_seq && !self.entries.contains_key(&m.seq));
+            }
+        }
+        assert_eq!(
+            self.dedup.len(),
+            self.dedup_expiry.len(),
+            "dedup index size"
+        );
+        for (at, id) in &self.dedup_expiry {
+            assert_eq!(self.dedup.get(id).map(|(_, t)| *t), Some(*at));
+        }
         assert_eq!(
             self.leases_by_owner
                 .values()

@@ -4,7 +4,7 @@
 use std::cmp::Reverse;
 use std::sync::Arc;
 
-use super::{Delivery, Effects, MessageState, PersistOp, Queue};
+use super::{DeadLetterReason, Delivery, Effects, Entry, MessageState, PersistOp, Queue};
 use crate::error::KernelError;
 use crate::selector::Selector;
 use crate::types::{LeaseId, SessionId};
@@ -176,9 +176,10 @@ impl Queue {
         Some(waiter)
     }
 
-    /// Leases up to `max` Ready messages that `selector` matches (all, without one), highest
-    /// priority then oldest first; the ones it skips keep their place. Expired messages met on the
-    /// way are removed, never delivered.
+    /// Leases up to `max` Ready messages that `selector` matches (all, without one) and whose
+    /// group `owner` may take, highest priority then oldest first; the ones it skips keep their
+    /// place. Messages met on the way that may not be delivered again (expired, deliveries
+    /// exhausted) are dead-lettered, never delivered.
     pub(crate) fn take_ready(
         &mut self,
         max: u32,
@@ -189,7 +190,9 @@ impl Queue {
         effects: &mut Effects,
     ) -> Vec<Delivery> {
         let mut chosen = Vec::new();
-        let mut expired = Vec::new();
+        let mut doomed = Vec::new();
+        // Groups this receiver takes within this batch count as its own already.
+        let mut claimed: Vec<&str> = Vec::new();
         for &(Reverse(_), seq) in &self.ready {
             if chosen.len() >= max as usize {
                 break;
@@ -197,20 +200,53 @@ impl Queue {
             let Some(entry) = self.entries.get(&seq) else {
                 continue;
             };
-            if entry.message.is_expired(now_ms) {
-                expired.push(seq);
-            } else if selector.is_none_or(|s| s.matches(&entry.message, entry.delivery_count + 1)) {
+            if let Some(reason) = self.undeliverable(entry, now_ms) {
+                doomed.push((seq, reason));
+                continue;
+            }
+            let group = entry.message.group_id.as_deref();
+            let group_ok =
+                self.groups.may_take(group, owner) || group.is_some_and(|g| claimed.contains(&g));
+            if group_ok
+                && selector.is_none_or(|s| s.matches(&entry.message, entry.delivery_count + 1))
+            {
                 chosen.push(seq);
+                if let (Some(g), Some(_)) = (group, owner) {
+                    if self.groups.owner(g).is_none() {
+                        claimed.push(g);
+                    }
+                }
             }
         }
-        for seq in expired {
-            self.counters.expired_total += 1;
-            effects.persist.extend(self.remove_entry(seq));
+        for (seq, reason) in doomed {
+            self.dead_letter(seq, reason, effects);
         }
         chosen
             .into_iter()
             .filter_map(|seq| self.lease_one(seq, owner, lease_ms, now_ms, effects))
             .collect()
+    }
+
+    /// Why a Ready message may not be delivered again, if so.
+    pub(crate) fn undeliverable(&self, e: &Entry, now_ms: u64) -> Option<DeadLetterReason> {
+        if e.message.is_expired(now_ms) {
+            Some(DeadLetterReason::Expired)
+        } else if self.config.redelivery.exhausted(e.delivery_count) {
+            Some(DeadLetterReason::MaxDeliveries)
+        } else {
+            None
+        }
+    }
+
+    /// Whether a receiver (its session and selector) may be given this message.
+    fn may_receive(
+        &self,
+        e: &Entry,
+        owner: Option<SessionId>,
+        selector: Option<&Selector>,
+    ) -> bool {
+        self.groups.may_take(e.message.group_id.as_deref(), owner)
+            && selector.is_none_or(|s| s.matches(&e.message, e.delivery_count + 1))
     }
 
     /// Leases one Ready message.
@@ -235,6 +271,7 @@ impl Queue {
         );
         let entry = self.entries.get_mut(&seq)?;
         entry.delivery_count += 1;
+        self.groups.claim(entry.message.group_id.as_deref(), owner);
         let delivery = Delivery {
             queue: self.uid,
             message: entry.message.clone(),
@@ -262,6 +299,7 @@ impl Queue {
     /// operation no parked receiver matches any Ready message (checked by `check_invariants`), and
     /// a receiver that parks has just seen every Ready message.
     pub(crate) fn dispatch(&mut self, now_ms: u64, effects: &mut Effects) {
+        self.expire_due(now_ms, effects);
         if self.waiters.is_empty() {
             self.newly_ready.clear();
             return;
@@ -276,6 +314,20 @@ impl Queue {
                 .collect();
         fresh.sort_unstable();
         fresh.dedup();
+        let mut doomed = Vec::new();
+        fresh.retain(|&(_, seq)| {
+            let reason = self
+                .entries
+                .get(&seq)
+                .and_then(|e| self.undeliverable(e, now_ms));
+            if let Some(reason) = reason {
+                doomed.push((seq, reason));
+            }
+            reason.is_none()
+        });
+        for (seq, reason) in doomed {
+            self.dead_letter(seq, reason, effects);
+        }
         let ids: Vec<WaiterId> = self.waiters.keys().copied().collect();
         for id in ids {
             if fresh.is_empty() {
@@ -287,41 +339,25 @@ impl Queue {
             let (max, owner, lease_ms, selector) =
                 (w.max_messages, w.owner, w.lease_ms, w.selector.clone());
             let mut picks = Vec::new();
-            fresh.retain(|&(_, seq)| {
-                if picks.len() >= max as usize {
-                    return true;
-                }
-                let Some(e) = self.entries.get(&seq) else {
-                    return false;
-                };
-                if e.message.is_expired(now_ms) {
-                    return true; // removed below, never delivered
-                }
-                let take = selector
-                    .as_deref()
-                    .is_none_or(|s| s.matches(&e.message, e.delivery_count + 1));
+            let mut i = 0;
+            // One at a time: taking a message of a free group gives the group to this receiver,
+            // which decides whether the next message of that group is its to take.
+            while i < fresh.len() && picks.len() < max as usize {
+                let seq = fresh[i].1;
+                let take = self
+                    .entries
+                    .get(&seq)
+                    .is_some_and(|e| self.may_receive(e, owner, selector.as_deref()));
                 if take {
-                    picks.push(seq);
+                    fresh.remove(i);
+                    picks.extend(self.lease_one(seq, owner, lease_ms, now_ms, effects));
+                } else {
+                    i += 1;
                 }
-                !take
-            });
-            let deliveries: Vec<Delivery> = picks
-                .into_iter()
-                .filter_map(|seq| self.lease_one(seq, owner, lease_ms, now_ms, effects))
-                .collect();
-            if !deliveries.is_empty() {
-                self.remove_waiter(id);
-                effects.handed.push((id, deliveries));
             }
-        }
-        for (_, seq) in fresh {
-            if self
-                .entries
-                .get(&seq)
-                .is_some_and(|e| e.message.is_expired(now_ms))
-            {
-                self.counters.expired_total += 1;
-                effects.persist.extend(self.remove_entry(seq));
+            if !picks.is_empty() {
+                self.remove_waiter(id);
+                effects.handed.push((id, picks));
             }
         }
         self.newly_ready.clear();
@@ -331,11 +367,9 @@ impl Queue {
     pub(crate) fn waiter_could_take_ready(&self) -> bool {
         self.waiters.values().any(|w| {
             self.ready.iter().any(|&(Reverse(_), seq)| {
-                self.entries.get(&seq).is_some_and(|e| {
-                    w.selector
-                        .as_deref()
-                        .is_none_or(|s| s.matches(&e.message, e.delivery_count + 1))
-                })
+                self.entries
+                    .get(&seq)
+                    .is_some_and(|e| self.may_receive(e, w.owner, w.selector.as_deref()))
             })
         })
     }

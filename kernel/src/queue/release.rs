@@ -5,13 +5,16 @@ use super::{Effects, LeaseRef, MessageState, PersistOp, Queue};
 use crate::types::SessionId;
 
 impl Queue {
-    /// A session ended: every message it holds returns to Ready at once (it was delivered, so the
-    /// next delivery is flagged redelivered), and its parked receivers end empty-handed. Returns
+    /// A session ended: every message it holds comes back at once through the redelivery policy
+    /// (it was delivered, so the next delivery is flagged redelivered), its uncommitted sends are
+    /// dropped, its message groups are free, and its parked receivers end empty-handed. Returns
     /// how many messages were released.
     pub fn release_session(&mut self, owner: SessionId, now_ms: u64) -> (u64, Effects) {
         let mut effects = Effects::default();
         self.fire_due(now_ms, &mut effects);
-        let released = self.release_leases(owner);
+        self.drop_staged(owner);
+        let released = self.release_leases(owner, now_ms, &mut effects);
+        self.release_groups(owner);
         let waiters: Vec<_> = self
             .waiters
             .iter()
@@ -26,17 +29,24 @@ impl Queue {
         (released, effects)
     }
 
-    /// JMS `Session.recover()`: every message the session holds returns to Ready at once, to be
-    /// redelivered; the session's parked receivers keep waiting (and may get them back).
+    /// JMS `Session.recover()`: every message the session holds comes back at once through the
+    /// redelivery policy; the session keeps its groups and its parked receivers keep waiting
+    /// (and may get the messages back).
     pub fn recover_session(&mut self, owner: SessionId, now_ms: u64) -> (u64, Effects) {
         let mut effects = Effects::default();
         self.fire_due(now_ms, &mut effects);
-        let released = self.release_leases(owner);
+        let released = self.release_leases(owner, now_ms, &mut effects);
         self.dispatch(now_ms, &mut effects);
         (released, effects)
     }
 
-    fn release_leases(&mut self, owner: SessionId) -> u64 {
+    /// Every message `owner` holds comes back, oldest first.
+    pub(crate) fn release_leases(
+        &mut self,
+        owner: SessionId,
+        now_ms: u64,
+        effects: &mut Effects,
+    ) -> u64 {
         let held: Vec<_> = self
             .leases_by_owner
             .get(&owner)
@@ -46,8 +56,29 @@ impl Queue {
             .collect();
         for &seq in &held {
             self.set_state(seq, MessageState::Ready);
+            self.return_delivered(seq, None, now_ms, effects);
         }
         held.len() as u64
+    }
+
+    /// Frees the session's groups; their Ready messages are offered to parked receivers again.
+    fn release_groups(&mut self, owner: SessionId) {
+        let freed = self.groups.release(owner);
+        if freed.is_empty() || self.waiters.is_empty() {
+            return;
+        }
+        let seqs: Vec<_> = self
+            .ready
+            .iter()
+            .map(|&(_, seq)| seq)
+            .filter(|seq| {
+                self.entries
+                    .get(seq)
+                    .and_then(|e| e.message.group_id.as_ref())
+                    .is_some_and(|g| freed.contains(g))
+            })
+            .collect();
+        self.newly_ready.extend(seqs);
     }
 
     /// Deliveries that never reached their receiver (its client was gone when the answer was

@@ -1,10 +1,20 @@
-//! Send: messages enter the queue, Ready or Scheduled (delivery delay).
+//! Send: messages enter the queue, Ready or Scheduled (delivery delay). A dedup id seen within
+//! the queue's window returns the original message id and adds nothing.
 
 use std::sync::Arc;
 
 use super::{Effects, MessageState, PersistOp, Queue, SEQ_RESERVATION_BLOCK};
 use crate::error::KernelError;
-use crate::types::{validate_property_name, Message, MessageId, NewMessage, Seq};
+use crate::types::{validate_property_name, Message, MessageId, NewMessage, Seq, SharedMessage};
+
+/// A producer's dedup id, remembered until `expires_ms` with the message it produced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DedupRecord {
+    pub dedup_id: String,
+    /// The message the first send produced (its id is `MessageId::new(queue uid, seq)`).
+    pub seq: Seq,
+    pub expires_ms: u64,
+}
 
 impl Queue {
     /// Accepts a batch of messages, all or nothing: if one is refused, none is added. Returns the
@@ -14,6 +24,51 @@ impl Queue {
         messages: Vec<NewMessage>,
         now_ms: u64,
     ) -> Result<(Vec<MessageId>, Effects), KernelError> {
+        self.validate_sends(&messages)?;
+        let mut effects = Effects::default();
+        self.fire_due(now_ms, &mut effects);
+        let mut ids = Vec::with_capacity(messages.len());
+        for m in messages {
+            if let Some(id) = self.dedup_hit(m.dedup_id.as_deref()) {
+                ids.push(id);
+                continue;
+            }
+            let message = self.stamp(m, now_ms, &mut effects);
+            ids.push(message.id.clone());
+            self.enqueue(message, now_ms, &mut effects);
+        }
+        self.dispatch(now_ms, &mut effects);
+        Ok((ids, effects))
+    }
+
+    /// Takes messages moved here from another queue (dead letters): they were accepted once, so
+    /// no size limit or dedup applies and nothing is refused.
+    pub fn send_moved(
+        &mut self,
+        messages: Vec<NewMessage>,
+        now_ms: u64,
+    ) -> (Vec<MessageId>, Effects) {
+        let mut effects = Effects::default();
+        self.fire_due(now_ms, &mut effects);
+        let mut ids = Vec::with_capacity(messages.len());
+        for m in messages {
+            let message = self.stamp(
+                NewMessage {
+                    dedup_id: None,
+                    ..m
+                },
+                now_ms,
+                &mut effects,
+            );
+            ids.push(message.id.clone());
+            self.enqueue(message, now_ms, &mut effects);
+        }
+        self.dispatch(now_ms, &mut effects);
+        (ids, effects)
+    }
+
+    /// Refuses a batch with a message the queue cannot take.
+    pub(crate) fn validate_sends(&self, messages: &[NewMessage]) -> Result<(), KernelError> {
         for (index, m) in messages.iter().enumerate() {
             let size_bytes = m.size_bytes();
             if size_bytes > self.config.max_message_size_bytes {
@@ -27,27 +82,73 @@ impl Queue {
                 .keys()
                 .try_for_each(|k| validate_property_name(k))?;
         }
-        let mut effects = Effects::default();
-        self.fire_due(now_ms, &mut effects);
-        let mut ids = Vec::with_capacity(messages.len());
-        for m in messages {
-            let seq = self.allocate_seq(&mut effects);
-            let message = Arc::new(stamp(m, MessageId::new(self.uid, seq), seq, now_ms));
-            ids.push(message.id.clone());
-            let state = match message.deliver_at_ms {
-                Some(until_ms) if until_ms > now_ms => MessageState::Scheduled { until_ms },
-                _ => MessageState::Ready,
-            };
-            if message.persistent {
-                effects
-                    .persist
-                    .push(PersistOp::PutMessage(Arc::clone(&message)));
-            }
-            self.insert_entry(message, state, 0);
-            self.counters.sent_total += 1;
+        Ok(())
+    }
+
+    /// The message id an earlier send with this dedup id produced, if it is still remembered.
+    pub(crate) fn dedup_hit(&self, dedup_id: Option<&str>) -> Option<MessageId> {
+        self.dedup
+            .get(dedup_id?)
+            .map(|&(seq, _)| MessageId::new(self.uid, seq))
+    }
+
+    /// Gives a new message its sequence number, id and times.
+    pub(crate) fn stamp(
+        &mut self,
+        m: NewMessage,
+        now_ms: u64,
+        effects: &mut Effects,
+    ) -> SharedMessage {
+        let seq = self.allocate_seq(effects);
+        Arc::new(stamp(m, MessageId::new(self.uid, seq), seq, now_ms))
+    }
+
+    /// A stamped message enters the queue (and is persisted, if persistent); its dedup id is
+    /// remembered for the queue's window.
+    pub(crate) fn enqueue(&mut self, message: SharedMessage, now_ms: u64, effects: &mut Effects) {
+        let state = match message.deliver_at_ms {
+            Some(until_ms) if until_ms > now_ms => MessageState::Scheduled { until_ms },
+            _ => MessageState::Ready,
+        };
+        if message.persistent {
+            effects
+                .persist
+                .push(PersistOp::PutMessage(Arc::clone(&message)));
         }
-        self.dispatch(now_ms, &mut effects);
-        Ok((ids, effects))
+        if let Some(dedup_id) = message.dedup_id.clone() {
+            if self.config.dedup_window_ms > 0 {
+                let record = DedupRecord {
+                    dedup_id,
+                    seq: message.seq,
+                    expires_ms: now_ms.saturating_add(self.config.dedup_window_ms),
+                };
+                self.remember_dedup(record.clone());
+                effects.persist.push(PersistOp::PutDedup(record));
+            }
+        }
+        self.insert_entry(message, state, 0);
+        self.counters.sent_total += 1;
+    }
+
+    pub(crate) fn remember_dedup(&mut self, r: DedupRecord) {
+        if let Some((_, old)) = self.dedup.insert(r.dedup_id.clone(), (r.seq, r.expires_ms)) {
+            self.dedup_expiry.remove(&(old, r.dedup_id.clone()));
+        }
+        self.dedup_expiry.insert((r.expires_ms, r.dedup_id));
+    }
+
+    /// Forgets dedup ids whose window has passed.
+    pub(crate) fn forget_dedup_due(&mut self, now_ms: u64, effects: &mut Effects) {
+        while let Some((t, _)) = self.dedup_expiry.first() {
+            if *t > now_ms {
+                break;
+            }
+            let Some((_, dedup_id)) = self.dedup_expiry.pop_first() else {
+                break;
+            };
+            self.dedup.remove(&dedup_id);
+            effects.persist.push(PersistOp::DeleteDedup { dedup_id });
+        }
     }
 
     fn allocate_seq(&mut self, effects: &mut Effects) -> Seq {

@@ -245,7 +245,16 @@ fn expired_message_is_never_delivered() {
     let (_, _) = q.send(vec![m], T0).unwrap();
     let (out, fx) = q.receive(recv(1, Wait::NoWait), T0 + 100).unwrap();
     assert_eq!(out, ReceiveOutcome::Empty);
-    assert_eq!(fx.persist.len(), 1, "the expired message is deleted");
+    assert_eq!(
+        fx.dead_letters.len(),
+        1,
+        "the expired message is dead-lettered"
+    );
+    assert_eq!(fx.dead_letters[0].reason, DeadLetterReason::Expired);
+    assert!(
+        fx.dead_letters[0].delete.is_some(),
+        "its delete travels with it"
+    );
     assert_eq!(q.stats().expired_total, 1);
     q.check_invariants();
 }
@@ -285,6 +294,7 @@ fn message_ids_are_never_reused_after_recovery() {
         QueueConfig::default(),
         until,
         vec![],
+        vec![],
         T0,
     );
     let (ids2, fx2) = r.send(vec![msg("b")], T0).unwrap();
@@ -313,6 +323,7 @@ fn recovered_messages_keep_their_delivery_count() {
         QueueConfig::default(),
         Seq(1),
         rec,
+        vec![],
         T0,
     );
     r.check_invariants();
@@ -325,7 +336,7 @@ fn nack_with_delay_schedules_the_message() {
     let mut q = queue();
     let _ = send(&mut q, "m", T0);
     let d = delivered(q.receive(recv(1, Wait::NoWait), T0).unwrap().0);
-    let (res, _) = q.nack(&[d[0].lease_ref()], Some(200), T0 + 1);
+    let (res, _) = q.nack(&[d[0].lease_ref()], Some(200), false, T0 + 1);
     assert_eq!(res, vec![Ok(())]);
     assert_eq!(
         q.state_of(d[0].message.seq),
@@ -426,6 +437,7 @@ fn a_receipt_from_before_a_restart_does_not_match_the_redelivery() {
         QueueConfig::default(),
         Seq(1),
         rec,
+        vec![],
         T0,
     );
     let new = delivered(r.receive(recv(2, Wait::NoWait), T0).unwrap().0).remove(0);
@@ -554,7 +566,7 @@ fn selectors_see_the_delivery_count_the_message_would_have() {
         ReceiveOutcome::Empty
     );
     let d = delivered(q.receive(recv(1, Wait::NoWait), T0).unwrap().0);
-    let _ = q.nack(&[d[0].lease_ref()], None, T0 + 1);
+    let _ = q.nack(&[d[0].lease_ref()], None, false, T0 + 1);
     let again = delivered(q.receive(first, T0 + 2).unwrap().0);
     assert_eq!(again[0].delivery_count, 2);
     q.check_invariants();

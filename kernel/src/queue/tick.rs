@@ -1,5 +1,6 @@
-//! Time passing: scheduled messages become Ready, expired leases return their message, parked
-//! receivers whose deadline came end empty-handed.
+//! Time passing: scheduled messages become Ready, expired leases return their message, expired
+//! messages are dead-lettered, dedup ids are forgotten, parked receivers whose deadline came end
+//! empty-handed.
 
 use super::{Effects, MessageState, Queue};
 
@@ -14,6 +15,15 @@ impl Queue {
 
     /// Every operation starts here, so the queue is always judged at the caller's `now`.
     pub(crate) fn fire_due(&mut self, now_ms: u64, effects: &mut Effects) {
+        for seq in std::mem::take(&mut self.recovered_exhausted) {
+            if self
+                .entries
+                .get(&seq)
+                .is_some_and(|e| e.state == MessageState::Ready)
+            {
+                self.dead_letter(seq, super::DeadLetterReason::MaxDeliveries, effects);
+            }
+        }
         while let Some(&(t, seq)) = self.scheduled.first() {
             if t > now_ms {
                 break;
@@ -24,11 +34,14 @@ impl Queue {
             if t > now_ms {
                 break;
             }
-            // The lease ran out: only this message returns. Its delivery count already counts
-            // the delivery, so the next one is flagged redelivered.
+            // The lease ran out: only this message returns, through the redelivery policy. Its
+            // delivery count already counts the delivery, so the next one is flagged redelivered.
             self.set_state(seq, MessageState::Ready);
+            self.return_delivered(seq, None, now_ms, effects);
             self.counters.lease_expired_total += 1;
         }
+        self.expire_due(now_ms, effects);
+        self.forget_dedup_due(now_ms, effects);
         // Receivers whose deadline has come end first: a message that became ready at the same
         // moment is not handed to a receiver whose caller has stopped waiting.
         while let Some(&(t, id)) = self.waiter_deadlines.first() {

@@ -1,0 +1,462 @@
+//! JMS semantics through real processes and the Rust client: the redelivery policy and the
+//! dead-letter queue, expiry, rejection, transacted sessions, message groups and producer dedup.
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use ferry_client::{pb, AckMode, Client, Message, ReceiveOptions, Received};
+use ferry_integration_tests::{
+    create_queue, ferry_cli, memory_node, stats, wait_until, Node, NodeOptions,
+};
+use tonic::Code;
+
+async fn create_with(client: &Client, name: &str, config: pb::QueueConfig) -> anyhow::Result<()> {
+    client
+        .admin()
+        .create_queue(pb::CreateQueueRequest {
+            name: name.into(),
+            config: Some(config),
+            if_not_exists: false,
+        })
+        .await?;
+    Ok(())
+}
+
+fn prop<'a>(r: &'a Received, name: &str) -> Option<&'a pb::property_value::Value> {
+    r.properties().get(name).and_then(|v| v.value.as_ref())
+}
+
+fn text(r: &Received) -> String {
+    String::from_utf8_lossy(r.body()).into_owned()
+}
+
+/// A poison message is delivered exactly 1 + max_redeliveries times, each redelivery no sooner
+/// than the policy's delay (exponential, capped), and then waits in `<queue>.DLQ` with why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poison_message_ends_in_the_dead_letter_queue_after_the_configured_deliveries(
+) -> anyhow::Result<()> {
+    let (_dir, _node, client) = memory_node(&[]).await?;
+    create_with(
+        &client,
+        "work",
+        pb::QueueConfig {
+            redelivery: Some(pb::RedeliveryPolicy {
+                max_redeliveries: Some(3),
+                initial_delay_ms: Some(200),
+                delay_ms: Some(200),
+                exponential_backoff: Some(true),
+                backoff_multiplier: Some(2.0),
+                max_delay_ms: Some(500),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+    )
+    .await?;
+    let conn = client.open_connection("poison").await?;
+    let session = conn.create_session(AckMode::Individual).await?;
+    let ids = session
+        .send("work", vec![Message::text("poison").property("kind", 7)])
+        .await?;
+
+    let expected_delays_ms = [200u64, 400, 500]; // 200, 200×2, 200×4 = 800 capped at 500
+    let mut seen = Vec::new();
+    let mut last = Instant::now();
+    for n in 1..=4u32 {
+        let got = session
+            .receive("work", ReceiveOptions::timeout_ms(10_000))
+            .await?;
+        assert_eq!(got.len(), 1, "delivery {n} arrives");
+        let at = Instant::now();
+        if n > 1 {
+            let gap = at.duration_since(last);
+            let want = Duration::from_millis(expected_delays_ms[n as usize - 2]);
+            assert!(
+                gap >= want,
+                "redelivery {n} came after {gap:?}, before its delay {want:?}"
+            );
+            assert!(
+                gap < want + Duration::from_millis(2_000),
+                "redelivery {n} came after {gap:?}, far later than its delay {want:?}"
+            );
+        }
+        last = at;
+        assert_eq!(got[0].delivery_count(), n);
+        assert_eq!(got[0].redelivered(), n > 1);
+        seen.push(got[0].message_id().to_string());
+        session.nack(&got, None).await?;
+    }
+    assert!(seen.iter().all(|id| *id == ids[0]));
+
+    // Never a fifth delivery: the message is in the dead-letter queue, with why and from where.
+    let dlq = session
+        .receive("work.DLQ", ReceiveOptions::timeout_ms(10_000))
+        .await?;
+    assert_eq!(dlq.len(), 1);
+    let d = &dlq[0];
+    assert_eq!(text(d), "poison");
+    use pb::property_value::Value;
+    assert_eq!(
+        prop(d, "FerryDeadLetterReason"),
+        Some(&Value::StringValue("max-deliveries".into()))
+    );
+    assert_eq!(
+        prop(d, "FerryOriginalQueue"),
+        Some(&Value::StringValue("work".into()))
+    );
+    assert_eq!(
+        prop(d, "FerryOriginalMessageId"),
+        Some(&Value::StringValue(ids[0].clone()))
+    );
+    assert_eq!(prop(d, "FerryDeliveryCount"), Some(&Value::LongValue(4)));
+    assert_eq!(
+        prop(d, "kind"),
+        Some(&Value::IntValue(7)),
+        "its own properties stay"
+    );
+    session.ack(&dlq).await?;
+    let s = stats(&client, "work").await?;
+    assert_eq!(s.ready + s.scheduled + s.leased, 0);
+    assert_eq!(s.dead_lettered_max_deliveries_total, 1);
+    assert_eq!(stats(&client, "work.DLQ").await?.owner_node, s.owner_node);
+    Ok(())
+}
+
+/// Expired messages and rejected ones go to the dead-letter queue too, with their reason; a
+/// queue may discard expired messages instead (counted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_and_rejected_messages_are_dead_lettered_with_their_reason() -> anyhow::Result<()> {
+    let (_dir, node, client) = memory_node(&["orders"]).await?;
+    create_with(
+        &client,
+        "quotes",
+        pb::QueueConfig {
+            expiry: Some(pb::DeadLetterTarget {
+                target: Some(pb::dead_letter_target::Target::Discard(true)),
+            }),
+            ..Default::default()
+        },
+    )
+    .await?;
+    let conn = client.open_connection("t").await?;
+    let session = conn.create_session(AckMode::Individual).await?;
+    session
+        .send(
+            "orders",
+            vec![Message::text("stale").ttl_ms(50), Message::text("fresh")],
+        )
+        .await?;
+    session
+        .send("quotes", vec![Message::text("old quote").ttl_ms(50)])
+        .await?;
+    // Nobody receives: the server moves the expired message on its own, on time.
+    wait_until(
+        Duration::from_secs(10),
+        "the expired message to move",
+        || async {
+            Ok(stats(&client, "orders.DLQ")
+                .await
+                .is_ok_and(|s| s.ready == 1))
+        },
+    )
+    .await?;
+    let got = session
+        .receive("orders.DLQ", ReceiveOptions::no_wait())
+        .await?;
+    assert_eq!(text(&got[0]), "stale");
+    assert_eq!(
+        prop(&got[0], "FerryDeadLetterReason"),
+        Some(&pb::property_value::Value::StringValue("expired".into()))
+    );
+    session.ack(&got).await?;
+    wait_until(Duration::from_secs(10), "the quote to expire", || async {
+        Ok(stats(&client, "quotes").await?.expired_total == 1)
+    })
+    .await?;
+    assert_eq!(stats(&client, "quotes").await?.ready, 0);
+    let e = stats(&client, "quotes.DLQ").await.unwrap_err();
+    assert!(
+        e.to_string().contains("does not exist"),
+        "discarded, not moved: {e}"
+    );
+
+    // A consumer rejects a message: no redelivery, straight to the DLQ.
+    let (ok, out, err) = ferry_cli(
+        &node,
+        &[
+            "receive",
+            "--queue",
+            "orders",
+            "--ack",
+            "reject",
+            "--timeout-ms",
+            "5000",
+        ],
+    )?;
+    assert!(ok, "{err}");
+    assert!(out.contains("fresh"), "{out}");
+    let got = session
+        .receive("orders.DLQ", ReceiveOptions::timeout_ms(5_000))
+        .await?;
+    assert_eq!(text(&got[0]), "fresh");
+    assert_eq!(
+        prop(&got[0], "FerryDeadLetterReason"),
+        Some(&pb::property_value::Value::StringValue("rejected".into()))
+    );
+    assert_eq!(
+        stats(&client, "orders").await?.dead_lettered_rejected_total,
+        1
+    );
+    Ok(())
+}
+
+/// A transacted consume-and-produce loop with rollbacks: every input produces exactly one
+/// output, none is lost or duplicated, and nothing is visible before its commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transacted_consume_and_produce_loop_with_rollbacks_loses_and_duplicates_nothing(
+) -> anyhow::Result<()> {
+    const N: usize = 150;
+    let (_dir, _node, client) = memory_node(&["in", "out"]).await?;
+    let conn = client.open_connection("tx").await?;
+    let producer = conn.create_session(AckMode::Auto).await?;
+    let inputs: Vec<Message> = (0..N).map(|i| Message::text(format!("m{i}"))).collect();
+    producer.send("in", inputs).await?;
+    let tx = conn.create_session(AckMode::Transacted).await?;
+    let (mut commits, mut rollbacks, mut step) = (0, 0, 0u64);
+    let mut committed = 0u64;
+    loop {
+        let got = tx.receive("in", ReceiveOptions::no_wait().max(3)).await?;
+        if got.is_empty() {
+            break;
+        }
+        let outs: Vec<Message> = got
+            .iter()
+            .map(|r| Message::text(format!("done {}", text(r))))
+            .collect();
+        tx.send("out", outs).await?;
+        // Staged: invisible to everyone until the commit.
+        let out = stats(&client, "out").await?;
+        assert_eq!(out.ready, committed, "only committed sends are visible");
+        assert_eq!(out.staged, got.len() as u64);
+        step += 1;
+        if step % 4 == 0 {
+            let back = tx.rollback().await?;
+            assert_eq!(back as usize, got.len(), "everything received comes back");
+            rollbacks += 1;
+        } else {
+            tx.commit().await?;
+            committed += got.len() as u64;
+            commits += 1;
+        }
+    }
+    assert!(rollbacks > 0 && commits > 0);
+    let observer = conn.create_session(AckMode::Individual).await?;
+    let mut bodies = BTreeSet::new();
+    let mut total = 0;
+    loop {
+        let got = observer
+            .receive("out", ReceiveOptions::no_wait().max(100))
+            .await?;
+        if got.is_empty() {
+            break;
+        }
+        observer.ack(&got).await?;
+        total += got.len();
+        bodies.extend(got.iter().map(text));
+    }
+    assert_eq!(total, N, "one output per input, no duplicate");
+    let want: BTreeSet<String> = (0..N).map(|i| format!("done m{i}")).collect();
+    assert_eq!(bodies, want);
+    let s = stats(&client, "in").await?;
+    assert_eq!((s.ready, s.leased, s.scheduled), (0, 0, 0));
+    assert!(
+        s.redelivered_total > 0,
+        "rolled-back messages were redelivered"
+    );
+    assert_eq!(stats(&client, "out").await?.staged, 0);
+    Ok(())
+}
+
+/// Closing a transacted session without commit drops its staged sends and returns what it
+/// received; a commit whose delivery lease ran out is rolled back (ABORTED) as a whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uncommitted_work_is_undone_when_the_session_closes_or_the_commit_fails(
+) -> anyhow::Result<()> {
+    let (_dir, _node, client) = memory_node(&["in", "out"]).await?;
+    let conn = client.open_connection("tx").await?;
+    let producer = conn.create_session(AckMode::Auto).await?;
+    producer
+        .send("in", vec![Message::text("a"), Message::text("b")])
+        .await?;
+
+    let tx = conn.create_session(AckMode::Transacted).await?;
+    let got = tx.receive("in", ReceiveOptions::no_wait()).await?;
+    assert_eq!(got.len(), 1);
+    tx.send("out", vec![Message::text("never")]).await?;
+    assert_eq!(stats(&client, "out").await?.staged, 1);
+    assert_eq!(tx.close().await?, 1, "the received message comes back");
+    let s = stats(&client, "out").await?;
+    assert_eq!((s.ready, s.staged), (0, 0), "the staged send is gone");
+    assert_eq!(stats(&client, "in").await?.ready, 2);
+
+    // A short lease runs out before the commit: the commit fails whole and nothing is sent.
+    let tx = conn.create_session(AckMode::Transacted).await?;
+    let opts = ReceiveOptions {
+        lease_ms: Some(100),
+        ..ReceiveOptions::no_wait()
+    };
+    let got = tx.receive("in", opts).await?;
+    assert_eq!(got.len(), 1);
+    tx.send("out", vec![Message::text("too late")]).await?;
+    wait_until(Duration::from_secs(10), "the lease to run out", || async {
+        Ok(stats(&client, "in").await?.leased == 0)
+    })
+    .await?;
+    let e = tx.commit().await.unwrap_err();
+    assert_eq!(e.code(), Some(Code::Aborted), "{e}");
+    assert!(e.to_string().contains("rolled back"), "{e}");
+    let s = stats(&client, "out").await?;
+    assert_eq!((s.ready, s.staged), (0, 0));
+    // The session goes on: the next transaction commits.
+    let got = tx.receive("in", ReceiveOptions::no_wait().max(5)).await?;
+    assert_eq!(got.len(), 2);
+    tx.commit().await?;
+    assert_eq!(stats(&client, "in").await?.ready, 0);
+    Ok(())
+}
+
+/// A transaction spans the queues of one back-end; touching a second says so plainly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_touching_two_back_ends_is_refused_clearly() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let b = Node::start(
+        &dir.path().join("b"),
+        NodeOptions {
+            node_id: "b".into(),
+            memory: true,
+            ..Default::default()
+        },
+    )?;
+    let a = Node::start(
+        &dir.path().join("a"),
+        NodeOptions {
+            node_id: "a".into(),
+            memory: true,
+            extra_toml: format!(
+                "[cluster.nodes]\nb = \"{}\"\n[cluster.placement]\nremote = \"b\"\n",
+                b.url()
+            ),
+        },
+    )?;
+    let client = a.client().await?;
+    create_queue(&client, "local").await?;
+    create_queue(&client, "remote").await?;
+    let conn = client.open_connection("tx").await?;
+    let tx = conn.create_session(AckMode::Transacted).await?;
+    tx.send("local", vec![Message::text("here")]).await?;
+    let e = tx
+        .send("remote", vec![Message::text("there")])
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Some(Code::FailedPrecondition), "{e}");
+    assert!(e.to_string().contains("one back-end"), "{e}");
+    // The transaction is intact: it commits what it holds.
+    tx.commit().await?;
+    assert_eq!(stats(&client, "local").await?.ready, 1);
+    assert_eq!(stats(&client, "remote").await?.ready, 0);
+    // A transaction on the remote back-end alone works through this node.
+    tx.send("remote", vec![Message::text("there")]).await?;
+    tx.commit().await?;
+    assert_eq!(stats(&client, "remote").await?.ready, 1);
+    Ok(())
+}
+
+/// Message groups: a group's messages go to one session at a time, in order; when that session
+/// closes, the group moves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_group_sticks_to_one_consumer_and_moves_when_it_leaves() -> anyhow::Result<()> {
+    let (_dir, _node, client) = memory_node(&["g"]).await?;
+    let conn = client.open_connection("groups").await?;
+    let producer = conn.create_session(AckMode::Auto).await?;
+    let mut batch = Vec::new();
+    for i in 0..4 {
+        batch.push(Message::text(format!("A{i}")).group_id("A"));
+        batch.push(Message::text(format!("B{i}")).group_id("B"));
+    }
+    producer.send("g", batch).await?;
+    let one = conn.create_session(AckMode::Individual).await?;
+    let two = conn.create_session(AckMode::Individual).await?;
+    let first = one.receive("g", ReceiveOptions::no_wait()).await?;
+    assert_eq!(text(&first[0]), "A0");
+    let other = two.receive("g", ReceiveOptions::no_wait().max(10)).await?;
+    let names: Vec<String> = other.iter().map(text).collect();
+    assert_eq!(names, ["B0", "B1", "B2", "B3"], "group A is session one's");
+    two.ack(&other).await?;
+    let more = one.receive("g", ReceiveOptions::no_wait().max(10)).await?;
+    assert_eq!(
+        more.iter().map(text).collect::<Vec<_>>(),
+        ["A1", "A2", "A3"]
+    );
+    one.ack(&more[..1]).await?;
+    // Session one goes away holding A0, A2, A3: they move to session two, in order.
+    one.close().await?;
+    let moved = two.receive("g", ReceiveOptions::no_wait().max(10)).await?;
+    assert_eq!(
+        moved.iter().map(text).collect::<Vec<_>>(),
+        ["A0", "A2", "A3"]
+    );
+    assert!(moved.iter().all(Received::redelivered));
+    Ok(())
+}
+
+/// A repeated producer dedup id returns the first message id and stores nothing new, also
+/// after a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repeated_dedup_id_stores_nothing_new_even_after_a_restart() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut node = Node::start(dir.path(), NodeOptions::default())?;
+    let client = node.client().await?;
+    create_queue(&client, "payments").await?;
+    let session = client
+        .open_connection("p")
+        .await?
+        .create_session(AckMode::Auto)
+        .await?;
+    let first = session
+        .send(
+            "payments",
+            vec![Message::text("pay 5").dedup_id("order-17")],
+        )
+        .await?;
+    let again = session
+        .send(
+            "payments",
+            vec![Message::text("pay 5").dedup_id("order-17")],
+        )
+        .await?;
+    assert_eq!(first, again);
+    assert_eq!(stats(&client, "payments").await?.ready, 1);
+    drop(session);
+    node.restart()?;
+    let client = node.client().await?;
+    let session = client
+        .open_connection("p")
+        .await?
+        .create_session(AckMode::Auto)
+        .await?;
+    let after = session
+        .send(
+            "payments",
+            vec![
+                Message::text("pay 5").dedup_id("order-17"),
+                Message::text("pay 6").dedup_id("order-18"),
+            ],
+        )
+        .await?;
+    assert_eq!(after[0], first[0], "remembered across the restart");
+    assert_ne!(after[1], first[0]);
+    assert_eq!(stats(&client, "payments").await?.ready, 2);
+    Ok(())
+}

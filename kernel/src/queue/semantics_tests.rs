@@ -1,0 +1,703 @@
+//! The JMS rules beyond plain delivery, stepping time by hand: the redelivery policy, dead
+//! letters, expiry in every state, transacted sessions, message groups and producer dedup.
+
+use std::sync::Arc;
+
+use super::*;
+use crate::error::KernelError;
+use crate::types::{NewMessage, QueueName, QueueUid};
+
+const T0: u64 = 1_000_000;
+
+fn queue_with(config: QueueConfig) -> Queue {
+    let mut q = Queue::new(QueueName::new("orders").unwrap(), QueueUid(9), config);
+    q.seed_random(42);
+    q
+}
+
+fn queue() -> Queue {
+    queue_with(QueueConfig::default())
+}
+
+fn msg(body: &str) -> NewMessage {
+    NewMessage {
+        body: body.as_bytes().to_vec(),
+        persistent: true,
+        ..Default::default()
+    }
+}
+
+fn grouped(body: &str, group: &str) -> NewMessage {
+    NewMessage {
+        group_id: Some(group.into()),
+        ..msg(body)
+    }
+}
+
+fn req(owner: u64, max: u32, wait: Wait) -> ReceiveRequest {
+    ReceiveRequest {
+        owner: Some(SessionId(owner)),
+        max_messages: max,
+        wait,
+        lease_ms: Some(60_000),
+        selector: None,
+    }
+}
+
+fn take(q: &mut Queue, owner: u64, max: u32, now: u64) -> Vec<Delivery> {
+    let (out, _) = q.receive(req(owner, max, Wait::NoWait), now).unwrap();
+    q.check_invariants();
+    match out {
+        ReceiveOutcome::Delivered(d) => d,
+        ReceiveOutcome::Empty => vec![],
+        ReceiveOutcome::Parked(_) => unreachable!("NoWait never parks"),
+    }
+}
+
+fn bodies(d: &[Delivery]) -> Vec<String> {
+    d.iter()
+        .map(|d| String::from_utf8(d.message.body.clone()).unwrap())
+        .collect()
+}
+
+fn policy(initial: u64, delay: u64) -> RedeliveryPolicy {
+    RedeliveryPolicy {
+        initial_delay_ms: initial,
+        delay_ms: delay,
+        ..RedeliveryPolicy::default()
+    }
+}
+
+// ---------------------------------------------------------------- the redelivery delay sequence
+
+#[test]
+fn constant_delay_sequence() {
+    let p = policy(100, 250);
+    let seq: Vec<u64> = (1..=5).map(|n| p.delay_ms(n, 0.0)).collect();
+    assert_eq!(seq, [100, 250, 250, 250, 250]);
+}
+
+#[test]
+fn exponential_backoff_sequence() {
+    let p = RedeliveryPolicy {
+        exponential_backoff: true,
+        backoff_multiplier: 3.0,
+        ..policy(100, 100)
+    };
+    let seq: Vec<u64> = (1..=5).map(|n| p.delay_ms(n, 0.0)).collect();
+    assert_eq!(seq, [100, 300, 900, 2_700, 8_100]);
+}
+
+#[test]
+fn maximum_delay_caps_every_delay_including_the_initial_one() {
+    let p = RedeliveryPolicy {
+        exponential_backoff: true,
+        backoff_multiplier: 10.0,
+        max_delay_ms: 5_000,
+        collision_avoidance_percent: 50,
+        ..policy(5_000, 1_000)
+    };
+    // With the largest upward spread the initial delay would be 7 500 ms: the cap holds it.
+    assert_eq!(p.delay_ms(1, 1.0), 5_000);
+    assert_eq!(p.delay_ms(2, 0.0), 5_000, "1 000 × 10 = 10 000, capped");
+    assert_eq!(
+        p.delay_ms(40, 1.0),
+        5_000,
+        "an overflowing power is capped too"
+    );
+    assert_eq!(p.delay_ms(u32::MAX, 1.0), 5_000);
+}
+
+#[test]
+fn collision_avoidance_stays_within_its_band_and_is_seeded() {
+    let p = RedeliveryPolicy {
+        collision_avoidance_percent: 20,
+        ..policy(1_000, 1_000)
+    };
+    let mut rng = policy::SplitMix64::new(7);
+    let delays: Vec<u64> = (0..1_000).map(|_| p.delay_ms(2, rng.spread())).collect();
+    assert!(
+        delays.iter().all(|d| (800..=1_200).contains(d)),
+        "{delays:?}"
+    );
+    assert!(delays.iter().any(|&d| d < 900) && delays.iter().any(|&d| d > 1_100));
+    let mut again = policy::SplitMix64::new(7);
+    let replay: Vec<u64> = (0..1_000).map(|_| p.delay_ms(2, again.spread())).collect();
+    assert_eq!(delays, replay, "the same seed gives the same delays");
+}
+
+#[test]
+fn invalid_policies_are_refused_with_the_field_named() {
+    let bad = RedeliveryPolicy {
+        backoff_multiplier: 0.5,
+        ..RedeliveryPolicy::default()
+    };
+    assert_eq!(
+        bad.validate().unwrap_err().0,
+        "redelivery.backoff_multiplier"
+    );
+    let bad = RedeliveryPolicy {
+        collision_avoidance_percent: 101,
+        ..RedeliveryPolicy::default()
+    };
+    assert_eq!(
+        bad.validate().unwrap_err().0,
+        "redelivery.collision_avoidance_percent"
+    );
+    let bad = RedeliveryPolicy {
+        max_delay_ms: 10,
+        ..policy(100, 0)
+    };
+    assert_eq!(bad.validate().unwrap_err().0, "redelivery.max_delay_ms");
+    assert!(RedeliveryPolicy::default().validate().is_ok());
+}
+
+#[test]
+fn a_nacked_message_waits_the_policy_delay_then_comes_back_redelivered() {
+    let mut q = queue_with(QueueConfig {
+        redelivery: RedeliveryPolicy {
+            exponential_backoff: true,
+            ..policy(100, 100)
+        },
+        ..QueueConfig::default()
+    });
+    let _ = q.send(vec![msg("a")], T0).unwrap();
+    let mut now = T0;
+    for (n, expected_delay) in [(1, 100), (2, 200), (3, 400)] {
+        let d = take(&mut q, 1, 1, now);
+        assert_eq!(d[0].delivery_count, n);
+        let _ = q.nack(&[d[0].lease_ref()], None, false, now);
+        q.check_invariants();
+        assert_eq!(
+            q.state_of(d[0].message.seq),
+            Some(MessageState::Scheduled {
+                until_ms: now + expected_delay
+            })
+        );
+        assert!(take(&mut q, 1, 1, now + expected_delay - 1).is_empty());
+        now += expected_delay;
+    }
+    let d = take(&mut q, 1, 1, now);
+    assert!(d[0].redelivered());
+    assert_eq!(d[0].delivery_count, 4);
+}
+
+#[test]
+fn a_delay_named_by_the_consumer_replaces_the_policy_delay() {
+    let mut q = queue_with(QueueConfig {
+        redelivery: policy(5_000, 5_000),
+        ..QueueConfig::default()
+    });
+    let _ = q.send(vec![msg("a")], T0).unwrap();
+    let d = take(&mut q, 1, 1, T0);
+    let _ = q.nack(&[d[0].lease_ref()], Some(10), false, T0);
+    assert_eq!(
+        q.state_of(d[0].message.seq),
+        Some(MessageState::Scheduled { until_ms: T0 + 10 })
+    );
+}
+
+// ---------------------------------------------------------------- dead letters
+
+#[test]
+fn a_poison_message_is_dead_lettered_after_exactly_one_plus_max_redeliveries() {
+    let mut q = queue_with(QueueConfig {
+        redelivery: RedeliveryPolicy {
+            max_redeliveries: Some(2),
+            ..RedeliveryPolicy::default()
+        },
+        ..QueueConfig::default()
+    });
+    let _ = q.send(vec![msg("poison")], T0).unwrap();
+    for n in 1..=3 {
+        let d = take(&mut q, 1, 1, T0 + n);
+        assert_eq!(d.len(), 1, "delivery {n} happens");
+        let (res, fx) = q.nack(&[d[0].lease_ref()], None, false, T0 + n);
+        assert!(res[0].is_ok());
+        q.check_invariants();
+        if n < 3 {
+            assert!(fx.dead_letters.is_empty());
+        } else {
+            let dl = &fx.dead_letters[0];
+            assert_eq!(dl.reason, DeadLetterReason::MaxDeliveries);
+            assert_eq!(dl.delivery_count, 3);
+            assert_eq!(dl.target, DeadLetterTarget::Default);
+            assert_eq!(dl.delete, Some(PersistOp::DeleteMessage(d[0].message.seq)));
+            assert!(
+                !fx.persist
+                    .contains(&PersistOp::DeleteMessage(d[0].message.seq)),
+                "the delete travels with the dead letter, not on its own"
+            );
+        }
+    }
+    assert!(take(&mut q, 1, 1, T0 + 10).is_empty());
+    assert_eq!(q.stats().dead_lettered.max_deliveries, 1);
+    assert_eq!(q.stats().ready + q.stats().leased + q.stats().scheduled, 0);
+}
+
+#[test]
+fn lease_expiry_counts_toward_max_redeliveries() {
+    let mut q = queue_with(QueueConfig {
+        redelivery: RedeliveryPolicy {
+            max_redeliveries: Some(0),
+            ..RedeliveryPolicy::default()
+        },
+        ..QueueConfig::default()
+    });
+    let _ = q.send(vec![msg("a")], T0).unwrap();
+    let d = take(&mut q, 1, 1, T0);
+    let fx = q.tick(d[0].lease_until_ms);
+    q.check_invariants();
+    assert_eq!(fx.dead_letters.len(), 1);
+    assert_eq!(fx.dead_letters[0].reason, DeadLetterReason::MaxDeliveries);
+}
+
+#[test]
+fn unlimited_redeliveries_never_dead_letter() {
+    let mut q = queue_with(QueueConfig {
+        redelivery: RedeliveryPolicy {
+            max_redeliveries: None,
+            ..RedeliveryPolicy::default()
+        },
+        ..QueueConfig::default()
+    });
+    let _ = q.send(vec![msg("a")], T0).unwrap();
+    for n in 0..50 {
+        let d = take(&mut q, 1, 1, T0 + n);
+        let (_, fx) = q.nack(&[d[0].lease_ref()], None, false, T0 + n);
+        assert!(fx.dead_letters.is_empty());
+    }
+}
+
+#[test]
+fn a_rejected_message_goes_to_the_dead_letter_target_at_once() {
+    let mut q = queue_with(QueueConfig {
+        dead_letter: DeadLetterTarget::Queue(QueueName::new("parked").unwrap()),
+        ..QueueConfig::default()
+    });
+    let _ = q.send(vec![msg("bad")], T0).unwrap();
+    let d = take(&mut q, 1, 1, T0);
+    let (res, fx) = q.nack(&[d[0].lease_ref()], None, true, T0);
+    assert!(res[0].is_ok());
+    q.check_invariants();
+    assert_eq!(fx.dead_letters[0].reason, DeadLetterReason::Rejected);
+    assert_eq!(
+        fx.dead_letters[0].target,
+        DeadLetterTarget::Queue(QueueName::new("parked").unwrap())
+    );
+    assert_eq!(q.stats().dead_lettered.rejected, 1);
+}
+
+#[test]
+fn a_recovered_message_with_exhausted_deliveries_is_dead_lettered_at_the_first_tick() {
+    let config = QueueConfig {
+        redelivery: RedeliveryPolicy {
+            max_redeliveries: Some(1),
+            ..RedeliveryPolicy::default()
+        },
+        ..QueueConfig::default()
+    };
+    let stored = |seq: u64, count: u32| RecoveredMessage {
+        message: crate::types::Message {
+            id: crate::types::MessageId::new(QueueUid(9), Seq(seq)),
+            seq: Seq(seq),
+            body: vec![],
+            properties: Default::default(),
+            correlation_id: None,
+            reply_to: None,
+            jms_type: None,
+            priority: crate::types::Priority::DEFAULT,
+            timestamp_ms: T0,
+            expiration_ms: None,
+            deliver_at_ms: None,
+            persistent: true,
+            dedup_id: None,
+            group_id: None,
+        },
+        delivery_count: count,
+    };
+    let mut q = Queue::recover(
+        QueueName::new("orders").unwrap(),
+        QueueUid(9),
+        config,
+        Seq(10),
+        vec![stored(1, 2), stored(2, 1)],
+        vec![],
+        T0,
+    );
+    assert_eq!(q.next_deadline_ms(), Some(0), "due at once");
+    let fx = q.tick(T0);
+    q.check_invariants();
+    assert_eq!(fx.dead_letters.len(), 1);
+    assert_eq!(fx.dead_letters[0].message.seq, Seq(1));
+    let d = take(&mut q, 1, 5, T0);
+    assert_eq!(
+        d.len(),
+        1,
+        "the other message may still be delivered once more"
+    );
+    assert_eq!(d[0].delivery_count, 2);
+}
+
+// ---------------------------------------------------------------- expiry in every state
+
+fn expiring(body: &str, ttl: u64) -> NewMessage {
+    NewMessage {
+        time_to_live_ms: Some(ttl),
+        ..msg(body)
+    }
+}
+
+#[test]
+fn a_ready_message_expires_on_time_without_any_receiver() {
+    let mut q = queue();
+    let _ = q.send(vec![expiring("a", 100)], T0).unwrap();
+    assert_eq!(q.next_deadline_ms(), Some(T0 + 100));
+    assert!(q.tick(T0 + 99).dead_letters.is_empty());
+    let fx = q.tick(T0 + 100);
+    q.check_invariants();
+    assert_eq!(fx.dead_letters.len(), 1);
+    assert_eq!(fx.dead_letters[0].reason, DeadLetterReason::Expired);
+    assert_eq!(fx.dead_letters[0].delivery_count, 0);
+    assert_eq!(q.stats().expired_total, 1);
+}
+
+#[test]
+fn a_scheduled_message_that_expires_before_its_delivery_time_is_never_delivered() {
+    let mut q = queue();
+    let m = NewMessage {
+        delivery_delay_ms: Some(500),
+        ..expiring("a", 200)
+    };
+    let _ = q.send(vec![m], T0).unwrap();
+    let (out, _) = q.receive(req(1, 1, Wait::Forever), T0).unwrap();
+    assert!(matches!(out, ReceiveOutcome::Parked(_)));
+    let fx = q.tick(T0 + 200);
+    q.check_invariants();
+    assert_eq!(fx.dead_letters[0].reason, DeadLetterReason::Expired);
+    let fx = q.tick(T0 + 500);
+    assert!(fx.handed.is_empty(), "nothing reaches the parked receiver");
+}
+
+#[test]
+fn a_leased_message_that_expires_is_judged_when_it_comes_back() {
+    let mut q = queue();
+    let _ = q
+        .send(vec![expiring("a", 100), expiring("b", 100)], T0)
+        .unwrap();
+    let d = take(&mut q, 1, 2, T0);
+    // Its receiver got it in time: expiry does not take it away.
+    let fx = q.tick(T0 + 150);
+    assert!(fx.dead_letters.is_empty());
+    assert!(matches!(
+        q.state_of(d[0].message.seq),
+        Some(MessageState::Leased { .. })
+    ));
+    // Acknowledged late: still fine.
+    let (res, _) = q.ack(&[d[0].lease_ref()], T0 + 150);
+    assert!(res[0].is_ok());
+    // Given back late: dead-lettered as expired, not redelivered.
+    let (res, fx) = q.nack(&[d[1].lease_ref()], None, false, T0 + 150);
+    assert!(res[0].is_ok());
+    q.check_invariants();
+    assert_eq!(fx.dead_letters.len(), 1);
+    assert_eq!(fx.dead_letters[0].reason, DeadLetterReason::Expired);
+    assert_eq!(fx.dead_letters[0].delivery_count, 1);
+}
+
+#[test]
+fn expired_messages_can_be_discarded_instead() {
+    let mut q = queue_with(QueueConfig {
+        expiry: DeadLetterTarget::Discard,
+        ..QueueConfig::default()
+    });
+    let _ = q.send(vec![expiring("a", 10)], T0).unwrap();
+    let fx = q.tick(T0 + 10);
+    assert_eq!(fx.dead_letters[0].target, DeadLetterTarget::Discard);
+    assert_eq!(q.stats().expired_total, 1, "discarded, and counted");
+}
+
+// ---------------------------------------------------------------- rollback, close, recover
+
+fn returns_through_policy(f: impl FnOnce(&mut Queue, SessionId, u64) -> Effects) {
+    let mut q = queue_with(QueueConfig {
+        redelivery: policy(300, 300),
+        ..QueueConfig::default()
+    });
+    let _ = q.send(vec![msg("a")], T0).unwrap();
+    let d = take(&mut q, 1, 1, T0);
+    let _ = f(&mut q, SessionId(1), T0 + 5);
+    q.check_invariants();
+    assert_eq!(
+        q.state_of(d[0].message.seq),
+        Some(MessageState::Scheduled { until_ms: T0 + 305 })
+    );
+    assert!(take(&mut q, 2, 1, T0 + 304).is_empty());
+    let again = take(&mut q, 2, 1, T0 + 305);
+    assert!(again[0].redelivered());
+}
+
+#[test]
+fn rollback_redelivers_through_the_policy() {
+    returns_through_policy(|q, s, now| q.rollback(s, now).1);
+}
+
+#[test]
+fn closing_a_session_without_commit_redelivers_through_the_policy() {
+    returns_through_policy(|q, s, now| q.release_session(s, now).1);
+}
+
+#[test]
+fn recover_redelivers_through_the_policy() {
+    returns_through_policy(|q, s, now| q.recover_session(s, now).1);
+}
+
+// ---------------------------------------------------------------- transacted sessions
+
+#[test]
+fn staged_sends_are_invisible_until_commit_and_then_persisted_in_one_batch() {
+    let mut q = queue();
+    let s = SessionId(1);
+    let (ids, fx) = q.stage(s, vec![msg("a"), msg("b")], T0).unwrap();
+    q.check_invariants();
+    assert_eq!(ids.len(), 2);
+    assert!(
+        fx.persist
+            .iter()
+            .all(|op| matches!(op, PersistOp::ReserveSeq { .. })),
+        "nothing but the id reservation is written before commit"
+    );
+    assert!(take(&mut q, 2, 10, T0).is_empty());
+    assert_eq!(q.stats().staged, 2);
+    let (res, fx) = q.commit(s, &[], T0 + 1);
+    res.unwrap();
+    q.check_invariants();
+    let puts = fx
+        .persist
+        .iter()
+        .filter(|op| matches!(op, PersistOp::PutMessage(_)))
+        .count();
+    assert_eq!(puts, 2);
+    let d = take(&mut q, 2, 10, T0 + 1);
+    assert_eq!(bodies(&d), ["a", "b"]);
+    assert_eq!(
+        d[0].message.id, ids[0],
+        "the id given at send is the message's id"
+    );
+}
+
+#[test]
+fn commit_acknowledges_held_acks_and_a_stale_one_fails_it_whole() {
+    let mut q = queue();
+    let _ = q.send(vec![msg("a"), msg("b")], T0).unwrap();
+    let tx = SessionId(1);
+    let d = take(&mut q, 1, 2, T0);
+    let _ = q.stage(tx, vec![msg("out")], T0).unwrap();
+    // The lease of one delivery runs out before commit; the other's was extended.
+    let _ = q
+        .extend_lease(&[d[0].lease_ref()], Some(120_000), T0)
+        .unwrap();
+    let _ = q.tick(d[1].lease_until_ms);
+    let err = q
+        .commit(
+            tx,
+            &[d[0].lease_ref(), d[1].lease_ref()],
+            d[1].lease_until_ms,
+        )
+        .0
+        .unwrap_err();
+    assert!(matches!(err, KernelError::StaleReceipt { .. }));
+    q.check_invariants();
+    assert!(
+        matches!(
+            q.state_of(d[0].message.seq),
+            Some(MessageState::Leased { .. })
+        ),
+        "nothing was acknowledged"
+    );
+    assert_eq!(q.stats().staged, 1, "nothing was sent");
+}
+
+#[test]
+fn commit_refuses_another_sessions_delivery() {
+    let mut q = queue();
+    let _ = q.send(vec![msg("a")], T0).unwrap();
+    let d = take(&mut q, 2, 1, T0);
+    let err = q
+        .commit(SessionId(1), &[d[0].lease_ref()], T0)
+        .0
+        .unwrap_err();
+    assert!(matches!(err, KernelError::StaleReceipt { .. }));
+}
+
+#[test]
+fn rollback_drops_staged_sends_and_returns_received_messages() {
+    let mut q = queue();
+    let _ = q.send(vec![msg("in")], T0).unwrap();
+    let tx = SessionId(1);
+    let d = take(&mut q, 1, 1, T0);
+    let _ = q.stage(tx, vec![msg("out")], T0).unwrap();
+    let (released, _) = q.rollback(tx, T0 + 1);
+    q.check_invariants();
+    assert_eq!(released, 1);
+    assert_eq!(q.stats().staged, 0);
+    let again = take(&mut q, 1, 10, T0 + 1);
+    assert_eq!(bodies(&again), ["in"], "the staged send is gone");
+    assert_eq!(again[0].delivery_count, d[0].delivery_count + 1);
+    // The transaction after a rollback commits normally.
+    let _ = q.stage(tx, vec![msg("out2")], T0 + 2).unwrap();
+    q.commit(tx, &[again[0].lease_ref()], T0 + 2).0.unwrap();
+    assert_eq!(bodies(&take(&mut q, 3, 10, T0 + 2)), ["out2"]);
+}
+
+#[test]
+fn a_session_that_ends_drops_its_staged_sends() {
+    let mut q = queue();
+    let _ = q.stage(SessionId(1), vec![msg("x")], T0).unwrap();
+    let _ = q.release_session(SessionId(1), T0);
+    q.check_invariants();
+    assert_eq!(q.stats().staged, 0);
+    assert!(q.commit(SessionId(1), &[], T0).0.is_ok(), "an empty commit");
+    assert!(take(&mut q, 2, 10, T0).is_empty());
+}
+
+// ---------------------------------------------------------------- message groups
+
+#[test]
+fn a_group_sticks_to_the_session_that_took_it_until_that_session_ends() {
+    let mut q = queue();
+    let _ = q
+        .send(
+            vec![
+                grouped("g1-a", "g1"),
+                grouped("g2-a", "g2"),
+                grouped("g1-b", "g1"),
+                msg("plain"),
+                grouped("g2-b", "g2"),
+            ],
+            T0,
+        )
+        .unwrap();
+    let a = take(&mut q, 1, 1, T0);
+    assert_eq!(bodies(&a), ["g1-a"]);
+    // Session 2 skips g1 (held by 1) without disturbing its order.
+    let b = take(&mut q, 2, 2, T0);
+    assert_eq!(bodies(&b), ["g2-a", "plain"]);
+    let a2 = take(&mut q, 1, 5, T0);
+    assert_eq!(bodies(&a2), ["g1-b"], "g2 belongs to session 2 now");
+    assert_eq!(bodies(&take(&mut q, 2, 5, T0)), ["g2-b"]);
+    // Session 1 goes away without acknowledging: g1 moves, in order, to whoever receives next.
+    let (released, _) = q.release_session(SessionId(1), T0 + 1);
+    q.check_invariants();
+    assert_eq!(released, 2);
+    let moved = take(&mut q, 3, 5, T0 + 1);
+    assert_eq!(bodies(&moved), ["g1-a", "g1-b"]);
+    assert!(moved.iter().all(Delivery::redelivered));
+}
+
+#[test]
+fn a_parked_receiver_gets_a_group_the_moment_its_holder_ends() {
+    let mut q = queue();
+    let _ = q
+        .send(vec![grouped("a", "g"), grouped("b", "g")], T0)
+        .unwrap();
+    let held = take(&mut q, 1, 1, T0);
+    assert_eq!(bodies(&held), ["a"]);
+    let (out, _) = q.receive(req(2, 5, Wait::Forever), T0).unwrap();
+    let ReceiveOutcome::Parked(w) = out else {
+        panic!("b belongs to session 1's group: session 2 must wait, got {out:?}")
+    };
+    q.check_invariants();
+    let _ = q.ack(&[held[0].lease_ref()], T0);
+    let (_, fx) = q.release_session(SessionId(1), T0 + 1);
+    q.check_invariants();
+    assert_eq!(fx.handed.len(), 1);
+    assert_eq!(fx.handed[0].0, w);
+    assert_eq!(bodies(&fx.handed[0].1), ["b"]);
+}
+
+#[test]
+fn recover_keeps_the_group_with_its_session() {
+    let mut q = queue();
+    let _ = q.send(vec![grouped("a", "g")], T0).unwrap();
+    let d = take(&mut q, 1, 1, T0);
+    let _ = q.recover_session(SessionId(1), T0);
+    assert!(take(&mut q, 2, 1, T0).is_empty(), "still session 1's group");
+    let again = take(&mut q, 1, 1, T0);
+    assert_eq!(again[0].message.seq, d[0].message.seq);
+}
+
+// ---------------------------------------------------------------- producer dedup
+
+fn dedup(body: &str, id: &str) -> NewMessage {
+    NewMessage {
+        dedup_id: Some(id.into()),
+        ..msg(body)
+    }
+}
+
+#[test]
+fn a_repeated_dedup_id_within_the_window_returns_the_original_id_and_stores_nothing() {
+    let mut q = queue_with(QueueConfig {
+        dedup_window_ms: 1_000,
+        ..QueueConfig::default()
+    });
+    let (first, _) = q.send(vec![dedup("a", "k1")], T0).unwrap();
+    let (again, fx) = q
+        .send(vec![dedup("a-again", "k1"), dedup("b", "k2")], T0 + 999)
+        .unwrap();
+    q.check_invariants();
+    assert_eq!(again[0], first[0]);
+    assert_ne!(again[1], first[0]);
+    let puts: Vec<_> = fx
+        .persist
+        .iter()
+        .filter_map(|op| match op {
+            PersistOp::PutMessage(m) => Some(m.dedup_id.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(puts, [Some("k2".to_owned())]);
+    assert_eq!(q.stats().ready, 2);
+    // The window passes: the id is forgotten (durably) and may be used again.
+    let fx = q.tick(T0 + 1_000);
+    assert!(fx.persist.contains(&PersistOp::DeleteDedup {
+        dedup_id: "k1".into()
+    }));
+    let (later, _) = q.send(vec![dedup("a-later", "k1")], T0 + 1_000).unwrap();
+    assert_ne!(later[0], first[0]);
+    q.check_invariants();
+}
+
+#[test]
+fn dedup_ids_survive_recovery() {
+    let record = DedupRecord {
+        dedup_id: "k".into(),
+        seq: Seq(3),
+        expires_ms: T0 + 500,
+    };
+    let mut q = Queue::recover(
+        QueueName::new("orders").unwrap(),
+        QueueUid(9),
+        QueueConfig::default(),
+        Seq(10),
+        vec![],
+        vec![record.clone()],
+        T0,
+    );
+    let (ids, _) = q.send(vec![dedup("x", "k")], T0 + 1).unwrap();
+    assert_eq!(ids[0], crate::types::MessageId::new(QueueUid(9), Seq(3)));
+    assert_eq!(q.stats().ready, 0);
+    q.check_invariants();
+}
+
+#[test]
+fn a_transacted_send_repeating_a_dedup_id_commits_nothing_new() {
+    let mut q = queue();
+    let (first, _) = q.send(vec![dedup("a", "k")], T0).unwrap();
+    let (ids, _) = q.stage(SessionId(1), vec![dedup("a", "k")], T0).unwrap();
+    assert_eq!(ids[0], first[0]);
+    q.commit(SessionId(1), &[], T0).0.unwrap();
+    assert_eq!(q.stats().ready, 1);
+    let _ = Arc::clone(&take(&mut q, 1, 1, T0)[0].message);
+}

@@ -1,0 +1,128 @@
+//! Transacted sessions: sends are staged (stamped with their ids, invisible, not persisted) and
+//! acknowledgements are held by the session until it commits. Commit makes both take effect at
+//! once, in one durable batch; rollback (and a session that ends without committing) drops the
+//! staged sends and gives back every message the session holds through the redelivery policy.
+//!
+//! A transaction may span several queues of one back-end: the shell first asks each queue
+//! [`Queue::check_commit`] at one `now`, and only if every queue agrees calls [`Queue::commit`]
+//! on each at that same `now`, before anything else touches them, and writes all their persist
+//! ops in one batch.
+
+use super::{Effects, LeaseRef, Queue};
+use crate::error::KernelError;
+use crate::types::{MessageId, NewMessage, SessionId};
+
+/// The most sends one session may stage in one queue before it commits.
+pub const STAGED_MAX: usize = 100_000;
+
+impl Queue {
+    /// Stages sends of a transacted session. Returns their message ids; nothing is visible or
+    /// persisted until [`Queue::commit`].
+    pub fn stage(
+        &mut self,
+        owner: SessionId,
+        messages: Vec<NewMessage>,
+        now_ms: u64,
+    ) -> Result<(Vec<MessageId>, Effects), KernelError> {
+        self.validate_sends(&messages)?;
+        let staged = self.staged.get(&owner).map_or(0, Vec::len);
+        if staged + messages.len() > STAGED_MAX {
+            return Err(KernelError::OverLimit {
+                field: "staged sends in one transaction",
+                value: (staged + messages.len()) as u64,
+                limit: STAGED_MAX as u64,
+                limit_name: "transaction_sends_max",
+            });
+        }
+        let mut effects = Effects::default();
+        self.fire_due(now_ms, &mut effects);
+        let mut ids = Vec::with_capacity(messages.len());
+        for m in messages {
+            if let Some(id) = self.dedup_hit(m.dedup_id.as_deref()) {
+                ids.push(id);
+                continue;
+            }
+            let message = self.stamp(m, now_ms, &mut effects);
+            ids.push(message.id.clone());
+            self.staged.entry(owner).or_default().push(message);
+        }
+        self.dispatch(now_ms, &mut effects);
+        Ok((ids, effects))
+    }
+
+    /// Whether [`Queue::commit`] would succeed: every acknowledgement names a live delivery of
+    /// this session. Runs what is due at `now_ms` first (those effects are returned either way);
+    /// the shell must commit at the same `now_ms` with nothing in between.
+    pub fn check_commit(
+        &mut self,
+        owner: SessionId,
+        acks: &[LeaseRef],
+        now_ms: u64,
+    ) -> (Result<(), KernelError>, Effects) {
+        let mut effects = Effects::default();
+        self.fire_due(now_ms, &mut effects);
+        (self.commit_refusal(owner, acks), effects)
+    }
+
+    fn commit_refusal(&self, owner: SessionId, acks: &[LeaseRef]) -> Result<(), KernelError> {
+        for r in acks {
+            match self.live_lease(*r)? {
+                Some(o) if o == owner => {}
+                _ => return Err(KernelError::StaleReceipt { seq: r.seq }),
+            }
+        }
+        Ok(())
+    }
+
+    /// Commits a transacted session's work on this queue: the held acknowledgements remove their
+    /// messages and the staged sends enter the queue. All or nothing: if an acknowledgement is
+    /// stale, nothing of the transaction changes and the error says which (the effects of time
+    /// passing are returned either way).
+    pub fn commit(
+        &mut self,
+        owner: SessionId,
+        acks: &[LeaseRef],
+        now_ms: u64,
+    ) -> (Result<(), KernelError>, Effects) {
+        let (checked, mut effects) = self.check_commit(owner, acks, now_ms);
+        if checked.is_err() {
+            return (checked, effects);
+        }
+        for r in acks {
+            effects.persist.extend(self.remove_entry(r.seq));
+            self.counters.acked_total += 1;
+        }
+        for message in self.staged.remove(&owner).unwrap_or_default() {
+            // Another producer may have committed the same dedup id meanwhile: then this one is
+            // the duplicate.
+            if self.dedup_hit(message.dedup_id.as_deref()).is_some() {
+                continue;
+            }
+            self.enqueue(message, now_ms, &mut effects);
+        }
+        self.dispatch(now_ms, &mut effects);
+        (Ok(()), effects)
+    }
+
+    /// Rolls back a transacted session's work on this queue: staged sends are dropped and every
+    /// message the session holds comes back through the redelivery policy. Returns how many
+    /// messages came back.
+    pub fn rollback(&mut self, owner: SessionId, now_ms: u64) -> (u64, Effects) {
+        let mut effects = Effects::default();
+        self.fire_due(now_ms, &mut effects);
+        self.drop_staged(owner);
+        let released = self.release_leases(owner, now_ms, &mut effects);
+        self.dispatch(now_ms, &mut effects);
+        (released, effects)
+    }
+
+    /// Forgets a session's staged sends.
+    pub(crate) fn drop_staged(&mut self, owner: SessionId) {
+        self.staged.remove(&owner);
+    }
+
+    /// Sends staged by transacted sessions and not yet committed.
+    pub fn staged_count(&self) -> usize {
+        self.staged.values().map(Vec::len).sum()
+    }
+}
