@@ -95,6 +95,11 @@ pub(crate) enum Cmd {
         lease_ms: Option<u64>,
         reply: Reply<LeaseResults<u64>>,
     },
+    /// A session is alive: renew its delivery leases.
+    RenewSession {
+        session: SessionId,
+        reply: Reply<u64>,
+    },
     /// A session ended (`recover: false`) or is recovering (`true`).
     ReleaseSession {
         session: SessionId,
@@ -151,6 +156,11 @@ impl QueueHandle {
             .await
             .map_err(|_| Error::ShuttingDown)?;
         rx.await.map_err(|_| Error::ShuttingDown)?
+    }
+
+    /// Sends a command that has no answer.
+    pub(crate) async fn call_no_reply(&self, cmd: Cmd) -> Result<(), Error> {
+        self.tx.send(cmd).await.map_err(|_| Error::ShuttingDown)
     }
 
     /// Receives; if the caller stops waiting (its future is dropped: client cancelled or went
@@ -392,6 +402,10 @@ impl QueueActor {
                 Ok((results, fx)) => self.finish(fx, vec![answer(reply, results)]).await,
                 Err(e) => drop(reply.send(Err(e.into()))),
             },
+            Cmd::RenewSession { session, reply } => {
+                let (renewed, fx) = self.queue.renew_session(session, now);
+                self.finish(fx, vec![answer(reply, renewed)]).await;
+            }
             Cmd::ReleaseSession {
                 session,
                 recover,

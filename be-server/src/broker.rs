@@ -474,6 +474,36 @@ impl Broker {
         Ok(released)
     }
 
+    /// A session is alive (its connection's heartbeat): its delivery leases in these queues are
+    /// renewed for their own lengths. Queues that no longer exist are skipped. Returns how many
+    /// leases were renewed.
+    pub async fn renew_session(
+        &self,
+        session: SessionId,
+        queues: &[QueueName],
+    ) -> Result<u64, Error> {
+        let mut renewed = 0;
+        for q in queues {
+            if let Ok(h) = self.handle(q) {
+                renewed += h.call(|reply| Cmd::RenewSession { session, reply }).await?;
+            }
+        }
+        Ok(renewed)
+    }
+
+    /// Deliveries that never reached their consumer: back at once, not counted as deliveries.
+    pub fn return_undelivered(
+        &self,
+        queue: &QueueName,
+        leases: Vec<LeaseRef>,
+    ) -> Result<(), Error> {
+        let h = self.handle(queue)?;
+        tokio::spawn(async move {
+            let _ = h.call_no_reply(Cmd::ReturnUndelivered { leases }).await;
+        });
+        Ok(())
+    }
+
     /// The most messages one receive may ask of `queue`.
     pub fn receive_batch_max(&self, queue: &QueueName) -> Result<u32, Error> {
         self.owned(queue).map(|o| o.def.config.receive_batch_max)

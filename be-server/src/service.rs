@@ -269,6 +269,14 @@ impl pb::backend_server::Backend for BackendService {
         let r = req.into_inner();
         let queue = queue_name(&r.queue)?;
         let leases = self.leases(&queue, &r.receipt_handles)?;
+        if r.undelivered {
+            let n = leases.len();
+            self.broker.return_undelivered(&queue, leases)?;
+            return Ok(Response::new(lease_response(
+                (0..n).map(|_| Ok(())).collect(),
+                |()| 0,
+            )));
+        }
         let results = self
             .broker
             .nack(&queue, leases, r.delay_ms, r.dead_letter)
@@ -300,10 +308,13 @@ impl pb::backend_server::Backend for BackendService {
             .iter()
             .map(|q| queue_name(q))
             .collect::<Result<Vec<_>, _>>()?;
-        let count = self
-            .broker
-            .release_session(session, &queues, r.recover)
-            .await?;
+        let count = if r.renew {
+            self.broker.renew_session(session, &queues).await?
+        } else {
+            self.broker
+                .release_session(session, &queues, r.recover)
+                .await?
+        };
         Ok(Response::new(pb::BackendCountResponse { count }))
     }
 

@@ -105,8 +105,11 @@ async fn run(
                         let handles: Vec<String> = deliveries.iter().map(|d| d.receipt_handle.clone()).collect();
                         let out = pb::ConsumeResponse { kind: Some(pb::consume_response::Kind::Deliveries(pb::Deliveries { deliveries })) };
                         if tx.send(Ok(out)).await.is_err() {
-                            // The client is gone: give these back now rather than at lease expiry.
-                            let _ = svc.lease_op(&handles, |be, req| async move { be.nack(Request::new(req)).await }).await;
+                            // The client is gone: give these back now rather than at lease expiry,
+                            // not counted as deliveries (nobody saw them).
+                            let _ = svc.lease_op(&handles, |be, req| async move {
+                                be.nack(Request::new(pb::BackendLeaseRequest { undelivered: true, ..req })).await
+                            }).await;
                             return;
                         }
                     }

@@ -89,6 +89,23 @@ impl MessagingService {
         queues: Vec<QueueName>,
         recover: bool,
     ) -> u64 {
+        self.session_queues_op(session, queues, recover, false)
+            .await
+    }
+
+    /// Tells the back-ends holding a session's leases that it is alive (its connection's
+    /// heartbeat): they renew its delivery leases.
+    async fn renew_session_queues(&self, session: SessionId, queues: Vec<QueueName>) -> u64 {
+        self.session_queues_op(session, queues, false, true).await
+    }
+
+    async fn session_queues_op(
+        &self,
+        session: SessionId,
+        queues: Vec<QueueName>,
+        recover: bool,
+        renew: bool,
+    ) -> u64 {
         // One call per owning back-end.
         let mut by_node: BTreeMap<NodeId, Vec<String>> = BTreeMap::new();
         for q in queues {
@@ -106,6 +123,7 @@ impl MessagingService {
                 session_id: session.to_string(),
                 queues,
                 recover,
+                renew,
             };
             match be.release_session(Request::new(req)).await {
                 Ok(r) => released += r.into_inner().count,
@@ -311,7 +329,13 @@ impl pb::messaging_server::Messaging for MessagingService {
     }
 
     async fn heartbeat(&self, req: Request<pb::HeartbeatRequest>) -> Reply<pb::HeartbeatResponse> {
-        let at = self.sessions.touch(&req.into_inner().connection_id)?;
+        let connection = req.into_inner().connection_id;
+        let at = self.sessions.touch(&connection)?;
+        // A consumer heartbeat: the connection's sessions are alive, so their deliveries' leases
+        // are renewed (each for its own length).
+        for (session, queues) in self.sessions.connection_sessions(&connection)? {
+            self.renew_session_queues(session, queues).await;
+        }
         let left = at.saturating_duration_since(tokio::time::Instant::now());
         let lease_expires_at_ms = ferry_now_ms() + u64::try_from(left.as_millis()).unwrap_or(0);
         Ok(Response::new(pb::HeartbeatResponse {

@@ -264,6 +264,27 @@ impl Sessions {
         Ok(sess.tx.is_some())
     }
 
+    /// The sessions of a connection with the queues where each may hold leases.
+    pub(crate) fn connection_sessions(
+        &self,
+        connection: &str,
+    ) -> Result<Vec<(SessionId, Vec<QueueName>)>, Error> {
+        let s = self.lock();
+        let c = s
+            .connections
+            .get(connection)
+            .ok_or_else(|| Error::ConnectionNotFound {
+                id: connection.into(),
+            })?;
+        Ok(c.sessions
+            .iter()
+            .filter_map(|id| {
+                let sess = s.sessions.get(id)?;
+                (!sess.queues.is_empty()).then(|| (*id, sess.queues.iter().cloned().collect()))
+            })
+            .collect())
+    }
+
     /// The queues where a session may hold leases.
     pub(crate) fn session_queues(&self, id: SessionId) -> Result<Vec<QueueName>, Error> {
         let s = self.lock();

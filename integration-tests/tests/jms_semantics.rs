@@ -460,3 +460,35 @@ async fn a_repeated_dedup_id_stores_nothing_new_even_after_a_restart() -> anyhow
     assert_eq!(stats(&client, "payments").await?.ready, 2);
     Ok(())
 }
+
+/// A consumer's heartbeats renew the leases of what it holds: a live consumer keeps its message
+/// past its lease (the lease running out without heartbeats is `sessions.rs`' business).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heartbeats_renew_delivery_leases_until_they_stop() -> anyhow::Result<()> {
+    let (_dir, _node, client) = memory_node(&["q"]).await?;
+    let conn = client.open_connection("slow-worker").await?;
+    let session = conn.create_session(AckMode::Individual).await?;
+    session.send("q", vec![Message::text("long job")]).await?;
+    let opts = ReceiveOptions {
+        lease_ms: Some(1_000),
+        ..ReceiveOptions::no_wait()
+    };
+    let got = session.receive("q", opts).await?;
+    assert_eq!(got.len(), 1);
+    let mut messaging = client.messaging();
+    // Heartbeat every 100 ms for three times the lease: the message stays with this consumer.
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_millis(3_000) {
+        messaging
+            .heartbeat(pb::HeartbeatRequest {
+                connection_id: conn.id().to_string(),
+            })
+            .await?;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let s = stats(&client, "q").await?;
+    assert_eq!((s.leased, s.lease_expired_total), (1, 0), "still held");
+    session.ack(&got).await?;
+    assert_eq!(stats(&client, "q").await?.acked_total, 1);
+    Ok(())
+}

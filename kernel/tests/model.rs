@@ -1,6 +1,6 @@
 //! Model-based test: random sequences of send (priorities, delays, expiry, groups, selector
 //! property) / receive (with selectors) / ack / nack / reject / extend lease / cancel / recover /
-//! transacted send / commit / rollback / close session / advance time, run against the kernel and
+//! transacted send / commit / rollback / heartbeat / close session / advance time, run against the kernel and
 //! against a deliberately naive reference model (linear scans, no indexes). After every step both
 //! must agree on every message's state and delivery count, on every answer, on every message
 //! dead-lettered and why, and the kernel's own invariants must hold.
@@ -81,6 +81,10 @@ enum Op {
     Rollback {
         session: u8,
     },
+    /// The session's connection heartbeats: its leases are renewed.
+    Heartbeat {
+        session: u8,
+    },
     Advance {
         ms: u16,
     },
@@ -134,6 +138,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0..3u8, proptest::option::weighted(0.3, any::<usize>()))
             .prop_map(|(session, pick)| Op::Commit { session, pick }),
         1 => (0..3u8).prop_map(|session| Op::Rollback { session }),
+        1 => (0..3u8).prop_map(|session| Op::Heartbeat { session }),
         3 => (0..300u16).prop_map(|ms| Op::Advance { ms }),
     ]
 }
@@ -146,6 +151,7 @@ struct ModelMsg {
     expires: Option<u64>,
     state: MessageState,
     count: u32,
+    lease_ms: u64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -216,6 +222,7 @@ impl Model {
             self.next_lease += 1;
             let m = self.msgs.get_mut(&seq).unwrap();
             m.count += 1;
+            m.lease_ms = lease_ms;
             if let Some(g) = m.group {
                 self.groups.entry(g).or_insert(owner);
             }
@@ -403,6 +410,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                         expires: ttl_ms.map(|t| now + u64::from(t)),
                         state,
                         count: 0,
+                        lease_ms: 0,
                     };
                     match tx {
                         Some(t) => m
@@ -525,6 +533,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                                 owner,
                                 until_ms: now + u64::from(lease_ms),
                             };
+                            mm.lease_ms = lease_ms.into();
                             prop_assert_eq!(res[0].clone(), Ok(now + u64::from(lease_ms)));
                         }
                     }
@@ -578,6 +587,33 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 for seq in held {
                     m.give_back(seq, None, now);
                 }
+                m.dispatch(now, &mut h);
+                fx
+            }
+            Op::Heartbeat { session } => {
+                let owner = SessionId(session.into());
+                let (renewed, fx) = q.renew_session(owner, now);
+                m.fire(now, &mut h, &mut e);
+                let mut n = 0;
+                for seq in m.held_by(owner) {
+                    let mm = m.msgs.get_mut(&seq).unwrap();
+                    if let MessageState::Leased {
+                        lease,
+                        owner: o,
+                        until_ms,
+                    } = mm.state
+                    {
+                        if now + mm.lease_ms > until_ms {
+                            mm.state = MessageState::Leased {
+                                lease,
+                                owner: o,
+                                until_ms: now + mm.lease_ms,
+                            };
+                            n += 1;
+                        }
+                    }
+                }
+                prop_assert_eq!(renewed, n);
                 m.dispatch(now, &mut h);
                 fx
             }

@@ -4,6 +4,7 @@
 
 use super::{DeadLetterReason, Effects, LeaseRef, MessageState, Queue};
 use crate::error::KernelError;
+use crate::types::{Seq, SessionId};
 
 impl Queue {
     /// Acknowledges deliveries: each live one removes its message. One result per reference.
@@ -70,6 +71,9 @@ impl Queue {
             .map(|r| {
                 let owner = self.live_lease(*r)?;
                 let until_ms = now_ms.saturating_add(lease_ms);
+                if let Some(e) = self.entries.get_mut(&r.seq) {
+                    e.lease_ms = lease_ms;
+                }
                 self.set_state(
                     r.seq,
                     MessageState::Leased {
@@ -83,6 +87,49 @@ impl Queue {
             .collect();
         self.dispatch(now_ms, &mut effects);
         Ok((results, effects))
+    }
+
+    /// A session is alive (its connection's heartbeat): every delivery it holds here is renewed
+    /// for its own lease length, counted from now (a lease is never shortened). Deliveries whose
+    /// lease already ran out are not revived. Returns how many were renewed.
+    pub fn renew_session(&mut self, owner: SessionId, now_ms: u64) -> (u64, Effects) {
+        let mut effects = Effects::default();
+        self.fire_due(now_ms, &mut effects);
+        let held: Vec<Seq> = self
+            .leases_by_owner
+            .get(&owner)
+            .into_iter()
+            .flatten()
+            .copied()
+            .collect();
+        let mut renewed = 0;
+        for seq in held {
+            let Some(e) = self.entries.get(&seq) else {
+                continue;
+            };
+            let MessageState::Leased {
+                lease,
+                owner: o,
+                until_ms,
+            } = e.state
+            else {
+                continue;
+            };
+            let until = now_ms.saturating_add(e.lease_ms);
+            if until > until_ms {
+                self.set_state(
+                    seq,
+                    MessageState::Leased {
+                        lease,
+                        owner: o,
+                        until_ms: until,
+                    },
+                );
+                renewed += 1;
+            }
+        }
+        self.dispatch(now_ms, &mut effects);
+        (renewed, effects)
     }
 
     /// The owner of a live delivery, or why the reference is stale.

@@ -94,6 +94,8 @@ pub(crate) struct Entry {
     pub(crate) message: SharedMessage,
     pub(crate) state: MessageState,
     pub(crate) delivery_count: u32,
+    /// The lease length of its current delivery: what a heartbeat of its session renews.
+    pub(crate) lease_ms: u64,
 }
 
 /// What the shell must write durably before it answers anyone affected by the operation.
@@ -386,6 +388,7 @@ impl Queue {
                 message,
                 state: MessageState::Ready,
                 delivery_count,
+                lease_ms: 0,
             },
         );
         self.ready.insert((Reverse(priority), seq));

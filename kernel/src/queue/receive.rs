@@ -271,6 +271,7 @@ impl Queue {
         );
         let entry = self.entries.get_mut(&seq)?;
         entry.delivery_count += 1;
+        entry.lease_ms = lease_ms;
         self.groups.claim(entry.message.group_id.as_deref(), owner);
         let delivery = Delivery {
             queue: self.uid,

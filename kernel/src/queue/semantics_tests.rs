@@ -701,3 +701,42 @@ fn a_transacted_send_repeating_a_dedup_id_commits_nothing_new() {
     assert_eq!(q.stats().ready, 1);
     let _ = Arc::clone(&take(&mut q, 1, 1, T0)[0].message);
 }
+
+// ---------------------------------------------------------------- heartbeats renew leases
+
+#[test]
+fn a_heartbeat_renews_the_sessions_leases_for_their_own_length_and_revives_none() {
+    let mut q = queue();
+    let _ = q.send(vec![msg("a"), msg("b"), msg("c")], T0).unwrap();
+    let short = ReceiveRequest {
+        lease_ms: Some(100),
+        ..req(1, 1, Wait::NoWait)
+    };
+    let (ReceiveOutcome::Delivered(a), _) = q.receive(short, T0).unwrap() else {
+        panic!("a is ready")
+    };
+    let b = take(&mut q, 1, 1, T0); // 60 s lease
+    let other = take(&mut q, 2, 1, T0);
+    let (renewed, _) = q.renew_session(SessionId(1), T0 + 50);
+    q.check_invariants();
+    assert_eq!(renewed, 2);
+    let until = |q: &Queue, d: &Delivery| match q.state_of(d.message.seq) {
+        Some(MessageState::Leased { until_ms, .. }) => until_ms,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(until(&q, &a[0]), T0 + 150, "renewed for its own 100 ms");
+    assert_eq!(until(&q, &b[0]), T0 + 60_050);
+    assert_eq!(
+        until(&q, &other[0]),
+        T0 + 60_000,
+        "another session's lease is untouched"
+    );
+    // A heartbeat after the short lease ran out does not revive it: it was already returned.
+    let (renewed, _) = q.renew_session(SessionId(1), T0 + 200);
+    q.check_invariants();
+    assert_eq!(renewed, 1);
+    assert_eq!(q.state_of(a[0].message.seq), Some(MessageState::Ready));
+    // The old receipt is stale even though the session is alive.
+    let (res, _) = q.ack(&[a[0].lease_ref()], T0 + 200);
+    assert!(res[0].is_err());
+}
