@@ -130,6 +130,8 @@ pub(crate) enum TxDecision {
     /// other queues' writes, and `durable` says when that batch is on disk.
     Commit {
         ops: oneshot::Sender<Vec<StoreOp>>,
+        /// The batch is queued for writing (after every write this queue submitted before).
+        submitted: oneshot::Receiver<()>,
         durable: oneshot::Receiver<Result<(), StoreError>>,
     },
     Abort,
@@ -531,7 +533,9 @@ impl QueueActor {
         }
     }
 
-    /// See [`Cmd::TxPrepare`]. Both phases run at the same `now`, with nothing in between.
+    /// See [`Cmd::TxPrepare`]. Both phases run at the same `now`, with nothing in between: even
+    /// the effects of the check (time passing) are held until the decision, so no answer (and no
+    /// undelivered hand-off coming back) can change the queue before the commit.
     async fn prepare(
         &mut self,
         session: SessionId,
@@ -541,14 +545,22 @@ impl QueueActor {
         decision: oneshot::Receiver<TxDecision>,
     ) {
         let (checked, fx) = self.queue.check_commit(session, &acks, now);
+        let mut answers = vec![];
+        let mut ops = self.collect(fx, &mut answers);
         let refused = checked.is_err();
         let _ = reply.send(checked.map_err(Error::from));
-        self.finish(fx, vec![]).await;
         if refused {
+            self.submit(ops, answers).await;
             return;
         }
         // A dropped decision (the coordinator went away) is an abort: nothing was changed.
-        let Ok(TxDecision::Commit { ops, durable }) = decision.await else {
+        let Ok(TxDecision::Commit {
+            ops: hand_over,
+            submitted,
+            durable,
+        }) = decision.await
+        else {
+            self.submit(ops, answers).await;
             return;
         };
         let (result, fx) = self.queue.commit(session, &acks, now);
@@ -556,9 +568,11 @@ impl QueueActor {
             // Cannot happen: nothing ran between the check and the commit.
             tracing::error!(queue = %self.queue.name(), error = %e, "commit refused after its check passed");
         }
-        let mut answers = vec![];
-        let tx_ops = self.collect(fx, &mut answers);
-        let _ = ops.send(tx_ops);
+        ops.extend(self.collect(fx, &mut answers));
+        let _ = hand_over.send(ops);
+        // Go on only once the transaction's batch is queued for writing: no later write of this
+        // queue may reach the disk before it.
+        let _ = submitted.await;
         self.pending.push_back(Box::pin(async move {
             (durable.await.unwrap_or(Err(StoreError::Closed)), answers)
         }));

@@ -360,19 +360,34 @@ impl Broker {
     pub async fn commit(
         &self,
         session: SessionId,
-        mut parts: Vec<(QueueName, Vec<LeaseRef>)>,
+        parts: Vec<(QueueName, Vec<LeaseRef>)>,
     ) -> Result<(), Error> {
-        parts.sort_by(|a, b| a.0.cmp(&b.0));
-        let mut handles = Vec::with_capacity(parts.len());
+        // One part per queue (a queue asked twice would wait for itself), one ack per delivery.
+        let mut merged: std::collections::BTreeMap<QueueName, Vec<LeaseRef>> =
+            std::collections::BTreeMap::new();
         for (queue, acks) in parts {
+            let all = merged.entry(queue).or_default();
+            for a in acks {
+                if !all.contains(&a) {
+                    all.push(a);
+                }
+            }
+        }
+        let queues: Vec<QueueName> = merged.keys().cloned().collect();
+        let mut handles = Vec::with_capacity(merged.len());
+        for (queue, acks) in merged {
             match self.handle(&queue) {
                 Ok(h) => handles.push((h, acks)),
                 // A queue deleted meanwhile has no staged sends left; its acks cannot succeed.
                 Err(Error::QueueNotFound { .. }) if acks.is_empty() => {}
-                Err(e) => return Err(e),
+                Err(e) => {
+                    self.rollback(session, &queues).await?;
+                    return Err(e);
+                }
             }
         }
         let commit = self.inner.commit.clone();
+        let broker = self.clone();
         tokio::spawn(async move {
             let mut decisions = Vec::with_capacity(handles.len());
             for (h, acks) in handles {
@@ -389,30 +404,47 @@ impl Broker {
                     for d in decisions {
                         let _ = tokio::sync::oneshot::Sender::send(d, TxDecision::Abort);
                     }
+                    // A refused commit rolls the whole transaction back here, so its staged
+                    // sends can never be published by a later commit of the session.
+                    if let Err(r) = broker.rollback(session, &queues).await {
+                        tracing::warn!(%session, error = %r, "rolling back a refused commit failed");
+                    }
                     return Err(e);
                 }
                 decisions.push(decide);
             }
             let mut writes = Vec::with_capacity(decisions.len());
+            let mut submitted = Vec::with_capacity(decisions.len());
             let mut durables = Vec::with_capacity(decisions.len());
             for d in decisions {
                 let (ops_tx, ops_rx) = tokio::sync::oneshot::channel();
+                let (submitted_tx, submitted_rx) = tokio::sync::oneshot::channel();
                 let (durable_tx, durable_rx) = tokio::sync::oneshot::channel();
                 let _ = d.send(TxDecision::Commit {
                     ops: ops_tx,
+                    submitted: submitted_rx,
                     durable: durable_rx,
                 });
                 writes.push(ops_rx);
+                submitted.push(submitted_tx);
                 durables.push(durable_tx);
             }
             let mut ops = Vec::new();
             for w in writes {
                 ops.extend(w.await.unwrap_or_default());
             }
-            let written = if ops.is_empty() {
-                Ok(())
+            let ticket = if ops.is_empty() {
+                None
             } else {
-                commit.commit(ops).await
+                Some(commit.submit(ops).await)
+            };
+            for s in submitted {
+                let _ = s.send(());
+            }
+            let written = match ticket {
+                None => Ok(()),
+                Some(Ok(t)) => t.durable().await,
+                Some(Err(e)) => Err(e),
             };
             for d in durables {
                 let _ = d.send(written.clone());

@@ -50,6 +50,23 @@ impl pb::admin_server::Admin for AdminService {
                 "queue names starting with \"tmp.\" are reserved for temporary queues",
             ));
         }
+        // Dead letters move within one back-end: their target must live where the queue does.
+        let owner = self.router.owner_of(&name);
+        let cfg = r.config.clone().unwrap_or_default();
+        for (field, target) in [("dead_letter", &cfg.dead_letter), ("expiry", &cfg.expiry)] {
+            use pb::dead_letter_target::Target;
+            let target = match target.as_ref().and_then(|t| t.target.as_ref()) {
+                Some(Target::Queue(q)) => queue_name(q)?,
+                Some(Target::Discard(true)) => continue,
+                _ => queue_name(&format!("{name}.DLQ"))?,
+            };
+            let target_owner = self.router.owner_of(&target);
+            if target_owner != owner {
+                return Err(Status::invalid_argument(format!(
+                    "{field}: queue {target} lives on node {target_owner} but {name} on {owner}; a dead-letter queue must live on its queue's node (fix cluster.placement or name another queue)"
+                )));
+            }
+        }
         let be = self.router.for_queue(&name)?;
         // Tell "created" from "already there" by asking first; create is idempotent either way.
         let existed = be

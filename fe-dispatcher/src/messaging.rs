@@ -545,8 +545,11 @@ impl pb::messaging_server::Messaging for MessagingService {
         let Err(e) = self.commit_tx(id, &tx).await else {
             return Ok(Response::new(pb::CommitResponse {}));
         };
-        // JMS: a commit that fails rolls the transaction back.
-        let _ = self.rollback_tx(id, &tx).await;
+        // JMS: a commit that fails rolls the transaction back (the back-end already did, if it
+        // refused; this covers a commit that never reached it).
+        if self.rollback_tx(id, &tx).await.is_err() {
+            self.sessions.tx_restore(id, tx);
+        }
         Err(Error::RolledBack {
             session: id.to_string(),
             reason: e.message().to_owned(),
@@ -558,7 +561,13 @@ impl pb::messaging_server::Messaging for MessagingService {
         let id = session_id(&req.into_inner().session_id)?;
         self.sessions.use_session(id, None)?;
         let tx = self.sessions.tx_take(id)?;
-        let redelivered = self.rollback_tx(id, &tx).await?;
+        let redelivered = match self.rollback_tx(id, &tx).await {
+            Ok(n) => n,
+            Err(e) => {
+                self.sessions.tx_restore(id, tx);
+                return Err(e);
+            }
+        };
         Ok(Response::new(pb::RollbackResponse {
             redelivered: u32::try_from(redelivered).unwrap_or(u32::MAX),
         }))

@@ -254,6 +254,19 @@ impl Sessions {
         }
     }
 
+    /// Puts back a transaction whose rollback could not reach its back-end, so a retried
+    /// rollback (or the session's end) still undoes it there.
+    pub(crate) fn tx_restore(&self, id: SessionId, tx: Transaction) {
+        let mut s = self.lock();
+        if let Some(cur) = s.sessions.get_mut(&id).and_then(|sess| sess.tx.as_mut()) {
+            if cur.node.is_none() {
+                cur.node = tx.node;
+            }
+            cur.queues.extend(tx.queues);
+            cur.acks.extend(tx.acks);
+        }
+    }
+
     /// Whether a session is transacted.
     pub(crate) fn is_transacted(&self, id: SessionId) -> Result<bool, Error> {
         let s = self.lock();

@@ -370,6 +370,43 @@ async fn a_transaction_touching_two_back_ends_is_refused_clearly() -> anyhow::Re
     tx.send("remote", vec![Message::text("there")]).await?;
     tx.commit().await?;
     assert_eq!(stats(&client, "remote").await?.ready, 1);
+
+    // Dead letters move within one back-end: a target on another node is refused up front.
+    let e = client
+        .admin()
+        .create_queue(pb::CreateQueueRequest {
+            name: "jobs".into(),
+            config: Some(pb::QueueConfig {
+                dead_letter: Some(pb::DeadLetterTarget {
+                    target: Some(pb::dead_letter_target::Target::Queue("remote".into())),
+                }),
+                ..Default::default()
+            }),
+            if_not_exists: false,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(
+        e.message().contains("must live on its queue's node"),
+        "{e:?}"
+    );
+    // `remote.DLQ` goes where `remote` is.
+    let conn_b = client.open_connection("reject").await?;
+    let s = conn_b.create_session(AckMode::Individual).await?;
+    let got = s.receive("remote", ReceiveOptions::no_wait()).await?;
+    s.reject(&got, "test").await?;
+    wait_until(
+        Duration::from_secs(10),
+        "the rejected message to move",
+        || async {
+            Ok(stats(&client, "remote.DLQ")
+                .await
+                .is_ok_and(|q| q.ready == 1))
+        },
+    )
+    .await?;
+    assert_eq!(stats(&client, "remote.DLQ").await?.owner_node, "b");
     Ok(())
 }
 

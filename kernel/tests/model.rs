@@ -315,8 +315,23 @@ impl Model {
             .filter(|(_, m)| matches!(m.state, MessageState::Leased { until_ms, .. } if until_ms <= now))
             .map(|(&s, _)| s)
             .collect();
+        let mut lapsed_groups = Vec::new();
         for seq in lapsed {
+            let m = self.msgs[&seq];
+            if let (Some(g), MessageState::Leased { owner: Some(o), .. }) = (m.group, m.state) {
+                lapsed_groups.push((g, o));
+            }
             self.give_back(seq, None, now);
+        }
+        // A session that let the lease of the last message of its group lapse loses the group.
+        for (g, holder) in lapsed_groups {
+            let holds_more = self
+                .held_by(holder)
+                .iter()
+                .any(|s| self.msgs[s].group == Some(g));
+            if self.groups.get(&g) == Some(&holder) && !holds_more {
+                self.groups.remove(&g);
+            }
         }
         self.expire(now);
         let (gone, keep): (Vec<ModelWaiter>, Vec<ModelWaiter>) = std::mem::take(&mut self.waiters)

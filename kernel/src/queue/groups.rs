@@ -1,6 +1,7 @@
 //! Message groups (JMSXGroupID): every message of a group goes to one session at a time, so a
 //! group is consumed in order. A session takes a group with the first message of it it receives
-//! and keeps it until the session ends; then the group is free and goes to whichever session
+//! and keeps it until the session ends (or lets the lease of the group's last message it holds
+//! run out: it may be gone unannounced); then the group is free and goes to whichever session
 //! receives from it next. Receivers without a session never take a group: they may receive a
 //! message of a group nobody holds, as if it had none.
 
@@ -46,6 +47,20 @@ impl Groups {
             self.owner_of.remove(g);
         }
         groups
+    }
+
+    /// Frees one group. Returns it (empty if nobody held it).
+    pub(crate) fn release_one(&mut self, group: &str) -> BTreeSet<String> {
+        let Some(owner) = self.owner_of.remove(group) else {
+            return BTreeSet::new();
+        };
+        if let Some(set) = self.by_owner.get_mut(&owner) {
+            set.remove(group);
+            if set.is_empty() {
+                self.by_owner.remove(&owner);
+            }
+        }
+        BTreeSet::from([group.to_owned()])
     }
 
     /// The session holding `group`, if any.

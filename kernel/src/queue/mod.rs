@@ -249,6 +249,10 @@ pub struct Queue {
     /// Recovered messages delivered as often as the policy allows: dead-lettered at the first
     /// tick.
     recovered_exhausted: Vec<Seq>,
+    /// Effects of an operation that was refused after time had already been applied (say, a
+    /// receive over `waiters_max` after messages expired): handed to the shell with the next
+    /// operation's, which is due at once.
+    deferred: Effects,
 }
 
 impl Queue {
@@ -279,6 +283,7 @@ impl Queue {
             dedup: HashMap::new(),
             dedup_expiry: BTreeSet::new(),
             recovered_exhausted: Vec::new(),
+            deferred: Effects::default(),
         }
     }
 
@@ -307,7 +312,7 @@ impl Queue {
     /// The earliest time at which [`Queue::tick`] has something to do.
     pub fn next_deadline_ms(&self) -> Option<u64> {
         [
-            (!self.recovered_exhausted.is_empty()).then_some(0),
+            (!self.recovered_exhausted.is_empty() || !self.deferred.is_empty()).then_some(0),
             self.scheduled.first().map(|&(t, _)| t),
             self.lease_expiry.first().map(|&(t, _)| t),
             self.expiry.first().map(|&(t, _)| t),

@@ -115,6 +115,8 @@ impl Queue {
             Wait::Forever => None,
         };
         if self.waiters.len() >= self.config.waiters_max {
+            // What time did (expiries, dead letters) must still reach the shell.
+            self.deferred.merge(effects);
             return Err(KernelError::TooManyWaiters {
                 queue: self.name.clone(),
                 waiters: self.waiters.len(),

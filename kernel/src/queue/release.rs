@@ -61,9 +61,49 @@ impl Queue {
         held.len() as u64
     }
 
+    /// A lease of `holder` on a message of a group ran out: a session that lets a lease lapse
+    /// may be gone without the back-end being told (its front-end died). If it holds nothing else
+    /// of that group here, the group is free again, so the group's messages can never be stranded
+    /// behind a session that no longer exists.
+    pub(crate) fn free_groups_of_unresponsive(
+        &mut self,
+        seq: crate::types::Seq,
+        holder: SessionId,
+    ) {
+        let Some(group) = self
+            .entries
+            .get(&seq)
+            .and_then(|e| e.message.group_id.clone())
+        else {
+            return;
+        };
+        if self.groups.owner(&group) != Some(holder) {
+            return;
+        }
+        let holds_more = self
+            .leases_by_owner
+            .get(&holder)
+            .into_iter()
+            .flatten()
+            .any(|s| {
+                self.entries
+                    .get(s)
+                    .is_some_and(|e| e.message.group_id.as_deref() == Some(group.as_str()))
+            });
+        if !holds_more {
+            let freed = self.groups.release_one(&group);
+            self.offer_groups(&freed);
+        }
+    }
+
     /// Frees the session's groups; their Ready messages are offered to parked receivers again.
     fn release_groups(&mut self, owner: SessionId) {
         let freed = self.groups.release(owner);
+        self.offer_groups(&freed);
+    }
+
+    /// Offers the Ready messages of freed groups to parked receivers.
+    fn offer_groups(&mut self, freed: &std::collections::BTreeSet<String>) {
         if freed.is_empty() || self.waiters.is_empty() {
             return;
         }

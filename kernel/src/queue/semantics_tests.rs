@@ -740,3 +740,53 @@ fn a_heartbeat_renews_the_sessions_leases_for_their_own_length_and_revives_none(
     let (res, _) = q.ack(&[a[0].lease_ref()], T0 + 200);
     assert!(res[0].is_err());
 }
+
+#[test]
+fn a_group_whose_holder_lets_its_last_lease_lapse_is_free_again() {
+    let mut q = queue();
+    let _ = q
+        .send(vec![grouped("a", "g"), grouped("b", "g")], T0)
+        .unwrap();
+    let held = take(&mut q, 1, 1, T0);
+    // Session 1 is gone without a word (its front-end died): nobody tells the queue.
+    let (out, _) = q.receive(req(2, 5, Wait::Forever), T0).unwrap();
+    let ReceiveOutcome::Parked(w) = out else {
+        panic!("the group is session 1's: {out:?}")
+    };
+    let fx = q.tick(held[0].lease_until_ms);
+    q.check_invariants();
+    assert_eq!(fx.handed.len(), 1, "the group moved to the waiting session");
+    assert_eq!(fx.handed[0].0, w);
+    assert_eq!(bodies(&fx.handed[0].1), ["a", "b"]);
+}
+
+#[test]
+fn a_refused_receive_still_hands_over_what_time_did() {
+    let mut q = queue_with(QueueConfig {
+        waiters_max: 1,
+        ..QueueConfig::default()
+    });
+    let picky = ReceiveRequest {
+        selector: Some(Arc::new(
+            crate::selector::Selector::parse("x = 1", &crate::selector::SelectorLimits::default())
+                .unwrap(),
+        )),
+        ..req(1, 1, Wait::Forever)
+    };
+    let _ = q.receive(picky, T0).unwrap();
+    let _ = q.send(vec![expiring("short", 10)], T0).unwrap();
+    let err = q.receive(req(2, 1, Wait::Forever), T0 + 20).unwrap_err();
+    assert!(matches!(err, KernelError::TooManyWaiters { .. }));
+    q.check_invariants();
+    assert_eq!(
+        q.next_deadline_ms(),
+        Some(0),
+        "the expiry's effects are due at once"
+    );
+    let fx = q.tick(T0 + 20);
+    assert_eq!(fx.dead_letters.len(), 1, "the expired message is not lost");
+    assert!(
+        q.tick(T0 + 21).dead_letters.is_empty(),
+        "and handed over once"
+    );
+}

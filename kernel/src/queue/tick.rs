@@ -15,6 +15,7 @@ impl Queue {
 
     /// Every operation starts here, so the queue is always judged at the caller's `now`.
     pub(crate) fn fire_due(&mut self, now_ms: u64, effects: &mut Effects) {
+        effects.merge(std::mem::take(&mut self.deferred));
         for seq in std::mem::take(&mut self.recovered_exhausted) {
             if self
                 .entries
@@ -36,7 +37,14 @@ impl Queue {
             }
             // The lease ran out: only this message returns, through the redelivery policy. Its
             // delivery count already counts the delivery, so the next one is flagged redelivered.
+            let holder = match self.entries.get(&seq).map(|e| e.state) {
+                Some(MessageState::Leased { owner, .. }) => owner,
+                _ => None,
+            };
             self.set_state(seq, MessageState::Ready);
+            if let Some(holder) = holder {
+                self.free_groups_of_unresponsive(seq, holder);
+            }
             self.return_delivered(seq, None, now_ms, effects);
             self.counters.lease_expired_total += 1;
         }

@@ -89,8 +89,11 @@ impl Queue {
             return (checked, effects);
         }
         for r in acks {
-            effects.persist.extend(self.remove_entry(r.seq));
-            self.counters.acked_total += 1;
+            // The same receipt named twice acknowledges once.
+            if self.entries.contains_key(&r.seq) {
+                effects.persist.extend(self.remove_entry(r.seq));
+                self.counters.acked_total += 1;
+            }
         }
         for message in self.staged.remove(&owner).unwrap_or_default() {
             // Another producer may have committed the same dedup id meanwhile: then this one is
