@@ -22,8 +22,6 @@ pub enum Error {
         limit: usize,
         limit_name: &'static str,
     },
-    #[error("{feature} is not supported by this server yet")]
-    Unimplemented { feature: &'static str },
     #[error("session {id} is not transacted: Commit and Rollback need a session created with ACK_MODE_TRANSACTED")]
     NotTransacted { id: String },
     #[error("session {session}'s transaction is on back-end {first}, but queue {queue} lives on {second}: a transaction spans the queues of one back-end; commit or roll back first, or place the queues on one node")]
@@ -58,7 +56,6 @@ impl From<Error> for Status {
             Error::UnknownNode { .. } => Code::Unavailable,
             Error::ReceiptFromUnknownNode { .. } => Code::FailedPrecondition,
             Error::LimitReached { .. } => Code::ResourceExhausted,
-            Error::Unimplemented { .. } => Code::Unimplemented,
             Error::RolledBack { .. } => Code::Aborted,
             Error::NotTransacted { .. }
             | Error::TransactionSpansBackends { .. }
