@@ -1,5 +1,6 @@
 //! The `ferry` command line.
 
+mod bench;
 mod browse;
 mod queue;
 mod receive;
@@ -55,6 +56,9 @@ pub enum Command {
     /// Answer requests: reply to each request's reply-to queue with its message id as the
     /// correlation id.
     Reply(request::ReplyArgs),
+    /// Measure: producers and consumers on one queue; throughput, latency percentiles, and a
+    /// check that every message sent was received.
+    Bench(bench::BenchArgs),
 }
 
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
@@ -66,6 +70,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Browse(a) => browse::run(&cli.client, a).await,
         Command::Request(a) => request::request(&cli.client, a).await,
         Command::Reply(a) => request::reply(&cli.client, a).await,
+        Command::Bench(a) => bench::run(&cli.client, a).await,
     }
 }
 

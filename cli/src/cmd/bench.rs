@@ -1,0 +1,531 @@
+//! `ferry bench`: producers and consumers against one queue, in the spirit of `nats bench` and
+//! `artemis perf`. Every message carries its producer, its sequence number and when it was due to
+//! be sent; consumers measure end-to-end latency from that time (so an open-loop run at a fixed
+//! `--rate` is not flattered by a stalled producer) and record which messages arrived, so the run
+//! ends by saying whether every message sent was received, and how many more than once.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context as _};
+use comfy_table::Table;
+use ferry_client::{pb, AckMode, Message, ReceiveOptions, Received, Session};
+use futures::stream::{FuturesUnordered, StreamExt};
+use hdrhistogram::Histogram;
+use serde_json::json;
+
+use super::{connect, ClientArgs};
+use crate::output::Format;
+
+/// Producer id (u32), sequence number (u64), due time in ns since the Unix epoch (u64).
+const HEADER_BYTES: usize = 20;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BenchAck {
+    /// The client library acknowledges each batch as it is received.
+    Auto,
+    /// One cumulative acknowledge per received batch.
+    Client,
+    /// Every message acknowledged by its own handle (in one call per batch).
+    Individual,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct BenchArgs {
+    /// The queue to use (created if missing, kept afterwards). Default: a fresh queue, deleted at
+    /// the end.
+    #[arg(long, short)]
+    queue: Option<String>,
+    #[arg(long, default_value_t = 1)]
+    producers: u32,
+    #[arg(long, default_value_t = 1)]
+    consumers: u32,
+    /// Body size in bytes (at least 20: the bench's own header).
+    #[arg(long, default_value_t = 1024)]
+    size: usize,
+    /// Messages to send in all (default 10 000 unless --duration is given).
+    #[arg(long, conflicts_with = "duration_ms")]
+    count: Option<u64>,
+    /// Send for this long instead of a count.
+    #[arg(long = "duration-ms")]
+    duration_ms: Option<u64>,
+    /// Unconfirmed sends in flight per producer.
+    #[arg(long, default_value_t = 1_000)]
+    window: usize,
+    /// Messages a consumer asks for at once.
+    #[arg(long, default_value_t = 1_000)]
+    prefetch: u32,
+    /// Offered load in messages per second over all producers (open loop); 0: as fast as
+    /// possible.
+    #[arg(long, default_value_t = 0)]
+    rate: u64,
+    /// Keep messages in memory only.
+    #[arg(long)]
+    non_persistent: bool,
+    #[arg(long, value_enum, default_value_t = BenchAck::Auto)]
+    ack: BenchAck,
+    /// Producers send and consumers receive in transactions of this many messages (0: no
+    /// transactions).
+    #[arg(long, default_value_t = 0)]
+    tx_batch: u32,
+    /// Give up waiting for the remaining messages after this long once sending ended.
+    #[arg(long, default_value_t = 30_000)]
+    drain_timeout_ms: u64,
+}
+
+/// Which messages arrived, per producer: a count per sequence number.
+struct Seen {
+    per_producer: Vec<Mutex<Vec<u8>>>,
+}
+
+impl Seen {
+    fn record(&self, producer: u32, seq: u64) -> bool {
+        let Some(slot) = self.per_producer.get(producer as usize) else {
+            return false;
+        };
+        let mut v = slot.lock().unwrap_or_else(PoisonError::into_inner);
+        let i = seq as usize;
+        if v.len() <= i {
+            v.resize(i + 1, 0);
+        }
+        v[i] = v[i].saturating_add(1);
+        v[i] == 1
+    }
+}
+
+struct Shared {
+    sent: AtomicU64,
+    received: AtomicU64,
+    unique: AtomicU64,
+    duplicates: AtomicU64,
+    sending_done: AtomicBool,
+    stop: AtomicBool,
+    seen: Seen,
+    latency: Mutex<Histogram<u64>>,
+    errors: Mutex<Vec<String>>,
+}
+
+fn now_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+}
+
+fn body(producer: u32, seq: u64, due_ns: u64, size: usize) -> Vec<u8> {
+    let mut b = vec![b'x'; size];
+    b[..4].copy_from_slice(&producer.to_be_bytes());
+    b[4..12].copy_from_slice(&seq.to_be_bytes());
+    b[12..20].copy_from_slice(&due_ns.to_be_bytes());
+    b
+}
+
+fn header(b: &[u8]) -> Option<(u32, u64, u64)> {
+    let p = u32::from_be_bytes(b.get(..4)?.try_into().ok()?);
+    let s = u64::from_be_bytes(b.get(4..12)?.try_into().ok()?);
+    let t = u64::from_be_bytes(b.get(12..20)?.try_into().ok()?);
+    Some((p, s, t))
+}
+
+pub async fn run(c: &ClientArgs, a: BenchArgs) -> anyhow::Result<()> {
+    if a.size < HEADER_BYTES {
+        bail!("--size must be at least {HEADER_BYTES} bytes (the bench's header: producer, sequence number, send time)");
+    }
+    if a.producers == 0 || a.consumers == 0 {
+        bail!("--producers and --consumers must be at least 1");
+    }
+    if a.window == 0 || a.prefetch == 0 {
+        bail!("--window and --prefetch must be at least 1");
+    }
+    let client = connect(c).await?;
+    let (queue, temporary) = match &a.queue {
+        Some(q) => (q.clone(), false),
+        None => (format!("bench.{:08x}", rand::random::<u32>()), true),
+    };
+    client
+        .admin()
+        .create_queue(pb::CreateQueueRequest {
+            name: queue.clone(),
+            config: None,
+            if_not_exists: true,
+        })
+        .await
+        .with_context(|| format!("cannot create queue {queue}"))?;
+    let total = match (a.count, a.duration_ms) {
+        (Some(n), _) => Some(n),
+        (None, Some(_)) => None,
+        (None, None) => Some(10_000),
+    };
+    let shared = Arc::new(Shared {
+        sent: AtomicU64::new(0),
+        received: AtomicU64::new(0),
+        unique: AtomicU64::new(0),
+        duplicates: AtomicU64::new(0),
+        sending_done: AtomicBool::new(false),
+        stop: AtomicBool::new(false),
+        seen: Seen {
+            per_producer: (0..a.producers).map(|_| Mutex::new(Vec::new())).collect(),
+        },
+        // 1 µs to 1 hour, 3 significant digits.
+        latency: Mutex::new(Histogram::new_with_bounds(1, 3_600_000_000, 3)?),
+        errors: Mutex::new(Vec::new()),
+    });
+    let progress = progress_bar(c.output, total);
+    let started = Instant::now();
+
+    let mut consumers = Vec::new();
+    for _ in 0..a.consumers {
+        let conn = client.open_connection("ferry-bench").await?;
+        let mode = if a.tx_batch > 0 {
+            AckMode::Transacted
+        } else {
+            match a.ack {
+                BenchAck::Auto => AckMode::Auto,
+                BenchAck::Client => AckMode::Client,
+                BenchAck::Individual => AckMode::Individual,
+            }
+        };
+        let session = conn.create_session(mode).await?;
+        let (shared, queue) = (shared.clone(), queue.clone());
+        let prefetch = if a.tx_batch > 0 {
+            a.tx_batch.min(a.prefetch)
+        } else {
+            a.prefetch
+        };
+        consumers.push(tokio::spawn(async move {
+            let r = consume(&session, &queue, prefetch, mode, &shared).await;
+            drop(conn);
+            r
+        }));
+    }
+    let mut producers = Vec::new();
+    for p in 0..a.producers {
+        let conn = client.open_connection("ferry-bench").await?;
+        let mode = if a.tx_batch > 0 {
+            AckMode::Transacted
+        } else {
+            AckMode::Auto
+        };
+        let session = conn.create_session(mode).await?;
+        let plan = Plan {
+            producer: p,
+            count: total.map(|t| {
+                t / u64::from(a.producers) + u64::from(u64::from(p) < t % u64::from(a.producers))
+            }),
+            until: a.duration_ms.map(|d| started + Duration::from_millis(d)),
+            rate: (a.rate > 0).then(|| a.rate as f64 / f64::from(a.producers)),
+            size: a.size,
+            window: a.window,
+            persistent: !a.non_persistent,
+            tx_batch: a.tx_batch,
+        };
+        let (shared, queue) = (shared.clone(), queue.clone());
+        producers.push(tokio::spawn(async move {
+            let r = produce(&session, &queue, plan, &shared).await;
+            drop(conn);
+            r
+        }));
+    }
+
+    let ticker = {
+        let (shared, progress) = (shared.clone(), progress.clone());
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(200));
+            loop {
+                tick.tick().await;
+                let r = shared.received.load(Ordering::Relaxed);
+                progress.set_position(r);
+                progress.set_message(format!("sent {}", shared.sent.load(Ordering::Relaxed)));
+            }
+        })
+    };
+    for p in producers {
+        if let Err(e) = p.await? {
+            shared
+                .errors
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(format!("producer: {e:#}"));
+        }
+    }
+    shared.sending_done.store(true, Ordering::Release);
+    let sending_elapsed = started.elapsed();
+    let sent = shared.sent.load(Ordering::Acquire);
+    // Consumers stop once everything sent arrived, or when the drain timeout says so.
+    let drain_deadline = Instant::now() + Duration::from_millis(a.drain_timeout_ms);
+    while shared.unique.load(Ordering::Acquire) < sent && Instant::now() < drain_deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    shared.stop.store(true, Ordering::Release);
+    for h in consumers {
+        if let Err(e) = h.await? {
+            shared
+                .errors
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(format!("consumer: {e:#}"));
+        }
+    }
+    let elapsed = started.elapsed();
+    ticker.abort();
+    progress.finish_and_clear();
+    if temporary {
+        let _ = client
+            .admin()
+            .delete_queue(pb::DeleteQueueRequest {
+                name: queue.clone(),
+            })
+            .await;
+    }
+
+    let received = shared.received.load(Ordering::Acquire);
+    let unique = shared.unique.load(Ordering::Acquire);
+    let duplicates = shared.duplicates.load(Ordering::Acquire);
+    let missing = sent.saturating_sub(unique);
+    let h = shared
+        .latency
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone();
+    let ms = |q: f64| h.value_at_quantile(q) as f64 / 1_000.0;
+    let secs = elapsed.as_secs_f64().max(1e-9);
+    let rate = unique as f64 / secs;
+    let mb_per_sec = rate * a.size as f64 / 1_000_000.0;
+    let errors = shared
+        .errors
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone();
+    match c.output {
+        Format::Json => println!(
+            "{}",
+            json!({
+                "queue": queue,
+                "producers": a.producers,
+                "consumers": a.consumers,
+                "size": a.size,
+                "persistent": !a.non_persistent,
+                "sent": sent,
+                "received": received,
+                "unique_received": unique,
+                "duplicates": duplicates,
+                "missing": missing,
+                "elapsed_ms": elapsed.as_millis() as u64,
+                "sending_ms": sending_elapsed.as_millis() as u64,
+                "msgs_per_sec": rate.round(),
+                "mb_per_sec": (mb_per_sec * 100.0).round() / 100.0,
+                "p50_ms": ms(0.5),
+                "p90_ms": ms(0.9),
+                "p99_ms": ms(0.99),
+                "p999_ms": ms(0.999),
+                "max_ms": h.max() as f64 / 1_000.0,
+                "errors": errors,
+            })
+        ),
+        Format::Human => {
+            let mut t = Table::new();
+            t.set_header([
+                "sent", "received", "msgs/s", "MB/s", "p50 ms", "p90 ms", "p99 ms", "p99.9 ms",
+                "max ms",
+            ]);
+            t.add_row([
+                sent.to_string(),
+                received.to_string(),
+                format!("{rate:.0}"),
+                format!("{mb_per_sec:.2}"),
+                format!("{:.3}", ms(0.5)),
+                format!("{:.3}", ms(0.9)),
+                format!("{:.3}", ms(0.99)),
+                format!("{:.3}", ms(0.999)),
+                format!("{:.3}", h.max() as f64 / 1_000.0),
+            ]);
+            println!("{t}");
+            println!(
+                "{} producers, {} consumers, {} B {} messages, {:.2} s",
+                a.producers,
+                a.consumers,
+                a.size,
+                if a.non_persistent {
+                    "non-persistent"
+                } else {
+                    "persistent"
+                },
+                secs
+            );
+            for e in &errors {
+                println!("error: {e}");
+            }
+            if missing == 0 {
+                println!(
+                    "verified: every message sent ({sent}) was received{}",
+                    if duplicates == 0 {
+                        " exactly once".to_string()
+                    } else {
+                        format!(", {duplicates} of them more than once (redeliveries)")
+                    }
+                );
+            }
+        }
+    }
+    if missing > 0 {
+        bail!("{missing} of {sent} messages sent were not received within the drain timeout");
+    }
+    if !errors.is_empty() {
+        bail!("the run had errors: {}", errors.join("; "));
+    }
+    Ok(())
+}
+
+fn progress_bar(format: Format, total: Option<u64>) -> indicatif::ProgressBar {
+    use std::io::IsTerminal as _;
+    if format == Format::Json || !std::io::stderr().is_terminal() {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = match total {
+        Some(t) => indicatif::ProgressBar::new(t),
+        None => indicatif::ProgressBar::new_spinner(),
+    };
+    if let Ok(style) = indicatif::ProgressStyle::with_template(
+        "{spinner} [{elapsed_precise}] {wide_bar} {pos}/{len} received, {msg} ({per_sec})",
+    ) {
+        bar.set_style(style);
+    }
+    bar
+}
+
+struct Plan {
+    producer: u32,
+    count: Option<u64>,
+    until: Option<Instant>,
+    /// Messages per second for this producer.
+    rate: Option<f64>,
+    size: usize,
+    window: usize,
+    persistent: bool,
+    tx_batch: u32,
+}
+
+async fn produce(
+    session: &Session,
+    queue: &str,
+    plan: Plan,
+    shared: &Shared,
+) -> anyhow::Result<()> {
+    let start = Instant::now();
+    let start_ns = now_ns();
+    let mut inflight = FuturesUnordered::new();
+    let mut seq = 0u64;
+    loop {
+        if plan.count.is_some_and(|c| seq >= c) || plan.until.is_some_and(|u| Instant::now() >= u) {
+            break;
+        }
+        // Open loop: message n is due at start + n / rate, and its latency counts from then.
+        let due_ns = match plan.rate {
+            Some(r) => {
+                let offset = Duration::from_secs_f64(seq as f64 / r);
+                let due = start + offset;
+                if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                    tokio::time::sleep(wait).await;
+                }
+                start_ns + u64::try_from(offset.as_nanos()).unwrap_or(u64::MAX)
+            }
+            None => now_ns(),
+        };
+        let batch_len = if plan.tx_batch > 0 {
+            u64::from(plan.tx_batch).min(plan.count.map_or(u64::MAX, |c| c - seq))
+        } else {
+            1
+        };
+        let messages: Vec<Message> = (0..batch_len)
+            .map(|i| {
+                let m = Message::bytes(body(plan.producer, seq + i, due_ns, plan.size));
+                if plan.persistent {
+                    m
+                } else {
+                    m.non_persistent()
+                }
+            })
+            .collect();
+        seq += batch_len;
+        if plan.tx_batch > 0 {
+            session.send(queue, messages).await?;
+            session.commit().await?;
+            shared.sent.fetch_add(batch_len, Ordering::Relaxed);
+            continue;
+        }
+        // At most `window` unconfirmed: wait for the oldest-finishing one before sending more.
+        while inflight.len() >= plan.window {
+            if let Some(r) = inflight.next().await {
+                r??;
+                shared.sent.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        let session = session.clone();
+        let queue = queue.to_string();
+        // A task of its own, so sends make progress while this loop waits for the next due time.
+        inflight.push(tokio::spawn(
+            async move { session.send(&queue, messages).await },
+        ));
+        // Collect confirmations that are in, without waiting.
+        while let Some(Some(r)) = futures::FutureExt::now_or_never(inflight.next()) {
+            r??;
+            shared.sent.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    while let Some(r) = inflight.next().await {
+        r??;
+        shared.sent.fetch_add(1, Ordering::Relaxed);
+    }
+    Ok(())
+}
+
+async fn consume(
+    session: &Session,
+    queue: &str,
+    prefetch: u32,
+    mode: AckMode,
+    shared: &Shared,
+) -> anyhow::Result<()> {
+    let mut local = Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3)?;
+    loop {
+        if shared.stop.load(Ordering::Acquire) {
+            break;
+        }
+        let got = session
+            .receive(queue, ReceiveOptions::timeout_ms(200).max(prefetch))
+            .await?;
+        if got.is_empty() {
+            continue;
+        }
+        let now = now_ns();
+        for r in &got {
+            record(r, now, shared, &mut local);
+        }
+        match mode {
+            AckMode::Client => session.ack(&got[got.len() - 1..]).await?,
+            AckMode::Individual => session.ack(&got).await?,
+            AckMode::Transacted => session.commit().await?,
+            _ => {}
+        }
+    }
+    shared
+        .latency
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .add(&local)?;
+    Ok(())
+}
+
+fn record(r: &Received, now: u64, shared: &Shared, latency: &mut Histogram<u64>) {
+    shared.received.fetch_add(1, Ordering::Relaxed);
+    let Some((producer, seq, due_ns)) = header(r.body()) else {
+        return;
+    };
+    if shared.seen.record(producer, seq) {
+        shared.unique.fetch_add(1, Ordering::Release);
+        let micros = now.saturating_sub(due_ns) / 1_000;
+        let _ = latency.record(micros.max(1));
+    } else {
+        shared.duplicates.fetch_add(1, Ordering::Relaxed);
+    }
+}

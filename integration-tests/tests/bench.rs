@@ -1,0 +1,71 @@
+//! `ferry bench` against a real node: it sends, receives, measures, and verifies that every
+//! message sent was received.
+
+use ferry_integration_tests::{ferry_cli, memory_node};
+
+fn run_bench(
+    node: &ferry_integration_tests::Node,
+    args: &[&str],
+) -> anyhow::Result<serde_json::Value> {
+    let mut all = vec!["bench", "-o", "json"];
+    all.extend_from_slice(args);
+    let (ok, out, err) = ferry_cli(node, &all)?;
+    anyhow::ensure!(ok, "ferry bench {args:?} failed: {err}");
+    Ok(serde_json::from_str(out.trim())?)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_reports_and_verifies_every_mode() -> anyhow::Result<()> {
+    let (_dir, node, client) = memory_node(&[]).await?;
+    let runs: [&[&str]; 3] = [
+        &[
+            "--count",
+            "3000",
+            "--producers",
+            "2",
+            "--consumers",
+            "2",
+            "--window",
+            "64",
+        ],
+        &["--count", "600", "--tx-batch", "20", "--size", "100"],
+        &[
+            "--count",
+            "400",
+            "--rate",
+            "2000",
+            "--ack",
+            "individual",
+            "--non-persistent",
+        ],
+    ];
+    for args in runs {
+        let r = run_bench(&node, args)?;
+        let sent = r["sent"].as_u64().unwrap_or_default();
+        assert!(sent > 0, "{r}");
+        assert_eq!(r["received"], r["sent"], "{args:?}: {r}");
+        assert_eq!(r["unique_received"], r["sent"], "{args:?}: {r}");
+        assert_eq!(r["missing"], 0, "{args:?}: {r}");
+        assert!(r["msgs_per_sec"].as_f64().unwrap_or_default() > 0.0, "{r}");
+        let (p50, p99, max) = (
+            r["p50_ms"].as_f64().unwrap_or(-1.0),
+            r["p99_ms"].as_f64().unwrap_or(-1.0),
+            r["max_ms"].as_f64().unwrap_or(-1.0),
+        );
+        assert!(0.0 < p50 && p50 <= p99 && p99 <= max, "{r}");
+    }
+    // Its own queues are gone afterwards.
+    let queues = client
+        .admin()
+        .list_queues(ferry_client::pb::ListQueuesRequest {})
+        .await?
+        .into_inner()
+        .queues;
+    assert!(queues.is_empty(), "{queues:?}");
+
+    // Bad input is refused with what to fix.
+    let (ok, _, err) = ferry_cli(&node, &["bench", "--size", "10"])?;
+    assert!(!ok);
+    assert!(err.contains("--size must be at least 20"), "{err}");
+    Ok(())
+}
