@@ -129,6 +129,7 @@ impl Connection {
             ack_mode,
             _heartbeat: self.heartbeat.clone(),
             unacked: Arc::default(),
+            batchers: crate::batch::Batchers::default(),
         })
     }
 
@@ -200,6 +201,8 @@ pub struct Session {
     /// A session keeps its connection's heartbeat going.
     _heartbeat: Arc<AbortOnDrop>,
     unacked: Arc<std::sync::Mutex<VecDeque<String>>>,
+    /// Concurrent sends to one queue travel together (see `batch.rs`).
+    batchers: crate::batch::Batchers,
 }
 
 impl Session {
@@ -208,24 +211,22 @@ impl Session {
     }
 
     /// Sends a batch to one queue; returns the server-assigned message ids once every persistent
-    /// message is on disk.
+    /// message is on disk. Sends made concurrently on one session to one queue are coalesced
+    /// into one call (in the order they were made), transparently: each caller still gets its own
+    /// ids, or its own error.
     pub async fn send(
         &self,
         queue: &str,
         messages: Vec<Message>,
     ) -> Result<Vec<String>, ClientError> {
-        let req = pb::SendRequest {
-            session_id: self.id.clone(),
-            queue: queue.into(),
-            messages: messages.into_iter().map(|m| m.0).collect(),
-        };
-        Ok(self
-            .client
-            .messaging()
-            .send(req)
-            .await?
-            .into_inner()
-            .message_ids)
+        self.batchers
+            .send(
+                self.client.messaging(),
+                &self.id,
+                queue,
+                messages.into_iter().map(|m| m.0).collect(),
+            )
+            .await
     }
 
     /// Receives. In auto and dups-ok mode the messages are acknowledged before they are returned

@@ -14,6 +14,7 @@
 //!
 //! Depends on the API types only.
 
+mod batch;
 mod connection;
 mod message;
 mod request;
