@@ -137,6 +137,15 @@ impl Broker {
         Self { inner }
     }
 
+    /// Synced writes made and submissions they carried, since the node started.
+    pub fn commit_stats(&self) -> (u64, u64) {
+        let s = self.inner.commit.stats();
+        (
+            s.writes.load(std::sync::atomic::Ordering::Relaxed),
+            s.submissions.load(std::sync::atomic::Ordering::Relaxed),
+        )
+    }
+
     pub fn node_id(&self) -> &NodeId {
         &self.inner.config.node_id
     }

@@ -85,6 +85,17 @@ pub struct Config {
     pub limits: Limits,
     #[serde(default)]
     pub cluster: ClusterConfig,
+    #[serde(default)]
+    pub metrics: MetricsConfig,
+}
+
+/// The Prometheus endpoint.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// `HOST:PORT` to serve `GET /metrics` on (port 0 picks one, printed at startup); empty: off.
+    #[serde(default)]
+    pub listen: String,
 }
 
 impl Default for Config {
@@ -101,6 +112,7 @@ impl Default for Config {
             },
             limits: Limits::default(),
             cluster: ClusterConfig::default(),
+            metrics: MetricsConfig::default(),
         }
     }
 }

@@ -3,5 +3,6 @@
 
 pub mod cmd;
 pub mod config;
+pub mod metrics;
 pub mod node;
 pub mod output;

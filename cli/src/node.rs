@@ -26,7 +26,7 @@ pub async fn run(
     config: Config,
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send,
-    on_ready: impl FnOnce(std::net::SocketAddr),
+    on_ready: impl FnOnce(std::net::SocketAddr, Option<std::net::SocketAddr>),
 ) -> anyhow::Result<()> {
     let node_id = NodeId::new(config.node_id.as_str())?;
     let membership = config.cluster.validate(&node_id)?;
@@ -80,7 +80,7 @@ pub async fn run(
         temporary_queues_per_connection_max: l.temporary_queues_per_connection_max,
         ..FrontendConfig::default()
     };
-    let frontend = Frontend::new(fe_config, router);
+    let frontend = Arc::new(Frontend::new(fe_config, router));
     let reaper = tokio::spawn(frontend.reaper());
 
     let (health, health_service) = tonic_health::server::health_reporter();
@@ -97,8 +97,27 @@ pub async fn run(
 
     let max = l.grpc_max_request_bytes;
     let addr = listener.local_addr()?;
+    let metrics = if config.metrics.listen.is_empty() {
+        None
+    } else {
+        let l = TcpListener::bind(&config.metrics.listen)
+            .await
+            .with_context(|| {
+                format!(
+                    "metrics.listen = {:?}: cannot listen there (another server? pick another port)",
+                    config.metrics.listen
+                )
+            })?;
+        let maddr = l.local_addr()?;
+        let sources = crate::metrics::Sources {
+            broker: broker.clone(),
+            frontend: frontend.clone(),
+        };
+        tracing::info!(addr = %maddr, "serving metrics at /metrics");
+        Some((maddr, tokio::spawn(crate::metrics::serve(l, sources))))
+    };
     tracing::info!(node = %node_id, %addr, "listening");
-    on_ready(addr);
+    on_ready(addr, metrics.as_ref().map(|(a, _)| *a));
     let begun = Arc::new(tokio::sync::Notify::new());
     let stopping = {
         let (broker, health, begun) = (broker.clone(), health.clone(), begun.clone());
@@ -134,6 +153,9 @@ pub async fn run(
         }
     }
     reaper.abort();
+    if let Some((_, task)) = metrics {
+        task.abort();
+    }
     broker.shutdown().await;
     tracing::info!("stopped");
     Ok(())

@@ -112,4 +112,9 @@ impl Frontend {
     pub fn stop_handle(&self) -> StopHandle {
         self.stop.clone()
     }
+
+    /// Open client connections and sessions on this front-end.
+    pub fn client_counts(&self) -> (usize, usize) {
+        self.messaging.sessions.counts()
+    }
 }

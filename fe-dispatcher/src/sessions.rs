@@ -123,6 +123,12 @@ impl Sessions {
         Ok((id, lease_ms))
     }
 
+    /// Open connections and sessions.
+    pub(crate) fn counts(&self) -> (usize, usize) {
+        let s = self.lock();
+        (s.connections.len(), s.sessions.len())
+    }
+
     /// Renews a connection's lease; returns when it now runs out.
     pub(crate) fn touch(&self, connection: &str) -> Result<Instant, Error> {
         let mut s = self.lock();

@@ -63,6 +63,8 @@ pub struct Node {
     log_path: PathBuf,
     options: NodeOptions,
     name: String,
+    /// The server's stdout lines after the first (the metrics address, when enabled).
+    more_lines: Option<std::sync::mpsc::Receiver<String>>,
 }
 
 impl Node {
@@ -81,6 +83,7 @@ impl Node {
             log_path,
             options,
             name,
+            more_lines: None,
         };
         node.spawn(listen)?;
         Ok(node)
@@ -118,12 +121,11 @@ impl Node {
         let stdout = child.stdout.take().context("server stdout")?;
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
-            let mut lines = BufReader::new(stdout).lines();
-            if let Some(Ok(line)) = lines.next() {
+            // Every line goes to the test; draining also keeps the server from blocking on a
+            // full pipe.
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
                 let _ = tx.send(line);
             }
-            // Keep draining so the server never blocks on a full pipe.
-            for _ in lines {}
         });
         self.child = Some(child);
         let line = match rx.recv_timeout(Duration::from_secs(60)) {
@@ -141,7 +143,22 @@ impl Node {
             .next()
             .and_then(|a| a.parse().ok())
             .with_context(|| format!("unexpected first line from the server: {line:?}"))?;
+        self.more_lines = Some(rx);
         Ok(())
+    }
+
+    /// The metrics URL the server printed (start it with `[metrics] listen = "127.0.0.1:0"`).
+    pub fn metrics_url(&mut self) -> anyhow::Result<String> {
+        let rx = self
+            .more_lines
+            .as_ref()
+            .context("the server is not running")?;
+        let line = rx
+            .recv_timeout(Duration::from_secs(10))
+            .context("the server printed no metrics address (is [metrics] listen set?)")?;
+        line.strip_prefix("metrics on ")
+            .map(str::to_owned)
+            .with_context(|| format!("unexpected line from the server: {line:?}"))
     }
 
     pub fn url(&self) -> String {

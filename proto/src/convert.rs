@@ -257,6 +257,7 @@ pub fn queue_stats_to_pb(name: &QueueName, owner: &str, s: &QueueStats) -> pb::Q
         dead_lettered_rejected_total: s.dead_lettered.rejected,
         staged: s.staged,
         groups: s.groups,
+        oldest_ready_timestamp_ms: s.oldest_ready_timestamp_ms.unwrap_or(0),
     }
 }
 

@@ -44,7 +44,12 @@ pub async fn run(a: ServerArgs) -> anyhow::Result<()> {
     tracing::info!(data_dir = %config.data_dir.display(), storage = ?config.storage, "starting ferry node");
     // One line on stdout once the node serves, for people and for scripts that started it on
     // port 0 and wait for it.
-    let ready = |addr| println!("ferry {} listening on {addr}", env!("CARGO_PKG_VERSION"));
+    let ready = |addr, metrics: Option<std::net::SocketAddr>| {
+        println!("ferry {} listening on {addr}", env!("CARGO_PKG_VERSION"));
+        if let Some(m) = metrics {
+            println!("metrics on http://{m}/metrics");
+        }
+    };
     crate::node::run(config, listener, crate::node::shutdown_signal(), ready).await
 }
 

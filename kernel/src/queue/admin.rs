@@ -47,6 +47,8 @@ pub struct QueueStats {
     pub staged: u64,
     /// Message groups held by a session.
     pub groups: u64,
+    /// JMSTimestamp of the oldest Ready message (the lowest sequence among them), if any.
+    pub oldest_ready_timestamp_ms: Option<u64>,
 }
 
 /// A message read back from the store at startup.
@@ -157,6 +159,24 @@ impl Queue {
             dead_lettered: c.dead_lettered,
             staged: self.staged_count() as u64,
             groups: self.groups.len() as u64,
+            oldest_ready_timestamp_ms: self.oldest_ready_timestamp_ms(),
         }
+    }
+
+    /// The oldest Ready message is the first of some priority's run in the ready index: ten
+    /// lookups, not a scan.
+    fn oldest_ready_timestamp_ms(&self) -> Option<u64> {
+        use std::cmp::Reverse;
+        (0..=crate::types::Priority::MAX)
+            .filter_map(|p| {
+                let p = crate::types::Priority::new(p.into()).ok()?;
+                self.ready
+                    .range((Reverse(p), Seq(0))..=(Reverse(p), Seq(u64::MAX)))
+                    .next()
+                    .map(|&(_, seq)| seq)
+            })
+            .min()
+            .and_then(|seq| self.entries.get(&seq))
+            .map(|e| e.message.timestamp_ms)
     }
 }

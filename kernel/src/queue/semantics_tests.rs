@@ -790,3 +790,29 @@ fn a_refused_receive_still_hands_over_what_time_did() {
         "and handed over once"
     );
 }
+
+#[test]
+fn stats_name_the_oldest_ready_message_across_priorities() {
+    let mut q = queue();
+    assert_eq!(q.stats().oldest_ready_timestamp_ms, None);
+    let low = NewMessage {
+        priority: crate::types::Priority::new(1).unwrap(),
+        ..msg("old, low priority")
+    };
+    let _ = q.send(vec![low], T0).unwrap();
+    let high = NewMessage {
+        priority: crate::types::Priority::new(9).unwrap(),
+        ..msg("new, high priority")
+    };
+    let _ = q.send(vec![high], T0 + 500).unwrap();
+    assert_eq!(q.stats().oldest_ready_timestamp_ms, Some(T0));
+    let d = take(&mut q, 1, 1, T0 + 600);
+    assert_eq!(bodies(&d), ["new, high priority"]);
+    assert_eq!(q.stats().oldest_ready_timestamp_ms, Some(T0));
+    let _ = take(&mut q, 1, 1, T0 + 600);
+    assert_eq!(
+        q.stats().oldest_ready_timestamp_ms,
+        None,
+        "leased is not ready"
+    );
+}

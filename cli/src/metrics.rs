@@ -1,0 +1,182 @@
+//! `GET /metrics` in the Prometheus text format. Values are read at scrape time from the queues
+//! (their statistics) and the front-end (connections, sessions); names follow what operators
+//! know from RabbitMQ's exporter: messages ready / unacked, consumers, published / delivered /
+//! acknowledged / redelivered totals.
+
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+
+use axum::http::header::CONTENT_TYPE;
+use axum::response::IntoResponse;
+use ferry_be_server::Broker;
+use ferry_fe_dispatcher::Frontend;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct QueueLabel {
+    queue: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    queue: String,
+    reason: String,
+}
+
+/// What a scrape reads.
+#[derive(Debug, Clone)]
+pub struct Sources {
+    pub broker: Broker,
+    pub frontend: Arc<Frontend>,
+}
+
+/// Serves `/metrics` on `listener` until the task is dropped.
+pub async fn serve(listener: tokio::net::TcpListener, sources: Sources) -> std::io::Result<()> {
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let sources = sources.clone();
+            async move {
+                let body = render(&sources).await;
+                (
+                    [(
+                        CONTENT_TYPE,
+                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    )],
+                    body,
+                )
+                    .into_response()
+            }
+        }),
+    );
+    axum::serve(listener, app).await
+}
+
+fn gauge_family(registry: &mut Registry, name: &str, help: &str) -> Family<QueueLabel, Gauge> {
+    let f = Family::<QueueLabel, Gauge>::default();
+    registry.register(name, help, f.clone());
+    f
+}
+
+fn counter_family(registry: &mut Registry, name: &str, help: &str) -> Family<QueueLabel, Counter> {
+    let f = Family::<QueueLabel, Counter>::default();
+    registry.register(name, help, f.clone());
+    f
+}
+
+fn as_i64(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+/// The text of one scrape.
+pub async fn render(s: &Sources) -> String {
+    let mut r = Registry::with_prefix("ferry");
+    let ready = gauge_family(
+        &mut r,
+        "queue_messages_ready",
+        "Messages ready for delivery",
+    );
+    let unacked = gauge_family(
+        &mut r,
+        "queue_messages_unacked",
+        "Messages delivered and not yet acknowledged (leased)",
+    );
+    let scheduled = gauge_family(
+        &mut r,
+        "queue_messages_scheduled",
+        "Messages waiting for their delivery delay or redelivery delay",
+    );
+    let staged = gauge_family(
+        &mut r,
+        "queue_messages_staged",
+        "Sends of transacted sessions not yet committed",
+    );
+    let bytes = gauge_family(&mut r, "queue_bytes", "Bytes of the messages in the queue");
+    let consumers = gauge_family(&mut r, "queue_consumers", "Receivers waiting on the queue");
+    let oldest = gauge_family(
+        &mut r,
+        "queue_oldest_ready_message_age_seconds",
+        "Age of the oldest ready message (0 when none is ready)",
+    );
+    let published = counter_family(&mut r, "queue_messages_published", "Messages sent");
+    let delivered = counter_family(&mut r, "queue_messages_delivered", "Deliveries made");
+    let acked = counter_family(&mut r, "queue_messages_acked", "Messages acknowledged");
+    let redelivered = counter_family(
+        &mut r,
+        "queue_messages_redelivered",
+        "Deliveries flagged redelivered",
+    );
+    let expired = counter_family(&mut r, "queue_messages_expired", "Messages that expired");
+    let dead = Family::<ReasonLabel, Counter>::default();
+    r.register(
+        "queue_messages_dead_lettered",
+        "Messages moved to the dead-letter target (or discarded), by reason",
+        dead.clone(),
+    );
+    let now = ferry_be_server::now_ms();
+    for q in s.broker.list_queues() {
+        let Ok(st) = s.broker.stats(&q.name).await else {
+            continue; // deleted meanwhile
+        };
+        let l = QueueLabel {
+            queue: q.name.to_string(),
+        };
+        ready.get_or_create(&l).set(as_i64(st.ready));
+        unacked.get_or_create(&l).set(as_i64(st.leased));
+        scheduled.get_or_create(&l).set(as_i64(st.scheduled));
+        staged.get_or_create(&l).set(as_i64(st.staged));
+        bytes.get_or_create(&l).set(as_i64(st.bytes));
+        consumers.get_or_create(&l).set(as_i64(st.waiters));
+        let age_s = st
+            .oldest_ready_timestamp_ms
+            .map_or(0, |t| now.saturating_sub(t) / 1_000);
+        oldest.get_or_create(&l).set(as_i64(age_s));
+        published.get_or_create(&l).inc_by(st.sent_total);
+        delivered.get_or_create(&l).inc_by(st.delivered_total);
+        acked.get_or_create(&l).inc_by(st.acked_total);
+        redelivered.get_or_create(&l).inc_by(st.redelivered_total);
+        expired.get_or_create(&l).inc_by(st.expired_total);
+        for (reason, n) in [
+            ("expired", st.expired_total),
+            ("max-deliveries", st.dead_lettered.max_deliveries),
+            ("rejected", st.dead_lettered.rejected),
+        ] {
+            dead.get_or_create(&ReasonLabel {
+                queue: q.name.to_string(),
+                reason: reason.into(),
+            })
+            .inc_by(n);
+        }
+    }
+    let (connections, sessions) = s.frontend.client_counts();
+    let g = Gauge::<i64>::default();
+    g.set(as_i64(connections as u64));
+    r.register("connections", "Open client connections on this node", g);
+    let g = Gauge::<i64>::default();
+    g.set(as_i64(sessions as u64));
+    r.register("sessions", "Open sessions on this node", g);
+    let (writes, submissions) = s.broker.commit_stats();
+    let c = Counter::<u64, AtomicU64>::default();
+    c.inc_by(writes);
+    r.register(
+        "group_commit_writes",
+        "Synced writes made by group commit",
+        c,
+    );
+    let c = Counter::<u64, AtomicU64>::default();
+    c.inc_by(submissions);
+    r.register(
+        "group_commit_submissions",
+        "Submissions carried by those writes (submissions / writes = mean batch)",
+        c,
+    );
+    let mut out = String::new();
+    if prometheus_client::encoding::text::encode(&mut out, &r).is_err() {
+        return "# encoding failed\n".into();
+    }
+    out
+}
