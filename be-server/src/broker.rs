@@ -146,6 +146,14 @@ impl Broker {
         )
     }
 
+    /// Time of each synced write (µs) and submissions per write, since the node started.
+    pub fn commit_histograms(
+        &self,
+    ) -> (ferry_store::BucketsSnapshot, ferry_store::BucketsSnapshot) {
+        let s = self.inner.commit.stats();
+        (s.write_micros.snapshot(), s.batch_submissions.snapshot())
+    }
+
     pub fn node_id(&self) -> &NodeId {
         &self.inner.config.node_id
     }

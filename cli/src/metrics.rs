@@ -72,6 +72,49 @@ fn as_i64(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
 
+/// A histogram read from the store's lock-free buckets at scrape time.
+#[derive(Debug)]
+struct Snapshot {
+    name: &'static str,
+    help: &'static str,
+    /// Multiplies bucket bounds and the sum (µs → s).
+    scale: f64,
+    snapshot: ferry_store::BucketsSnapshot,
+}
+
+impl prometheus_client::collector::Collector for Snapshot {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        let buckets: Vec<(f64, u64)> = self
+            .snapshot
+            .buckets
+            .iter()
+            .map(|&(bound, n)| {
+                let b = if bound == u64::MAX {
+                    f64::INFINITY
+                } else {
+                    bound as f64 * self.scale
+                };
+                (b, n)
+            })
+            .collect();
+        let mut m = encoder.encode_descriptor(
+            self.name,
+            self.help,
+            None,
+            prometheus_client::metrics::MetricType::Histogram,
+        )?;
+        m.encode_histogram::<prometheus_client::encoding::NoLabelSet>(
+            self.snapshot.sum as f64 * self.scale,
+            self.snapshot.count,
+            &buckets,
+            None,
+        )
+    }
+}
+
 /// The text of one scrape.
 pub async fn render(s: &Sources) -> String {
     let mut r = Registry::with_prefix("ferry");
@@ -174,6 +217,19 @@ pub async fn render(s: &Sources) -> String {
         "Submissions carried by those writes (submissions / writes = mean batch)",
         c,
     );
+    let (write_micros, batch) = s.broker.commit_histograms();
+    r.register_collector(Box::new(Snapshot {
+        name: "group_commit_write_seconds",
+        help: "Time of each synced write (the fsync included)",
+        scale: 1e-6,
+        snapshot: write_micros,
+    }));
+    r.register_collector(Box::new(Snapshot {
+        name: "group_commit_batch_submissions",
+        help: "Submissions carried by each synced write",
+        scale: 1.0,
+        snapshot: batch,
+    }));
     let mut out = String::new();
     if prometheus_client::encoding::text::encode(&mut out, &r).is_err() {
         return "# encoding failed\n".into();

@@ -21,13 +21,85 @@ enum Job {
     Close,
 }
 
+/// A histogram with fixed bucket bounds, updated without locks.
+#[derive(Debug)]
+pub struct Buckets {
+    bounds: &'static [u64],
+    /// One per bound, then one for everything above the last.
+    counts: Vec<AtomicU64>,
+    sum: AtomicU64,
+}
+
+/// A histogram's state at one moment: sum, count, and (upper bound, cumulative count) per bucket
+/// (the last bound is `u64::MAX`, i.e. +Inf).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BucketsSnapshot {
+    pub sum: u64,
+    pub count: u64,
+    pub buckets: Vec<(u64, u64)>,
+}
+
+impl Buckets {
+    pub fn new(bounds: &'static [u64]) -> Self {
+        Self {
+            bounds,
+            counts: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
+            sum: AtomicU64::new(0),
+        }
+    }
+
+    pub fn observe(&self, v: u64) {
+        let i = self.bounds.partition_point(|&b| b < v);
+        if let Some(c) = self.counts.get(i) {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+        self.sum.fetch_add(v, Ordering::Relaxed);
+    }
+
+    pub fn snapshot(&self) -> BucketsSnapshot {
+        let mut cumulative = 0;
+        let buckets = self
+            .counts
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                cumulative += c.load(Ordering::Relaxed);
+                (self.bounds.get(i).copied().unwrap_or(u64::MAX), cumulative)
+            })
+            .collect();
+        BucketsSnapshot {
+            sum: self.sum.load(Ordering::Relaxed),
+            count: cumulative,
+            buckets,
+        }
+    }
+}
+
 /// Counters for operators and tests.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct GroupCommitStats {
     /// Synced writes made.
     pub writes: AtomicU64,
     /// Submissions carried by those writes.
     pub submissions: AtomicU64,
+    /// Time of each synced write, in microseconds.
+    pub write_micros: Buckets,
+    /// Submissions per synced write.
+    pub batch_submissions: Buckets,
+}
+
+impl Default for GroupCommitStats {
+    fn default() -> Self {
+        Self {
+            writes: AtomicU64::new(0),
+            submissions: AtomicU64::new(0),
+            write_micros: Buckets::new(&[
+                100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000,
+                1_000_000,
+            ]),
+            batch_submissions: Buckets::new(&[1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1_024]),
+        }
+    }
 }
 
 /// A handle to the writer thread; cheap to clone. The thread ends, after finishing everything
@@ -115,7 +187,12 @@ fn writer(
             }
         }
         let (batches, dones): (Vec<_>, Vec<_>) = group.into_iter().map(|p| (p.ops, p.done)).unzip();
+        let started = std::time::Instant::now();
         let result = store.write(&batches);
+        stats
+            .write_micros
+            .observe(u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX));
+        stats.batch_submissions.observe(dones.len() as u64);
         if let Err(e) = &result {
             tracing::error!(error = %e, "group commit write failed");
         }
@@ -131,4 +208,21 @@ fn writer(
     // Submissions still queued get `Closed` when `rx` drops; then the store closes.
     drop(rx);
     drop(store);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_count_cumulatively_with_an_overflow_bucket() {
+        let b = Buckets::new(&[10, 100]);
+        for v in [1, 10, 11, 100, 101, 5_000] {
+            b.observe(v);
+        }
+        let s = b.snapshot();
+        assert_eq!(s.count, 6);
+        assert_eq!(s.sum, 1 + 10 + 11 + 100 + 101 + 5_000);
+        assert_eq!(s.buckets, vec![(10, 2), (100, 4), (u64::MAX, 6)]);
+    }
 }

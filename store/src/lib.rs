@@ -16,7 +16,7 @@ use ferry_kernel::{
     DedupRecord, PersistOp, QueueConfig, QueueName, QueueUid, RecoveredMessage, Seq,
 };
 
-pub use group_commit::{CommitTicket, GroupCommit, GroupCommitStats};
+pub use group_commit::{Buckets, BucketsSnapshot, CommitTicket, GroupCommit, GroupCommitStats};
 pub use memory::MemoryStore;
 pub use rocks::RocksStore;
 
