@@ -105,6 +105,21 @@ fn session(s: &str) -> Result<Option<SessionId>, Error> {
     Ok(Some(SessionId::from_str(s)?))
 }
 
+/// A required session id and the queues it names.
+fn session_and_queues(
+    session_id: &str,
+    queues: &[String],
+) -> Result<(SessionId, Vec<QueueName>), Status> {
+    let Some(session) = session(session_id)? else {
+        return Err(Status::invalid_argument("session_id is required"));
+    };
+    let queues = queues
+        .iter()
+        .map(|q| queue_name(q))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((session, queues))
+}
+
 fn lease_response<T>(
     results: Vec<Result<T, KernelError>>,
     value: impl Fn(&T) -> u64,
@@ -300,14 +315,7 @@ impl pb::backend_server::Backend for BackendService {
         req: Request<pb::BackendReleaseSessionRequest>,
     ) -> Reply<pb::BackendCountResponse> {
         let r = req.into_inner();
-        let Some(session) = session(&r.session_id)? else {
-            return Err(Status::invalid_argument("session_id is required"));
-        };
-        let queues = r
-            .queues
-            .iter()
-            .map(|q| queue_name(q))
-            .collect::<Result<Vec<_>, _>>()?;
+        let (session, queues) = session_and_queues(&r.session_id, &r.queues)?;
         let count = if r.renew {
             self.broker.renew_session(session, &queues).await?
         } else {
@@ -367,14 +375,7 @@ impl pb::backend_server::Backend for BackendService {
         req: Request<pb::BackendRollbackRequest>,
     ) -> Reply<pb::BackendCountResponse> {
         let r = req.into_inner();
-        let Some(session) = session(&r.session_id)? else {
-            return Err(Status::invalid_argument("session_id is required"));
-        };
-        let queues = r
-            .queues
-            .iter()
-            .map(|q| queue_name(q))
-            .collect::<Result<Vec<_>, _>>()?;
+        let (session, queues) = session_and_queues(&r.session_id, &r.queues)?;
         let count = self.broker.rollback(session, &queues).await?;
         Ok(Response::new(pb::BackendCountResponse { count }))
     }

@@ -352,10 +352,22 @@ impl Session {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// Gives messages back: they are redelivered through their queue's redelivery policy, or
+    /// after `delay_ms` when given.
     pub async fn nack(
         &self,
         received: &[Received],
         delay_ms: Option<u64>,
+    ) -> Result<(), ClientError> {
+        self.send_nack(received, delay_ms, false, "").await
+    }
+
+    async fn send_nack(
+        &self,
+        received: &[Received],
+        delay_ms: Option<u64>,
+        dead_letter: bool,
+        reason: &str,
     ) -> Result<(), ClientError> {
         let receipt_handles: Vec<String> = received
             .iter()
@@ -366,7 +378,8 @@ impl Session {
             session_id: self.id.clone(),
             receipt_handles,
             delay_ms,
-            ..Default::default()
+            dead_letter,
+            reason: reason.into(),
         };
         self.client.messaging().nack(req).await?;
         Ok(())
@@ -375,20 +388,7 @@ impl Session {
     /// Rejects messages: they go straight to their queue's dead-letter queue (reason `rejected`)
     /// instead of being redelivered.
     pub async fn reject(&self, received: &[Received], reason: &str) -> Result<(), ClientError> {
-        let receipt_handles: Vec<String> = received
-            .iter()
-            .map(|r| r.receipt_handle().to_string())
-            .collect();
-        self.unacked().retain(|h| !receipt_handles.contains(h));
-        let req = pb::NackRequest {
-            session_id: self.id.clone(),
-            receipt_handles,
-            dead_letter: true,
-            reason: reason.into(),
-            ..Default::default()
-        };
-        self.client.messaging().nack(req).await?;
-        Ok(())
+        self.send_nack(received, None, true, reason).await
     }
 
     /// Transacted sessions: makes every send of the transaction visible and acknowledges every

@@ -65,6 +65,12 @@ pub struct Sessions {
 }
 
 impl State {
+    fn session_mut(&mut self, id: SessionId) -> Result<&mut Session, Error> {
+        self.sessions
+            .get_mut(&id)
+            .ok_or_else(|| Error::SessionNotFound { id: id.to_string() })
+    }
+
     fn connection_mut(&mut self, id: &str) -> Result<&mut Connection, Error> {
         self.connections
             .get_mut(id)
@@ -182,10 +188,7 @@ impl Sessions {
         queue: Option<&QueueName>,
     ) -> Result<AckMode, Error> {
         let mut s = self.lock();
-        let sess = s
-            .sessions
-            .get_mut(&id)
-            .ok_or_else(|| Error::SessionNotFound { id: id.to_string() })?;
+        let sess = s.session_mut(id)?;
         if let Some(q) = queue {
             if !sess.queues.contains(q) {
                 sess.queues.insert(q.clone());
@@ -207,10 +210,7 @@ impl Sessions {
         node: &NodeId,
     ) -> Result<bool, Error> {
         let mut s = self.lock();
-        let sess = s
-            .sessions
-            .get_mut(&id)
-            .ok_or_else(|| Error::SessionNotFound { id: id.to_string() })?;
+        let sess = s.session_mut(id)?;
         let Some(tx) = sess.tx.as_mut() else {
             return Ok(false);
         };
@@ -235,10 +235,7 @@ impl Sessions {
     /// nothing) if the session is not transacted.
     pub(crate) fn tx_hold_acks(&self, id: SessionId, handles: &[String]) -> Result<bool, Error> {
         let mut s = self.lock();
-        let sess = s
-            .sessions
-            .get_mut(&id)
-            .ok_or_else(|| Error::SessionNotFound { id: id.to_string() })?;
+        let sess = s.session_mut(id)?;
         let Some(tx) = sess.tx.as_mut() else {
             return Ok(false);
         };
@@ -250,10 +247,7 @@ impl Sessions {
     /// starts a new, empty one.
     pub(crate) fn tx_take(&self, id: SessionId) -> Result<Transaction, Error> {
         let mut s = self.lock();
-        let sess = s
-            .sessions
-            .get_mut(&id)
-            .ok_or_else(|| Error::SessionNotFound { id: id.to_string() })?;
+        let sess = s.session_mut(id)?;
         match sess.tx.as_mut() {
             Some(tx) => Ok(std::mem::take(tx)),
             None => Err(Error::NotTransacted { id: id.to_string() }),

@@ -95,13 +95,7 @@ impl Queue {
     pub fn renew_session(&mut self, owner: SessionId, now_ms: u64) -> (u64, Effects) {
         let mut effects = Effects::default();
         self.fire_due(now_ms, &mut effects);
-        let held: Vec<Seq> = self
-            .leases_by_owner
-            .get(&owner)
-            .into_iter()
-            .flatten()
-            .copied()
-            .collect();
+        let held = self.held_by(owner);
         let mut renewed = 0;
         for seq in held {
             let Some(e) = self.entries.get(&seq) else {
@@ -130,6 +124,16 @@ impl Queue {
         }
         self.dispatch(now_ms, &mut effects);
         (renewed, effects)
+    }
+
+    /// The messages a session holds here, oldest first.
+    pub(crate) fn held_by(&self, owner: SessionId) -> Vec<Seq> {
+        self.leases_by_owner
+            .get(&owner)
+            .into_iter()
+            .flatten()
+            .copied()
+            .collect()
     }
 
     /// The owner of a live delivery, or why the reference is stale.

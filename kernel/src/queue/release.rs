@@ -47,13 +47,7 @@ impl Queue {
         now_ms: u64,
         effects: &mut Effects,
     ) -> u64 {
-        let held: Vec<_> = self
-            .leases_by_owner
-            .get(&owner)
-            .into_iter()
-            .flatten()
-            .copied()
-            .collect();
+        let held = self.held_by(owner);
         for &seq in &held {
             self.set_state(seq, MessageState::Ready);
             self.return_delivered(seq, None, now_ms, effects);
