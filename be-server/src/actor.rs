@@ -115,6 +115,10 @@ pub(crate) enum Cmd {
     Purge {
         reply: Reply<u64>,
     },
+    DeleteMessage {
+        id: MessageId,
+        reply: Reply<()>,
+    },
     Stats {
         reply: Reply<QueueStats>,
     },
@@ -434,6 +438,16 @@ impl QueueActor {
                     selector.as_deref(),
                     scan_max,
                 )));
+            }
+            Cmd::DeleteMessage { id, reply } => {
+                let (result, fx) = self.queue.delete_message(&id, now);
+                match result {
+                    Ok(()) => self.finish(fx, vec![answer(reply, ())]).await,
+                    Err(e) => {
+                        let _ = reply.send(Err(e.into()));
+                        self.finish(fx, vec![]).await;
+                    }
+                }
             }
             Cmd::Purge { reply } => {
                 let (n, fx) = self.queue.purge(now);

@@ -575,6 +575,13 @@ impl Broker {
             .await
     }
 
+    /// Deletes one message by its id, unless a consumer holds it.
+    pub async fn delete_message(&self, queue: &QueueName, id: MessageId) -> Result<(), Error> {
+        self.handle(queue)?
+            .call(|reply| Cmd::DeleteMessage { id, reply })
+            .await
+    }
+
     pub async fn purge(&self, queue: &QueueName) -> Result<u64, Error> {
         self.handle(queue)?.call(|reply| Cmd::Purge { reply }).await
     }

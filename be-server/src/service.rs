@@ -379,4 +379,15 @@ impl pb::backend_server::Backend for BackendService {
         let count = self.broker.rollback(session, &queues).await?;
         Ok(Response::new(pb::BackendCountResponse { count }))
     }
+
+    async fn delete_message(
+        &self,
+        req: Request<pb::BackendDeleteMessageRequest>,
+    ) -> Reply<pb::BackendCountResponse> {
+        let r = req.into_inner();
+        let queue = queue_name(&r.queue)?;
+        let id = ferry_kernel::MessageId::parse(&r.message_id).map_err(Error::from)?;
+        self.broker.delete_message(&queue, id).await?;
+        Ok(Response::new(pb::BackendCountResponse { count: 1 }))
+    }
 }

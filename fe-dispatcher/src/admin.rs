@@ -13,11 +13,13 @@ use crate::router::Router;
 #[derive(Debug, Clone)]
 pub struct AdminService {
     router: Arc<Router>,
+    /// This node's client-facing service: its connections, and how to close one.
+    messaging: crate::messaging::MessagingService,
 }
 
 impl AdminService {
-    pub(crate) fn new(router: Arc<Router>) -> Self {
-        Self { router }
+    pub(crate) fn new(router: Arc<Router>, messaging: crate::messaging::MessagingService) -> Self {
+        Self { router, messaging }
     }
 
     async fn all_queues(&self) -> Result<Vec<pb::QueueInfo>, Status> {
@@ -166,5 +168,56 @@ impl pb::admin_server::Admin for AdminService {
             }
         }
         Ok(Response::new(pb::GetQueueStatsResponse { queues }))
+    }
+
+    async fn delete_message(
+        &self,
+        req: Request<pb::DeleteMessageRequest>,
+    ) -> Reply<pb::DeleteMessageResponse> {
+        let r = req.into_inner();
+        let queue = queue_name(&r.queue)?;
+        self.router
+            .for_queue(&queue)?
+            .delete_message(Request::new(pb::BackendDeleteMessageRequest {
+                queue: r.queue,
+                message_id: r.message_id,
+            }))
+            .await?;
+        Ok(Response::new(pb::DeleteMessageResponse {}))
+    }
+
+    async fn list_connections(
+        &self,
+        _req: Request<pb::ListConnectionsRequest>,
+    ) -> Reply<pb::ListConnectionsResponse> {
+        let node = self.router.local_node().to_string();
+        let connections = self
+            .messaging
+            .sessions
+            .list()
+            .into_iter()
+            .map(
+                |(connection_id, client_id, sessions, temporary_queues, left)| pb::ConnectionInfo {
+                    connection_id,
+                    client_id,
+                    sessions: u32::try_from(sessions).unwrap_or(u32::MAX),
+                    temporary_queues: u32::try_from(temporary_queues).unwrap_or(u32::MAX),
+                    lease_left_ms: u64::try_from(left.as_millis()).unwrap_or(u64::MAX),
+                    node: node.clone(),
+                },
+            )
+            .collect();
+        Ok(Response::new(pb::ListConnectionsResponse { connections }))
+    }
+
+    async fn close_connection(
+        &self,
+        req: Request<pb::AdminCloseConnectionRequest>,
+    ) -> Reply<pb::AdminCloseConnectionResponse> {
+        let id = req.into_inner().connection_id;
+        let closed = self.messaging.sessions.close_connection(&id)?;
+        tracing::info!(connection = %id, "connection closed by an administrator");
+        let released = self.messaging.release(closed).await;
+        Ok(Response::new(pb::AdminCloseConnectionResponse { released }))
     }
 }

@@ -94,7 +94,7 @@ impl Frontend {
         let sessions = Arc::new(Sessions::new(config.clone()));
         let (stop, stopping) = tokio::sync::watch::channel(false);
         let messaging = MessagingService::new(config, router.clone(), sessions, stopping);
-        let admin = AdminService::new(router);
+        let admin = AdminService::new(router, messaging.clone());
         Self {
             messaging,
             admin,

@@ -66,4 +66,5 @@ forward_all! {
     browse(pb::BackendBrowseRequest) -> pb::BackendBrowseResponse;
     commit(pb::BackendCommitRequest) -> pb::BackendCountResponse;
     rollback(pb::BackendRollbackRequest) -> pb::BackendCountResponse;
+    delete_message(pb::BackendDeleteMessageRequest) -> pb::BackendCountResponse;
 }

@@ -129,6 +129,27 @@ impl Sessions {
         Ok((id, lease_ms))
     }
 
+    /// Every open connection: id, client id, sessions, temporary queues, lease left.
+    pub(crate) fn list(&self) -> Vec<(String, String, usize, usize, Duration)> {
+        let s = self.lock();
+        let now = Instant::now();
+        let mut all: Vec<_> = s
+            .connections
+            .iter()
+            .map(|(id, c)| {
+                (
+                    id.clone(),
+                    c.client_id.clone(),
+                    c.sessions.len(),
+                    c.temporary_queues.len(),
+                    c.expires_at.saturating_duration_since(now),
+                )
+            })
+            .collect();
+        all.sort();
+        all
+    }
+
     /// Open connections and sessions.
     pub(crate) fn counts(&self) -> (usize, usize) {
         let s = self.lock();

@@ -34,6 +34,13 @@ pub enum KernelError {
     InvalidSelector { position: usize, reason: String },
     /// The receipt handle names no live delivery: the message was acknowledged, its lease ran out
     /// and it was (or may be) delivered again, or the handle never existed.
+    /// No message with this id is in the queue (acknowledged, expired, deleted, or never sent
+    /// here).
+    #[error("message {id} is not in the queue")]
+    NoSuchMessage { id: String },
+    /// The message is with a consumer right now.
+    #[error("message {id} is delivered and not yet acknowledged; it can be deleted once it is back in the queue (or after its consumer's session ends)")]
+    MessageLeased { id: String },
     #[error("receipt handle for message seq {seq} is not a live delivery (lease expired, already acknowledged, or redelivered since)")]
     StaleReceipt { seq: Seq },
 }

@@ -271,7 +271,10 @@ pub fn kernel_error_code(e: &KernelError) -> tonic::Code {
         KernelError::OverLimit { .. }
         | KernelError::MessageTooLarge { .. }
         | KernelError::TooManyWaiters { .. } => tonic::Code::ResourceExhausted,
-        KernelError::StaleReceipt { .. } => tonic::Code::FailedPrecondition,
+        KernelError::StaleReceipt { .. } | KernelError::MessageLeased { .. } => {
+            tonic::Code::FailedPrecondition
+        }
+        KernelError::NoSuchMessage { .. } => tonic::Code::NotFound,
     }
 }
 

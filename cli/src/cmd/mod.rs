@@ -2,6 +2,8 @@
 
 mod bench;
 mod browse;
+mod connections;
+mod message;
 mod queue;
 mod receive;
 mod request;
@@ -56,6 +58,16 @@ pub enum Command {
     /// Answer requests: reply to each request's reply-to queue with its message id as the
     /// correlation id.
     Reply(request::ReplyArgs),
+    /// One message at a time: delete by id.
+    Message {
+        #[command(subcommand)]
+        command: message::MessageCommand,
+    },
+    /// The client connections open on a node: list them, close one.
+    Connections {
+        #[command(subcommand)]
+        command: connections::ConnectionsCommand,
+    },
     /// Measure: producers and consumers on one queue; throughput, latency percentiles, and a
     /// check that every message sent was received.
     Bench(bench::BenchArgs),
@@ -71,6 +83,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Request(a) => request::request(&cli.client, a).await,
         Command::Reply(a) => request::reply(&cli.client, a).await,
         Command::Bench(a) => bench::run(&cli.client, a).await,
+        Command::Message { command } => message::run(&cli.client, command).await,
+        Command::Connections { command } => connections::run(&cli.client, command).await,
     }
 }
 

@@ -32,7 +32,14 @@ pub enum QueueCommand {
     /// Remove every message that is not currently being processed.
     Purge { name: String },
     /// Show statistics of one queue, or of every queue.
-    Stats { name: Option<String> },
+    Stats {
+        name: Option<String>,
+        /// Show them again every --interval-ms until interrupted.
+        #[arg(long)]
+        watch: bool,
+        #[arg(long, default_value_t = 1_000)]
+        interval_ms: u64,
+    },
 }
 
 /// Redelivery, dead-letter and dedup settings of a new queue; unset ones keep the server's
@@ -274,10 +281,14 @@ pub async fn run(c: &ClientArgs, cmd: QueueCommand) -> anyhow::Result<()> {
                 Format::Human => println!("purged {} messages from {name}", r.purged),
             }
         }
-        QueueCommand::Stats { name } => {
+        QueueCommand::Stats {
+            name,
+            watch,
+            interval_ms,
+        } => loop {
             let queues = admin
                 .get_queue_stats(pb::GetQueueStatsRequest {
-                    name: name.unwrap_or_default(),
+                    name: name.clone().unwrap_or_default(),
                 })
                 .await?
                 .into_inner()
@@ -324,7 +335,11 @@ pub async fn run(c: &ClientArgs, cmd: QueueCommand) -> anyhow::Result<()> {
                     println!("{t}");
                 }
             }
-        }
+            if !watch {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(interval_ms.max(100))).await;
+        },
     }
     Ok(())
 }

@@ -3,8 +3,9 @@
 use std::sync::Arc;
 
 use super::{DedupRecord, Effects, MessageState, Queue, QueueConfig};
+use crate::error::KernelError;
 use crate::selector::Selector;
-use crate::types::{Message, QueueName, QueueUid, Seq, SharedMessage};
+use crate::types::{Message, MessageId, QueueName, QueueUid, Seq, SharedMessage};
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Counters {
@@ -96,6 +97,37 @@ impl Queue {
         q
     }
 
+    /// Deletes one message by its id, unless a consumer holds it.
+    pub fn delete_message(
+        &mut self,
+        id: &MessageId,
+        now_ms: u64,
+    ) -> (Result<(), KernelError>, Effects) {
+        let mut effects = Effects::default();
+        self.fire_due(now_ms, &mut effects);
+        // `ID:<queue uid>-<seq>`: the sequence number finds it; the whole id must match.
+        let found = id
+            .as_str()
+            .rsplit_once('-')
+            .and_then(|(_, seq)| seq.parse().ok())
+            .map(Seq)
+            .filter(|&seq| MessageId::new(self.uid, seq) == *id)
+            .and_then(|seq| self.entries.get(&seq).map(|e| (seq, e.state)));
+        let result = match found {
+            None => Err(KernelError::NoSuchMessage { id: id.to_string() }),
+            Some((_, MessageState::Leased { .. })) => {
+                Err(KernelError::MessageLeased { id: id.to_string() })
+            }
+            Some((seq, _)) => {
+                effects.persist.extend(self.remove_entry(seq));
+                self.counters.purged_total += 1;
+                Ok(())
+            }
+        };
+        self.dispatch(now_ms, &mut effects);
+        (result, effects)
+    }
+
     /// Removes every message that is not leased. Returns how many were removed.
     pub fn purge(&mut self, now_ms: u64) -> (u64, Effects) {
         let mut effects = Effects::default();
@@ -113,8 +145,6 @@ impl Queue {
         (doomed.len() as u64, effects)
     }
 
-    /// Up to `max` messages after `after` in sequence order, with their state and delivery count,
-    /// without leasing anything.
     /// Up to `max` messages after `after` in sequence order that `selector` matches, with their
     /// state and delivery count, without leasing anything. Looks at no more than `scan_max`
     /// messages; returns where to resume (`None`: nothing more).

@@ -816,3 +816,20 @@ fn stats_name_the_oldest_ready_message_across_priorities() {
         "leased is not ready"
     );
 }
+
+#[test]
+fn one_message_can_be_deleted_by_id_unless_a_consumer_holds_it() {
+    let mut q = queue();
+    let (ids, _) = q.send(vec![msg("a"), msg("b")], T0).unwrap();
+    let d = take(&mut q, 1, 1, T0);
+    let (res, _) = q.delete_message(&ids[0], T0);
+    assert!(matches!(res, Err(KernelError::MessageLeased { .. })));
+    let (res, fx) = q.delete_message(&ids[1], T0);
+    res.unwrap();
+    q.check_invariants();
+    assert_eq!(fx.persist, vec![PersistOp::DeleteMessage(Seq(2))]);
+    let (res, _) = q.delete_message(&ids[1], T0);
+    assert!(matches!(res, Err(KernelError::NoSuchMessage { .. })));
+    let _ = q.ack(&[d[0].lease_ref()], T0);
+    assert_eq!(q.stats().ready + q.stats().leased, 0);
+}

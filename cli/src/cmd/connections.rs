@@ -1,0 +1,90 @@
+//! `ferry connections`: the client connections open on a node, and closing one.
+
+use anyhow::Context as _;
+use comfy_table::Table;
+use ferry_proto::pb;
+use serde_json::json;
+
+use super::{connect, ClientArgs};
+use crate::output::Format;
+
+#[derive(Debug, clap::Subcommand)]
+pub enum ConnectionsCommand {
+    /// List the client connections open on the node (each node keeps its own).
+    List,
+    /// Close a connection as if its client had: its unacknowledged messages return at once, its
+    /// temporary queues are deleted.
+    Close { connection_id: String },
+}
+
+pub async fn run(c: &ClientArgs, cmd: ConnectionsCommand) -> anyhow::Result<()> {
+    let mut admin = connect(c).await?.admin();
+    match cmd {
+        ConnectionsCommand::List => {
+            let list = admin
+                .list_connections(pb::ListConnectionsRequest {})
+                .await?
+                .into_inner()
+                .connections;
+            match c.output {
+                Format::Json => {
+                    for x in list {
+                        println!(
+                            "{}",
+                            json!({
+                                "connection_id": x.connection_id,
+                                "client_id": x.client_id,
+                                "sessions": x.sessions,
+                                "temporary_queues": x.temporary_queues,
+                                "lease_left_ms": x.lease_left_ms,
+                                "node": x.node,
+                            })
+                        );
+                    }
+                }
+                Format::Human => {
+                    let mut t = Table::new();
+                    t.set_header([
+                        "connection",
+                        "client",
+                        "sessions",
+                        "temporary queues",
+                        "lease left ms",
+                        "node",
+                    ]);
+                    for x in list {
+                        t.add_row([
+                            x.connection_id,
+                            x.client_id,
+                            x.sessions.to_string(),
+                            x.temporary_queues.to_string(),
+                            x.lease_left_ms.to_string(),
+                            x.node,
+                        ]);
+                    }
+                    println!("{t}");
+                }
+            }
+        }
+        ConnectionsCommand::Close { connection_id } => {
+            let r = admin
+                .close_connection(pb::AdminCloseConnectionRequest {
+                    connection_id: connection_id.clone(),
+                })
+                .await
+                .with_context(|| format!("cannot close connection {connection_id}"))?
+                .into_inner();
+            match c.output {
+                Format::Json => println!(
+                    "{}",
+                    json!({ "connection_id": connection_id, "released": r.released })
+                ),
+                Format::Human => println!(
+                    "closed connection {connection_id}; {} messages went back to their queues",
+                    r.released
+                ),
+            }
+        }
+    }
+    Ok(())
+}
