@@ -15,11 +15,16 @@ pub struct AdminService {
     router: Arc<Router>,
     /// This node's client-facing service: its connections, and how to close one.
     messaging: crate::messaging::MessagingService,
+    movers: crate::mover::Movers,
 }
 
 impl AdminService {
     pub(crate) fn new(router: Arc<Router>, messaging: crate::messaging::MessagingService) -> Self {
-        Self { router, messaging }
+        Self {
+            router,
+            messaging,
+            movers: crate::mover::Movers::default(),
+        }
     }
 
     async fn all_queues(&self) -> Result<Vec<pb::QueueInfo>, Status> {
@@ -219,5 +224,55 @@ impl pb::admin_server::Admin for AdminService {
         tracing::info!(connection = %id, "connection closed by an administrator");
         let released = self.messaging.release(closed).await;
         Ok(Response::new(pb::AdminCloseConnectionResponse { released }))
+    }
+
+    async fn move_messages(&self, req: Request<pb::MoveMessagesRequest>) -> Reply<pb::MoveTask> {
+        let r = req.into_inner();
+        let from = queue_name(&r.from_queue)?;
+        let to = queue_name(&r.to_queue)?;
+        if from == to {
+            return Err(Status::invalid_argument(format!(
+                "from_queue and to_queue are both {from}; name two queues"
+            )));
+        }
+        if !r.selector.is_empty() {
+            ferry_kernel::Selector::parse(&r.selector, &ferry_kernel::SelectorLimits::default())
+                .map_err(crate::error::Error::from)?;
+        }
+        let source = self.router.for_queue(&from)?;
+        let stats = source
+            .get_queue_stats(Request::new(pb::BackendQueueRequest {
+                name: from.to_string(),
+            }))
+            .await?
+            .into_inner();
+        self.router
+            .for_queue(&to)?
+            .get_queue(Request::new(pb::BackendQueueRequest {
+                name: to.to_string(),
+            }))
+            .await
+            .map_err(|e| Status::new(e.code(), format!("to_queue: {}", e.message())))?;
+        let spec = crate::mover::MoveSpec {
+            from,
+            to,
+            selector: r.selector,
+            rate_per_sec: r.rate_per_sec,
+            max_messages: r.max_messages,
+        };
+        let task = self
+            .movers
+            .start(self.router.clone(), spec, stats.ready + stats.scheduled);
+        Ok(Response::new(task.info()))
+    }
+
+    async fn get_move_task(&self, req: Request<pb::GetMoveTaskRequest>) -> Reply<pb::MoveTask> {
+        let id = req.into_inner().task_id;
+        let task = self.movers.get(&id).ok_or_else(|| {
+            Status::not_found(format!(
+                "no move task {id} on this node (tasks live on the node that started them, until it stops)"
+            ))
+        })?;
+        Ok(Response::new(task.info()))
     }
 }

@@ -13,6 +13,7 @@ mod consume;
 mod deadline;
 mod error;
 mod messaging;
+mod mover;
 mod remote;
 mod router;
 mod sessions;
@@ -117,4 +118,11 @@ impl Frontend {
     pub fn client_counts(&self) -> (usize, usize) {
         self.messaging.sessions.counts()
     }
+}
+
+/// Milliseconds since the Unix epoch.
+pub(crate) fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }

@@ -337,7 +337,7 @@ impl pb::messaging_server::Messaging for MessagingService {
             self.renew_session_queues(session, queues).await;
         }
         let left = at.saturating_duration_since(tokio::time::Instant::now());
-        let lease_expires_at_ms = ferry_now_ms() + u64::try_from(left.as_millis()).unwrap_or(0);
+        let lease_expires_at_ms = crate::now_ms() + u64::try_from(left.as_millis()).unwrap_or(0);
         Ok(Response::new(pb::HeartbeatResponse {
             lease_expires_at_ms,
         }))
@@ -648,10 +648,4 @@ impl pb::messaging_server::Messaging for MessagingService {
             next_page_token,
         }))
     }
-}
-
-fn ferry_now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }

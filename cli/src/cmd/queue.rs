@@ -31,6 +31,27 @@ pub enum QueueCommand {
     Delete { name: String },
     /// Remove every message that is not currently being processed.
     Purge { name: String },
+    /// Move messages (all, or those a selector matches) to another queue, at most --rate per
+    /// second, as a background task on the node; shows its progress until it ends.
+    Move {
+        #[arg(long)]
+        from: String,
+        #[arg(long)]
+        to: String,
+        #[arg(long)]
+        selector: Option<String>,
+        /// Messages per second; 0: as fast as possible.
+        #[arg(long, default_value_t = 0)]
+        rate: u64,
+        /// Stop after this many; 0: until none is left.
+        #[arg(long, default_value_t = 0)]
+        max: u64,
+        /// Print the task id and return at once (follow it with `ferry queue move-status`).
+        #[arg(long)]
+        detach: bool,
+    },
+    /// Show a move task's progress.
+    MoveStatus { task_id: String },
     /// Show statistics of one queue, or of every queue.
     Stats {
         name: Option<String>,
@@ -159,6 +180,58 @@ pub async fn run(c: &ClientArgs, cmd: QueueCommand) -> anyhow::Result<()> {
                 Format::Human if r.created => println!("created queue {name} on {owner}"),
                 Format::Human => println!("queue {name} already exists (on {owner})"),
             }
+        }
+        QueueCommand::Move {
+            from,
+            to,
+            selector,
+            rate,
+            max,
+            detach,
+        } => {
+            let task = admin
+                .move_messages(pb::MoveMessagesRequest {
+                    from_queue: from.clone(),
+                    to_queue: to.clone(),
+                    selector: selector.unwrap_or_default(),
+                    rate_per_sec: rate,
+                    max_messages: max,
+                })
+                .await
+                .with_context(|| format!("cannot move messages from {from} to {to}"))?
+                .into_inner();
+            if detach {
+                print_move(c.output, &task);
+                return Ok(());
+            }
+            let bar = move_bar(c.output, task.source_messages_at_start);
+            let mut task = task;
+            while task.state == pb::MoveState::Running as i32 {
+                bar.set_position(task.moved);
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                task = admin
+                    .get_move_task(pb::GetMoveTaskRequest {
+                        task_id: task.task_id.clone(),
+                    })
+                    .await?
+                    .into_inner();
+            }
+            bar.finish_and_clear();
+            print_move(c.output, &task);
+            if task.state == pb::MoveState::Failed as i32 {
+                anyhow::bail!(
+                    "the move failed after {} messages: {}",
+                    task.moved,
+                    task.error
+                );
+            }
+        }
+        QueueCommand::MoveStatus { task_id } => {
+            let task = admin
+                .get_move_task(pb::GetMoveTaskRequest { task_id })
+                .await?
+                .into_inner();
+            print_move(c.output, &task);
         }
         QueueCommand::Show { name } => {
             let q = admin
@@ -365,4 +438,49 @@ fn stats_json(s: &pb::QueueStats) -> serde_json::Value {
         "groups": s.groups,
         "owner_node": s.owner_node,
     })
+}
+
+fn move_bar(format: Format, total: u64) -> indicatif::ProgressBar {
+    use std::io::IsTerminal as _;
+    if format == Format::Json || !std::io::stderr().is_terminal() {
+        return indicatif::ProgressBar::hidden();
+    }
+    indicatif::ProgressBar::new(total)
+}
+
+fn print_move(format: Format, t: &pb::MoveTask) {
+    let state = match pb::MoveState::try_from(t.state) {
+        Ok(pb::MoveState::Running) => "running",
+        Ok(pb::MoveState::Done) => "done",
+        Ok(pb::MoveState::Failed) => "failed",
+        _ => "unknown",
+    };
+    match format {
+        Format::Json => println!(
+            "{}",
+            json!({
+                "task_id": t.task_id,
+                "from": t.from_queue,
+                "to": t.to_queue,
+                "moved": t.moved,
+                "state": state,
+                "error": t.error,
+                "source_messages_at_start": t.source_messages_at_start,
+            })
+        ),
+        Format::Human => {
+            println!(
+                "{}: {} → {}: {} moved, {state}{}",
+                t.task_id,
+                t.from_queue,
+                t.to_queue,
+                t.moved,
+                if t.error.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", t.error)
+                }
+            );
+        }
+    }
 }

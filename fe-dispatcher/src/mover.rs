@@ -1,0 +1,203 @@
+//! Moving messages between queues as a background task: the "retry everything in the DLQ" action.
+//! Each batch is received from the source (leased, no session), sent to the target, and only then
+//! acknowledged at the source: a crash in between leaves a message in both, never in neither.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use ferry_kernel::QueueName;
+use ferry_proto::pb;
+use tonic::{Request, Status};
+
+use crate::router::Router;
+
+/// Messages per receive while moving.
+const BATCH: u64 = 100;
+
+#[derive(Debug)]
+pub(crate) struct Task {
+    id: String,
+    from: QueueName,
+    to: QueueName,
+    moved: AtomicU64,
+    at_start: u64,
+    end: Mutex<Option<Result<(), String>>>,
+}
+
+impl Task {
+    pub(crate) fn info(&self) -> pb::MoveTask {
+        let end = self
+            .end
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let (state, error) = match end {
+            None => (pb::MoveState::Running, String::new()),
+            Some(Ok(())) => (pb::MoveState::Done, String::new()),
+            Some(Err(e)) => (pb::MoveState::Failed, e),
+        };
+        pb::MoveTask {
+            task_id: self.id.clone(),
+            from_queue: self.from.to_string(),
+            to_queue: self.to.to_string(),
+            moved: self.moved.load(Ordering::Relaxed),
+            state: state as i32,
+            error,
+            source_messages_at_start: self.at_start,
+        }
+    }
+}
+
+/// The move tasks this node runs or ran (kept until the node stops; they are small).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Movers {
+    tasks: Arc<Mutex<HashMap<String, Arc<Task>>>>,
+}
+
+pub(crate) struct MoveSpec {
+    pub(crate) from: QueueName,
+    pub(crate) to: QueueName,
+    pub(crate) selector: String,
+    pub(crate) rate_per_sec: u64,
+    pub(crate) max_messages: u64,
+}
+
+impl Movers {
+    pub(crate) fn get(&self, id: &str) -> Option<Arc<Task>> {
+        self.tasks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(id)
+            .cloned()
+    }
+
+    pub(crate) fn start(&self, router: Arc<Router>, spec: MoveSpec, at_start: u64) -> Arc<Task> {
+        let task = Arc::new(Task {
+            id: format!("move-{:016x}", rand::random::<u64>()),
+            from: spec.from.clone(),
+            to: spec.to.clone(),
+            moved: AtomicU64::new(0),
+            at_start,
+            end: Mutex::new(None),
+        });
+        self.tasks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(task.id.clone(), task.clone());
+        let t = task.clone();
+        tokio::spawn(async move {
+            let result = run(&router, &spec, &t)
+                .await
+                .map_err(|s| s.message().to_owned());
+            match &result {
+                Ok(()) => {
+                    tracing::info!(task = %t.id, from = %t.from, to = %t.to, moved = t.moved.load(Ordering::Relaxed), "move done")
+                }
+                Err(e) => {
+                    tracing::warn!(task = %t.id, from = %t.from, to = %t.to, error = %e, "move failed")
+                }
+            }
+            *t.end.lock().unwrap_or_else(PoisonError::into_inner) = Some(result);
+        });
+        task
+    }
+}
+
+async fn run(router: &Router, spec: &MoveSpec, task: &Task) -> Result<(), Status> {
+    let source = router.for_queue(&spec.from)?.clone();
+    let target = router.for_queue(&spec.to)?.clone();
+    let started = Instant::now();
+    loop {
+        let moved = task.moved.load(Ordering::Relaxed);
+        let left = match spec.max_messages {
+            0 => BATCH,
+            max => max.saturating_sub(moved).min(BATCH),
+        };
+        if left == 0 {
+            return Ok(());
+        }
+        let batch = if spec.rate_per_sec > 0 {
+            left.min(spec.rate_per_sec)
+        } else {
+            left
+        };
+        // The rate: message n may move no sooner than n / rate after the start.
+        if spec.rate_per_sec > 0 {
+            let due = Duration::from_secs_f64(moved as f64 / spec.rate_per_sec as f64);
+            if let Some(wait) = due.checked_sub(started.elapsed()) {
+                tokio::time::sleep(wait).await;
+            }
+        }
+        let got = source
+            .receive(Request::new(pb::BackendReceiveRequest {
+                queue: spec.from.to_string(),
+                session_id: String::new(),
+                selector: spec.selector.clone(),
+                max_messages: u32::try_from(batch).unwrap_or(u32::MAX),
+                wait_ms: Some(0),
+                lease_ms: Some(60_000),
+                clamp_max_messages: true,
+            }))
+            .await?
+            .into_inner()
+            .deliveries;
+        if got.is_empty() {
+            return Ok(());
+        }
+        let handles: Vec<String> = got.iter().map(|d| d.receipt_handle.clone()).collect();
+        let now = crate::now_ms();
+        let messages = got
+            .iter()
+            .filter_map(|d| d.message.as_ref())
+            .map(|m| outgoing(m, now))
+            .collect();
+        let sent = target
+            .send(Request::new(pb::BackendSendRequest {
+                queue: spec.to.to_string(),
+                messages,
+                ..Default::default()
+            }))
+            .await;
+        if let Err(e) = sent {
+            // Back at once, not counted as a delivery: nobody consumed them.
+            let _ = source
+                .nack(Request::new(pb::BackendLeaseRequest {
+                    queue: spec.from.to_string(),
+                    receipt_handles: handles,
+                    undelivered: true,
+                    ..Default::default()
+                }))
+                .await;
+            return Err(e);
+        }
+        source
+            .ack(Request::new(pb::BackendLeaseRequest {
+                queue: spec.from.to_string(),
+                receipt_handles: handles,
+                ..Default::default()
+            }))
+            .await?;
+        task.moved.fetch_add(got.len() as u64, Ordering::Relaxed);
+    }
+}
+
+/// The message as its producer would send it again: same body, properties and headers, the
+/// time to live it has left.
+fn outgoing(m: &pb::Message, now_ms: u64) -> pb::OutgoingMessage {
+    pb::OutgoingMessage {
+        body: m.body.clone(),
+        properties: m.properties.clone(),
+        correlation_id: m.correlation_id.clone(),
+        reply_to: m.reply_to.clone(),
+        r#type: m.r#type.clone(),
+        priority: Some(m.priority),
+        time_to_live_ms: (m.expiration_ms > 0)
+            .then(|| m.expiration_ms.saturating_sub(now_ms).max(1)),
+        delivery_delay_ms: None,
+        delivery_mode: m.delivery_mode,
+        dedup_id: String::new(),
+        group_id: m.group_id.clone(),
+    }
+}
