@@ -490,6 +490,18 @@ impl QueueActor {
             } else {
                 None
             };
+            let expired = dl.reason == ferry_kernel::DeadLetterReason::Expired;
+            self.dead_letters.event(crate::dead_letter::BrokerEvent {
+                at_ms: now_ms(),
+                kind: if expired { "expired" } else { "dead-lettered" },
+                queue: source.clone(),
+                message_id: dl.message.id.to_string(),
+                reason: match (expired, target.is_some()) {
+                    (true, true) => "moved",
+                    (true, false) => "discarded",
+                    (false, _) => dl.reason.as_str(),
+                },
+            });
             match target {
                 Some(target) => moves.entry(target).or_default().push(dl),
                 None => {

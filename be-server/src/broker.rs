@@ -137,6 +137,11 @@ impl Broker {
         Self { inner }
     }
 
+    /// Dead letters and expiries from now on, as they happen.
+    pub fn subscribe_events(&self) -> tokio::sync::broadcast::Receiver<crate::BrokerEvent> {
+        self.inner.dead_letters.subscribe()
+    }
+
     /// Synced writes made and submissions they carried, since the node started.
     pub fn commit_stats(&self) -> (u64, u64) {
         let s = self.inner.commit.stats();

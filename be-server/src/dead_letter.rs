@@ -30,13 +30,37 @@ pub(crate) struct DeadLetterJob {
     pub(crate) letters: Vec<DeadLetter>,
 }
 
-/// Where owner tasks hand dead letters. Cheap to clone.
+/// Something that happened to a message, for operators watching (`WatchEvents`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BrokerEvent {
+    pub at_ms: u64,
+    /// `dead-lettered` or `expired`.
+    pub kind: &'static str,
+    pub queue: QueueName,
+    pub message_id: String,
+    /// `dead-lettered`: why; `expired`: `moved` or `discarded`.
+    pub reason: &'static str,
+}
+
+/// Where owner tasks hand dead letters, and tell watchers about them. Cheap to clone.
 #[derive(Debug, Clone)]
-pub(crate) struct DeadLetterSink(mpsc::UnboundedSender<DeadLetterJob>);
+pub(crate) struct DeadLetterSink {
+    jobs: mpsc::UnboundedSender<DeadLetterJob>,
+    events: tokio::sync::broadcast::Sender<BrokerEvent>,
+}
 
 impl DeadLetterSink {
+    /// Tells watchers (if any) what happened; never blocks, drops for watchers that lag.
+    pub(crate) fn event(&self, e: BrokerEvent) {
+        let _ = self.events.send(e);
+    }
+
+    pub(crate) fn subscribe(&self) -> tokio::sync::broadcast::Receiver<BrokerEvent> {
+        self.events.subscribe()
+    }
+
     pub(crate) fn send(&self, job: DeadLetterJob) {
-        if let Err(e) = self.0.send(job) {
+        if let Err(e) = self.jobs.send(job) {
             let job = e.0;
             tracing::warn!(
                 queue = %job.source,
@@ -101,6 +125,7 @@ pub(crate) fn moved_message(source: &QueueName, dl: &DeadLetter) -> NewMessage {
 /// Starts the task that moves dead letters; it ends when the broker is gone.
 pub(crate) fn start(broker: Weak<crate::broker::Inner>) -> DeadLetterSink {
     let (tx, mut rx) = mpsc::unbounded_channel::<DeadLetterJob>();
+    let (events, _) = tokio::sync::broadcast::channel(4_096);
     tokio::spawn(async move {
         while let Some(job) = rx.recv().await {
             let Some(inner) = broker.upgrade() else {
@@ -120,7 +145,7 @@ pub(crate) fn start(broker: Weak<crate::broker::Inner>) -> DeadLetterSink {
             }
         }
     });
-    DeadLetterSink(tx)
+    DeadLetterSink { jobs: tx, events }
 }
 
 async fn move_letters(

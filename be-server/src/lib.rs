@@ -14,7 +14,8 @@ mod service;
 pub use broker::{Broker, BrokerConfig, QueueSummary};
 pub use clock::now_ms;
 pub use dead_letter::{
-    DELIVERY_COUNT_PROPERTY, ORIGINAL_MESSAGE_ID_PROPERTY, ORIGINAL_QUEUE_PROPERTY, REASON_PROPERTY,
+    BrokerEvent, DELIVERY_COUNT_PROPERTY, ORIGINAL_MESSAGE_ID_PROPERTY, ORIGINAL_QUEUE_PROPERTY,
+    REASON_PROPERTY,
 };
 pub use error::Error;
 pub use service::BackendService;

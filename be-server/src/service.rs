@@ -390,4 +390,39 @@ impl pb::backend_server::Backend for BackendService {
         self.broker.delete_message(&queue, id).await?;
         Ok(Response::new(pb::BackendCountResponse { count: 1 }))
     }
+
+    type WatchEventsStream = ferry_proto::EventStream;
+
+    async fn watch_events(
+        &self,
+        _req: Request<pb::BackendWatchEventsRequest>,
+    ) -> Reply<Self::WatchEventsStream> {
+        use tokio_stream::StreamExt as _;
+        let node = self.broker.node_id().to_string();
+        let events = tokio_stream::wrappers::BroadcastStream::new(self.broker.subscribe_events())
+            .map(move |e| {
+                Ok(match e {
+                    Ok(e) => pb::Event {
+                        at_ms: e.at_ms,
+                        kind: e.kind.into(),
+                        queue: e.queue.to_string(),
+                        message_id: e.message_id,
+                        reason: e.reason.into(),
+                        value: 0,
+                        node: node.clone(),
+                    },
+                    // A watcher that falls behind is told how much it missed.
+                    Err(tokio_stream::wrappers::errors::BroadcastStreamRecvError::Lagged(n)) => {
+                        pb::Event {
+                            at_ms: now_ms(),
+                            kind: "events-lost".into(),
+                            value: n,
+                            node: node.clone(),
+                            ..Default::default()
+                        }
+                    }
+                })
+            });
+        Ok(Response::new(Box::pin(events)))
+    }
 }

@@ -275,4 +275,15 @@ impl pb::admin_server::Admin for AdminService {
         })?;
         Ok(Response::new(task.info()))
     }
+
+    type WatchEventsStream = ferry_proto::EventStream;
+
+    async fn watch_events(
+        &self,
+        req: Request<pb::WatchEventsRequest>,
+    ) -> Reply<Self::WatchEventsStream> {
+        let local = self.messaging.events.subscribe();
+        let stream = crate::events::watch(self.router.clone(), local, req.into_inner()).await?;
+        Ok(Response::new(stream))
+    }
 }

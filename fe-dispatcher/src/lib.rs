@@ -12,6 +12,7 @@ mod admin;
 mod consume;
 mod deadline;
 mod error;
+mod events;
 mod messaging;
 mod mover;
 mod remote;
@@ -29,7 +30,8 @@ pub use router::Router;
 pub use sessions::Sessions;
 
 /// A back-end, local or remote.
-pub type BackendRef = Arc<dyn ferry_proto::pb::backend_server::Backend>;
+pub type BackendRef =
+    Arc<dyn ferry_proto::pb::backend_server::Backend<WatchEventsStream = ferry_proto::EventStream>>;
 
 /// Front-end settings.
 #[derive(Debug, Clone)]

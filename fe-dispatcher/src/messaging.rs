@@ -24,6 +24,8 @@ pub struct MessagingService {
     pub(crate) sessions: Arc<Sessions>,
     /// Becomes true when the node stops: long polls answer empty, streams end.
     pub(crate) stopping: tokio::sync::watch::Receiver<bool>,
+    /// What this front-end saw that operators watch for (sends to a reply queue that is gone).
+    pub(crate) events: tokio::sync::broadcast::Sender<pb::Event>,
 }
 
 pub(crate) fn queue_name(name: &str) -> Result<QueueName, Status> {
@@ -48,6 +50,7 @@ impl MessagingService {
             router,
             sessions,
             stopping,
+            events: tokio::sync::broadcast::channel(1_024).0,
         }
     }
 
@@ -409,6 +412,10 @@ impl pb::messaging_server::Messaging for MessagingService {
             checked.push(&m.reply_to);
         }
         let be = self.router.for_queue(&queue)?;
+        // A reply (it carries a correlation id, or goes to a temporary queue) whose queue is gone
+        // is worth an operator's attention: its requester gave up or went away.
+        let is_reply = queue.as_str().starts_with("tmp.")
+            || r.messages.iter().any(|m| m.correlation_id.is_some());
         let out = be
             .send(Request::new(pb::BackendSendRequest {
                 queue: r.queue,
@@ -420,7 +427,18 @@ impl pb::messaging_server::Messaging for MessagingService {
                 },
                 transacted,
             }))
-            .await?;
+            .await
+            .inspect_err(|e| {
+                if is_reply && e.code() == tonic::Code::NotFound {
+                    let _ = self.events.send(pb::Event {
+                        at_ms: crate::now_ms(),
+                        kind: "reply-queue-missing".into(),
+                        queue: queue.to_string(),
+                        node: self.router.local_node().to_string(),
+                        ..Default::default()
+                    });
+                }
+            })?;
         Ok(Response::new(pb::SendResponse {
             message_ids: out.into_inner().message_ids,
         }))

@@ -46,6 +46,16 @@ macro_rules! forward_all {
                     self.client.clone().$name(forward(req)).await
                 }
             )*
+
+            type WatchEventsStream = ferry_proto::EventStream;
+
+            async fn watch_events(
+                &self,
+                req: Request<pb::BackendWatchEventsRequest>,
+            ) -> Result<Response<Self::WatchEventsStream>, Status> {
+                let stream = self.client.clone().watch_events(req.into_inner()).await?;
+                Ok(Response::new(Box::pin(stream.into_inner())))
+            }
         }
     };
 }

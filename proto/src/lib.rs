@@ -20,3 +20,9 @@ pub mod v1 {
 pub mod convert;
 
 pub use v1 as pb;
+
+/// The stream of events a back-end (and the admin service) hands out; one boxed type, so the
+/// back-end service stays usable as a trait object.
+pub type EventStream = std::pin::Pin<
+    Box<dyn tokio_stream::Stream<Item = Result<pb::Event, tonic::Status>> + Send + 'static>,
+>;

@@ -3,6 +3,7 @@
 mod bench;
 mod browse;
 mod connections;
+mod events;
 mod message;
 mod queue;
 mod receive;
@@ -68,6 +69,9 @@ pub enum Command {
         #[command(subcommand)]
         command: connections::ConnectionsCommand,
     },
+    /// Watch events: dead letters, expiries, replies to a queue that is gone, and queue depth or
+    /// oldest-message age crossing thresholds you set.
+    Events(events::EventsArgs),
     /// Measure: producers and consumers on one queue; throughput, latency percentiles, and a
     /// check that every message sent was received.
     Bench(bench::BenchArgs),
@@ -83,6 +87,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Request(a) => request::request(&cli.client, a).await,
         Command::Reply(a) => request::reply(&cli.client, a).await,
         Command::Bench(a) => bench::run(&cli.client, a).await,
+        Command::Events(a) => events::run(&cli.client, a).await,
         Command::Message { command } => message::run(&cli.client, command).await,
         Command::Connections { command } => connections::run(&cli.client, command).await,
     }

@@ -1,0 +1,169 @@
+//! `Admin.WatchEvents`: one stream per watcher, merging every back-end's events (dead letters,
+//! expiries), this front-end's (replies to a queue that is gone) and the thresholds the watcher
+//! set, checked every `check_every_ms` with hysteresis so each crossing is told once.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferry_proto::{pb, EventStream};
+use futures::stream::{SelectAll, StreamExt};
+use tokio::sync::{broadcast, mpsc};
+use tonic::{Request, Status};
+
+use crate::router::Router;
+
+/// Whether a threshold is currently crossed, per queue.
+#[derive(Debug, Default, Clone, Copy)]
+struct Crossed {
+    depth: bool,
+    age: bool,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Thresholds {
+    depth_high: u64,
+    depth_low: u64,
+    age_high_ms: u64,
+}
+
+pub(crate) async fn watch(
+    router: Arc<Router>,
+    mut local: broadcast::Receiver<pb::Event>,
+    req: pb::WatchEventsRequest,
+) -> Result<EventStream, Status> {
+    let depth_low = req.depth_low.unwrap_or(req.depth_high / 2);
+    if req.depth_high > 0 && depth_low >= req.depth_high {
+        return Err(Status::invalid_argument(format!(
+            "depth_low ({depth_low}) must be below depth_high ({}) so a depth can come back",
+            req.depth_high
+        )));
+    }
+    let every = Duration::from_millis(req.check_every_ms.unwrap_or(250).max(50));
+    let only = (!req.queue.is_empty()).then(|| req.queue.clone());
+    let t = Thresholds {
+        depth_high: req.depth_high,
+        depth_low,
+        age_high_ms: req.age_high_ms,
+    };
+    // Subscribe before answering, so nothing that happens after the call returns is missed.
+    let mut sources: SelectAll<EventStream> = SelectAll::new();
+    for (node, be) in router.all() {
+        match be
+            .watch_events(Request::new(pb::BackendWatchEventsRequest {}))
+            .await
+        {
+            Ok(s) => sources.push(s.into_inner()),
+            Err(e) => tracing::warn!(%node, error = %e, "cannot watch a back-end's events"),
+        }
+    }
+    let node = router.local_node().to_string();
+    let (tx, rx) = mpsc::channel::<Result<pb::Event, Status>>(1_024);
+    tokio::spawn(async move {
+        let mut crossed: HashMap<String, Crossed> = HashMap::new();
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let out: Vec<pb::Event> = tokio::select! {
+                () = tx.closed() => return,
+                Some(e) = sources.next(), if !sources.is_empty() => match e {
+                    Ok(e) => vec![e],
+                    Err(s) => {
+                        tracing::warn!(error = %s, "a back-end's event stream ended");
+                        vec![]
+                    }
+                },
+                e = local.recv() => match e {
+                    Ok(e) => vec![e],
+                    Err(broadcast::error::RecvError::Lagged(n)) => vec![pb::Event {
+                        at_ms: crate::now_ms(),
+                        kind: "events-lost".into(),
+                        value: n,
+                        node: node.clone(),
+                        ..Default::default()
+                    }],
+                    Err(broadcast::error::RecvError::Closed) => return,
+                },
+                _ = tick.tick(), if t.depth_high > 0 || t.age_high_ms > 0 => {
+                    check(&router, only.as_deref(), t, &mut crossed, &node).await
+                }
+            };
+            for e in out {
+                if only.as_ref().is_some_and(|q| *q != e.queue) {
+                    continue;
+                }
+                if tx.send(Ok(e)).await.is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    Ok(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx)))
+}
+
+/// Reads every queue's depth and oldest ready age; returns the crossings since the last check.
+async fn check(
+    router: &Router,
+    only: Option<&str>,
+    t: Thresholds,
+    crossed: &mut HashMap<String, Crossed>,
+    node: &str,
+) -> Vec<pb::Event> {
+    let now = crate::now_ms();
+    let mut out = vec![];
+    for (_, be) in router.all() {
+        let Ok(queues) = be
+            .list_queues(Request::new(pb::BackendListQueuesRequest {}))
+            .await
+        else {
+            continue;
+        };
+        for q in queues.into_inner().queues {
+            if only.is_some_and(|o| o != q.name) {
+                continue;
+            }
+            let Ok(s) = be
+                .get_queue_stats(Request::new(pb::BackendQueueRequest {
+                    name: q.name.clone(),
+                }))
+                .await
+            else {
+                continue;
+            };
+            let s = s.into_inner();
+            let c = crossed.entry(q.name.clone()).or_default();
+            let event = |kind: &str, value: u64| pb::Event {
+                at_ms: now,
+                kind: kind.into(),
+                queue: q.name.clone(),
+                value,
+                node: node.into(),
+                ..Default::default()
+            };
+            let depth = s.ready + s.scheduled;
+            if t.depth_high > 0 {
+                if !c.depth && depth >= t.depth_high {
+                    c.depth = true;
+                    out.push(event("queue-depth-high", depth));
+                } else if c.depth && depth <= t.depth_low {
+                    c.depth = false;
+                    out.push(event("queue-depth-normal", depth));
+                }
+            }
+            if t.age_high_ms > 0 {
+                let age = match s.oldest_ready_timestamp_ms {
+                    0 => 0,
+                    ts => now.saturating_sub(ts),
+                };
+                if !c.age && age >= t.age_high_ms {
+                    c.age = true;
+                    out.push(event("oldest-age-high", age));
+                } else if c.age && age < t.age_high_ms / 2 {
+                    c.age = false;
+                    out.push(event("oldest-age-normal", age));
+                }
+            }
+        }
+    }
+    out
+}
