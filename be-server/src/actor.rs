@@ -480,6 +480,14 @@ impl QueueActor {
                 let _ = reply.send(Ok(vec![]));
             }
         }
+        if self.dead_letters.history.enabled() {
+            let (name, uid) = (self.queue.name(), self.queue.uid());
+            for h in &fx.history {
+                self.dead_letters
+                    .history
+                    .record(name, MessageId::new(uid, h.seq), h);
+            }
+        }
         let mut persist = fx.persist;
         let mut moves: HashMap<QueueName, Vec<DeadLetter>> = HashMap::new();
         for dl in fx.dead_letters {

@@ -27,6 +27,10 @@ pub struct BrokerConfig {
     pub commit_batch_max: usize,
     /// Commands waiting for one queue's owner task.
     pub queue_channel_capacity: usize,
+    /// How long each step of a message's history is kept (0: no history).
+    pub history_retention_ms: u64,
+    /// The most history steps kept on this node.
+    pub history_max_steps: usize,
 }
 
 impl BrokerConfig {
@@ -37,6 +41,8 @@ impl BrokerConfig {
             commit_queue_depth: 4_096,
             commit_batch_max: 1_024,
             queue_channel_capacity: 1_024,
+            history_retention_ms: 600_000,
+            history_max_steps: 100_000,
         }
     }
 }
@@ -89,7 +95,11 @@ impl Broker {
             )?;
         let now = now_ms();
         let inner = Arc::new_cyclic(|weak| {
-            let dead_letters = dead_letter::start(weak.clone());
+            let history = Arc::new(crate::history::History::new(
+                config.history_retention_ms,
+                config.history_max_steps,
+            ));
+            let dead_letters = dead_letter::start(weak.clone(), history);
             let mut queues = HashMap::new();
             let mut messages = 0usize;
             for r in recovered {
@@ -135,6 +145,11 @@ impl Broker {
 
     pub(crate) fn from_inner(inner: Arc<Inner>) -> Self {
         Self { inner }
+    }
+
+    /// The steps kept of a message's life on this back-end, oldest first.
+    pub fn message_history(&self, id: &str) -> Vec<crate::history::Step> {
+        self.inner.dead_letters.history.get(id)
     }
 
     /// Dead letters and expiries from now on, as they happen.

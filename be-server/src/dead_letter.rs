@@ -47,6 +47,8 @@ pub struct BrokerEvent {
 pub(crate) struct DeadLetterSink {
     jobs: mpsc::UnboundedSender<DeadLetterJob>,
     events: tokio::sync::broadcast::Sender<BrokerEvent>,
+    /// Where owner tasks note each step of each message.
+    pub(crate) history: std::sync::Arc<crate::history::History>,
 }
 
 impl DeadLetterSink {
@@ -123,7 +125,10 @@ pub(crate) fn moved_message(source: &QueueName, dl: &DeadLetter) -> NewMessage {
 }
 
 /// Starts the task that moves dead letters; it ends when the broker is gone.
-pub(crate) fn start(broker: Weak<crate::broker::Inner>) -> DeadLetterSink {
+pub(crate) fn start(
+    broker: Weak<crate::broker::Inner>,
+    history: std::sync::Arc<crate::history::History>,
+) -> DeadLetterSink {
     let (tx, mut rx) = mpsc::unbounded_channel::<DeadLetterJob>();
     let (events, _) = tokio::sync::broadcast::channel(4_096);
     tokio::spawn(async move {
@@ -145,7 +150,11 @@ pub(crate) fn start(broker: Weak<crate::broker::Inner>) -> DeadLetterSink {
             }
         }
     });
-    DeadLetterSink { jobs: tx, events }
+    DeadLetterSink {
+        jobs: tx,
+        events,
+        history,
+    }
 }
 
 async fn move_letters(

@@ -9,6 +9,7 @@ mod broker;
 mod clock;
 mod dead_letter;
 mod error;
+mod history;
 mod service;
 
 pub use broker::{Broker, BrokerConfig, QueueSummary};
@@ -18,4 +19,5 @@ pub use dead_letter::{
     REASON_PROPERTY,
 };
 pub use error::Error;
+pub use history::{History, Step};
 pub use service::BackendService;

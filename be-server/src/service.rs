@@ -425,4 +425,25 @@ impl pb::backend_server::Backend for BackendService {
             });
         Ok(Response::new(Box::pin(events)))
     }
+
+    async fn get_message_history(
+        &self,
+        req: Request<pb::GetMessageHistoryRequest>,
+    ) -> Reply<pb::GetMessageHistoryResponse> {
+        let id = req.into_inner().message_id;
+        let node = self.broker.node_id().to_string();
+        let steps = self
+            .broker
+            .message_history(&id)
+            .into_iter()
+            .map(|s| pb::HistoryStep {
+                at_ms: s.at_ms,
+                queue: s.queue,
+                event: s.event.into(),
+                detail: s.detail,
+                node: node.clone(),
+            })
+            .collect();
+        Ok(Response::new(pb::GetMessageHistoryResponse { steps }))
+    }
 }

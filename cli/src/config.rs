@@ -87,6 +87,27 @@ pub struct Config {
     pub cluster: ClusterConfig,
     #[serde(default)]
     pub metrics: MetricsConfig,
+    #[serde(default)]
+    pub history: HistoryConfig,
+}
+
+/// Per-message history (`ferry message history`), kept in memory.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HistoryConfig {
+    /// How long each step is kept; 0: no history.
+    pub retention_ms: u64,
+    /// The most steps kept on this node (oldest go first).
+    pub max_steps: usize,
+}
+
+impl Default for HistoryConfig {
+    fn default() -> Self {
+        Self {
+            retention_ms: 600_000,
+            max_steps: 100_000,
+        }
+    }
 }
 
 /// The Prometheus endpoint.
@@ -113,6 +134,7 @@ impl Default for Config {
             limits: Limits::default(),
             cluster: ClusterConfig::default(),
             metrics: MetricsConfig::default(),
+            history: HistoryConfig::default(),
         }
     }
 }

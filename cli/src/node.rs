@@ -47,6 +47,8 @@ pub async fn run(
     };
     let l = &config.limits;
     let mut broker_config = BrokerConfig::new(node_id.clone());
+    broker_config.history_retention_ms = config.history.retention_ms;
+    broker_config.history_max_steps = config.history.max_steps;
     broker_config.queue_defaults = QueueConfig {
         default_lease_ms: l.delivery_lease_default_ms,
         lease_max_ms: l.delivery_lease_max_ms,

@@ -286,4 +286,31 @@ impl pb::admin_server::Admin for AdminService {
         let stream = crate::events::watch(self.router.clone(), local, req.into_inner()).await?;
         Ok(Response::new(stream))
     }
+
+    async fn get_message_history(
+        &self,
+        req: Request<pb::GetMessageHistoryRequest>,
+    ) -> Reply<pb::GetMessageHistoryResponse> {
+        let r = req.into_inner();
+        ferry_kernel::MessageId::parse(&r.message_id).map_err(crate::error::Error::from)?;
+        // A message's steps are on the back-end of its queue, and of its dead-letter queue or a
+        // queue it was moved to: ask them all.
+        let mut steps = vec![];
+        for (_, be) in self.router.all() {
+            steps.extend(
+                be.get_message_history(Request::new(r.clone()))
+                    .await?
+                    .into_inner()
+                    .steps,
+            );
+        }
+        steps.sort_by_key(|s| s.at_ms);
+        if steps.is_empty() {
+            return Err(Status::not_found(format!(
+                "no history of {} (unknown id, or older than the history retention)",
+                r.message_id
+            )));
+        }
+        Ok(Response::new(pb::GetMessageHistoryResponse { steps }))
+    }
 }

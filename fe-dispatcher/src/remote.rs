@@ -77,4 +77,5 @@ forward_all! {
     commit(pb::BackendCommitRequest) -> pb::BackendCountResponse;
     rollback(pb::BackendRollbackRequest) -> pb::BackendCountResponse;
     delete_message(pb::BackendDeleteMessageRequest) -> pb::BackendCountResponse;
+    get_message_history(pb::GetMessageHistoryRequest) -> pb::GetMessageHistoryResponse;
 }

@@ -130,3 +130,71 @@ async fn move_messages_with_a_selector_and_a_rate_limit() -> anyhow::Result<()> 
     assert!(err.contains("to_queue"), "{err}");
     Ok(())
 }
+
+/// `ferry message history`: the steps of a message that was delivered, rolled back, redelivered
+/// after the policy's delay, and acknowledged in a commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn message_history_tells_each_step() -> anyhow::Result<()> {
+    let (_dir, node, client) = memory_node(&[]).await?;
+    client
+        .admin()
+        .create_queue(ferry_client::pb::CreateQueueRequest {
+            name: "jobs".into(),
+            config: Some(ferry_client::pb::QueueConfig {
+                redelivery: Some(ferry_client::pb::RedeliveryPolicy {
+                    initial_delay_ms: Some(100),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            if_not_exists: false,
+        })
+        .await?;
+    let conn = client.open_connection("h").await?;
+    let tx = conn.create_session(AckMode::Transacted).await?;
+    let producer = conn.create_session(AckMode::Auto).await?;
+    let ids = producer.send("jobs", vec![Message::text("job")]).await?;
+    let got = tx
+        .receive("jobs", ReceiveOptions::timeout_ms(5_000))
+        .await?;
+    assert_eq!(got.len(), 1);
+    tx.rollback().await?;
+    let again = tx
+        .receive("jobs", ReceiveOptions::timeout_ms(5_000))
+        .await?;
+    assert_eq!(again[0].delivery_count(), 2);
+    tx.commit().await?;
+
+    let (ok, out, err) = ferry_cli(&node, &["message", "history", &ids[0], "-o", "json"])?;
+    assert!(ok, "{err}");
+    let steps: Vec<serde_json::Value> = out
+        .lines()
+        .map(serde_json::from_str)
+        .collect::<Result<_, _>>()?;
+    let events: Vec<&str> = steps.iter().filter_map(|s| s["event"].as_str()).collect();
+    assert_eq!(
+        events,
+        ["sent", "delivered", "returned", "delivered", "acked"],
+        "{out}"
+    );
+    let detail = |i: usize| steps[i]["detail"].as_str().unwrap_or_default().to_owned();
+    assert!(
+        detail(1).contains(tx.id()) && detail(1).contains("delivery 1"),
+        "{out}"
+    );
+    assert!(
+        detail(2).starts_with("rollback; redelivery delayed until"),
+        "{out}"
+    );
+    assert!(detail(3).contains("delivery 2"), "{out}");
+    let at = |i: usize| steps[i]["at_ms"].as_u64().unwrap_or_default();
+    assert!(
+        at(3) >= at(2) + 100,
+        "redelivered no sooner than the policy's delay: {out}"
+    );
+
+    let (ok, _, err) = ferry_cli(&node, &["message", "history", "ID:0000000000000001-9"])?;
+    assert!(!ok);
+    assert!(err.contains("no history"), "{err}");
+    Ok(())
+}

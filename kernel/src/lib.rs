@@ -19,8 +19,9 @@ mod types;
 pub use error::KernelError;
 pub use queue::{
     DeadLetter, DeadLetterCounts, DeadLetterReason, DeadLetterTarget, DedupRecord, Delivery,
-    Effects, LeaseRef, MessageState, PersistOp, Queue, QueueConfig, QueueStats, ReceiveOutcome,
-    ReceiveRequest, RecoveredMessage, RedeliveryPolicy, Wait, WaiterId, STAGED_MAX,
+    Effects, HistoryEntry, LeaseRef, MessageState, PersistOp, Queue, QueueConfig, QueueStats,
+    ReceiveOutcome, ReceiveRequest, RecoveredMessage, RedeliveryPolicy, ReturnCause, Transition,
+    Wait, WaiterId, STAGED_MAX,
 };
 pub use selector::{Selector, SelectorLimits};
 pub use types::{

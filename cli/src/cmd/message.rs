@@ -9,6 +9,12 @@ use crate::output::Format;
 
 #[derive(Debug, clap::Subcommand)]
 pub enum MessageCommand {
+    /// Every step of a message's life kept by the nodes: sent, delivered to which session,
+    /// returned and why, redelivery delays, acknowledged, expired, dead-lettered.
+    History {
+        /// The id `ferry send` printed (ID:...).
+        message_id: String,
+    },
     /// Delete one message by its id (refused while a consumer holds it).
     Delete {
         #[arg(long, short)]
@@ -21,6 +27,40 @@ pub enum MessageCommand {
 pub async fn run(c: &ClientArgs, cmd: MessageCommand) -> anyhow::Result<()> {
     let mut admin = connect(c).await?.admin();
     match cmd {
+        MessageCommand::History { message_id } => {
+            let steps = admin
+                .get_message_history(pb::GetMessageHistoryRequest {
+                    message_id: message_id.clone(),
+                })
+                .await
+                .with_context(|| format!("cannot show the history of {message_id}"))?
+                .into_inner()
+                .steps;
+            match c.output {
+                Format::Json => {
+                    for s in steps {
+                        println!(
+                            "{}",
+                            json!({
+                                "at_ms": s.at_ms,
+                                "queue": s.queue,
+                                "event": s.event,
+                                "detail": s.detail,
+                                "node": s.node,
+                            })
+                        );
+                    }
+                }
+                Format::Human => {
+                    let mut t = comfy_table::Table::new();
+                    t.set_header(["at (ms since epoch)", "queue", "event", "detail", "node"]);
+                    for s in steps {
+                        t.add_row([s.at_ms.to_string(), s.queue, s.event, s.detail, s.node]);
+                    }
+                    println!("{t}");
+                }
+            }
+        }
         MessageCommand::Delete { queue, message_id } => {
             admin
                 .delete_message(pb::DeleteMessageRequest {

@@ -2,7 +2,7 @@
 //! delivery that is no longer live (acknowledged, lease expired, redelivered since) is refused and
 //! never touches a newer delivery of the same message.
 
-use super::{DeadLetterReason, Effects, LeaseRef, MessageState, Queue};
+use super::{DeadLetterReason, Effects, LeaseRef, MessageState, Queue, ReturnCause, Transition};
 use crate::error::KernelError;
 use crate::types::{Seq, SessionId};
 
@@ -20,6 +20,7 @@ impl Queue {
             .map(|r| {
                 self.live_lease(*r)?;
                 effects.persist.extend(self.remove_entry(r.seq));
+                self.record(&mut effects, r.seq, Transition::Acked);
                 self.counters.acked_total += 1;
                 Ok(())
             })
@@ -47,7 +48,7 @@ impl Queue {
                 if reject {
                     self.dead_letter(r.seq, DeadLetterReason::Rejected, &mut effects);
                 } else {
-                    self.return_delivered(r.seq, delay_ms, now_ms, &mut effects);
+                    self.return_delivered(r.seq, delay_ms, ReturnCause::Nack, now_ms, &mut effects);
                 }
                 Ok(())
             })

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use super::{DedupRecord, Effects, MessageState, Queue, QueueConfig};
+use super::{DedupRecord, Effects, MessageState, Queue, QueueConfig, Transition};
 use crate::error::KernelError;
 use crate::selector::Selector;
 use crate::types::{Message, MessageId, QueueName, QueueUid, Seq, SharedMessage};
@@ -120,6 +120,7 @@ impl Queue {
             }
             Some((seq, _)) => {
                 effects.persist.extend(self.remove_entry(seq));
+                self.record(&mut effects, seq, Transition::Deleted);
                 self.counters.purged_total += 1;
                 Ok(())
             }
@@ -140,6 +141,7 @@ impl Queue {
             .collect();
         for &seq in &doomed {
             effects.persist.extend(self.remove_entry(seq));
+            self.record(&mut effects, seq, Transition::Deleted);
         }
         self.counters.purged_total += doomed.len() as u64;
         (doomed.len() as u64, effects)

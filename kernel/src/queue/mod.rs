@@ -8,6 +8,7 @@
 mod ack;
 mod admin;
 mod groups;
+mod history;
 mod policy;
 mod receive;
 mod redeliver;
@@ -27,6 +28,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use crate::types::{LeaseId, Priority, QueueName, QueueUid, Seq, SessionId, SharedMessage};
 
 pub use admin::{DeadLetterCounts, QueueStats, RecoveredMessage};
+pub use history::{HistoryEntry, ReturnCause, Transition};
 pub use policy::{DeadLetterReason, DeadLetterTarget, RedeliveryPolicy};
 pub use receive::{ReceiveOutcome, ReceiveRequest, Wait, WaiterId};
 pub use send::DedupRecord;
@@ -177,6 +179,8 @@ pub struct Effects {
     /// shell writes it in the same batch that stores the message in its new queue (or alone, when
     /// the target is to discard), so a crash can never lose it in between.
     pub dead_letters: Vec<DeadLetter>,
+    /// Steps of messages' lives, for the shell's message history.
+    pub history: Vec<HistoryEntry>,
 }
 
 impl Effects {
@@ -192,6 +196,7 @@ impl Effects {
         self.handed.extend(other.handed);
         self.finished_empty.extend(other.finished_empty);
         self.dead_letters.extend(other.dead_letters);
+        self.history.extend(other.history);
     }
 }
 
@@ -253,6 +258,8 @@ pub struct Queue {
     /// receive over `waiters_max` after messages expired): handed to the shell with the next
     /// operation's, which is due at once.
     deferred: Effects,
+    /// The `now` of the operation in progress (set as it starts), for history entries.
+    now_ms: u64,
 }
 
 impl Queue {
@@ -284,6 +291,7 @@ impl Queue {
             dedup_expiry: BTreeSet::new(),
             recovered_exhausted: Vec::new(),
             deferred: Effects::default(),
+            now_ms: 0,
         }
     }
 

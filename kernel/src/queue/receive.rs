@@ -4,7 +4,9 @@
 use std::cmp::Reverse;
 use std::sync::Arc;
 
-use super::{DeadLetterReason, Delivery, Effects, Entry, MessageState, PersistOp, Queue};
+use super::{
+    DeadLetterReason, Delivery, Effects, Entry, MessageState, PersistOp, Queue, Transition,
+};
 use crate::error::KernelError;
 use crate::selector::Selector;
 use crate::types::{LeaseId, SessionId};
@@ -285,9 +287,18 @@ impl Queue {
         if delivery.message.persistent {
             effects.persist.push(PersistOp::SetDeliveryCount {
                 seq,
-                count: entry.delivery_count,
+                count: delivery.delivery_count,
             });
         }
+        self.record(
+            effects,
+            seq,
+            Transition::Delivered {
+                session: owner,
+                delivery_count: delivery.delivery_count,
+                lease_until_ms: until_ms,
+            },
+        );
         self.counters.delivered_total += 1;
         if delivery.redelivered() {
             self.counters.redelivered_total += 1;

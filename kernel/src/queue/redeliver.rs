@@ -5,7 +5,7 @@
 //!
 //! [`RedeliveryPolicy`]: super::RedeliveryPolicy
 
-use super::{DeadLetter, DeadLetterReason, Effects, MessageState, Queue};
+use super::{DeadLetter, DeadLetterReason, Effects, MessageState, Queue, ReturnCause, Transition};
 use crate::types::Seq;
 
 impl Queue {
@@ -17,6 +17,7 @@ impl Queue {
         &mut self,
         seq: Seq,
         delay_ms: Option<u64>,
+        cause: ReturnCause,
         now_ms: u64,
         effects: &mut Effects,
     ) {
@@ -36,13 +37,19 @@ impl Queue {
             let spread = self.rng.spread();
             self.config.redelivery.delay_ms(count, spread)
         });
-        let state = if delay > 0 {
-            MessageState::Scheduled {
-                until_ms: now_ms.saturating_add(delay),
-            }
-        } else {
-            MessageState::Ready
+        let redeliver_at_ms = (delay > 0).then(|| now_ms.saturating_add(delay));
+        let state = match redeliver_at_ms {
+            Some(until_ms) => MessageState::Scheduled { until_ms },
+            None => MessageState::Ready,
         };
+        self.record(
+            effects,
+            seq,
+            Transition::Returned {
+                cause,
+                redeliver_at_ms,
+            },
+        );
         self.set_state(seq, state);
     }
 
@@ -64,6 +71,7 @@ impl Queue {
             }
         };
         let delete = self.remove_entry(seq);
+        self.record(effects, seq, Transition::DeadLettered { reason });
         match reason {
             DeadLetterReason::Expired => self.counters.expired_total += 1,
             DeadLetterReason::MaxDeliveries => self.counters.dead_lettered.max_deliveries += 1,

@@ -1,7 +1,7 @@
 //! Giving messages back without an explicit nack: a session closing (or its lease running out),
 //! a delivery that could not be handed to its receiver, and lease expiry (in `tick.rs`).
 
-use super::{Effects, LeaseRef, MessageState, PersistOp, Queue};
+use super::{Effects, LeaseRef, MessageState, PersistOp, Queue, ReturnCause, Transition};
 use crate::types::SessionId;
 
 impl Queue {
@@ -13,7 +13,7 @@ impl Queue {
         let mut effects = Effects::default();
         self.fire_due(now_ms, &mut effects);
         self.drop_staged(owner);
-        let released = self.release_leases(owner, now_ms, &mut effects);
+        let released = self.release_leases(owner, ReturnCause::SessionEnded, now_ms, &mut effects);
         self.release_groups(owner);
         let waiters: Vec<_> = self
             .waiters
@@ -35,7 +35,7 @@ impl Queue {
     pub fn recover_session(&mut self, owner: SessionId, now_ms: u64) -> (u64, Effects) {
         let mut effects = Effects::default();
         self.fire_due(now_ms, &mut effects);
-        let released = self.release_leases(owner, now_ms, &mut effects);
+        let released = self.release_leases(owner, ReturnCause::Recover, now_ms, &mut effects);
         self.dispatch(now_ms, &mut effects);
         (released, effects)
     }
@@ -44,13 +44,14 @@ impl Queue {
     pub(crate) fn release_leases(
         &mut self,
         owner: SessionId,
+        cause: ReturnCause,
         now_ms: u64,
         effects: &mut Effects,
     ) -> u64 {
         let held = self.held_by(owner);
         for &seq in &held {
             self.set_state(seq, MessageState::Ready);
-            self.return_delivered(seq, None, now_ms, effects);
+            self.return_delivered(seq, None, cause, now_ms, effects);
         }
         held.len() as u64
     }
@@ -139,6 +140,7 @@ impl Queue {
             }
             self.counters.delivered_total = self.counters.delivered_total.saturating_sub(1);
             self.set_state(r.seq, MessageState::Ready);
+            self.record(&mut effects, r.seq, Transition::Undelivered);
         }
         self.dispatch(now_ms, &mut effects);
         effects

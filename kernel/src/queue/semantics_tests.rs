@@ -833,3 +833,68 @@ fn one_message_can_be_deleted_by_id_unless_a_consumer_holds_it() {
     let _ = q.ack(&[d[0].lease_ref()], T0);
     assert_eq!(q.stats().ready + q.stats().leased, 0);
 }
+
+#[test]
+fn history_tells_each_step_of_a_message_that_was_rolled_back_and_redelivered() {
+    let mut q = queue_with(QueueConfig {
+        redelivery: policy(100, 100),
+        ..QueueConfig::default()
+    });
+    let tx = SessionId(1);
+    let (_, fx) = q.send(vec![msg("a")], T0).unwrap();
+    let mut steps: Vec<HistoryEntry> = fx.history;
+    let (out, fx) = q.receive(req(1, 1, Wait::NoWait), T0 + 1).unwrap();
+    steps.extend(fx.history);
+    let ReceiveOutcome::Delivered(d) = out else {
+        panic!("{out:?}")
+    };
+    let (_, fx) = q.rollback(tx, T0 + 2);
+    steps.extend(fx.history);
+    let (out, fx) = q.receive(req(1, 1, Wait::NoWait), T0 + 102).unwrap();
+    steps.extend(fx.history);
+    let ReceiveOutcome::Delivered(d2) = out else {
+        panic!("{out:?}")
+    };
+    let (res, fx) = q.commit(tx, &[d2[0].lease_ref()], T0 + 103);
+    res.unwrap();
+    steps.extend(fx.history);
+    let seq = d[0].message.seq;
+    assert!(steps.iter().all(|s| s.seq == seq));
+    let got: Vec<(u64, Transition)> = steps.into_iter().map(|s| (s.at_ms, s.transition)).collect();
+    assert_eq!(
+        got,
+        vec![
+            (
+                T0,
+                Transition::Sent {
+                    deliver_at_ms: None,
+                    committed: false
+                }
+            ),
+            (
+                T0 + 1,
+                Transition::Delivered {
+                    session: Some(tx),
+                    delivery_count: 1,
+                    lease_until_ms: T0 + 1 + 60_000
+                }
+            ),
+            (
+                T0 + 2,
+                Transition::Returned {
+                    cause: ReturnCause::Rollback,
+                    redeliver_at_ms: Some(T0 + 102)
+                }
+            ),
+            (
+                T0 + 102,
+                Transition::Delivered {
+                    session: Some(tx),
+                    delivery_count: 2,
+                    lease_until_ms: T0 + 102 + 60_000
+                }
+            ),
+            (T0 + 103, Transition::Acked),
+        ]
+    );
+}

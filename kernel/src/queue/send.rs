@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::{Effects, MessageState, PersistOp, Queue, SEQ_RESERVATION_BLOCK};
+use super::{Effects, MessageState, PersistOp, Queue, Transition, SEQ_RESERVATION_BLOCK};
 use crate::error::KernelError;
 use crate::types::{validate_property_name, Message, MessageId, NewMessage, Seq, SharedMessage};
 
@@ -35,7 +35,7 @@ impl Queue {
             }
             let message = self.stamp(m, now_ms, &mut effects);
             ids.push(message.id.clone());
-            self.enqueue(message, now_ms, &mut effects);
+            self.enqueue(message, false, now_ms, &mut effects);
         }
         self.dispatch(now_ms, &mut effects);
         Ok((ids, effects))
@@ -61,7 +61,7 @@ impl Queue {
                 &mut effects,
             );
             ids.push(message.id.clone());
-            self.enqueue(message, now_ms, &mut effects);
+            self.enqueue(message, false, now_ms, &mut effects);
         }
         self.dispatch(now_ms, &mut effects);
         (ids, effects)
@@ -105,11 +105,28 @@ impl Queue {
 
     /// A stamped message enters the queue (and is persisted, if persistent); its dedup id is
     /// remembered for the queue's window.
-    pub(crate) fn enqueue(&mut self, message: SharedMessage, now_ms: u64, effects: &mut Effects) {
+    pub(crate) fn enqueue(
+        &mut self,
+        message: SharedMessage,
+        committed: bool,
+        now_ms: u64,
+        effects: &mut Effects,
+    ) {
         let state = match message.deliver_at_ms {
             Some(until_ms) if until_ms > now_ms => MessageState::Scheduled { until_ms },
             _ => MessageState::Ready,
         };
+        self.record(
+            effects,
+            message.seq,
+            Transition::Sent {
+                deliver_at_ms: match state {
+                    MessageState::Scheduled { until_ms } => Some(until_ms),
+                    _ => None,
+                },
+                committed,
+            },
+        );
         if message.persistent {
             effects
                 .persist

@@ -2,7 +2,7 @@
 //! messages are dead-lettered, dedup ids are forgotten, parked receivers whose deadline came end
 //! empty-handed.
 
-use super::{Effects, MessageState, Queue};
+use super::{Effects, MessageState, Queue, ReturnCause};
 
 impl Queue {
     /// Fires everything due at `now_ms` and hands newly Ready messages to parked receivers. The
@@ -15,6 +15,7 @@ impl Queue {
 
     /// Every operation starts here, so the queue is always judged at the caller's `now`.
     pub(crate) fn fire_due(&mut self, now_ms: u64, effects: &mut Effects) {
+        self.now_ms = self.now_ms.max(now_ms);
         effects.merge(std::mem::take(&mut self.deferred));
         for seq in std::mem::take(&mut self.recovered_exhausted) {
             if self
@@ -45,7 +46,7 @@ impl Queue {
             if let Some(holder) = holder {
                 self.free_groups_of_unresponsive(seq, holder);
             }
-            self.return_delivered(seq, None, now_ms, effects);
+            self.return_delivered(seq, None, ReturnCause::LeaseExpired, now_ms, effects);
             self.counters.lease_expired_total += 1;
         }
         self.expire_due(now_ms, effects);

@@ -8,7 +8,7 @@
 //! on each at that same `now`, before anything else touches them, and writes all their persist
 //! ops in one batch.
 
-use super::{Effects, LeaseRef, Queue};
+use super::{Effects, LeaseRef, Queue, ReturnCause, Transition};
 use crate::error::KernelError;
 use crate::types::{MessageId, NewMessage, SessionId};
 
@@ -92,6 +92,7 @@ impl Queue {
             // The same receipt named twice acknowledges once.
             if self.entries.contains_key(&r.seq) {
                 effects.persist.extend(self.remove_entry(r.seq));
+                self.record(&mut effects, r.seq, Transition::Acked);
                 self.counters.acked_total += 1;
             }
         }
@@ -101,7 +102,7 @@ impl Queue {
             if self.dedup_hit(message.dedup_id.as_deref()).is_some() {
                 continue;
             }
-            self.enqueue(message, now_ms, &mut effects);
+            self.enqueue(message, true, now_ms, &mut effects);
         }
         self.dispatch(now_ms, &mut effects);
         (Ok(()), effects)
@@ -114,7 +115,7 @@ impl Queue {
         let mut effects = Effects::default();
         self.fire_due(now_ms, &mut effects);
         self.drop_staged(owner);
-        let released = self.release_leases(owner, now_ms, &mut effects);
+        let released = self.release_leases(owner, ReturnCause::Rollback, now_ms, &mut effects);
         self.dispatch(now_ms, &mut effects);
         (released, effects)
     }
