@@ -90,7 +90,19 @@ async fn a_poison_message_ends_in_the_dead_letter_queue_after_the_configured_del
     }
     assert!(seen.iter().all(|id| *id == ids[0]));
 
-    // Never a fifth delivery: the message is in the dead-letter queue, with why and from where.
+    // Never a fifth delivery: the message moves to the dead-letter queue (created on demand,
+    // just after the nack is answered), with why and from where.
+    wait_until(
+        Duration::from_secs(10),
+        "the dead letter to arrive",
+        || async { Ok(stats(&client, "work.DLQ").await.is_ok_and(|s| s.ready == 1)) },
+    )
+    .await?;
+    assert_eq!(
+        stats(&client, "work").await?.ready,
+        0,
+        "and is gone from its queue"
+    );
     let dlq = session
         .receive("work.DLQ", ReceiveOptions::timeout_ms(10_000))
         .await?;
