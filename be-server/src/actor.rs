@@ -242,6 +242,8 @@ pub(crate) struct QueueActor {
     durable: bool,
     commit: GroupCommit,
     dead_letters: DeadLetterSink,
+    /// The queue's name, shared with its history steps.
+    name: Arc<str>,
     rx: mpsc::Receiver<Cmd>,
     waiters: HashMap<WaiterId, (u64, Reply<Vec<Delivery>>)>,
     tickets: HashMap<u64, WaiterId>,
@@ -259,6 +261,7 @@ impl QueueActor {
     ) -> QueueHandle {
         let (tx, rx) = mpsc::channel(capacity.max(1));
         let actor = QueueActor {
+            name: Arc::from(queue.name().as_str()),
             queue,
             durable,
             commit,
@@ -480,14 +483,9 @@ impl QueueActor {
                 let _ = reply.send(Ok(vec![]));
             }
         }
-        if self.dead_letters.history.enabled() {
-            let (name, uid) = (self.queue.name(), self.queue.uid());
-            for h in &fx.history {
-                self.dead_letters
-                    .history
-                    .record(name, MessageId::new(uid, h.seq), h);
-            }
-        }
+        self.dead_letters
+            .history
+            .record(&self.name, self.queue.uid(), &fx.history);
         let mut persist = fx.persist;
         let mut moves: HashMap<QueueName, Vec<DeadLetter>> = HashMap::new();
         for dl in fx.dead_letters {

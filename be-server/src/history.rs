@@ -3,9 +3,9 @@
 //! steps, whichever ends first. It does not survive a restart.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 
-use ferry_kernel::{HistoryEntry, MessageId, QueueName, Transition};
+use ferry_kernel::{HistoryEntry, MessageId, QueueUid, Transition};
 
 /// One step, as `ferry message history` shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -16,11 +16,21 @@ pub struct Step {
     pub detail: String,
 }
 
+/// A kept step: plain data, rendered only when asked for (recording is on the hot path).
+#[derive(Debug, Clone)]
+struct Kept {
+    at_ms: u64,
+    queue: Arc<str>,
+    transition: Transition,
+}
+
+type Key = (u64, u64);
+
 #[derive(Debug, Default)]
 struct Steps {
-    by_id: HashMap<String, VecDeque<Step>>,
-    /// Every kept step in the order it came: (time, message id), for pruning.
-    order: VecDeque<(u64, String)>,
+    by_message: HashMap<Key, VecDeque<Kept>>,
+    /// Every kept step in the order it came: (time, message), for pruning.
+    order: VecDeque<(u64, Key)>,
 }
 
 /// See the module docs.
@@ -45,21 +55,24 @@ impl History {
         self.retention_ms > 0 && self.max_steps > 0
     }
 
-    pub(crate) fn record(&self, queue: &QueueName, id: MessageId, e: &HistoryEntry) {
-        if !self.enabled() {
+    /// Keeps the steps of one operation on one queue.
+    pub(crate) fn record(&self, queue: &Arc<str>, uid: QueueUid, entries: &[HistoryEntry]) {
+        if !self.enabled() || entries.is_empty() {
             return;
         }
-        let (event, detail) = describe(&e.transition);
-        let id = id.to_string();
         let mut s = self.steps.lock().unwrap_or_else(PoisonError::into_inner);
-        s.by_id.entry(id.clone()).or_default().push_back(Step {
-            at_ms: e.at_ms,
-            queue: queue.to_string(),
-            event,
-            detail,
-        });
-        s.order.push_back((e.at_ms, id));
-        let oldest_kept = e.at_ms.saturating_sub(self.retention_ms);
+        let mut newest = 0;
+        for e in entries {
+            let key = (uid.0, e.seq.0);
+            s.by_message.entry(key).or_default().push_back(Kept {
+                at_ms: e.at_ms,
+                queue: queue.clone(),
+                transition: e.transition.clone(),
+            });
+            s.order.push_back((e.at_ms, key));
+            newest = newest.max(e.at_ms);
+        }
+        let oldest_kept = newest.saturating_sub(self.retention_ms);
         while s
             .order
             .front()
@@ -68,21 +81,36 @@ impl History {
             let Some((_, old)) = s.order.pop_front() else {
                 break;
             };
-            if let Some(v) = s.by_id.get_mut(&old) {
+            if let Some(v) = s.by_message.get_mut(&old) {
                 v.pop_front();
                 if v.is_empty() {
-                    s.by_id.remove(&old);
+                    s.by_message.remove(&old);
                 }
             }
         }
     }
 
-    /// The steps kept for a message, oldest first.
+    /// The steps kept for a message, oldest first (none for an id that is not one).
     pub fn get(&self, id: &str) -> Vec<Step> {
+        let Ok((uid, seq)) = MessageId::parts(id) else {
+            return vec![];
+        };
         let s = self.steps.lock().unwrap_or_else(PoisonError::into_inner);
-        s.by_id
-            .get(id)
-            .map(|v| v.iter().cloned().collect())
+        s.by_message
+            .get(&(uid.0, seq.0))
+            .map(|v| {
+                v.iter()
+                    .map(|k| {
+                        let (event, detail) = describe(&k.transition);
+                        Step {
+                            at_ms: k.at_ms,
+                            queue: k.queue.to_string(),
+                            event,
+                            detail,
+                        }
+                    })
+                    .collect()
+            })
             .unwrap_or_default()
     }
 }
@@ -137,7 +165,7 @@ fn describe(t: &Transition) -> (&'static str, String) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ferry_kernel::{QueueUid, Seq};
+    use ferry_kernel::Seq;
 
     fn entry(seq: u64, at_ms: u64) -> HistoryEntry {
         HistoryEntry {
@@ -149,23 +177,25 @@ mod tests {
 
     #[test]
     fn steps_older_than_the_retention_or_beyond_the_cap_go_first() {
-        let q = QueueName::new("q").unwrap_or_else(|e| panic!("{e}"));
-        let id = |seq| MessageId::new(QueueUid(1), Seq(seq));
+        let q: Arc<str> = Arc::from("q");
+        let uid = QueueUid(1);
+        let id = |seq| MessageId::new(uid, Seq(seq));
         let h = History::new(1_000, 3);
-        h.record(&q, id(1), &entry(1, 0));
-        h.record(&q, id(2), &entry(2, 500));
-        h.record(&q, id(2), &entry(2, 600));
+        h.record(&q, uid, &[entry(1, 0)]);
+        h.record(&q, uid, &[entry(2, 500), entry(2, 600)]);
         assert_eq!(h.get(id(1).as_str()).len(), 1);
+        assert_eq!(h.get(id(1).as_str())[0].queue, "q");
         // A fourth step: over the cap, the oldest (message 1's) goes.
-        h.record(&q, id(3), &entry(3, 700));
+        h.record(&q, uid, &[entry(3, 700)]);
         assert!(h.get(id(1).as_str()).is_empty());
         assert_eq!(h.get(id(2).as_str()).len(), 2);
         // Time passes beyond the retention of message 2's steps.
-        h.record(&q, id(3), &entry(3, 1_650));
+        h.record(&q, uid, &[entry(3, 1_650)]);
         assert!(h.get(id(2).as_str()).is_empty());
         assert_eq!(h.get(id(3).as_str()).len(), 2);
+        assert!(h.get("not an id").is_empty());
         let off = History::new(0, 10);
-        off.record(&q, id(1), &entry(1, 0));
+        off.record(&q, uid, &[entry(1, 0)]);
         assert!(off.get(id(1).as_str()).is_empty());
     }
 }

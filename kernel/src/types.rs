@@ -146,18 +146,25 @@ impl MessageId {
 
     /// Reads an id as `Send` returned it.
     pub fn parse(text: &str) -> Result<Self, KernelError> {
-        let parsed = text
-            .strip_prefix("ID:")
+        let (uid, seq) = Self::parts(text)?;
+        Ok(Self::new(uid, seq))
+    }
+
+    /// The queue incarnation and sequence number an id names.
+    pub fn parts(text: &str) -> Result<(QueueUid, Seq), KernelError> {
+        text.strip_prefix("ID:")
             .and_then(|rest| rest.split_once('-'))
             .and_then(|(uid, seq)| {
                 Some((u64::from_str_radix(uid, 16).ok()?, seq.parse::<u64>().ok()?))
             })
-            .map(|(uid, seq)| Self::new(QueueUid(uid), Seq(seq)))
-            .filter(|id| id.0 == text);
-        parsed.ok_or_else(|| KernelError::InvalidArgument {
-            field: "message_id",
-            reason: format!("{text:?} is not a message id (they look like ID:5c0e1f2a3b4d5e6f-42)"),
-        })
+            .map(|(uid, seq)| (QueueUid(uid), Seq(seq)))
+            .filter(|&(uid, seq)| Self::new(uid, seq).0 == text)
+            .ok_or_else(|| KernelError::InvalidArgument {
+                field: "message_id",
+                reason: format!(
+                    "{text:?} is not a message id (they look like ID:5c0e1f2a3b4d5e6f-42)"
+                ),
+            })
     }
 
     pub fn as_str(&self) -> &str {
