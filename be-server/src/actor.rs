@@ -21,7 +21,7 @@ use futures::stream::{FuturesOrdered, StreamExt};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::clock::now_ms;
-use crate::dead_letter::{DeadLetterJob, DeadLetterSink};
+use crate::dead_letter::{DeadLetterJob, Outbox};
 use crate::error::Error;
 
 type Reply<T> = oneshot::Sender<Result<T, Error>>;
@@ -241,7 +241,7 @@ pub(crate) struct QueueActor {
     /// Temporary queues keep nothing on disk (and discard their dead letters).
     durable: bool,
     commit: GroupCommit,
-    dead_letters: DeadLetterSink,
+    outbox: Outbox,
     /// The queue's name, shared with its history steps.
     name: Arc<str>,
     rx: mpsc::Receiver<Cmd>,
@@ -256,7 +256,7 @@ impl QueueActor {
         queue: Queue,
         durable: bool,
         commit: GroupCommit,
-        dead_letters: DeadLetterSink,
+        outbox: Outbox,
         capacity: usize,
     ) -> QueueHandle {
         let (tx, rx) = mpsc::channel(capacity.max(1));
@@ -265,7 +265,7 @@ impl QueueActor {
             queue,
             durable,
             commit,
-            dead_letters,
+            outbox,
             rx,
             waiters: HashMap::new(),
             tickets: HashMap::new(),
@@ -483,7 +483,7 @@ impl QueueActor {
                 let _ = reply.send(Ok(vec![]));
             }
         }
-        self.dead_letters
+        self.outbox
             .history
             .record(&self.name, self.queue.uid(), &fx.history);
         let mut persist = fx.persist;
@@ -497,7 +497,7 @@ impl QueueActor {
                 None
             };
             let expired = dl.reason == ferry_kernel::DeadLetterReason::Expired;
-            self.dead_letters.event(crate::dead_letter::BrokerEvent {
+            self.outbox.event(crate::dead_letter::BrokerEvent {
                 at_ms: now_ms(),
                 kind: if expired { "expired" } else { "dead-lettered" },
                 queue: source.clone(),
@@ -524,7 +524,7 @@ impl QueueActor {
         if !moves.is_empty() {
             // Moved once this queue's own writes are durable, so the move's delete of the
             // source copy can never be overtaken by an earlier write of it.
-            let sink = self.dead_letters.clone();
+            let sink = self.outbox.clone();
             let (source, uid) = (self.queue.name().clone(), self.queue.uid());
             answers.push(Box::new(move |written| {
                 if written.is_ok() {

@@ -12,7 +12,7 @@ use ferry_store::{GroupCommit, QueueDef, QueueStore, StoreOp};
 
 use crate::actor::{Browsed, Cmd, LeaseResults, QueueActor, QueueHandle, TxDecision};
 use crate::clock::now_ms;
-use crate::dead_letter::{self, DeadLetterSink};
+use crate::dead_letter::{self, Outbox};
 use crate::error::Error;
 
 /// Back-end settings.
@@ -72,7 +72,7 @@ pub struct Broker {
 pub(crate) struct Inner {
     config: BrokerConfig,
     commit: GroupCommit,
-    dead_letters: DeadLetterSink,
+    outbox: Outbox,
     queues: RwLock<HashMap<QueueName, Owned>>,
     /// Create and delete are rare; one at a time keeps the map and the store in step.
     admin: tokio::sync::Mutex<()>,
@@ -99,7 +99,7 @@ impl Broker {
                 config.history_retention_ms,
                 config.history_max_steps,
             ));
-            let dead_letters = dead_letter::start(weak.clone(), history);
+            let outbox = dead_letter::start(weak.clone(), history);
             let mut queues = HashMap::new();
             let mut messages = 0usize;
             for r in recovered {
@@ -117,7 +117,7 @@ impl Broker {
                     q,
                     true,
                     commit.clone(),
-                    dead_letters.clone(),
+                    outbox.clone(),
                     config.queue_channel_capacity,
                 );
                 queues.insert(
@@ -133,7 +133,7 @@ impl Broker {
             Inner {
                 config,
                 commit,
-                dead_letters,
+                outbox,
                 queues: RwLock::new(queues),
                 admin: tokio::sync::Mutex::new(()),
                 stopping: false.into(),
@@ -149,12 +149,12 @@ impl Broker {
 
     /// The steps kept of a message's life on this back-end, oldest first.
     pub fn message_history(&self, id: &str) -> Vec<crate::history::Step> {
-        self.inner.dead_letters.history.get(id)
+        self.inner.outbox.history.get(id)
     }
 
     /// Dead letters and expiries from now on, as they happen.
     pub fn subscribe_events(&self) -> tokio::sync::broadcast::Receiver<crate::BrokerEvent> {
-        self.inner.dead_letters.subscribe()
+        self.inner.outbox.subscribe()
     }
 
     /// Synced writes made and submissions they carried, since the node started.
@@ -248,7 +248,7 @@ impl Broker {
             q,
             !temporary,
             self.inner.commit.clone(),
-            self.inner.dead_letters.clone(),
+            self.inner.outbox.clone(),
             self.inner.config.queue_channel_capacity,
         );
         let owned = Owned {

@@ -42,16 +42,21 @@ pub struct BrokerEvent {
     pub reason: &'static str,
 }
 
-/// Where owner tasks hand dead letters, and tell watchers about them. Cheap to clone.
+/// What leaves a queue's owner task for the rest of the back-end: dead letters to move, events
+/// for watchers, steps for message history. Cheap to clone.
 #[derive(Debug, Clone)]
-pub(crate) struct DeadLetterSink {
+pub(crate) struct Outbox {
+    /// Unbounded on purpose: a job is handed over from an answer callback, which cannot wait,
+    /// and each job holds messages already out of their queue's memory, so refusing one would
+    /// strand them until a restart. Jobs come at most one per queue operation and the mover
+    /// drains them as fast as the target queues write.
     jobs: mpsc::UnboundedSender<DeadLetterJob>,
     events: tokio::sync::broadcast::Sender<BrokerEvent>,
     /// Where owner tasks note each step of each message.
     pub(crate) history: std::sync::Arc<crate::history::History>,
 }
 
-impl DeadLetterSink {
+impl Outbox {
     /// Tells watchers (if any) what happened; never blocks, drops for watchers that lag.
     pub(crate) fn event(&self, e: BrokerEvent) {
         let _ = self.events.send(e);
@@ -128,7 +133,7 @@ pub(crate) fn moved_message(source: &QueueName, dl: &DeadLetter) -> NewMessage {
 pub(crate) fn start(
     broker: Weak<crate::broker::Inner>,
     history: std::sync::Arc<crate::history::History>,
-) -> DeadLetterSink {
+) -> Outbox {
     let (tx, mut rx) = mpsc::unbounded_channel::<DeadLetterJob>();
     let (events, _) = tokio::sync::broadcast::channel(4_096);
     tokio::spawn(async move {
@@ -150,7 +155,7 @@ pub(crate) fn start(
             }
         }
     });
-    DeadLetterSink {
+    Outbox {
         jobs: tx,
         events,
         history,

@@ -88,3 +88,22 @@ pub fn message_text(m: &pb::Message, delivery: Option<&pb::Delivery>) -> String 
     s += &format!("  {}", String::from_utf8_lossy(&m.body));
     s
 }
+
+/// A progress bar on stderr for people; hidden for `-o json` or when stderr is not a terminal.
+/// Without a total, a spinner.
+pub fn progress_bar(format: Format, total: Option<u64>) -> indicatif::ProgressBar {
+    use std::io::IsTerminal as _;
+    if format == Format::Json || !std::io::stderr().is_terminal() {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = match total {
+        Some(t) => indicatif::ProgressBar::new(t),
+        None => indicatif::ProgressBar::new_spinner(),
+    };
+    if let Ok(style) = indicatif::ProgressStyle::with_template(
+        "{spinner} [{elapsed_precise}] {wide_bar} {pos}/{len} {msg} ({per_sec})",
+    ) {
+        bar.set_style(style);
+    }
+    bar
+}

@@ -23,7 +23,9 @@ struct Pending {
     reply: oneshot::Sender<Result<Vec<String>, ClientError>>,
 }
 
-/// One batcher task per queue a session sends to; they end with the session.
+/// One batcher task per queue a session sends to; they end with the session. Their channels are
+/// unbounded but hold at most one entry per caller, and every caller waits for its answer: the
+/// callers' own concurrency bounds them.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Batchers {
     queues: Arc<Mutex<HashMap<String, mpsc::UnboundedSender<Pending>>>>,

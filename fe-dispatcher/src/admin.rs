@@ -201,16 +201,14 @@ impl pb::admin_server::Admin for AdminService {
             .sessions
             .list()
             .into_iter()
-            .map(
-                |(connection_id, client_id, sessions, temporary_queues, left)| pb::ConnectionInfo {
-                    connection_id,
-                    client_id,
-                    sessions: u32::try_from(sessions).unwrap_or(u32::MAX),
-                    temporary_queues: u32::try_from(temporary_queues).unwrap_or(u32::MAX),
-                    lease_left_ms: u64::try_from(left.as_millis()).unwrap_or(u64::MAX),
-                    node: node.clone(),
-                },
-            )
+            .map(|c| pb::ConnectionInfo {
+                connection_id: c.id,
+                client_id: c.client_id,
+                sessions: u32::try_from(c.sessions).unwrap_or(u32::MAX),
+                temporary_queues: u32::try_from(c.temporary_queues).unwrap_or(u32::MAX),
+                lease_left_ms: u64::try_from(c.lease_left.as_millis()).unwrap_or(u64::MAX),
+                node: node.clone(),
+            })
             .collect();
         Ok(Response::new(pb::ListConnectionsResponse { connections }))
     }

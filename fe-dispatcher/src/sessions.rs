@@ -44,6 +44,17 @@ pub(crate) struct Transaction {
     pub(crate) acks: Vec<String>,
 }
 
+/// What an administrator sees of a connection.
+#[derive(Debug, Clone)]
+pub(crate) struct ConnectionSummary {
+    pub(crate) id: String,
+    pub(crate) client_id: String,
+    pub(crate) sessions: usize,
+    pub(crate) temporary_queues: usize,
+    /// Until it is closed unless it heartbeats.
+    pub(crate) lease_left: Duration,
+}
+
 /// What the back-ends must be told after a session or connection ended.
 #[derive(Debug, Default)]
 pub(crate) struct Closed {
@@ -129,24 +140,22 @@ impl Sessions {
         Ok((id, lease_ms))
     }
 
-    /// Every open connection: id, client id, sessions, temporary queues, lease left.
-    pub(crate) fn list(&self) -> Vec<(String, String, usize, usize, Duration)> {
+    /// Every open connection, by id.
+    pub(crate) fn list(&self) -> Vec<ConnectionSummary> {
         let s = self.lock();
         let now = Instant::now();
         let mut all: Vec<_> = s
             .connections
             .iter()
-            .map(|(id, c)| {
-                (
-                    id.clone(),
-                    c.client_id.clone(),
-                    c.sessions.len(),
-                    c.temporary_queues.len(),
-                    c.expires_at.saturating_duration_since(now),
-                )
+            .map(|(id, c)| ConnectionSummary {
+                id: id.clone(),
+                client_id: c.client_id.clone(),
+                sessions: c.sessions.len(),
+                temporary_queues: c.temporary_queues.len(),
+                lease_left: c.expires_at.saturating_duration_since(now),
             })
             .collect();
-        all.sort();
+        all.sort_by(|a, b| a.id.cmp(&b.id));
         all
     }
 

@@ -170,7 +170,7 @@ pub async fn run(c: &ClientArgs, a: BenchArgs) -> anyhow::Result<()> {
         latency: Mutex::new(Histogram::new_with_bounds(1, 3_600_000_000, 3)?),
         errors: Mutex::new(Vec::new()),
     });
-    let progress = progress_bar(c.output, total);
+    let progress = crate::output::progress_bar(c.output, total);
     let started = Instant::now();
 
     let mut consumers = Vec::new();
@@ -235,7 +235,10 @@ pub async fn run(c: &ClientArgs, a: BenchArgs) -> anyhow::Result<()> {
                 tick.tick().await;
                 let r = shared.received.load(Ordering::Relaxed);
                 progress.set_position(r);
-                progress.set_message(format!("sent {}", shared.sent.load(Ordering::Relaxed)));
+                progress.set_message(format!(
+                    "received, sent {}",
+                    shared.sent.load(Ordering::Relaxed)
+                ));
             }
         })
     };
@@ -374,23 +377,6 @@ pub async fn run(c: &ClientArgs, a: BenchArgs) -> anyhow::Result<()> {
         bail!("the run had errors: {}", errors.join("; "));
     }
     Ok(())
-}
-
-fn progress_bar(format: Format, total: Option<u64>) -> indicatif::ProgressBar {
-    use std::io::IsTerminal as _;
-    if format == Format::Json || !std::io::stderr().is_terminal() {
-        return indicatif::ProgressBar::hidden();
-    }
-    let bar = match total {
-        Some(t) => indicatif::ProgressBar::new(t),
-        None => indicatif::ProgressBar::new_spinner(),
-    };
-    if let Ok(style) = indicatif::ProgressStyle::with_template(
-        "{spinner} [{elapsed_precise}] {wide_bar} {pos}/{len} received, {msg} ({per_sec})",
-    ) {
-        bar.set_style(style);
-    }
-    bar
 }
 
 struct Plan {

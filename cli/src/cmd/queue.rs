@@ -204,7 +204,7 @@ pub async fn run(c: &ClientArgs, cmd: QueueCommand) -> anyhow::Result<()> {
                 print_move(c.output, &task);
                 return Ok(());
             }
-            let bar = move_bar(c.output, task.source_messages_at_start);
+            let bar = crate::output::progress_bar(c.output, Some(task.source_messages_at_start));
             let mut task = task;
             while task.state == pb::MoveState::Running as i32 {
                 bar.set_position(task.moved);
@@ -438,14 +438,6 @@ fn stats_json(s: &pb::QueueStats) -> serde_json::Value {
         "groups": s.groups,
         "owner_node": s.owner_node,
     })
-}
-
-fn move_bar(format: Format, total: u64) -> indicatif::ProgressBar {
-    use std::io::IsTerminal as _;
-    if format == Format::Json || !std::io::stderr().is_terminal() {
-        return indicatif::ProgressBar::hidden();
-    }
-    indicatif::ProgressBar::new(total)
 }
 
 fn print_move(format: Format, t: &pb::MoveTask) {

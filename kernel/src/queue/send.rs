@@ -27,18 +27,33 @@ impl Queue {
         self.validate_sends(&messages)?;
         let mut effects = Effects::default();
         self.fire_due(now_ms, &mut effects);
+        let ids = self.accept(messages, now_ms, &mut effects, |q, m, fx| {
+            q.enqueue(m, false, now_ms, fx);
+        });
+        self.dispatch(now_ms, &mut effects);
+        Ok((ids, effects))
+    }
+
+    /// Stamps each message that is not a remembered duplicate and hands it to `place`, in batch
+    /// order. Returns every message's id (a duplicate's is the first send's).
+    pub(crate) fn accept(
+        &mut self,
+        messages: Vec<NewMessage>,
+        now_ms: u64,
+        effects: &mut Effects,
+        mut place: impl FnMut(&mut Self, SharedMessage, &mut Effects),
+    ) -> Vec<MessageId> {
         let mut ids = Vec::with_capacity(messages.len());
         for m in messages {
             if let Some(id) = self.dedup_hit(m.dedup_id.as_deref()) {
                 ids.push(id);
                 continue;
             }
-            let message = self.stamp(m, now_ms, &mut effects);
+            let message = self.stamp(m, now_ms, effects);
             ids.push(message.id.clone());
-            self.enqueue(message, false, now_ms, &mut effects);
+            place(self, message, effects);
         }
-        self.dispatch(now_ms, &mut effects);
-        Ok((ids, effects))
+        ids
     }
 
     /// Takes messages moved here from another queue (dead letters): they were accepted once, so
@@ -50,19 +65,16 @@ impl Queue {
     ) -> (Vec<MessageId>, Effects) {
         let mut effects = Effects::default();
         self.fire_due(now_ms, &mut effects);
-        let mut ids = Vec::with_capacity(messages.len());
-        for m in messages {
-            let message = self.stamp(
-                NewMessage {
-                    dedup_id: None,
-                    ..m
-                },
-                now_ms,
-                &mut effects,
-            );
-            ids.push(message.id.clone());
-            self.enqueue(message, false, now_ms, &mut effects);
-        }
+        let messages = messages
+            .into_iter()
+            .map(|m| NewMessage {
+                dedup_id: None,
+                ..m
+            })
+            .collect();
+        let ids = self.accept(messages, now_ms, &mut effects, |q, m, fx| {
+            q.enqueue(m, false, now_ms, fx);
+        });
         self.dispatch(now_ms, &mut effects);
         (ids, effects)
     }

@@ -306,18 +306,16 @@ fn message_ids_are_never_reused_after_recovery() {
     r.check_invariants();
 }
 
-#[test]
-fn recovered_messages_keep_their_delivery_count() {
-    let mut q = queue();
-    let (_, fx) = q.send(vec![msg("a")], T0).unwrap();
+/// `q` as a restart finds it: the message `fx` (a send's effects) stored, delivered `count` times.
+fn restarted(q: &Queue, fx: &Effects, count: u32) -> Queue {
     let PersistOp::PutMessage(m) = &fx.persist[1] else {
         panic!("{:?}", fx.persist)
     };
     let rec = vec![RecoveredMessage {
         message: (**m).clone(),
-        delivery_count: 3,
+        delivery_count: count,
     }];
-    let mut r = Queue::recover(
+    Queue::recover(
         q.name().clone(),
         q.uid(),
         QueueConfig::default(),
@@ -325,7 +323,14 @@ fn recovered_messages_keep_their_delivery_count() {
         rec,
         vec![],
         T0,
-    );
+    )
+}
+
+#[test]
+fn recovered_messages_keep_their_delivery_count() {
+    let mut q = queue();
+    let (_, fx) = q.send(vec![msg("a")], T0).unwrap();
+    let mut r = restarted(&q, &fx, 3);
     r.check_invariants();
     let d = delivered(r.receive(recv(1, Wait::NoWait), T0).unwrap().0);
     assert_eq!((d[0].delivery_count, d[0].redelivered()), (4, true));
@@ -424,22 +429,7 @@ fn a_receipt_from_before_a_restart_does_not_match_the_redelivery() {
     let mut q = queue();
     let (_, fx) = q.send(vec![msg("a")], T0).unwrap();
     let old = delivered(q.receive(recv(1, Wait::NoWait), T0).unwrap().0).remove(0);
-    let PersistOp::PutMessage(m) = &fx.persist[1] else {
-        panic!("{:?}", fx.persist)
-    };
-    let rec = vec![RecoveredMessage {
-        message: (**m).clone(),
-        delivery_count: 1,
-    }];
-    let mut r = Queue::recover(
-        q.name().clone(),
-        q.uid(),
-        QueueConfig::default(),
-        Seq(1),
-        rec,
-        vec![],
-        T0,
-    );
+    let mut r = restarted(&q, &fx, 1);
     let new = delivered(r.receive(recv(2, Wait::NoWait), T0).unwrap().0).remove(0);
     assert_eq!(
         (old.lease, old.message.seq),

@@ -36,16 +36,9 @@ impl Queue {
         }
         let mut effects = Effects::default();
         self.fire_due(now_ms, &mut effects);
-        let mut ids = Vec::with_capacity(messages.len());
-        for m in messages {
-            if let Some(id) = self.dedup_hit(m.dedup_id.as_deref()) {
-                ids.push(id);
-                continue;
-            }
-            let message = self.stamp(m, now_ms, &mut effects);
-            ids.push(message.id.clone());
-            self.staged.entry(owner).or_default().push(message);
-        }
+        let ids = self.accept(messages, now_ms, &mut effects, |q, m, _| {
+            q.staged.entry(owner).or_default().push(m);
+        });
         self.dispatch(now_ms, &mut effects);
         Ok((ids, effects))
     }
