@@ -14,9 +14,10 @@ use std::time::Duration;
 
 use ferry_kernel::{
     DeadLetter, Delivery, Effects, KernelError, LeaseRef, MessageId, MessageState, NewMessage,
-    Queue, QueueName, QueueStats, ReceiveOutcome, ReceiveRequest, SessionId, WaiterId,
+    PagedError, Queue, QueueName, QueueStats, ReceiveOutcome, ReceiveRequest, RecoveredMessage,
+    Seq, SessionId, WaiterId,
 };
-use ferry_store::{GroupCommit, StoreError, StoreOp};
+use ferry_store::{GroupCommit, QueueStore, StoreError, StoreOp};
 use futures::stream::{FuturesOrdered, StreamExt};
 use tokio::sync::{mpsc, oneshot};
 
@@ -145,7 +146,13 @@ pub(crate) enum TxDecision {
 /// deliveries that could not be handed over (the receiver was gone or the write failed).
 type Answer = Box<dyn FnOnce(Result<(), StoreError>) -> Vec<LeaseRef> + Send>;
 
-type PendingCommit = Pin<Box<dyn Future<Output = (Result<(), StoreError>, Vec<Answer>)> + Send>>;
+/// A write on its way: its result, the answers waiting for it, and the queue's next sequence
+/// number when it was submitted (every message write below it is in this write or an earlier one).
+type PendingCommit =
+    Pin<Box<dyn Future<Output = (Result<(), StoreError>, Vec<Answer>, Seq)> + Send>>;
+
+/// How many page reads one fill of the window may make before the task serves commands again.
+const FILL_READS_MAX: usize = 16;
 
 /// A cheap handle to a queue's owner task.
 #[derive(Debug, Clone)]
@@ -241,6 +248,13 @@ pub(crate) struct QueueActor {
     /// Temporary queues keep nothing on disk (and discard their dead letters).
     durable: bool,
     commit: GroupCommit,
+    /// Read by paging (durable queues only), synchronously: reads are short and bounded.
+    store: Arc<dyn QueueStore>,
+    /// The memory budget of each durable queue of this back-end (it changes as queues come and
+    /// go).
+    budget: Arc<AtomicU64>,
+    /// Every message write below this sequence number is applied (readable).
+    applied: Seq,
     outbox: Outbox,
     /// The queue's name, shared with its history steps.
     name: Arc<str>,
@@ -251,35 +265,42 @@ pub(crate) struct QueueActor {
 }
 
 impl QueueActor {
-    /// Starts the owner task of `queue`.
+    /// Starts the owner task of `queue`; `delayed` are its recovered messages with a delivery
+    /// time still to come (they are kept in memory, whatever the budget).
     pub(crate) fn spawn(
         queue: Queue,
-        durable: bool,
-        commit: GroupCommit,
-        outbox: Outbox,
-        capacity: usize,
+        setup: ActorSetup,
+        delayed: Vec<RecoveredMessage>,
     ) -> QueueHandle {
-        let (tx, rx) = mpsc::channel(capacity.max(1));
+        let (tx, rx) = mpsc::channel(setup.capacity.max(1));
         let actor = QueueActor {
             name: Arc::from(queue.name().as_str()),
+            applied: queue.next_seq(),
             queue,
-            durable,
-            commit,
-            outbox,
+            durable: setup.durable,
+            commit: setup.commit,
+            store: setup.store,
+            budget: setup.budget,
+            outbox: setup.outbox,
             rx,
             waiters: HashMap::new(),
             tickets: HashMap::new(),
             pending: FuturesOrdered::new(),
         };
-        tokio::spawn(actor.run());
+        tokio::spawn(actor.run(delayed));
         QueueHandle {
             tx,
             tickets: Arc::new(AtomicU64::new(1)),
         }
     }
 
-    async fn run(mut self) {
+    async fn run(mut self, delayed: Vec<RecoveredMessage>) {
+        if !delayed.is_empty() {
+            let fx = self.queue.pull(delayed, now_ms());
+            self.finish(fx, vec![]).await;
+        }
         loop {
+            self.fill().await;
             let deadline = self.queue.next_deadline_ms().map(|at| {
                 // Capped so a far-off deadline (a huge wait or delay from a client) can never
                 // overflow the timer; waking early is harmless, the kernel just re-arms.
@@ -306,7 +327,10 @@ impl QueueActor {
                         return;
                     }
                 },
-                Some((result, answers)) = self.pending.next(), if !self.pending.is_empty() => {
+                Some((result, answers, seq)) = self.pending.next(), if !self.pending.is_empty() => {
+                    if result.is_ok() {
+                        self.applied = self.applied.max(seq);
+                    }
                     self.answer(result, answers).await;
                 }
                 () = timer => {
@@ -322,7 +346,7 @@ impl QueueActor {
             let _ = reply.send(Ok(vec![]));
         }
         self.tickets.clear();
-        while let Some((result, answers)) = self.pending.next().await {
+        while let Some((result, answers, _)) = self.pending.next().await {
             for a in answers {
                 a(result.clone());
             }
@@ -365,7 +389,7 @@ impl QueueActor {
                 let (released, fx) = self.queue.rollback(session, now);
                 self.finish(fx, vec![answer(reply, released)]).await;
             }
-            Cmd::Receive { req, ticket, reply } => match self.queue.receive(req, now) {
+            Cmd::Receive { req, ticket, reply } => match self.receive(req, now) {
                 Ok((ReceiveOutcome::Delivered(d), fx)) => {
                     self.finish(fx, vec![deliver(reply, d)]).await;
                 }
@@ -378,7 +402,10 @@ impl QueueActor {
                     self.tickets.insert(ticket, id);
                     self.finish(fx, vec![]).await;
                 }
-                Err(e) => drop(reply.send(Err(e.into()))),
+                Ok((ReceiveOutcome::NeedStore, _)) => {
+                    unreachable!("receive_paged answers from the store")
+                }
+                Err(e) => drop(reply.send(Err(e))),
             },
             Cmd::CancelReceive { ticket } => {
                 if let Some(id) = self.tickets.remove(&ticket) {
@@ -433,16 +460,11 @@ impl QueueActor {
                 selector,
                 reply,
             } => {
-                // Bounded work per call: at most this many messages are looked at.
-                let scan_max = max.saturating_mul(100).max(10_000);
-                let _ = reply.send(Ok(self.queue.browse(
-                    after,
-                    max,
-                    selector.as_deref(),
-                    scan_max,
-                )));
+                let _ = reply.send(self.browse(after, max, selector.as_deref()));
             }
             Cmd::DeleteMessage { id, reply } => {
+                let fx = self.pull_by_id(&id, now);
+                self.finish(fx, vec![]).await;
                 let (result, fx) = self.queue.delete_message(&id, now);
                 match result {
                     Ok(()) => self.finish(fx, vec![answer(reply, ())]).await,
@@ -557,10 +579,13 @@ impl QueueActor {
             self.answer(Ok(()), answers).await;
             return;
         }
+        let seq = self.queue.next_seq();
         match self.commit.submit(ops).await {
-            Ok(ticket) => self
-                .pending
-                .push_back(Box::pin(async move { (ticket.durable().await, answers) })),
+            Ok(ticket) => {
+                self.pending.push_back(Box::pin(
+                    async move { (ticket.durable().await, answers, seq) },
+                ))
+            }
             Err(e) => self.answer(Err(e), answers).await,
         }
     }
@@ -605,9 +630,155 @@ impl QueueActor {
         // Go on only once the transaction's batch is queued for writing: no later write of this
         // queue may reach the disk before it.
         let _ = submitted.await;
+        let seq = self.queue.next_seq();
         self.pending.push_back(Box::pin(async move {
-            (durable.await.unwrap_or(Err(StoreError::Closed)), answers)
+            (
+                durable.await.unwrap_or(Err(StoreError::Closed)),
+                answers,
+                seq,
+            )
         }));
+    }
+
+    /// Brings into memory what the queue asks for (see `Queue::fill`).
+    async fn fill(&mut self) {
+        if !self.durable {
+            return;
+        }
+        self.queue
+            .set_memory_budget(self.budget.load(Ordering::Relaxed));
+        if self.queue.paged_out().0 == 0 {
+            return;
+        }
+        let now = now_ms();
+        let src = StoreSource::new(
+            &*self.store,
+            &self.queue,
+            self.pending.is_empty(),
+            self.applied,
+        );
+        let filled = self.queue.fill(&src, FILL_READS_MAX, now);
+        match filled {
+            Ok(fx) => self.finish(fx, vec![]).await,
+            Err(e) => {
+                tracing::error!(queue = %self.queue.name(), error = %e, "paging in failed");
+            }
+        }
+    }
+
+    /// A receive, looking in the store when memory alone cannot answer.
+    fn receive(
+        &mut self,
+        req: ReceiveRequest,
+        now: u64,
+    ) -> Result<(ReceiveOutcome, Effects), Error> {
+        if !self.durable {
+            return self.queue.receive(req, now).map_err(Error::from);
+        }
+        let src = StoreSource::new(
+            &*self.store,
+            &self.queue,
+            self.pending.is_empty(),
+            self.applied,
+        );
+        self.queue
+            .receive_paged(req, &src, now)
+            .map_err(|e| match e {
+                PagedError::Kernel(k) => Error::Kernel(k),
+                PagedError::Source(s) => Error::Store(s),
+            })
+    }
+
+    /// Brings a paged-out message into memory by its id (to delete it).
+    fn pull_by_id(&mut self, id: &MessageId, now: u64) -> Effects {
+        let seq = id
+            .as_str()
+            .rsplit_once('-')
+            .and_then(|(_, seq)| seq.parse().ok())
+            .map(Seq)
+            .filter(|&seq| MessageId::new(self.queue.uid(), seq) == *id);
+        let Some(seq) = seq.filter(|_| self.durable && self.queue.paged_out().0 > 0) else {
+            return Effects::default();
+        };
+        match self.store.find_message(self.queue.uid(), seq) {
+            Ok(Some(m)) => self.queue.pull(vec![m], now),
+            Ok(None) => Effects::default(),
+            Err(e) => {
+                tracing::error!(queue = %self.queue.name(), error = %e, "reading a message failed");
+                Effects::default()
+            }
+        }
+    }
+
+    /// Browses in sequence order, paged-out messages included (read from the store, not
+    /// brought into memory).
+    fn browse(
+        &self,
+        after: Option<Seq>,
+        max: usize,
+        selector: Option<&ferry_kernel::Selector>,
+    ) -> Result<Browsed, Error> {
+        // Bounded work per call: at most this many messages are looked at.
+        let scan_max = max.saturating_mul(100).max(10_000);
+        let (resident, resident_next) = self.queue.browse(after, max, selector, scan_max);
+        let levels = self.queue.paged_levels();
+        if !self.durable || levels.is_empty() {
+            return Ok((resident, resident_next));
+        }
+        let from = Seq(after.map_or(0, |s| s.0.saturating_add(1)));
+        let mut all: Vec<(Arc<ferry_kernel::Message>, MessageState, u32)> = resident;
+        // Where each source stopped short of the end: nothing past the lowest of those may be
+        // returned, or a later call would miss what lies before it.
+        let mut limit = resident_next;
+        for (p, cursor) in levels {
+            let mut at = from.max(cursor);
+            let (mut taken, mut scanned) = (0, 0);
+            let mut last_looked = None;
+            loop {
+                let page = self.store.read_page(
+                    self.queue.uid(),
+                    p,
+                    at,
+                    Seq(u64::MAX),
+                    ferry_kernel::SCAN_CHUNK,
+                    u64::MAX,
+                )?;
+                for m in page.messages {
+                    scanned += 1;
+                    last_looked = Some(m.message.seq);
+                    if !self.queue.is_paged_out(p, m.message.seq) {
+                        continue;
+                    }
+                    if selector.is_none_or(|s| s.matches(&m.message, m.delivery_count + 1)) {
+                        taken += 1;
+                        all.push((Arc::new(m.message), MessageState::Ready, m.delivery_count));
+                    }
+                    if taken >= max || scanned >= scan_max {
+                        break;
+                    }
+                }
+                if taken >= max || scanned >= scan_max {
+                    // The next call resumes after the last one looked at.
+                    limit = min_seq(limit, last_looked);
+                    break;
+                }
+                if page.end || page.next <= at {
+                    break;
+                }
+                at = page.next;
+            }
+        }
+        all.sort_by_key(|(m, _, _)| m.seq);
+        if let Some(limit) = limit {
+            all.retain(|(m, _, _)| m.seq <= limit);
+        }
+        let next = if all.len() > max {
+            all.truncate(max);
+            all.last().map(|(m, _, _)| m.seq)
+        } else {
+            limit
+        };
+        Ok((all, next))
     }
 
     /// Sends the answers; deliveries nobody took go straight back to Ready.
@@ -645,4 +816,90 @@ fn deliver(reply: Reply<Vec<Delivery>>, deliveries: Vec<Delivery>) -> Answer {
             }
         }
     })
+}
+
+fn min_seq(a: Option<Seq>, b: Option<Seq>) -> Option<Seq> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, None) => a,
+        (None, b) => b,
+    }
+}
+
+/// What an owner task needs besides its queue.
+pub(crate) struct ActorSetup {
+    pub(crate) durable: bool,
+    pub(crate) commit: GroupCommit,
+    pub(crate) outbox: Outbox,
+    pub(crate) store: Arc<dyn QueueStore>,
+    pub(crate) budget: Arc<AtomicU64>,
+    pub(crate) capacity: usize,
+}
+
+/// The store as a queue's paging may read it: only what is applied, so a read can never step
+/// over a message whose write is still on its way.
+struct StoreSource<'a> {
+    store: &'a dyn QueueStore,
+    uid: ferry_kernel::QueueUid,
+    upto: Seq,
+    settled: bool,
+}
+
+impl<'a> StoreSource<'a> {
+    /// `settled`: no write of the queue is on its way; else every message write below `applied`
+    /// is done.
+    fn new(store: &'a dyn QueueStore, queue: &Queue, settled: bool, applied: Seq) -> Self {
+        Self {
+            store,
+            uid: queue.uid(),
+            upto: if settled { Seq(u64::MAX) } else { applied },
+            settled,
+        }
+    }
+}
+
+impl ferry_kernel::PageSource for StoreSource<'_> {
+    type Error = StoreError;
+
+    fn read_page(
+        &self,
+        p: ferry_kernel::Priority,
+        from: Seq,
+        max_count: usize,
+        max_bytes: u64,
+    ) -> Result<ferry_kernel::Page, StoreError> {
+        let page = self
+            .store
+            .read_page(self.uid, p, from, self.upto, max_count, max_bytes)?;
+        Ok(ferry_kernel::Page {
+            messages: page.messages,
+            next: page.next,
+            end: page.end,
+        })
+    }
+
+    fn settled(&self) -> bool {
+        self.settled
+    }
+
+    fn find_by_header(
+        &self,
+        header: ferry_kernel::IndexedHeader,
+        value: &str,
+        max: usize,
+    ) -> Result<Vec<(ferry_kernel::Priority, Seq)>, StoreError> {
+        self.store.find_by_header(self.uid, header, value, max)
+    }
+
+    fn read_messages(
+        &self,
+        keys: &[(ferry_kernel::Priority, Seq)],
+    ) -> Result<Vec<RecoveredMessage>, StoreError> {
+        Ok(self
+            .store
+            .read_messages(self.uid, keys)?
+            .into_iter()
+            .filter(|m| m.message.seq < self.upto)
+            .collect())
+    }
 }

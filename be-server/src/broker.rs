@@ -2,6 +2,7 @@
 //! queue's work is done by its owner task (`actor.rs`); the broker only routes to it.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 
 use ferry_kernel::{
@@ -10,7 +11,7 @@ use ferry_kernel::{
 };
 use ferry_store::{GroupCommit, QueueDef, QueueStore, StoreOp};
 
-use crate::actor::{Browsed, Cmd, LeaseResults, QueueActor, QueueHandle, TxDecision};
+use crate::actor::{ActorSetup, Browsed, Cmd, LeaseResults, QueueActor, QueueHandle, TxDecision};
 use crate::clock::now_ms;
 use crate::dead_letter::{self, Outbox};
 use crate::error::Error;
@@ -31,6 +32,11 @@ pub struct BrokerConfig {
     pub history_retention_ms: u64,
     /// The most history steps kept on this node.
     pub history_max_steps: usize,
+    /// Bytes of messages one durable queue keeps in memory at most; the rest waits in the store.
+    pub queue_memory_budget_bytes: u64,
+    /// Bytes of messages all durable queues of this node keep in memory together: each queue's
+    /// budget is the smaller of `queue_memory_budget_bytes` and an equal share of this.
+    pub node_memory_budget_bytes: u64,
 }
 
 impl BrokerConfig {
@@ -43,6 +49,8 @@ impl BrokerConfig {
             queue_channel_capacity: 1_024,
             history_retention_ms: 600_000,
             history_max_steps: 100_000,
+            queue_memory_budget_bytes: 64 * 1024 * 1024,
+            node_memory_budget_bytes: 256 * 1024 * 1024,
         }
     }
 }
@@ -73,6 +81,10 @@ pub(crate) struct Inner {
     config: BrokerConfig,
     commit: GroupCommit,
     outbox: Outbox,
+    /// Read by the queues' paging.
+    store: Arc<dyn QueueStore>,
+    /// Each durable queue's memory budget (see `BrokerConfig::node_memory_budget_bytes`).
+    budget: Arc<AtomicU64>,
     queues: RwLock<HashMap<QueueName, Owned>>,
     /// Create and delete are rare; one at a time keeps the map and the store in step.
     admin: tokio::sync::Mutex<()>,
@@ -86,14 +98,24 @@ impl Broker {
     /// Recovers every queue from `store` and starts serving them.
     pub async fn open(config: BrokerConfig, store: Arc<dyn QueueStore>) -> Result<Self, Error> {
         let recovered = tokio::task::block_in_place(|| store.recover())?;
-        let (commit, writer) =
-            GroupCommit::start(store, config.commit_queue_depth, config.commit_batch_max).map_err(
-                |e| ferry_store::StoreError::Io {
-                    context: "starting the writer thread",
-                    message: e.to_string(),
-                },
-            )?;
         let now = now_ms();
+        // Delayed messages stay in memory: each queue reads its own back.
+        let mut delayed = Vec::with_capacity(recovered.len());
+        for r in &recovered {
+            delayed.push(tokio::task::block_in_place(|| {
+                store.read_delayed(r.def.uid, now)
+            })?);
+        }
+        let (commit, writer) = GroupCommit::start(
+            Arc::clone(&store),
+            config.commit_queue_depth,
+            config.commit_batch_max,
+        )
+        .map_err(|e| ferry_store::StoreError::Io {
+            context: "starting the writer thread",
+            message: e.to_string(),
+        })?;
+        let budget = Arc::new(AtomicU64::new(queue_budget(&config, recovered.len())));
         let inner = Arc::new_cyclic(|weak| {
             let history = Arc::new(crate::history::History::new(
                 config.history_retention_ms,
@@ -101,25 +123,32 @@ impl Broker {
             ));
             let outbox = dead_letter::start(weak.clone(), history);
             let mut queues = HashMap::new();
-            let mut messages = 0usize;
-            for r in recovered {
-                messages += r.messages.len();
-                let q = Queue::recover(
+            let mut messages = 0u64;
+            for (r, delayed) in recovered.into_iter().zip(delayed) {
+                let mut q = Queue::recover(
                     r.def.name.clone(),
                     r.def.uid,
                     r.def.config.clone(),
                     r.seq_reserved_until,
-                    r.messages,
+                    vec![],
                     r.dedup,
                     now,
                 );
-                let handle = QueueActor::spawn(
-                    q,
-                    true,
-                    commit.clone(),
-                    outbox.clone(),
-                    config.queue_channel_capacity,
-                );
+                for (p, level) in r.stored.iter().enumerate() {
+                    let p = ferry_kernel::Priority::new(p as u32)
+                        .expect("invariant: the store keeps one level per priority");
+                    q.restore_paged_out(p, level.count, level.bytes);
+                    messages += level.count;
+                }
+                let setup = ActorSetup {
+                    durable: true,
+                    commit: commit.clone(),
+                    outbox: outbox.clone(),
+                    store: Arc::clone(&store),
+                    budget: Arc::clone(&budget),
+                    capacity: config.queue_channel_capacity,
+                };
+                let handle = QueueActor::spawn(q, setup, delayed);
                 queues.insert(
                     r.def.name.clone(),
                     Owned {
@@ -134,6 +163,8 @@ impl Broker {
                 config,
                 commit,
                 outbox,
+                store,
+                budget,
                 queues: RwLock::new(queues),
                 admin: tokio::sync::Mutex::new(()),
                 stopping: false.into(),
@@ -200,6 +231,32 @@ impl Broker {
         })
     }
 
+    fn setup(&self, durable: bool) -> ActorSetup {
+        ActorSetup {
+            durable,
+            commit: self.inner.commit.clone(),
+            outbox: self.inner.outbox.clone(),
+            store: Arc::clone(&self.inner.store),
+            budget: Arc::clone(&self.inner.budget),
+            capacity: self.inner.config.queue_channel_capacity,
+        }
+    }
+
+    /// Gives each durable queue its share of the node's memory budget.
+    fn share_budget(&self) {
+        let durable = self
+            .inner
+            .queues
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+            .filter(|o| !o.temporary)
+            .count();
+        self.inner
+            .budget
+            .store(queue_budget(&self.inner.config, durable), Ordering::Relaxed);
+    }
+
     fn handle(&self, queue: &QueueName) -> Result<QueueHandle, Error> {
         self.owned(queue).map(|o| o.handle)
     }
@@ -244,13 +301,7 @@ impl Broker {
                 .await?;
         }
         let q = Queue::new(name.clone(), uid, def.config.clone());
-        let handle = QueueActor::spawn(
-            q,
-            !temporary,
-            self.inner.commit.clone(),
-            self.inner.outbox.clone(),
-            self.inner.config.queue_channel_capacity,
-        );
+        let handle = QueueActor::spawn(q, self.setup(!temporary), vec![]);
         let owned = Owned {
             def,
             temporary,
@@ -262,6 +313,7 @@ impl Broker {
             .write()
             .unwrap_or_else(PoisonError::into_inner)
             .insert(name, owned);
+        self.share_budget();
         tracing::info!(queue = %s.name, temporary, "queue created");
         Ok((s, true))
     }
@@ -313,6 +365,7 @@ impl Broker {
             .unwrap_or_else(PoisonError::into_inner)
             .remove(name);
         let held = owned.handle.stop().await;
+        self.share_budget();
         if !owned.temporary {
             self.inner
                 .commit
@@ -703,4 +756,10 @@ fn validate_config(name: &QueueName, c: &QueueConfig) -> Result<(), Error> {
         return bad("max_message_size_bytes", "must be at least 1");
     }
     Ok(())
+}
+
+/// Each durable queue's memory budget when `queues` durable queues share the node's.
+fn queue_budget(config: &BrokerConfig, queues: usize) -> u64 {
+    let share = config.node_memory_budget_bytes / queues.max(1) as u64;
+    config.queue_memory_budget_bytes.min(share)
 }

@@ -6,8 +6,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 
 use ferry_be_server::{Broker, BrokerConfig};
-use ferry_kernel::{NewMessage, NodeId, QueueConfig, QueueName, ReceiveRequest, SessionId, Wait};
-use ferry_store::{MemoryStore, QueueStore, RecoveredQueue, StoreError, StoreOp};
+use ferry_kernel::{
+    IndexedHeader, NewMessage, NodeId, Priority, QueueConfig, QueueName, QueueUid, ReceiveRequest,
+    RecoveredMessage, Seq, SessionId, Wait,
+};
+use ferry_store::{MemoryStore, Page, QueueStore, RecoveredQueue, StoreError, StoreOp};
 
 /// A store whose writes block while the gate is armed, and that counts writes.
 #[derive(Debug, Default)]
@@ -29,6 +32,48 @@ impl QueueStore for Gated {
     }
     fn recover(&self) -> Result<Vec<RecoveredQueue>, StoreError> {
         self.inner.recover()
+    }
+    fn read_page(
+        &self,
+        uid: QueueUid,
+        priority: Priority,
+        from: Seq,
+        upto: Seq,
+        max_count: usize,
+        max_bytes: u64,
+    ) -> Result<Page, StoreError> {
+        self.inner
+            .read_page(uid, priority, from, upto, max_count, max_bytes)
+    }
+    fn find_by_header(
+        &self,
+        uid: QueueUid,
+        header: IndexedHeader,
+        value: &str,
+        max: usize,
+    ) -> Result<Vec<(Priority, Seq)>, StoreError> {
+        self.inner.find_by_header(uid, header, value, max)
+    }
+    fn read_messages(
+        &self,
+        uid: QueueUid,
+        keys: &[(Priority, Seq)],
+    ) -> Result<Vec<RecoveredMessage>, StoreError> {
+        self.inner.read_messages(uid, keys)
+    }
+    fn find_message(
+        &self,
+        uid: QueueUid,
+        seq: Seq,
+    ) -> Result<Option<RecoveredMessage>, StoreError> {
+        self.inner.find_message(uid, seq)
+    }
+    fn read_delayed(
+        &self,
+        uid: QueueUid,
+        after_ms: u64,
+    ) -> Result<Vec<RecoveredMessage>, StoreError> {
+        self.inner.read_delayed(uid, after_ms)
     }
 }
 

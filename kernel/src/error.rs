@@ -41,6 +41,15 @@ pub enum KernelError {
     /// The message is with a consumer right now.
     #[error("message {id} is delivered and not yet acknowledged; it can be deleted once it is back in the queue (or after its consumer's session ends)")]
     MessageLeased { id: String },
+    /// A send would take the queue over one of its limits (`max_messages`, `max_bytes`).
+    #[error("queue {queue} is full: {value} {what} with this send, over its {limit_name} = {limit}; consume or purge messages, or raise the limit")]
+    QueueFull {
+        queue: QueueName,
+        what: &'static str,
+        value: u64,
+        limit: u64,
+        limit_name: &'static str,
+    },
     #[error("receipt handle for message seq {seq} is not a live delivery (lease expired, already acknowledged, or redelivered since)")]
     StaleReceipt { seq: Seq },
 }

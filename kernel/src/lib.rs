@@ -19,11 +19,12 @@ mod types;
 pub use error::KernelError;
 pub use queue::{
     DeadLetter, DeadLetterCounts, DeadLetterReason, DeadLetterTarget, DedupRecord, Delivery,
-    Effects, HistoryEntry, LeaseRef, MessageState, PersistOp, Queue, QueueConfig, QueueStats,
-    ReceiveOutcome, ReceiveRequest, RecoveredMessage, RedeliveryPolicy, ReturnCause, Transition,
-    Wait, WaiterId, STAGED_MAX,
+    Effects, HistoryEntry, LeaseRef, MessageState, Page, PageRequest, PageSource, PagedError,
+    PersistOp, Queue, QueueConfig, QueueStats, ReceiveOutcome, ReceiveRequest, RecoveredMessage,
+    RedeliveryPolicy, ReturnCause, Transition, Wait, WaiterId, PAGE_MAX_COUNT, PAGE_MIN_COUNT,
+    SCAN_CHUNK, STAGED_MAX,
 };
-pub use selector::{Selector, SelectorLimits};
+pub use selector::{IndexedHeader, Selector, SelectorLimits};
 pub use types::{
     validate_property_name, LeaseId, Message, MessageId, NewMessage, NodeId, Priority,
     PropertyValue, QueueName, QueueUid, ReceiptHandle, Seq, SessionId,

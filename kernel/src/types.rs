@@ -100,7 +100,7 @@ impl fmt::Display for NodeId {
 pub struct QueueUid(pub u64);
 
 /// A message's position in its queue, assigned at send, never reused.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub struct Seq(pub u64);
 
 impl fmt::Display for Seq {

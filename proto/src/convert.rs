@@ -180,6 +180,10 @@ pub fn queue_config_from_pb(
         dead_letter: target_from_pb(c.dead_letter, &base.dead_letter, "dead_letter.queue")?,
         expiry: target_from_pb(c.expiry, &base.expiry, "expiry.queue")?,
         dedup_window_ms: c.dedup_window_ms.unwrap_or(base.dedup_window_ms),
+        max_messages: c
+            .max_messages
+            .map_or(base.max_messages, |n| (n > 0).then_some(n)),
+        max_bytes: c.max_bytes.map_or(base.max_bytes, |n| (n > 0).then_some(n)),
     })
 }
 
@@ -234,6 +238,8 @@ pub fn queue_config_to_pb(name: &QueueName, c: &QueueConfig) -> pb::QueueConfig 
         dead_letter: target(&c.dead_letter),
         expiry: target(&c.expiry),
         dedup_window_ms: Some(c.dedup_window_ms),
+        max_messages: c.max_messages,
+        max_bytes: c.max_bytes,
     }
 }
 
@@ -258,6 +264,13 @@ pub fn queue_stats_to_pb(name: &QueueName, owner: &str, s: &QueueStats) -> pb::Q
         staged: s.staged,
         groups: s.groups,
         oldest_ready_timestamp_ms: s.oldest_ready_timestamp_ms.unwrap_or(0),
+        paged_out: s.paged_out,
+        memory_bytes: s.resident_bytes,
+        memory_budget_bytes: if s.memory_budget_bytes == u64::MAX {
+            0
+        } else {
+            s.memory_budget_bytes
+        },
     }
 }
 
@@ -270,7 +283,8 @@ pub fn kernel_error_code(e: &KernelError) -> tonic::Code {
         | KernelError::InvalidSelector { .. } => tonic::Code::InvalidArgument,
         KernelError::OverLimit { .. }
         | KernelError::MessageTooLarge { .. }
-        | KernelError::TooManyWaiters { .. } => tonic::Code::ResourceExhausted,
+        | KernelError::TooManyWaiters { .. }
+        | KernelError::QueueFull { .. } => tonic::Code::ResourceExhausted,
         KernelError::StaleReceipt { .. } | KernelError::MessageLeased { .. } => {
             tonic::Code::FailedPrecondition
         }

@@ -9,12 +9,14 @@ use ferry_kernel::{
     QueueUid, RedeliveryPolicy, Seq,
 };
 
-use crate::{QueueDef, StoreError};
+use crate::{QueueDef, StoreError, StoredLevel};
 
 const MESSAGE_V1: u8 = 1;
 const QUEUE_V1: u8 = 1;
 /// V1 plus the redelivery policy, dead-letter and expiry targets and the dedup window.
 const QUEUE_V2: u8 = 2;
+/// V2 plus the queue limits (`max_messages`, `max_bytes`).
+const QUEUE_V3: u8 = 3;
 
 struct Writer(Vec<u8>);
 
@@ -217,7 +219,7 @@ pub(crate) fn decode_message(uid: QueueUid, buf: &[u8]) -> Result<Message, Store
 pub(crate) fn encode_queue(d: &QueueDef) -> Vec<u8> {
     let mut w = Writer(Vec::with_capacity(128));
     let c = &d.config;
-    w.u8(QUEUE_V2);
+    w.u8(QUEUE_V3);
     w.u64(d.uid.0);
     w.bytes(d.name.as_str().as_bytes());
     w.u64(c.default_lease_ms);
@@ -236,6 +238,8 @@ pub(crate) fn encode_queue(d: &QueueDef) -> Vec<u8> {
     target(&mut w, &c.dead_letter);
     target(&mut w, &c.expiry);
     w.u64(c.dedup_window_ms);
+    w.opt_u64(c.max_messages);
+    w.opt_u64(c.max_bytes);
     w.0
 }
 
@@ -265,7 +269,7 @@ pub(crate) fn decode_queue(buf: &[u8]) -> Result<QueueDef, StoreError> {
         what: "queue definition",
     };
     let version = r.u8()?;
-    if version != QUEUE_V1 && version != QUEUE_V2 {
+    if !(QUEUE_V1..=QUEUE_V3).contains(&version) {
         return Err(r.corrupt("unknown queue format version"));
     }
     let uid = QueueUid(r.u64()?);
@@ -292,6 +296,13 @@ pub(crate) fn decode_queue(buf: &[u8]) -> Result<QueueDef, StoreError> {
         config.expiry = read_target(&mut r)?;
         config.dedup_window_ms = r.u64()?;
     }
+    if version >= QUEUE_V3 {
+        config.max_messages = r.opt_u64()?;
+        config.max_bytes = r.opt_u64()?;
+    }
+    if !r.buf.is_empty() {
+        return Err(r.corrupt("trailing bytes"));
+    }
     Ok(QueueDef { name, uid, config })
 }
 
@@ -310,6 +321,61 @@ pub(crate) fn decode_dedup(v: &[u8]) -> Result<(Seq, u64), StoreError> {
     };
     let expires = r.u64()?;
     Ok((Seq(r.u64()?), expires))
+}
+
+/// A change to one priority's counts, or (the same shape) the counts themselves: message count
+/// and bytes as two big-endian u64s. A negative delta is stored as its two's complement, so
+/// adding with wrap-around subtracts; the merge operator adds every operand to the value.
+pub(crate) fn encode_counts(count: i64, bytes: i64) -> [u8; 16] {
+    let mut v = [0u8; 16];
+    v[..8].copy_from_slice(&count.to_be_bytes());
+    v[8..].copy_from_slice(&bytes.to_be_bytes());
+    v
+}
+
+/// Adds counts encoded by [`encode_counts`]: `None` when a value is not 16 bytes.
+pub(crate) fn add_counts<'a>(values: impl IntoIterator<Item = &'a [u8]>) -> Option<[u8; 16]> {
+    let (mut count, mut bytes) = (0i64, 0i64);
+    for v in values {
+        let (c, b) = split_counts(v)?;
+        count = count.wrapping_add(c);
+        bytes = bytes.wrapping_add(b);
+    }
+    Some(encode_counts(count, bytes))
+}
+
+fn split_counts(v: &[u8]) -> Option<(i64, i64)> {
+    let v: &[u8; 16] = v.try_into().ok()?;
+    let (c, b) = v.split_at(8);
+    Some((
+        i64::from_be_bytes(c.try_into().ok()?),
+        i64::from_be_bytes(b.try_into().ok()?),
+    ))
+}
+
+/// The counts of one priority as recovered. A negative total means the kernel deleted more than
+/// it put (a bug elsewhere); it reads as zero, with a warning, so the queue still opens.
+pub(crate) fn stored_level(count: i64, bytes: i64) -> StoredLevel {
+    if count < 0 || bytes < 0 {
+        tracing::warn!(
+            count,
+            bytes,
+            "stored counts went negative; reading them as zero"
+        );
+    }
+    StoredLevel {
+        count: u64::try_from(count).unwrap_or(0),
+        bytes: u64::try_from(bytes).unwrap_or(0),
+    }
+}
+
+/// Decodes a counts value; `Corrupt` when it is not 16 bytes.
+pub(crate) fn decode_counts(v: &[u8]) -> Result<StoredLevel, StoreError> {
+    let (count, bytes) = split_counts(v).ok_or_else(|| StoreError::Corrupt {
+        what: "message counts",
+        reason: format!("{} bytes instead of 16", v.len()),
+    })?;
+    Ok(stored_level(count, bytes))
 }
 
 #[cfg(test)]
@@ -378,6 +444,8 @@ mod tests {
                 dead_letter: DeadLetterTarget::Queue(QueueName::new("parking").unwrap()),
                 expiry: DeadLetterTarget::Discard,
                 dedup_window_ms: 5,
+                max_messages: Some(1_000_000),
+                max_bytes: Some(u64::MAX),
                 ..QueueConfig::default()
             },
         };
@@ -404,5 +472,57 @@ mod tests {
         w.u32(d.config.receive_batch_max);
         w.u64(d.config.waiters_max as u64);
         assert_eq!(decode_queue(&w.0).unwrap(), d);
+    }
+
+    #[test]
+    fn version_2_definitions_read_without_limits() {
+        let d = QueueDef {
+            name: QueueName::new("v2").unwrap(),
+            uid: QueueUid(4),
+            config: QueueConfig {
+                dedup_window_ms: 42,
+                expiry: DeadLetterTarget::Discard,
+                ..QueueConfig::default()
+            },
+        };
+        // A V2 record is a V3 record without the two limits (here both absent: one tag byte each).
+        let mut v2 = encode_queue(&d);
+        assert_eq!(v2.split_off(v2.len() - 2), [0, 0]);
+        v2[0] = QUEUE_V2;
+        assert_eq!(decode_queue(&v2).unwrap(), d);
+        let limited = QueueDef {
+            config: QueueConfig {
+                max_messages: Some(7),
+                ..d.config.clone()
+            },
+            ..d.clone()
+        };
+        let mut v2_with_extra = encode_queue(&limited);
+        v2_with_extra[0] = QUEUE_V2;
+        assert!(
+            decode_queue(&v2_with_extra).is_err(),
+            "a V2 record never carries limits"
+        );
+    }
+
+    #[test]
+    fn counts_add_signed_deltas() {
+        let total = add_counts([
+            &encode_counts(3, 300)[..],
+            &encode_counts(-1, -120)[..],
+            &encode_counts(2, 20)[..],
+        ])
+        .unwrap();
+        assert_eq!(
+            decode_counts(&total).unwrap(),
+            StoredLevel {
+                count: 4,
+                bytes: 200
+            }
+        );
+        let negative = add_counts([&encode_counts(-1, -5)[..]]).unwrap();
+        assert_eq!(decode_counts(&negative).unwrap(), StoredLevel::default());
+        assert!(add_counts([&[1u8, 2][..]]).is_none());
+        assert!(decode_counts(&[0; 15]).is_err());
     }
 }

@@ -1,9 +1,18 @@
 //! Durable storage for Ferry's queues.
 //!
-//! [`QueueStore`] is the interface the back-end writes through: a synced batch of [`StoreOp`]s and
-//! a full read at startup ([`QueueStore::recover`]). Two implementations share one conformance
-//! suite (`tests/conformance.rs`): [`MemoryStore`] (tests, and nodes run without a disk) and
-//! [`RocksStore`]. [`GroupCommit`] lets many concurrent writers share one synced write.
+//! [`QueueStore`] is the interface the back-end writes and reads through: a synced batch of
+//! [`StoreOp`]s, a small read at startup ([`QueueStore::recover`]: definitions, sequence
+//! reservations, per-priority counts and dedup records, never messages), and the reads that page
+//! messages in while the queue runs ([`QueueStore::read_page`], [`QueueStore::find_by_header`],
+//! [`QueueStore::read_messages`], [`QueueStore::find_message`]). Queues may be far larger than
+//! memory: each queue's messages are kept in delivery order (priority high first, then sequence),
+//! so every priority is a run read from a cursor. Messages with a future delivery time are kept
+//! in memory by the back-end; [`QueueStore::read_delayed`] finds them again after a restart
+//! without reading the others.
+//!
+//! Two implementations share one conformance suite (`tests/conformance.rs`): [`MemoryStore`]
+//! (tests, and nodes run without a disk) and [`RocksStore`]. [`GroupCommit`] lets many concurrent
+//! writers share one synced write.
 //!
 //! Depends on the kernel for domain types only; it must not depend on gRPC or the servers.
 
@@ -13,12 +22,18 @@ mod memory;
 mod rocks;
 
 use ferry_kernel::{
-    DedupRecord, PersistOp, QueueConfig, QueueName, QueueUid, RecoveredMessage, Seq,
+    DedupRecord, IndexedHeader, PersistOp, Priority, QueueConfig, QueueName, QueueUid,
+    RecoveredMessage, Seq,
 };
 
 pub use group_commit::{Buckets, BucketsSnapshot, CommitTicket, GroupCommit, GroupCommitStats};
 pub use memory::MemoryStore;
+#[doc(hidden)]
+pub use rocks::write_pre_paging_database;
 pub use rocks::RocksStore;
+
+/// Priorities 0..=9, so per-priority arrays are indexed by `Priority::get()`.
+pub const PRIORITY_LEVELS: usize = Priority::MAX as usize + 1;
 
 /// A queue's durable definition.
 #[derive(Debug, Clone, PartialEq)]
@@ -32,7 +47,7 @@ pub struct QueueDef {
 #[derive(Debug, Clone, PartialEq)]
 pub enum StoreOp {
     PutQueue(QueueDef),
-    /// Removes the queue with every message and record it had.
+    /// Removes the queue with every message, count, index entry and record it had.
     DeleteQueue(QueueUid),
     /// A change to one queue's messages, as the kernel asked for it.
     Queue {
@@ -41,16 +56,38 @@ pub enum StoreOp {
     },
 }
 
-/// Everything kept for one queue, read back at startup.
+/// How many messages of one priority a queue holds in the store, and their bytes
+/// (`Message::size_bytes`).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct StoredLevel {
+    pub count: u64,
+    pub bytes: u64,
+}
+
+/// What is kept for one queue, read back at startup. Messages are not read: they stay in the
+/// store and are paged in.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RecoveredQueue {
     pub def: QueueDef,
     pub seq_reserved_until: Seq,
-    /// In sequence order.
-    pub messages: Vec<RecoveredMessage>,
+    /// The messages held in the store, per priority (index: `Priority::get()`).
+    pub stored: [StoredLevel; PRIORITY_LEVELS],
     /// Producer dedup ids still remembered (some may have expired since; the queue forgets
     /// those at once).
     pub dedup: Vec<DedupRecord>,
+}
+
+/// One read of a priority's run of messages ([`QueueStore::read_page`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Page {
+    /// In sequence order, with their delivery counts.
+    pub messages: Vec<RecoveredMessage>,
+    /// Where to read on: one past the last message returned, or `upto` when the range was read
+    /// to its end (then `end` is true). Every message of the priority in `[from, next)` is in
+    /// `messages`.
+    pub next: Seq,
+    /// True when no message of this priority is left in `[next, upto)`.
+    pub end: bool,
 }
 
 /// Why a store operation failed.
@@ -73,10 +110,93 @@ pub enum StoreError {
 /// Durable storage for queues. `write` returns only once the whole batch is durable (synced), or
 /// fails having written none of it. Dropping the store closes it (RocksDB must be closed before
 /// the process exits, or its background threads may abort it).
+///
+/// Counts are kept without reading messages: each `PutMessage` adds one message, each
+/// `DeleteMessage` and `DeleteStored` subtracts what it names. The kernel must therefore put each
+/// message once and delete it once.
+///
+/// Reads may be called from any thread while writes go on; each sees every write that has
+/// returned, and may block on the disk (call them off the async runtime's worker threads).
 pub trait QueueStore: Send + Sync + std::fmt::Debug + 'static {
     /// Applies every op of every batch, in order, atomically and durably.
     fn write(&self, batches: &[Vec<StoreOp>]) -> Result<(), StoreError>;
 
-    /// Reads every queue back, messages in sequence order with their delivery counts.
+    /// Reads every queue's definition, sequence reservation, per-priority counts and dedup
+    /// records. No message is read.
     fn recover(&self) -> Result<Vec<RecoveredQueue>, StoreError>;
+
+    /// Messages of one priority with seq in `[from, upto)`, in seq order, with delivery counts:
+    /// at most `max_count`, and stopping after the message that reaches `max_bytes` (always at
+    /// least one if any and `max_count > 0`). See [`Page`] for `next` and `end`; when
+    /// `from >= upto` the page is empty, `next` is `from` and `end` is true.
+    fn read_page(
+        &self,
+        uid: QueueUid,
+        priority: Priority,
+        from: Seq,
+        upto: Seq,
+        max_count: usize,
+        max_bytes: u64,
+    ) -> Result<Page, StoreError>;
+
+    /// (priority, seq) of the messages whose indexed header equals `value`, in delivery order
+    /// (priority high first, then seq), at most `max`. Index entries whose message is gone (left
+    /// by `DeleteStored`) are skipped.
+    fn find_by_header(
+        &self,
+        uid: QueueUid,
+        header: IndexedHeader,
+        value: &str,
+        max: usize,
+    ) -> Result<Vec<(Priority, Seq)>, StoreError>;
+
+    /// The messages at these keys, with delivery counts, in the order of `keys`; keys with no
+    /// message are skipped.
+    fn read_messages(
+        &self,
+        uid: QueueUid,
+        keys: &[(Priority, Seq)],
+    ) -> Result<Vec<RecoveredMessage>, StoreError>;
+
+    /// One message by seq, whatever its priority, with its delivery count.
+    fn find_message(&self, uid: QueueUid, seq: Seq)
+        -> Result<Option<RecoveredMessage>, StoreError>;
+
+    /// Messages of the queue whose delivery time is after `after_ms`, with delivery counts, in
+    /// delivery-time order (then seq). Entries at or before `after_ms` are never read: the range
+    /// starts after it. Entries whose message is gone (left by `DeleteStored`) are skipped.
+    fn read_delayed(
+        &self,
+        uid: QueueUid,
+        after_ms: u64,
+    ) -> Result<Vec<RecoveredMessage>, StoreError>;
+}
+
+/// The headers every store indexes, in the order their entries are written.
+const INDEXED_HEADERS: [IndexedHeader; 2] = [IndexedHeader::CorrelationId, IndexedHeader::GroupId];
+
+/// A priority's place in delivery order: 0 for the highest priority, so ascending keys deliver
+/// first.
+fn rank(p: Priority) -> u8 {
+    Priority::MAX - p.get()
+}
+
+/// The priority at a rank (inverse of [`rank`]); `None` for a byte no key holds.
+fn priority_of_rank(rank: u8) -> Option<Priority> {
+    Priority::MAX
+        .checked_sub(rank)
+        .and_then(|p| Priority::new(p.into()).ok())
+}
+
+/// Every priority, highest first (delivery order).
+fn priorities_high_first() -> impl Iterator<Item = Priority> {
+    (0..=Priority::MAX).filter_map(priority_of_rank)
+}
+
+/// The byte naming an indexed header in index keys. Stored on disk: never renumber.
+fn header_kind(h: IndexedHeader) -> u8 {
+    match h {
+        IndexedHeader::CorrelationId => 0,
+        IndexedHeader::GroupId => 1,
+    }
 }

@@ -1,18 +1,33 @@
-//! A store in memory: the same contract as RocksDB, without the disk. Clones share state, so a
-//! test can "reopen" it.
+//! A store in memory: the same contract as RocksDB, without the disk, kept the same way (messages
+//! in delivery order, per-priority counts changed by deltas, a header index and delayed entries
+//! that `DeleteStored` leaves orphans in). Clones share state, so a test can "reopen" it.
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::ops::Bound;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use ferry_kernel::{DedupRecord, Message, PersistOp, QueueUid, RecoveredMessage, Seq};
+use ferry_kernel::{
+    DedupRecord, IndexedHeader, Message, PersistOp, Priority, QueueUid, RecoveredMessage, Seq,
+};
 
-use crate::{QueueDef, QueueStore, RecoveredQueue, StoreError, StoreOp};
+use crate::{codec, header_kind, priorities_high_first, priority_of_rank, rank, INDEXED_HEADERS};
+use crate::{Page, QueueDef, QueueStore, RecoveredQueue, StoreError, StoreOp, PRIORITY_LEVELS};
+
+/// `(uid, rank, seq)`: a queue's messages in delivery order, like the RocksDB keys.
+type MessageKey = (QueueUid, u8, Seq);
+/// `(uid, header kind, value, rank, seq)`.
+type IndexKey = (QueueUid, u8, String, u8, Seq);
 
 #[derive(Debug, Default)]
 struct State {
     queues: BTreeMap<QueueUid, QueueDef>,
-    messages: BTreeMap<(QueueUid, Seq), Message>,
+    messages: BTreeMap<MessageKey, Message>,
     delivery_counts: BTreeMap<(QueueUid, Seq), u32>,
+    /// Per priority: message count and bytes, as signed totals of the deltas written.
+    counts: BTreeMap<(QueueUid, u8), (i64, i64)>,
+    index: BTreeSet<IndexKey>,
+    /// `(uid, deliver_at_ms, seq)` → priority, for messages with a delivery time.
+    delayed: BTreeMap<(QueueUid, u64, Seq), Priority>,
     seq_reserved: HashMap<QueueUid, Seq>,
     dedup: BTreeMap<(QueueUid, String), (Seq, u64)>,
 }
@@ -23,81 +38,272 @@ pub struct MemoryStore {
     state: Arc<Mutex<State>>,
 }
 
+fn signed(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+fn message_key(uid: QueueUid, p: Priority, seq: Seq) -> MessageKey {
+    (uid, rank(p), seq)
+}
+
+fn index_key(uid: QueueUid, h: IndexedHeader, value: &str, p: Priority, seq: Seq) -> IndexKey {
+    (uid, header_kind(h), value.to_string(), rank(p), seq)
+}
+
+impl State {
+    fn add_counts(&mut self, uid: QueueUid, p: Priority, count: i64, bytes: i64) {
+        let c = self.counts.entry((uid, p.get())).or_default();
+        c.0 = c.0.wrapping_add(count);
+        c.1 = c.1.wrapping_add(bytes);
+    }
+
+    fn apply(&mut self, uid: QueueUid, op: &PersistOp) {
+        match op {
+            PersistOp::PutMessage(m) => {
+                self.messages
+                    .insert(message_key(uid, m.priority, m.seq), (**m).clone());
+                self.add_counts(uid, m.priority, 1, signed(m.size_bytes()));
+                for h in INDEXED_HEADERS {
+                    if let Some(v) = h.value_of(m) {
+                        self.index.insert(index_key(uid, h, v, m.priority, m.seq));
+                    }
+                }
+                if let Some(at_ms) = m.deliver_at_ms {
+                    self.delayed.insert((uid, at_ms, m.seq), m.priority);
+                }
+            }
+            PersistOp::DeleteMessage(m) => {
+                self.messages.remove(&message_key(uid, m.priority, m.seq));
+                self.delivery_counts.remove(&(uid, m.seq));
+                self.add_counts(uid, m.priority, -1, -signed(m.size_bytes()));
+                for h in INDEXED_HEADERS {
+                    if let Some(v) = h.value_of(m) {
+                        self.index.remove(&index_key(uid, h, v, m.priority, m.seq));
+                    }
+                }
+                if let Some(at_ms) = m.deliver_at_ms {
+                    self.delayed.remove(&(uid, at_ms, m.seq));
+                }
+            }
+            PersistOp::DeleteStored {
+                priority,
+                from,
+                to,
+                count,
+                bytes,
+            } => {
+                if from < to {
+                    let range =
+                        message_key(uid, *priority, *from)..message_key(uid, *priority, *to);
+                    let doomed: Vec<MessageKey> =
+                        self.messages.range(range).map(|(k, _)| *k).collect();
+                    for k in doomed {
+                        self.messages.remove(&k);
+                        self.delivery_counts.remove(&(uid, k.2));
+                    }
+                }
+                self.add_counts(uid, *priority, -signed(*count), -signed(*bytes));
+            }
+            PersistOp::SetDeliveryCount { seq, count } => {
+                self.delivery_counts.insert((uid, *seq), *count);
+            }
+            PersistOp::ReserveSeq { until } => {
+                self.seq_reserved.insert(uid, *until);
+            }
+            PersistOp::PutDedup(r) => {
+                self.dedup
+                    .insert((uid, r.dedup_id.clone()), (r.seq, r.expires_ms));
+            }
+            PersistOp::DeleteDedup { dedup_id } => {
+                self.dedup.remove(&(uid, dedup_id.clone()));
+            }
+        }
+    }
+
+    fn delete_queue(&mut self, uid: QueueUid) {
+        self.queues.remove(&uid);
+        self.messages.retain(|k, _| k.0 != uid);
+        self.delivery_counts.retain(|(u, _), _| *u != uid);
+        self.counts.retain(|(u, _), _| *u != uid);
+        self.index.retain(|k| k.0 != uid);
+        self.delayed.retain(|k, _| k.0 != uid);
+        self.seq_reserved.remove(&uid);
+        self.dedup.retain(|(u, _), _| *u != uid);
+    }
+
+    fn recovered(&self, uid: QueueUid, message: &Message) -> RecoveredMessage {
+        RecoveredMessage {
+            message: message.clone(),
+            delivery_count: self
+                .delivery_counts
+                .get(&(uid, message.seq))
+                .copied()
+                .unwrap_or(0),
+        }
+    }
+
+    fn recover_queue(&self, def: &QueueDef) -> RecoveredQueue {
+        let uid = def.uid;
+        let mut stored = [crate::StoredLevel::default(); PRIORITY_LEVELS];
+        for (p, level) in stored.iter_mut().enumerate() {
+            let p = u8::try_from(p).unwrap_or(u8::MAX);
+            if let Some(&(count, bytes)) = self.counts.get(&(uid, p)) {
+                *level = codec::stored_level(count, bytes);
+            }
+        }
+        RecoveredQueue {
+            def: def.clone(),
+            seq_reserved_until: self.seq_reserved.get(&uid).copied().unwrap_or(Seq(1)),
+            stored,
+            dedup: self
+                .dedup
+                .iter()
+                .filter(|((u, _), _)| *u == uid)
+                .map(|((_, id), &(seq, expires_ms))| DedupRecord {
+                    dedup_id: id.clone(),
+                    seq,
+                    expires_ms,
+                })
+                .collect(),
+        }
+    }
+}
+
 impl MemoryStore {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
 impl QueueStore for MemoryStore {
     fn write(&self, batches: &[Vec<StoreOp>]) -> Result<(), StoreError> {
-        let mut s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut s = self.state();
         for op in batches.iter().flatten() {
             match op {
                 StoreOp::PutQueue(def) => {
                     s.queues.insert(def.uid, def.clone());
                 }
-                StoreOp::DeleteQueue(uid) => {
-                    let uid = *uid;
-                    s.queues.remove(&uid);
-                    s.messages.retain(|(u, _), _| *u != uid);
-                    s.delivery_counts.retain(|(u, _), _| *u != uid);
-                    s.seq_reserved.remove(&uid);
-                    s.dedup.retain(|(u, _), _| *u != uid);
-                }
-                StoreOp::Queue { uid, op } => match op {
-                    PersistOp::PutMessage(m) => {
-                        s.messages.insert((*uid, m.seq), (**m).clone());
-                    }
-                    PersistOp::DeleteMessage(seq) => {
-                        s.messages.remove(&(*uid, *seq));
-                        s.delivery_counts.remove(&(*uid, *seq));
-                    }
-                    PersistOp::SetDeliveryCount { seq, count } => {
-                        s.delivery_counts.insert((*uid, *seq), *count);
-                    }
-                    PersistOp::ReserveSeq { until } => {
-                        s.seq_reserved.insert(*uid, *until);
-                    }
-                    PersistOp::PutDedup(r) => {
-                        s.dedup
-                            .insert((*uid, r.dedup_id.clone()), (r.seq, r.expires_ms));
-                    }
-                    PersistOp::DeleteDedup { dedup_id } => {
-                        s.dedup.remove(&(*uid, dedup_id.clone()));
-                    }
-                },
+                StoreOp::DeleteQueue(uid) => s.delete_queue(*uid),
+                StoreOp::Queue { uid, op } => s.apply(*uid, op),
             }
         }
         Ok(())
     }
 
     fn recover(&self) -> Result<Vec<RecoveredQueue>, StoreError> {
-        let s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        Ok(s.queues
-            .values()
-            .map(|def| RecoveredQueue {
-                def: def.clone(),
-                seq_reserved_until: s.seq_reserved.get(&def.uid).copied().unwrap_or(Seq(1)),
-                messages: s
-                    .messages
-                    .range((def.uid, Seq(0))..=(def.uid, Seq(u64::MAX)))
-                    .map(|(k, m)| RecoveredMessage {
-                        message: m.clone(),
-                        delivery_count: s.delivery_counts.get(k).copied().unwrap_or(0),
-                    })
-                    .collect(),
-                dedup: s
-                    .dedup
-                    .iter()
-                    .filter(|((u, _), _)| *u == def.uid)
-                    .map(|((_, id), &(seq, expires_ms))| DedupRecord {
-                        dedup_id: id.clone(),
-                        seq,
-                        expires_ms,
-                    })
-                    .collect(),
-            })
+        let s = self.state();
+        Ok(s.queues.values().map(|def| s.recover_queue(def)).collect())
+    }
+
+    fn read_page(
+        &self,
+        uid: QueueUid,
+        priority: Priority,
+        from: Seq,
+        upto: Seq,
+        max_count: usize,
+        max_bytes: u64,
+    ) -> Result<Page, StoreError> {
+        if from >= upto {
+            return Ok(Page {
+                messages: vec![],
+                next: from,
+                end: true,
+            });
+        }
+        let s = self.state();
+        let mut range = s
+            .messages
+            .range(message_key(uid, priority, from)..message_key(uid, priority, upto))
+            .peekable();
+        let (mut messages, mut bytes) = (Vec::new(), 0u64);
+        while range.peek().is_some()
+            && messages.len() < max_count
+            && (messages.is_empty() || bytes < max_bytes)
+        {
+            let Some((_, m)) = range.next() else { break };
+            bytes = bytes.saturating_add(m.size_bytes());
+            messages.push(s.recovered(uid, m));
+        }
+        let end = range.peek().is_none();
+        let next = match messages.last() {
+            _ if end => upto,
+            Some(m) => Seq(m.message.seq.0.saturating_add(1)),
+            None => from,
+        };
+        Ok(Page {
+            messages,
+            next,
+            end,
+        })
+    }
+
+    fn find_by_header(
+        &self,
+        uid: QueueUid,
+        header: IndexedHeader,
+        value: &str,
+        max: usize,
+    ) -> Result<Vec<(Priority, Seq)>, StoreError> {
+        let s = self.state();
+        let kind = header_kind(header);
+        let lo = (uid, kind, value.to_string(), 0, Seq(0));
+        let found = s
+            .index
+            .range((Bound::Included(lo), Bound::Unbounded))
+            .take_while(|k| k.0 == uid && k.1 == kind && k.2 == value)
+            // Orphans (messages removed by `DeleteStored`) are skipped, as in RocksDB.
+            .filter(|k| s.messages.contains_key(&(uid, k.3, k.4)))
+            .filter_map(|k| priority_of_rank(k.3).map(|p| (p, k.4)))
+            .take(max)
+            .collect();
+        Ok(found)
+    }
+
+    fn read_messages(
+        &self,
+        uid: QueueUid,
+        keys: &[(Priority, Seq)],
+    ) -> Result<Vec<RecoveredMessage>, StoreError> {
+        let s = self.state();
+        Ok(keys
+            .iter()
+            .filter_map(|&(p, seq)| s.messages.get(&message_key(uid, p, seq)))
+            .map(|m| s.recovered(uid, m))
+            .collect())
+    }
+
+    fn find_message(
+        &self,
+        uid: QueueUid,
+        seq: Seq,
+    ) -> Result<Option<RecoveredMessage>, StoreError> {
+        let s = self.state();
+        Ok(priorities_high_first()
+            .find_map(|p| s.messages.get(&message_key(uid, p, seq)))
+            .map(|m| s.recovered(uid, m)))
+    }
+
+    fn read_delayed(
+        &self,
+        uid: QueueUid,
+        after_ms: u64,
+    ) -> Result<Vec<RecoveredMessage>, StoreError> {
+        let Some(from_ms) = after_ms.checked_add(1) else {
+            return Ok(vec![]);
+        };
+        let s = self.state();
+        let lo = (uid, from_ms, Seq(0));
+        Ok(s.delayed
+            .range((Bound::Included(lo), Bound::Unbounded))
+            .take_while(|((u, _, _), _)| *u == uid)
+            // Orphans (messages removed by `DeleteStored`) are skipped, as in RocksDB.
+            .filter_map(|(&(_, _, seq), &p)| s.messages.get(&message_key(uid, p, seq)))
+            .map(|m| s.recovered(uid, m))
             .collect())
     }
 }

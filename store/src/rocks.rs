@@ -1,28 +1,63 @@
 //! The RocksDB store.
 //!
-//! Column families, all keys big-endian so numbers sort:
+//! Column families, numbers big-endian so keys sort by them; `rank` is `9 - priority`, so higher
+//! priorities sort first:
 //! - `queues`: `uid` → queue definition
-//! - `messages`: `uid ++ seq` → message
+//! - `queue_messages`: `uid ++ rank ++ seq` → message. One queue's messages sort in delivery
+//!   order and each priority is one contiguous run, read by `read_page` within exact bounds.
 //! - `deliveries`: `uid ++ seq` → delivery count (u32), only for messages delivered at least once
+//! - `counts`: `uid ++ priority` → message count (i64) ++ bytes (i64), changed by merges of signed
+//!   deltas in the same batch as the messages they count
+//! - `header_index`: `uid ++ kind ++ len (u16) ++ value ++ rank ++ seq` → empty; kind 0 is the
+//!   correlation id, 1 the group id; one value's entries sort in delivery order. Values longer
+//!   than 65,535 bytes are indexed by their first 65,535 bytes.
 //! - `meta`: `"seq/" ++ uid` → sequence numbers reserved up to (u64)
 //! - `dedup`: `uid ++ dedup id` → expiry (u64) ++ seq of the message it produced (u64)
+//! - `delayed`: `uid ++ deliver_at_ms ++ seq` → priority (u8), for each message with a delivery
+//!   time, written and deleted with it. Entries whose time has passed stay until their message is
+//!   deleted; `read_delayed` starts its range after a time, so it never walks them.
+//!
+//! `DeleteStored` deletes a range of one priority's messages without reading them, so their
+//! `header_index`, `delayed` and `deliveries` entries stay behind (orphans) until the queue is
+//! deleted. Reads skip them: an index or delayed entry counts only if its message exists, and a
+//! delivery count is only looked up for a message that exists (sequence numbers are never
+//! reused). `deliveries` cannot be range-deleted: it is keyed by seq alone, so a range would take
+//! other priorities' counts; `delayed` is keyed by time, so a range of seqs is no range of it.
+//!
+//! Databases written before paging kept messages in `messages` (`uid ++ seq`); opening one moves
+//! them into `queue_messages`, building their counts, index and delayed entries, then drops
+//! `messages`.
+
+mod keys;
+mod migrate;
+mod options;
+mod read;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use ferry_kernel::{DedupRecord, PersistOp, QueueUid, RecoveredMessage, Seq};
-use rocksdb::{
-    ColumnFamily, ColumnFamilyDescriptor, Options, ReadOptions, WriteBatch, WriteOptions, DB,
+use ferry_kernel::{
+    DedupRecord, IndexedHeader, Message, PersistOp, Priority, QueueUid, RecoveredMessage, Seq,
 };
+use rocksdb::{ColumnFamily, ReadOptions, WriteBatch, WriteOptions, DB};
 
-use crate::codec;
-use crate::{QueueStore, RecoveredQueue, StoreError, StoreOp};
+use crate::{codec, INDEXED_HEADERS, PRIORITY_LEVELS};
+use crate::{Page, QueueDef, QueueStore, RecoveredQueue, StoreError, StoreOp, StoredLevel};
+use keys::{
+    counts_key, dedup_key, delayed_key, delivery_key, index_key, message_key, seq_key, uid_prefix,
+};
+pub use migrate::write_pre_paging_database;
 
 const CF_QUEUES: &str = "queues";
-const CF_MESSAGES: &str = "messages";
+const CF_QUEUE_MESSAGES: &str = "queue_messages";
 const CF_DELIVERIES: &str = "deliveries";
+const CF_COUNTS: &str = "counts";
+const CF_HEADER_INDEX: &str = "header_index";
 const CF_META: &str = "meta";
 const CF_DEDUP: &str = "dedup";
+const CF_DELAYED: &str = "delayed";
+/// Messages before paging, keyed `uid ++ seq`; only opened to be migrated.
+const CF_OLD_MESSAGES: &str = "messages";
 
 /// See the module docs.
 #[derive(Debug)]
@@ -40,171 +75,221 @@ fn io(context: &'static str) -> impl FnOnce(rocksdb::Error) -> StoreError {
     }
 }
 
-fn msg_key(uid: QueueUid, seq: Seq) -> [u8; 16] {
-    let mut k = [0u8; 16];
-    k[..8].copy_from_slice(&uid.0.to_be_bytes());
-    k[8..].copy_from_slice(&seq.0.to_be_bytes());
-    k
+fn signed(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
 }
 
-fn seq_key(uid: QueueUid) -> [u8; 12] {
-    let mut k = [0u8; 12];
-    k[..4].copy_from_slice(b"seq/");
-    k[4..].copy_from_slice(&uid.0.to_be_bytes());
-    k
+/// The column families, looked up once per operation.
+struct Cfs<'a> {
+    queues: &'a ColumnFamily,
+    messages: &'a ColumnFamily,
+    deliveries: &'a ColumnFamily,
+    counts: &'a ColumnFamily,
+    index: &'a ColumnFamily,
+    meta: &'a ColumnFamily,
+    dedup: &'a ColumnFamily,
+    delayed: &'a ColumnFamily,
 }
 
-fn dedup_key(uid: QueueUid, dedup_id: &str) -> Vec<u8> {
-    let mut k = Vec::with_capacity(8 + dedup_id.len());
-    k.extend_from_slice(&uid.0.to_be_bytes());
-    k.extend_from_slice(dedup_id.as_bytes());
-    k
+fn cf<'a>(db: &'a DB, name: &'static str) -> Result<&'a ColumnFamily, StoreError> {
+    db.cf_handle(name).ok_or(StoreError::Corrupt {
+        what: "database",
+        reason: format!("column family {name} is missing"),
+    })
 }
 
-fn be_u64(b: &[u8]) -> Option<u64> {
-    Some(u64::from_be_bytes(b.try_into().ok()?))
+impl<'a> Cfs<'a> {
+    fn of(db: &'a DB) -> Result<Self, StoreError> {
+        Ok(Self {
+            queues: cf(db, CF_QUEUES)?,
+            messages: cf(db, CF_QUEUE_MESSAGES)?,
+            deliveries: cf(db, CF_DELIVERIES)?,
+            counts: cf(db, CF_COUNTS)?,
+            index: cf(db, CF_HEADER_INDEX)?,
+            meta: cf(db, CF_META)?,
+            dedup: cf(db, CF_DEDUP)?,
+            delayed: cf(db, CF_DELAYED)?,
+        })
+    }
+
+    /// A message, its count, its index entries and its delayed entry, in one batch (also used by
+    /// the migration).
+    fn put_message(&self, batch: &mut WriteBatch, uid: QueueUid, m: &Message) {
+        let key = message_key(uid, m.priority, m.seq);
+        batch.put_cf(self.messages, key, codec::encode_message(m));
+        let delta = codec::encode_counts(1, signed(m.size_bytes()));
+        batch.merge_cf(self.counts, counts_key(uid, m.priority), delta);
+        for h in INDEXED_HEADERS {
+            if let Some(v) = h.value_of(m) {
+                batch.put_cf(self.index, index_key(uid, h, v, m.priority, m.seq), []);
+            }
+        }
+        if let Some(at_ms) = m.deliver_at_ms {
+            let key = delayed_key(uid, at_ms, m.seq);
+            batch.put_cf(self.delayed, key, [m.priority.get()]);
+        }
+    }
+
+    fn delete_message(&self, batch: &mut WriteBatch, uid: QueueUid, m: &Message) {
+        batch.delete_cf(self.messages, message_key(uid, m.priority, m.seq));
+        batch.delete_cf(self.deliveries, delivery_key(uid, m.seq));
+        let delta = codec::encode_counts(-1, -signed(m.size_bytes()));
+        batch.merge_cf(self.counts, counts_key(uid, m.priority), delta);
+        for h in INDEXED_HEADERS {
+            if let Some(v) = h.value_of(m) {
+                batch.delete_cf(self.index, index_key(uid, h, v, m.priority, m.seq));
+            }
+        }
+        if let Some(at_ms) = m.deliver_at_ms {
+            batch.delete_cf(self.delayed, delayed_key(uid, at_ms, m.seq));
+        }
+    }
+
+    fn delete_queue(&self, batch: &mut WriteBatch, uid: QueueUid) -> Result<(), StoreError> {
+        let Some(end) = keys::prefix_end(&uid_prefix(uid)) else {
+            // No 8-byte key follows it, and uids are random: this one is simply reserved.
+            return Err(StoreError::Corrupt {
+                what: "queue uid",
+                reason: "u64::MAX is reserved".into(),
+            });
+        };
+        let from = uid_prefix(uid);
+        for cf in [
+            self.messages,
+            self.deliveries,
+            self.counts,
+            self.index,
+            self.dedup,
+            self.delayed,
+        ] {
+            batch.delete_range_cf(cf, &from[..], &end[..]);
+        }
+        batch.delete_cf(self.meta, seq_key(uid));
+        batch.delete_cf(self.queues, from);
+        Ok(())
+    }
+
+    fn add(&self, batch: &mut WriteBatch, op: &StoreOp) -> Result<(), StoreError> {
+        match op {
+            StoreOp::PutQueue(def) => {
+                batch.put_cf(self.queues, uid_prefix(def.uid), codec::encode_queue(def));
+            }
+            StoreOp::DeleteQueue(uid) => self.delete_queue(batch, *uid)?,
+            StoreOp::Queue { uid, op } => self.add_queue_op(batch, *uid, op),
+        }
+        Ok(())
+    }
+
+    fn add_queue_op(&self, batch: &mut WriteBatch, uid: QueueUid, op: &PersistOp) {
+        match op {
+            PersistOp::PutMessage(m) => self.put_message(batch, uid, m),
+            PersistOp::DeleteMessage(m) => self.delete_message(batch, uid, m),
+            PersistOp::DeleteStored {
+                priority,
+                from,
+                to,
+                count,
+                bytes,
+            } => {
+                if from < to {
+                    let (lo, hi) = (
+                        message_key(uid, *priority, *from),
+                        message_key(uid, *priority, *to),
+                    );
+                    batch.delete_range_cf(self.messages, lo, hi);
+                }
+                let delta = codec::encode_counts(-signed(*count), -signed(*bytes));
+                batch.merge_cf(self.counts, counts_key(uid, *priority), delta);
+            }
+            PersistOp::SetDeliveryCount { seq, count } => {
+                batch.put_cf(
+                    self.deliveries,
+                    delivery_key(uid, *seq),
+                    count.to_be_bytes(),
+                );
+            }
+            PersistOp::ReserveSeq { until } => {
+                batch.put_cf(self.meta, seq_key(uid), until.0.to_be_bytes());
+            }
+            PersistOp::PutDedup(r) => {
+                batch.put_cf(
+                    self.dedup,
+                    dedup_key(uid, &r.dedup_id),
+                    codec::encode_dedup(r.seq, r.expires_ms),
+                );
+            }
+            PersistOp::DeleteDedup { dedup_id } => {
+                batch.delete_cf(self.dedup, dedup_key(uid, dedup_id));
+            }
+        }
+    }
 }
 
 impl RocksStore {
-    /// Opens (creating if needed) the database in `dir`.
+    /// Opens (creating if needed) the database in `dir`, moving messages of a database written
+    /// before paging into the current layout first.
     pub fn open(dir: &Path) -> Result<Self, StoreError> {
-        let mut opts = Options::default();
-        opts.create_if_missing(true);
-        opts.create_missing_column_families(true);
-        let cfs = [CF_QUEUES, CF_MESSAGES, CF_DELIVERIES, CF_META, CF_DEDUP]
-            .into_iter()
-            .map(|name| ColumnFamilyDescriptor::new(name, Options::default()));
-        let db = DB::open_cf_descriptors(&opts, dir, cfs).map_err(io("opening the database"))?;
+        let opts = options::db_options();
+        // RocksDB must open every column family a database has; a new database has none yet.
+        let old_layout =
+            DB::list_cf(&opts, dir).is_ok_and(|cfs| cfs.iter().any(|name| name == CF_OLD_MESSAGES));
+        let mut db = DB::open_cf_descriptors(&opts, dir, options::column_families(old_layout))
+            .map_err(io("opening the database"))?;
+        if old_layout {
+            let moved = migrate::move_old_messages(&db)?;
+            db.drop_cf(CF_OLD_MESSAGES)
+                .map_err(io("dropping the pre-paging messages"))?;
+            tracing::info!(moved, "moved messages to the paging layout");
+        }
         Ok(Self {
             db,
             poisoned: AtomicBool::new(false),
         })
     }
 
-    fn cf(&self, name: &'static str) -> Result<&ColumnFamily, StoreError> {
-        self.db.cf_handle(name).ok_or(StoreError::Corrupt {
-            what: "database",
-            reason: format!("column family {name} is missing"),
-        })
+    fn cfs(&self) -> Result<Cfs<'_>, StoreError> {
+        Cfs::of(&self.db)
     }
 
-    fn add(&self, batch: &mut WriteBatch, op: &StoreOp) -> Result<(), StoreError> {
-        match op {
-            StoreOp::PutQueue(def) => {
-                batch.put_cf(
-                    self.cf(CF_QUEUES)?,
-                    def.uid.0.to_be_bytes(),
-                    codec::encode_queue(def),
-                );
-            }
-            StoreOp::DeleteQueue(uid) => {
-                let (from, to) = (
-                    msg_key(*uid, Seq(0)),
-                    msg_key(QueueUid(uid.0.wrapping_add(1)), Seq(0)),
-                );
-                if uid.0 == u64::MAX {
-                    // No successor key: delete the last range one key at a time is not worth it;
-                    // uids are random and this one is reserved.
-                    return Err(StoreError::Corrupt {
-                        what: "queue uid",
-                        reason: "u64::MAX is reserved".into(),
-                    });
-                }
-                batch.delete_range_cf(self.cf(CF_MESSAGES)?, from, to);
-                batch.delete_range_cf(self.cf(CF_DELIVERIES)?, from, to);
-                batch.delete_range_cf(
-                    self.cf(CF_DEDUP)?,
-                    uid.0.to_be_bytes(),
-                    (uid.0 + 1).to_be_bytes(),
-                );
-                batch.delete_cf(self.cf(CF_META)?, seq_key(*uid));
-                batch.delete_cf(self.cf(CF_QUEUES)?, uid.0.to_be_bytes());
-            }
-            StoreOp::Queue { uid, op } => match op {
-                PersistOp::PutMessage(m) => {
-                    batch.put_cf(
-                        self.cf(CF_MESSAGES)?,
-                        msg_key(*uid, m.seq),
-                        codec::encode_message(m),
-                    );
-                }
-                PersistOp::DeleteMessage(seq) => {
-                    batch.delete_cf(self.cf(CF_MESSAGES)?, msg_key(*uid, *seq));
-                    batch.delete_cf(self.cf(CF_DELIVERIES)?, msg_key(*uid, *seq));
-                }
-                PersistOp::SetDeliveryCount { seq, count } => {
-                    batch.put_cf(
-                        self.cf(CF_DELIVERIES)?,
-                        msg_key(*uid, *seq),
-                        count.to_be_bytes(),
-                    );
-                }
-                PersistOp::ReserveSeq { until } => {
-                    batch.put_cf(self.cf(CF_META)?, seq_key(*uid), until.0.to_be_bytes());
-                }
-                PersistOp::PutDedup(r) => {
-                    batch.put_cf(
-                        self.cf(CF_DEDUP)?,
-                        dedup_key(*uid, &r.dedup_id),
-                        codec::encode_dedup(r.seq, r.expires_ms),
-                    );
-                }
-                PersistOp::DeleteDedup { dedup_id } => {
-                    batch.delete_cf(self.cf(CF_DEDUP)?, dedup_key(*uid, dedup_id));
-                }
-            },
-        }
-        Ok(())
-    }
-
-    fn recover_queue(&self, def: crate::QueueDef) -> Result<RecoveredQueue, StoreError> {
+    fn recover_queue(&self, cfs: &Cfs<'_>, def: QueueDef) -> Result<RecoveredQueue, StoreError> {
         let uid = def.uid;
         let seq_reserved_until = self
             .db
-            .get_cf(self.cf(CF_META)?, seq_key(uid))
+            .get_cf(cfs.meta, seq_key(uid))
             .map_err(io("reading sequence reservations"))?
-            .and_then(|v| be_u64(&v))
+            .and_then(|v| keys::be_u64(&v))
             .map_or(Seq(1), Seq);
-        let bounds = || {
-            let mut ro = ReadOptions::default();
-            ro.set_iterate_lower_bound(msg_key(uid, Seq(0)).to_vec());
-            ro.set_iterate_upper_bound(msg_key(QueueUid(uid.0.saturating_add(1)), Seq(0)).to_vec());
-            ro
-        };
-        let mut counts = std::collections::HashMap::new();
-        for item in self.db.iterator_cf_opt(
-            self.cf(CF_DELIVERIES)?,
-            bounds(),
-            rocksdb::IteratorMode::Start,
-        ) {
-            let (k, v) = item.map_err(io("reading delivery counts"))?;
-            let seq = be_u64(&k[8..]).map(Seq);
-            let count = <[u8; 4]>::try_from(&v[..]).ok().map(u32::from_be_bytes);
-            if let (Some(seq), Some(count)) = (seq, count) {
-                counts.insert(seq, count);
+        let mut stored = [StoredLevel::default(); PRIORITY_LEVELS];
+        let count_keys: Vec<_> = (0..=Priority::MAX)
+            .filter_map(|p| Priority::new(p.into()).ok())
+            .map(|p| counts_key(uid, p))
+            .collect();
+        let counts = self.db.batched_multi_get_cf(cfs.counts, &count_keys, true);
+        for (level, got) in stored.iter_mut().zip(counts) {
+            if let Some(v) = got.map_err(io("reading message counts"))? {
+                *level = codec::decode_counts(&v)?;
             }
         }
-        let mut messages = Vec::new();
-        for item in self.db.iterator_cf_opt(
-            self.cf(CF_MESSAGES)?,
-            bounds(),
-            rocksdb::IteratorMode::Start,
-        ) {
-            let (_, v) = item.map_err(io("reading messages"))?;
-            let message = codec::decode_message(uid, &v)?;
-            let delivery_count = counts.get(&message.seq).copied().unwrap_or(0);
-            messages.push(RecoveredMessage {
-                message,
-                delivery_count,
-            });
-        }
-        let mut dedup = Vec::new();
+        Ok(RecoveredQueue {
+            def,
+            seq_reserved_until,
+            stored,
+            dedup: self.recover_dedup(cfs, uid)?,
+        })
+    }
+
+    fn recover_dedup(&self, cfs: &Cfs<'_>, uid: QueueUid) -> Result<Vec<DedupRecord>, StoreError> {
         let mut ro = ReadOptions::default();
-        ro.set_iterate_lower_bound(uid.0.to_be_bytes().to_vec());
-        ro.set_iterate_upper_bound(uid.0.saturating_add(1).to_be_bytes().to_vec());
+        ro.set_iterate_lower_bound(uid_prefix(uid));
+        if let Some(end) = keys::prefix_end(&uid_prefix(uid)) {
+            ro.set_iterate_upper_bound(end);
+        }
+        // Every record of the queue shares its uid prefix (the column family's prefix extractor).
+        ro.set_prefix_same_as_start(true);
+        let mut dedup = Vec::new();
         for item in self
             .db
-            .iterator_cf_opt(self.cf(CF_DEDUP)?, ro, rocksdb::IteratorMode::Start)
+            .iterator_cf_opt(cfs.dedup, ro, rocksdb::IteratorMode::Start)
         {
             let (k, v) = item.map_err(io("reading dedup records"))?;
             let dedup_id = String::from_utf8(k[8..].to_vec()).map_err(|_| StoreError::Corrupt {
@@ -218,12 +303,7 @@ impl RocksStore {
                 expires_ms,
             });
         }
-        Ok(RecoveredQueue {
-            def,
-            seq_reserved_until,
-            messages,
-            dedup,
-        })
+        Ok(dedup)
     }
 }
 
@@ -232,9 +312,10 @@ impl QueueStore for RocksStore {
         if self.poisoned.load(Ordering::Acquire) {
             return Err(StoreError::Poisoned);
         }
+        let cfs = self.cfs()?;
         let mut batch = WriteBatch::default();
         for op in batches.iter().flatten() {
-            self.add(&mut batch, op)?;
+            cfs.add(&mut batch, op)?;
         }
         let mut wo = WriteOptions::default();
         wo.set_sync(true);
@@ -245,16 +326,222 @@ impl QueueStore for RocksStore {
     }
 
     fn recover(&self) -> Result<Vec<RecoveredQueue>, StoreError> {
+        let cfs = self.cfs()?;
         let mut defs = Vec::new();
         for item in self
             .db
-            .iterator_cf(self.cf(CF_QUEUES)?, rocksdb::IteratorMode::Start)
+            .iterator_cf(cfs.queues, rocksdb::IteratorMode::Start)
         {
             let (_, v) = item.map_err(io("reading queue definitions"))?;
             defs.push(codec::decode_queue(&v)?);
         }
         defs.into_iter()
-            .map(|def| self.recover_queue(def))
+            .map(|def| self.recover_queue(&cfs, def))
             .collect()
+    }
+
+    fn read_page(
+        &self,
+        uid: QueueUid,
+        priority: Priority,
+        from: Seq,
+        upto: Seq,
+        max_count: usize,
+        max_bytes: u64,
+    ) -> Result<Page, StoreError> {
+        self.page(uid, priority, from, upto, max_count, max_bytes)
+    }
+
+    fn find_by_header(
+        &self,
+        uid: QueueUid,
+        header: IndexedHeader,
+        value: &str,
+        max: usize,
+    ) -> Result<Vec<(Priority, Seq)>, StoreError> {
+        self.by_header(uid, header, value, max)
+    }
+
+    fn read_messages(
+        &self,
+        uid: QueueUid,
+        keys: &[(Priority, Seq)],
+    ) -> Result<Vec<RecoveredMessage>, StoreError> {
+        self.messages_at(uid, keys)
+    }
+
+    fn find_message(
+        &self,
+        uid: QueueUid,
+        seq: Seq,
+    ) -> Result<Option<RecoveredMessage>, StoreError> {
+        self.message_by_seq(uid, seq)
+    }
+
+    fn read_delayed(
+        &self,
+        uid: QueueUid,
+        after_ms: u64,
+    ) -> Result<Vec<RecoveredMessage>, StoreError> {
+        self.delayed_after(uid, after_ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::sync::Arc;
+
+    use ferry_kernel::{MessageId, QueueConfig, QueueName};
+
+    use super::*;
+
+    const ALL: [&str; 8] = [
+        CF_QUEUES,
+        CF_QUEUE_MESSAGES,
+        CF_DELIVERIES,
+        CF_COUNTS,
+        CF_HEADER_INDEX,
+        CF_META,
+        CF_DEDUP,
+        CF_DELAYED,
+    ];
+
+    /// Moves everything out of the memtables into table files and compacts them, so reads go
+    /// through bloom filters, prefix extractors and merges done by compaction.
+    fn flush_and_compact(s: &RocksStore) {
+        for name in ALL {
+            let cf = s.db.cf_handle(name).unwrap();
+            s.db.flush_cf(cf).unwrap();
+            s.db.compact_range_cf(cf, None::<&[u8]>, None::<&[u8]>);
+        }
+    }
+
+    fn message(uid: u64, p: u32, seq: u64, corr: &str) -> Message {
+        Message {
+            id: MessageId::new(QueueUid(uid), Seq(seq)),
+            seq: Seq(seq),
+            body: vec![7; seq as usize],
+            properties: Default::default(),
+            correlation_id: Some(corr.to_string()),
+            reply_to: None,
+            jms_type: None,
+            priority: Priority::new(p).unwrap(),
+            timestamp_ms: seq,
+            expiration_ms: None,
+            deliver_at_ms: (seq % 4 == 1).then_some(10_000 - seq),
+            persistent: true,
+            dedup_id: None,
+            group_id: Some(format!("g{}", seq % 2)),
+        }
+    }
+
+    fn queue_op(uid: u64, op: PersistOp) -> StoreOp {
+        StoreOp::Queue {
+            uid: QueueUid(uid),
+            op,
+        }
+    }
+
+    /// Filters, the custom prefix extractor and the counts merge operator are only exercised
+    /// once data leaves the memtable; reads must give the same answers from table files.
+    #[test]
+    fn reads_agree_after_flush_and_compaction() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = RocksStore::open(dir.path()).unwrap();
+        let mut ops = vec![];
+        for uid in [1, 2] {
+            ops.push(StoreOp::PutQueue(QueueDef {
+                name: QueueName::new(format!("q{uid}")).unwrap(),
+                uid: QueueUid(uid),
+                config: QueueConfig::default(),
+            }));
+            ops.push(queue_op(
+                uid,
+                PersistOp::PutDedup(DedupRecord {
+                    dedup_id: format!("d{uid}"),
+                    seq: Seq(1),
+                    expires_ms: 9,
+                }),
+            ));
+        }
+        let messages: Vec<Message> = (1..=200)
+            .map(|seq| message(1, (seq % 10) as u32, seq, &format!("c{}", seq % 7)))
+            .collect();
+        ops.extend(
+            messages
+                .iter()
+                .map(|m| queue_op(1, PersistOp::PutMessage(Arc::new(m.clone())))),
+        );
+        s.write(&[ops]).unwrap();
+        flush_and_compact(&s);
+        // Deltas on top of compacted counts, in the memtable and then in a second table file.
+        s.write(&[vec![
+            queue_op(1, PersistOp::DeleteMessage(Arc::new(messages[0].clone()))),
+            queue_op(
+                1,
+                PersistOp::SetDeliveryCount {
+                    seq: Seq(11),
+                    count: 4,
+                },
+            ),
+        ]])
+        .unwrap();
+        flush_and_compact(&s);
+        let p1 = Priority::new(1).unwrap();
+        let got = s.recover().unwrap();
+        let q1 = got.iter().find(|q| q.def.uid == QueueUid(1)).unwrap();
+        let level1: Vec<&Message> = messages[1..].iter().filter(|m| m.priority == p1).collect();
+        assert_eq!(
+            q1.stored[1],
+            StoredLevel {
+                count: level1.len() as u64,
+                bytes: level1.iter().map(|m| m.size_bytes()).sum(),
+            }
+        );
+        assert_eq!(q1.dedup.len(), 1);
+        assert_eq!(q1.dedup[0].dedup_id, "d1", "only this queue's records");
+        let page = s
+            .read_page(QueueUid(1), p1, Seq(0), Seq(u64::MAX), 3, u64::MAX)
+            .unwrap();
+        let seqs: Vec<u64> = page.messages.iter().map(|m| m.message.seq.0).collect();
+        assert_eq!(seqs, [11, 21, 31]);
+        assert_eq!(page.messages[0].delivery_count, 4);
+        let c3 = s
+            .find_by_header(QueueUid(1), IndexedHeader::CorrelationId, "c3", 1_000)
+            .unwrap();
+        let mut want: Vec<(Priority, Seq)> = messages
+            .iter()
+            .filter(|m| m.correlation_id.as_deref() == Some("c3"))
+            .map(|m| (m.priority, m.seq))
+            .collect();
+        want.sort_by_key(|&(p, seq)| (std::cmp::Reverse(p), seq));
+        assert_eq!(c3, want);
+        let none = s
+            .find_by_header(QueueUid(1), IndexedHeader::CorrelationId, "c77", 10)
+            .unwrap();
+        assert!(none.is_empty());
+        let g1 = s
+            .find_by_header(QueueUid(1), IndexedHeader::GroupId, "g1", 1_000)
+            .unwrap();
+        assert_eq!(g1.len(), 99, "the odd seqs but the deleted one");
+        assert_eq!(
+            s.find_message(QueueUid(1), Seq(57))
+                .unwrap()
+                .unwrap()
+                .message,
+            messages[56]
+        );
+        assert!(s.find_message(QueueUid(1), Seq(1)).unwrap().is_none());
+        let delayed = |uid, after_ms| -> Vec<u64> {
+            let got = s.read_delayed(QueueUid(uid), after_ms).unwrap();
+            got.iter().map(|m| m.message.seq.0).collect()
+        };
+        // Seq 1 (the deleted message) took its entry with it; later seqs are due sooner.
+        let want: Vec<u64> = (5..=200).rev().filter(|seq| seq % 4 == 1).collect();
+        assert_eq!(delayed(1, 0), want);
+        assert_eq!(delayed(1, 10_000 - 9), [5]);
+        assert!(delayed(2, 0).is_empty());
     }
 }

@@ -5,9 +5,11 @@
 use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc, Mutex};
 
-use ferry_kernel::{PersistOp, QueueConfig, QueueName, QueueUid, Seq};
+use ferry_kernel::{
+    IndexedHeader, PersistOp, Priority, QueueConfig, QueueName, QueueUid, RecoveredMessage, Seq,
+};
 use ferry_store::{
-    GroupCommit, MemoryStore, QueueDef, QueueStore, RecoveredQueue, StoreError, StoreOp,
+    GroupCommit, MemoryStore, Page, QueueDef, QueueStore, RecoveredQueue, StoreError, StoreOp,
 };
 
 /// A store whose first write blocks until the test opens the gate, so the test knows exactly what
@@ -30,6 +32,48 @@ impl QueueStore for Gated {
     }
     fn recover(&self) -> Result<Vec<RecoveredQueue>, StoreError> {
         self.inner.recover()
+    }
+    fn read_page(
+        &self,
+        uid: QueueUid,
+        priority: Priority,
+        from: Seq,
+        upto: Seq,
+        max_count: usize,
+        max_bytes: u64,
+    ) -> Result<Page, StoreError> {
+        self.inner
+            .read_page(uid, priority, from, upto, max_count, max_bytes)
+    }
+    fn find_by_header(
+        &self,
+        uid: QueueUid,
+        header: IndexedHeader,
+        value: &str,
+        max: usize,
+    ) -> Result<Vec<(Priority, Seq)>, StoreError> {
+        self.inner.find_by_header(uid, header, value, max)
+    }
+    fn read_messages(
+        &self,
+        uid: QueueUid,
+        keys: &[(Priority, Seq)],
+    ) -> Result<Vec<RecoveredMessage>, StoreError> {
+        self.inner.read_messages(uid, keys)
+    }
+    fn find_message(
+        &self,
+        uid: QueueUid,
+        seq: Seq,
+    ) -> Result<Option<RecoveredMessage>, StoreError> {
+        self.inner.find_message(uid, seq)
+    }
+    fn read_delayed(
+        &self,
+        uid: QueueUid,
+        after_ms: u64,
+    ) -> Result<Vec<RecoveredMessage>, StoreError> {
+        self.inner.read_delayed(uid, after_ms)
     }
 }
 
@@ -91,6 +135,43 @@ impl QueueStore for Failing {
         })
     }
     fn recover(&self) -> Result<Vec<RecoveredQueue>, StoreError> {
+        Ok(vec![])
+    }
+    fn read_page(
+        &self,
+        _: QueueUid,
+        _: Priority,
+        from: Seq,
+        _: Seq,
+        _: usize,
+        _: u64,
+    ) -> Result<Page, StoreError> {
+        Ok(Page {
+            messages: vec![],
+            next: from,
+            end: true,
+        })
+    }
+    fn find_by_header(
+        &self,
+        _: QueueUid,
+        _: IndexedHeader,
+        _: &str,
+        _: usize,
+    ) -> Result<Vec<(Priority, Seq)>, StoreError> {
+        Ok(vec![])
+    }
+    fn read_messages(
+        &self,
+        _: QueueUid,
+        _: &[(Priority, Seq)],
+    ) -> Result<Vec<RecoveredMessage>, StoreError> {
+        Ok(vec![])
+    }
+    fn find_message(&self, _: QueueUid, _: Seq) -> Result<Option<RecoveredMessage>, StoreError> {
+        Ok(None)
+    }
+    fn read_delayed(&self, _: QueueUid, _: u64) -> Result<Vec<RecoveredMessage>, StoreError> {
         Ok(vec![])
     }
 }

@@ -49,7 +49,14 @@ pub struct QueueStats {
     /// Message groups held by a session.
     pub groups: u64,
     /// JMSTimestamp of the oldest Ready message (the lowest sequence among them), if any.
+    /// Paged-out messages are not looked at.
     pub oldest_ready_timestamp_ms: Option<u64>,
+    /// Messages in the store only (counted in `ready`, whatever their delivery time).
+    pub paged_out: u64,
+    /// Bytes of the messages held in memory.
+    pub resident_bytes: u64,
+    /// What the queue aims to keep in memory (`u64::MAX`: no limit).
+    pub memory_budget_bytes: u64,
 }
 
 /// A message read back from the store at startup.
@@ -129,7 +136,8 @@ impl Queue {
         (result, effects)
     }
 
-    /// Removes every message that is not leased. Returns how many were removed.
+    /// Removes every message that is not leased, paged-out ones included. Returns how many were
+    /// removed.
     pub fn purge(&mut self, now_ms: u64) -> (u64, Effects) {
         let mut effects = Effects::default();
         self.fire_due(now_ms, &mut effects);
@@ -143,8 +151,9 @@ impl Queue {
             effects.persist.extend(self.remove_entry(seq));
             self.record(&mut effects, seq, Transition::Deleted);
         }
-        self.counters.purged_total += doomed.len() as u64;
-        (doomed.len() as u64, effects)
+        let purged = doomed.len() as u64 + self.purge_paged_out(&mut effects);
+        self.counters.purged_total += purged;
+        (purged, effects)
     }
 
     /// Up to `max` messages after `after` in sequence order that `selector` matches, with their
@@ -175,12 +184,13 @@ impl Queue {
 
     pub fn stats(&self) -> QueueStats {
         let c = self.counters;
+        let (paged_out, paged_out_bytes) = self.paging.paged_out();
         QueueStats {
-            ready: self.ready.len() as u64,
+            ready: self.ready.len() as u64 + paged_out,
             scheduled: self.scheduled.len() as u64,
             leased: self.lease_expiry.len() as u64,
             waiters: self.waiters.len() as u64,
-            bytes: self.bytes,
+            bytes: self.bytes + paged_out_bytes,
             sent_total: c.sent_total,
             delivered_total: c.delivered_total,
             redelivered_total: c.redelivered_total,
@@ -192,6 +202,9 @@ impl Queue {
             staged: self.staged_count() as u64,
             groups: self.groups.len() as u64,
             oldest_ready_timestamp_ms: self.oldest_ready_timestamp_ms(),
+            paged_out,
+            resident_bytes: self.bytes,
+            memory_budget_bytes: self.paging.budget_bytes,
         }
     }
 

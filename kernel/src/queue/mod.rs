@@ -9,6 +9,7 @@ mod ack;
 mod admin;
 mod groups;
 mod history;
+mod paging;
 mod policy;
 mod receive;
 mod redeliver;
@@ -29,6 +30,9 @@ use crate::types::{LeaseId, Priority, QueueName, QueueUid, Seq, SessionId, Share
 
 pub use admin::{DeadLetterCounts, QueueStats, RecoveredMessage};
 pub use history::{HistoryEntry, ReturnCause, Transition};
+pub use paging::{
+    Page, PageRequest, PageSource, PagedError, PAGE_MAX_COUNT, PAGE_MIN_COUNT, SCAN_CHUNK,
+};
 pub use policy::{DeadLetterReason, DeadLetterTarget, RedeliveryPolicy};
 pub use receive::{ReceiveOutcome, ReceiveRequest, Wait, WaiterId};
 pub use send::DedupRecord;
@@ -56,6 +60,11 @@ pub struct QueueConfig {
     /// How long a producer's dedup id is remembered: a send repeating it within the window
     /// returns the original message id and stores nothing.
     pub dedup_window_ms: u64,
+    /// The most messages the queue may hold (Ready, Scheduled, delivered and not acknowledged,
+    /// paged out); a send that would go over is refused. `None`: no limit.
+    pub max_messages: Option<u64>,
+    /// The most bytes of messages the queue may hold, counted like `max_message_size_bytes`.
+    pub max_bytes: Option<u64>,
 }
 
 impl Default for QueueConfig {
@@ -70,6 +79,8 @@ impl Default for QueueConfig {
             dead_letter: DeadLetterTarget::Default,
             expiry: DeadLetterTarget::Default,
             dedup_window_ms: 600_000,
+            max_messages: None,
+            max_bytes: None,
         }
     }
 }
@@ -104,7 +115,19 @@ pub(crate) struct Entry {
 #[derive(Debug, Clone, PartialEq)]
 pub enum PersistOp {
     PutMessage(SharedMessage),
-    DeleteMessage(Seq),
+    /// Deletes a message. It carries the whole message because the store's keys, counts and
+    /// header indexes need its priority, size, correlation id and group id.
+    DeleteMessage(SharedMessage),
+    /// Deletes the paged-out messages of one priority with sequence numbers in `[from, to)`.
+    /// `count` and `bytes` are how many messages (and their bytes) the store holds there: the
+    /// queue knows them exactly, and the store keeps its per-priority counts with them.
+    DeleteStored {
+        priority: Priority,
+        from: Seq,
+        to: Seq,
+        count: u64,
+        bytes: u64,
+    },
     /// How many times the message has been delivered (survives restarts: redelivered flag and,
     /// later, the redelivery policy depend on it).
     SetDeliveryCount {
@@ -260,6 +283,8 @@ pub struct Queue {
     deferred: Effects,
     /// The `now` of the operation in progress (set as it starts), for history entries.
     now_ms: u64,
+    /// What is paged out to the store, per priority (see `paging.rs`).
+    paging: paging::Paging,
 }
 
 impl Queue {
@@ -292,6 +317,7 @@ impl Queue {
             recovered_exhausted: Vec::new(),
             deferred: Effects::default(),
             now_ms: 0,
+            paging: paging::Paging::default(),
         }
     }
 
@@ -340,6 +366,11 @@ impl Queue {
         };
         let old = std::mem::replace(&mut entry.state, new);
         let priority = entry.message.priority;
+        match (old == MessageState::Ready, new == MessageState::Ready) {
+            (true, false) => self.paging.level_mut(priority).ready -= 1,
+            (false, true) => self.paging.level_mut(priority).ready += 1,
+            _ => {}
+        }
         if let Some(at) = entry.message.expiration_ms {
             if !matches!(old, MessageState::Leased { .. }) {
                 self.expiry.remove(&(at, seq));
@@ -395,6 +426,8 @@ impl Queue {
         let seq = message.seq;
         let priority = message.priority;
         self.bytes += message.size_bytes();
+        self.note_resident(&message);
+        self.paging.level_mut(priority).ready += 1;
         self.entries.insert(
             seq,
             Entry {
@@ -418,6 +451,7 @@ impl Queue {
         self.set_state(seq, MessageState::Ready);
         let entry = self.entries.remove(&seq)?;
         self.ready.remove(&(Reverse(entry.message.priority), seq));
+        self.paging.level_mut(entry.message.priority).ready -= 1;
         if let Some(at) = entry.message.expiration_ms {
             self.expiry.remove(&(at, seq));
         }
@@ -425,7 +459,7 @@ impl Queue {
         entry
             .message
             .persistent
-            .then_some(PersistOp::DeleteMessage(seq))
+            .then(|| PersistOp::DeleteMessage(entry.message.clone()))
     }
 
     /// Panics if any index disagrees with the states of the messages. Tests call it after every
@@ -512,7 +546,7 @@ impl Queue {
         // A parked receiver and a deliverable message never coexist: dispatch runs after every
         // change that makes a message ready or parks a receiver.
         assert!(
-            !self.waiter_could_take_ready(),
+            self.paging.rescan.iter().any(Option::is_some) || !self.waiter_could_take_ready(),
             "a parked receiver matches a ready message"
         );
         assert!(
@@ -526,5 +560,6 @@ impl Queue {
                 .map(|e| e.message.size_bytes())
                 .sum::<u64>()
         );
+        self.check_paging();
     }
 }

@@ -63,6 +63,10 @@ pub enum ReceiveOutcome {
     Parked(WaiterId),
     /// Nothing ready and the receiver would not wait.
     Empty,
+    /// Memory alone cannot answer: messages this receiver may have to get first are paged out.
+    /// Nothing changed (but time: see the effects). The shell pulls in what the store holds for
+    /// the receiver ([`Queue::pull`]) and asks again with [`Queue::receive_scanned`].
+    NeedStore,
 }
 
 #[derive(Debug, Clone)]
@@ -99,14 +103,16 @@ impl Queue {
         let lease_ms = self.lease_ms(req.lease_ms)?;
         let mut effects = Effects::default();
         self.fire_due(now_ms, &mut effects);
-        let deliveries = self.take_ready(
+        let Some(deliveries) = self.take_ready(
             req.max_messages,
             req.owner,
             lease_ms,
             req.selector.as_deref(),
             now_ms,
             &mut effects,
-        );
+        ) else {
+            return Ok((ReceiveOutcome::NeedStore, effects));
+        };
         if !deliveries.is_empty() {
             return Ok((ReceiveOutcome::Delivered(deliveries), effects));
         }
@@ -184,6 +190,9 @@ impl Queue {
     /// group `owner` may take, highest priority then oldest first; the ones it skips keep their
     /// place. Messages met on the way that may not be delivered again (expired, deliveries
     /// exhausted) are dead-lettered, never delivered.
+    ///
+    /// `None` (and nothing leased) when fewer than `max` are found before a message that comes
+    /// after a paged-out one: the store must be looked at first.
     pub(crate) fn take_ready(
         &mut self,
         max: u32,
@@ -192,13 +201,20 @@ impl Queue {
         selector: Option<&Selector>,
         now_ms: u64,
         effects: &mut Effects,
-    ) -> Vec<Delivery> {
+    ) -> Option<Vec<Delivery>> {
         let mut chosen = Vec::new();
+        let mut blocked = false;
         let mut doomed = Vec::new();
         // Groups this receiver takes within this batch count as its own already.
         let mut claimed: Vec<&str> = Vec::new();
-        for &(Reverse(_), seq) in &self.ready {
+        for &(Reverse(priority), seq) in &self.ready {
+            // What comes after a paged-out message in delivery order waits for it (or for the
+            // shell to look in the store: see `paging.rs`).
             if chosen.len() >= max as usize {
+                break;
+            }
+            if self.behind_paged_out(priority, seq) {
+                blocked = true;
                 break;
             }
             let Some(entry) = self.entries.get(&seq) else {
@@ -225,10 +241,17 @@ impl Queue {
         for (seq, reason) in doomed {
             self.dead_letter(seq, reason, effects);
         }
-        chosen
-            .into_iter()
-            .filter_map(|seq| self.lease_one(seq, owner, lease_ms, now_ms, effects))
-            .collect()
+        // Nothing more in memory may go first, but the store may hold better messages.
+        blocked |= !self.paging.store_checked && self.paging.top().is_some();
+        if blocked && chosen.len() < max as usize {
+            return None;
+        }
+        Some(
+            chosen
+                .into_iter()
+                .filter_map(|seq| self.lease_one(seq, owner, lease_ms, now_ms, effects))
+                .collect(),
+        )
     }
 
     /// Why a Ready message may not be delivered again, if so.
@@ -316,6 +339,11 @@ impl Queue {
         self.expire_due(now_ms, effects);
         if self.waiters.is_empty() {
             self.newly_ready.clear();
+            return;
+        }
+        if self.paging.rescan.iter().any(Option::is_some) {
+            // The store may hold what parked receivers should get first: the shell looks there
+            // (`Queue::fill`) and this dispatch happens then, with everything it has now.
             return;
         }
         let mut fresh: Vec<(Reverse<crate::types::Priority>, crate::types::Seq)> =

@@ -102,6 +102,9 @@ impl Queue {
         if freed.is_empty() || self.waiters.is_empty() {
             return;
         }
+        // Paged-out messages of these groups may now be a parked receiver's to take.
+        self.paging
+            .flag_rescan_all(crate::types::Seq(self.next_seq.0.saturating_sub(1)));
         let seqs: Vec<_> = self
             .ready
             .iter()

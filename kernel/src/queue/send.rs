@@ -79,8 +79,39 @@ impl Queue {
         (ids, effects)
     }
 
-    /// Refuses a batch with a message the queue cannot take.
+    /// Refuses a batch with a message the queue cannot take, or one that would take the queue
+    /// over its limits (staged sends count: they will enter the queue).
     pub(crate) fn validate_sends(&self, messages: &[NewMessage]) -> Result<(), KernelError> {
+        let (paged_count, paged_bytes) = self.paging.paged_out();
+        if let Some(limit) = self.config.max_messages {
+            let value =
+                (self.entries.len() + self.staged_count() + messages.len()) as u64 + paged_count;
+            if value > limit {
+                return Err(KernelError::QueueFull {
+                    queue: self.name.clone(),
+                    what: "messages",
+                    value,
+                    limit,
+                    limit_name: "max_messages",
+                });
+            }
+        }
+        if let Some(limit) = self.config.max_bytes {
+            let staged: u64 = self.staged.values().flatten().map(|m| m.size_bytes()).sum();
+            let value = self.bytes
+                + paged_bytes
+                + staged
+                + messages.iter().map(NewMessage::size_bytes).sum::<u64>();
+            if value > limit {
+                return Err(KernelError::QueueFull {
+                    queue: self.name.clone(),
+                    what: "bytes",
+                    value,
+                    limit,
+                    limit_name: "max_bytes",
+                });
+            }
+        }
         for (index, m) in messages.iter().enumerate() {
             let size_bytes = m.size_bytes();
             if size_bytes > self.config.max_message_size_bytes {
@@ -155,8 +186,15 @@ impl Queue {
                 effects.persist.push(PersistOp::PutDedup(record));
             }
         }
-        self.insert_entry(message, state, 0);
         self.counters.sent_total += 1;
+        // Past the memory budget (or behind paged-out messages of its priority) a persistent
+        // message goes to the store only; a committed transaction's sends stay in memory, like
+        // every message that was already visible.
+        if !committed && self.pages_out(&message) {
+            self.page_out(&message);
+        } else {
+            self.insert_entry(message, state, 0);
+        }
     }
 
     pub(crate) fn remember_dedup(&mut self, r: DedupRecord) {

@@ -148,7 +148,10 @@ fn stale_receipt_never_acknowledges_a_newer_delivery() {
     ));
     let (results, fx) = q.ack(&[new.lease_ref()], T0 + 1_002);
     assert_eq!(results, vec![Ok(())]);
-    assert_eq!(fx.persist, vec![PersistOp::DeleteMessage(new.message.seq)]);
+    assert_eq!(
+        fx.persist,
+        vec![PersistOp::DeleteMessage(new.message.clone())]
+    );
     assert_eq!(q.state_of(new.message.seq), None);
     q.check_invariants();
 }

@@ -97,6 +97,21 @@ impl Selector {
     /// operands of a top-level AND: only messages with that correlation id can match, so an
     /// index lookup may replace a scan.
     pub fn correlation_id_equals(&self) -> Option<&str> {
+        self.header_equals(Header::CorrelationId)
+    }
+
+    /// Like [`Selector::correlation_id_equals`], for any header the store indexes
+    /// (`JMSCorrelationID` first, then `JMSXGroupID`).
+    pub fn indexed_equality(&self) -> Option<(IndexedHeader, &str)> {
+        [
+            (IndexedHeader::CorrelationId, Header::CorrelationId),
+            (IndexedHeader::GroupId, Header::GroupId),
+        ]
+        .into_iter()
+        .find_map(|(indexed, header)| self.header_equals(header).map(|v| (indexed, v)))
+    }
+
+    fn header_equals(&self, header: Header) -> Option<&str> {
         let conjuncts = match &self.root {
             Expr::And(items) => items.as_slice(),
             other => std::slice::from_ref(other),
@@ -107,14 +122,36 @@ impl Selector {
                 left,
                 right,
             } => match (&**left, &**right) {
-                (Expr::Field(Field::Header(Header::CorrelationId)), Expr::Str(s))
-                | (Expr::Str(s), Expr::Field(Field::Header(Header::CorrelationId))) => {
+                (Expr::Field(Field::Header(h)), Expr::Str(s))
+                | (Expr::Str(s), Expr::Field(Field::Header(h)))
+                    if *h == header =>
+                {
                     Some(s.as_str())
                 }
                 _ => None,
             },
             _ => None,
         })
+    }
+}
+
+/// A message header the store keeps an index on, so a selector that asks for one value of it
+/// finds its messages without a scan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum IndexedHeader {
+    /// `JMSCorrelationID` (request-reply).
+    CorrelationId,
+    /// `JMSXGroupID` (message groups).
+    GroupId,
+}
+
+impl IndexedHeader {
+    /// The header's value in a message, if it has one.
+    pub fn value_of(self, m: &Message) -> Option<&str> {
+        match self {
+            IndexedHeader::CorrelationId => m.correlation_id.as_deref(),
+            IndexedHeader::GroupId => m.group_id.as_deref(),
+        }
     }
 }
 

@@ -1,0 +1,776 @@
+//! Paging: queues larger than memory.
+//!
+//! Only a window of a queue lives in memory (its *resident* messages); the rest are *paged out*:
+//! durable in the store, counted here, not held. The store keeps each queue's messages in
+//! delivery order (priority high first, then sequence), so each priority is a run the shell reads
+//! from a *cursor*:
+//!
+//! - A persistent send goes to the store only (paged out) when its priority already has paged-out
+//!   messages, or when the queue's memory budget is full — unless a parked receiver takes it at
+//!   once. Everything else (non-persistent messages, committed transactions, returned deliveries)
+//!   stays resident.
+//! - Within one priority, every paged-out message comes after every resident one that was paged in
+//!   by the cursor; a message brought in out of turn (by a selector's scan, an index lookup, a
+//!   parked receiver, a commit) is remembered as *pulled*, so when the cursor reaches it the read
+//!   skips it. This is an exact record of what is already known, not a guess: a page read never
+//!   judges a message a duplicate because it merely looks familiar, and never skips one it has
+//!   not seen (the ActiveMQ 5.1 failure).
+//! - The cursor moves only over what the shell has read. The shell never reads past a write that
+//!   may not be applied yet ([`Queue::page_in`] takes the position the read reached).
+//! - A receive that cannot be decided from memory (nothing suitable is resident, or a higher
+//!   priority is paged out) answers [`ReceiveOutcome::NeedStore`]; the shell brings candidates in
+//!   with [`Queue::pull`] and asks again with [`Queue::receive_scanned`].
+//!
+//! [`ReceiveOutcome::NeedStore`]: super::ReceiveOutcome::NeedStore
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use super::{
+    Effects, MessageState, PersistOp, Queue, ReceiveOutcome, ReceiveRequest, RecoveredMessage,
+};
+use crate::error::KernelError;
+use crate::selector::IndexedHeader;
+use crate::types::{Message, Priority, Seq};
+
+/// How many messages one page read may bring in at most.
+pub const PAGE_MAX_COUNT: usize = 1_000;
+/// How many messages a priority with nothing deliverable in memory may bring in although the
+/// budget is full (so a full budget can never hide a higher priority or stall a drained one).
+pub const PAGE_MIN_COUNT: usize = 16;
+
+/// How many messages a scan for a receiver reads from the store at a time.
+pub const SCAN_CHUNK: usize = 1_000;
+
+/// One read of a priority's run in the store.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Page {
+    /// In sequence order, with their delivery counts.
+    pub messages: Vec<RecoveredMessage>,
+    /// Where the read stopped: the next read of this priority starts here.
+    pub next: Seq,
+    /// No message of this priority at or after `next`, among the writes the source can see.
+    pub end: bool,
+}
+
+/// The store as paging reads it: synchronous and read-only. The shell implements it over its
+/// store, bounded to the writes it knows are applied (a read must never run ahead of a write
+/// still on its way, or the cursor would step over a message). The kernel only reads through
+/// it; it still writes nothing and waits for nothing.
+pub trait PageSource {
+    type Error;
+
+    /// Messages of priority `p` from `from` on, in sequence order: at most `max_count`, and
+    /// stopping after the one that reaches `max_bytes` (at least one if there is one).
+    fn read_page(
+        &self,
+        p: Priority,
+        from: Seq,
+        max_count: usize,
+        max_bytes: u64,
+    ) -> Result<Page, Self::Error>;
+
+    /// Whether every write the queue has asked for is applied, so that a read's `end` is the
+    /// truth and not only what the source can see yet.
+    fn settled(&self) -> bool;
+
+    /// The (priority, seq) of messages whose `header` equals `value`, in delivery order, at most
+    /// `max`. May name messages that are gone; [`PageSource::read_messages`] skips those.
+    fn find_by_header(
+        &self,
+        header: IndexedHeader,
+        value: &str,
+        max: usize,
+    ) -> Result<Vec<(Priority, Seq)>, Self::Error>;
+
+    /// The messages at these keys that exist, with their delivery counts.
+    fn read_messages(&self, keys: &[(Priority, Seq)])
+        -> Result<Vec<RecoveredMessage>, Self::Error>;
+}
+
+/// Why a paged receive failed: the queue refused it, or the store could not be read.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PagedError<E> {
+    Kernel(KernelError),
+    Source(E),
+}
+
+impl<E> From<KernelError> for PagedError<E> {
+    fn from(e: KernelError) -> Self {
+        PagedError::Kernel(e)
+    }
+}
+
+/// What the shell should read from the store next: messages of `priority` from `from` on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PageRequest {
+    pub priority: Priority,
+    pub from: Seq,
+    pub max_count: usize,
+    pub max_bytes: u64,
+}
+
+/// One priority's paged-out run.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Level {
+    /// Paged-out messages (in the store, not in memory) and their bytes.
+    pub(crate) count: u64,
+    pub(crate) bytes: u64,
+    /// Where the next page read starts; every paged-out message is at or after it.
+    pub(crate) cursor: Seq,
+    /// Messages at or after `cursor` already brought in (or brought in and since removed).
+    pub(crate) pulled: BTreeSet<Seq>,
+    /// Resident messages of this priority that are Ready.
+    pub(crate) ready: u64,
+}
+
+#[derive(Debug)]
+pub(crate) struct Paging {
+    /// Bytes of resident messages the queue aims to stay under (`u64::MAX`: never page out).
+    pub(crate) budget_bytes: u64,
+    pub(crate) levels: [Level; Priority::MAX as usize + 1],
+    /// Paged-out counts that turned out wrong and were corrected (see [`Queue::page_in`]).
+    pub(crate) corrections: u64,
+    /// Set while [`Queue::receive_scanned`] runs: the store has been looked at.
+    pub(crate) store_checked: bool,
+    /// Parked receivers may have messages in the store, per priority: from where to look and
+    /// up to which sequence number the look must reach before it counts as done.
+    pub(crate) rescan: [Option<(Seq, Seq)>; Priority::MAX as usize + 1],
+}
+
+impl Default for Paging {
+    fn default() -> Self {
+        Self {
+            budget_bytes: u64::MAX,
+            levels: Default::default(),
+            corrections: 0,
+            store_checked: false,
+            rescan: [None; Priority::MAX as usize + 1],
+        }
+    }
+}
+
+impl Paging {
+    pub(crate) fn level(&self, p: Priority) -> &Level {
+        &self.levels[usize::from(p.get())]
+    }
+
+    pub(crate) fn level_mut(&mut self, p: Priority) -> &mut Level {
+        &mut self.levels[usize::from(p.get())]
+    }
+
+    /// Parked receivers must look at priority `p` of the store from `from` until they have seen
+    /// `until`.
+    pub(crate) fn flag_rescan(&mut self, p: Priority, from: Seq, until: Seq) {
+        let slot = &mut self.rescan[usize::from(p.get())];
+        *slot = Some(match *slot {
+            Some((f, u)) => (f.min(from), u.max(until)),
+            None => (from, until),
+        });
+    }
+
+    /// Every paged-out priority must be looked at again, up to `until`.
+    pub(crate) fn flag_rescan_all(&mut self, until: Seq) {
+        for p in 0..=usize::from(Priority::MAX) {
+            if self.levels[p].count > 0 {
+                let cursor = self.levels[p].cursor;
+                self.flag_rescan(priority(p), cursor, until);
+            }
+        }
+    }
+
+    pub(crate) fn paged_out(&self) -> (u64, u64) {
+        self.levels
+            .iter()
+            .fold((0, 0), |(c, b), l| (c + l.count, b + l.bytes))
+    }
+
+    /// The highest priority with paged-out messages.
+    pub(crate) fn top(&self) -> Option<Priority> {
+        (0..=Priority::MAX)
+            .rev()
+            .find(|&p| self.levels[usize::from(p)].count > 0)
+            .and_then(|p| Priority::new(p.into()).ok())
+    }
+}
+
+fn priority(p: usize) -> Priority {
+    Priority::new(p as u32).expect("invariant: level index is a priority")
+}
+
+impl Queue {
+    /// Sets the bytes of resident messages this queue aims to stay under. Persistent sends past it
+    /// are paged out; lowering it pages nothing out that is already resident.
+    pub fn set_memory_budget(&mut self, bytes: u64) {
+        self.paging.budget_bytes = bytes;
+    }
+
+    pub fn memory_budget(&self) -> u64 {
+        self.paging.budget_bytes
+    }
+
+    /// The sequence number the next message will get: every message sent so far is below it.
+    pub fn next_seq(&self) -> Seq {
+        self.next_seq
+    }
+
+    /// Bytes of the messages held in memory.
+    pub fn resident_bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Messages (and their bytes) in the store only.
+    pub fn paged_out(&self) -> (u64, u64) {
+        self.paging.paged_out()
+    }
+
+    /// Paged-out counts found wrong by a complete page read and corrected.
+    pub fn paging_corrections(&self) -> u64 {
+        self.paging.corrections
+    }
+
+    /// After recovery: the store holds `count` messages (`bytes`) of priority `p`, none resident.
+    pub fn restore_paged_out(&mut self, p: Priority, count: u64, bytes: u64) {
+        let level = self.paging.level_mut(p);
+        level.count = count;
+        level.bytes = bytes;
+        level.cursor = Seq(0);
+        level.pulled.clear();
+    }
+
+    /// Priorities with paged-out messages, highest first, with where their run starts.
+    pub fn paged_levels(&self) -> Vec<(Priority, Seq)> {
+        (0..=usize::from(Priority::MAX))
+            .rev()
+            .filter(|&p| self.paging.levels[p].count > 0)
+            .map(|p| (priority(p), self.paging.levels[p].cursor))
+            .collect()
+    }
+
+    /// Whether a message read from the store is new to the queue: paged out, not already brought
+    /// in (a read may still see a message whose delete is not applied yet).
+    pub fn is_paged_out(&self, p: Priority, seq: Seq) -> bool {
+        let level = self.paging.level(p);
+        level.count > 0
+            && seq >= level.cursor
+            && !level.pulled.contains(&seq)
+            && !self.entries.contains_key(&seq)
+    }
+
+    /// The next read the shell should make to fill the window, if any: the highest priority with
+    /// paged-out messages that either fits in the budget's room (reads are worth making once a
+    /// quarter of the budget is free) or has nothing Ready in memory (then a few messages come
+    /// in although the budget is full).
+    pub fn page_request(&self) -> Option<PageRequest> {
+        self.page_request_except(0)
+    }
+
+    /// Takes a page the shell read for `p`: `messages` in sequence order, and `next`, the
+    /// position the read reached (every message of `p` in `[cursor, next)` is in `messages` or
+    /// was already known). `settled` says the read saw every write the queue ever asked for and
+    /// found nothing of `p` at or after `next`; if the queue still counts paged-out messages of
+    /// `p` then, its count was wrong and is corrected (see [`Queue::paging_corrections`]).
+    pub fn page_in(
+        &mut self,
+        p: Priority,
+        messages: Vec<RecoveredMessage>,
+        next: Seq,
+        settled: bool,
+        now_ms: u64,
+    ) -> Effects {
+        // Brought in first, then time runs and receivers are served: a parked receiver is
+        // handed the best message, not whatever was resident.
+        let mut effects = Effects::default();
+        self.now_ms = self.now_ms.max(now_ms);
+        let level = self.paging.level_mut(p);
+        let old_cursor = level.cursor;
+        level.cursor = level.cursor.max(next);
+        let cursor = level.cursor;
+        for m in messages {
+            let seq = m.message.seq;
+            let level = self.paging.level(p);
+            if seq < old_cursor
+                || seq >= cursor
+                || level.pulled.contains(&seq)
+                || self.entries.contains_key(&seq)
+                || m.message.priority != p
+            {
+                continue;
+            }
+            self.bring_in(m, now_ms, &mut effects);
+        }
+        let level = self.paging.level_mut(p);
+        level.pulled = level.pulled.split_off(&cursor);
+        if settled && level.count > 0 {
+            level.count = 0;
+            level.bytes = 0;
+            self.paging.corrections += 1;
+        }
+        self.settle_level(p);
+        self.fire_due(now_ms, &mut effects);
+        effects
+    }
+
+    /// Brings in messages found in the store out of turn (by a scan for a receiver, an index
+    /// lookup, a lookup by id). Messages not paged out any more are ignored.
+    pub fn pull(&mut self, messages: Vec<RecoveredMessage>, now_ms: u64) -> Effects {
+        let mut effects = Effects::default();
+        self.now_ms = self.now_ms.max(now_ms);
+        for m in messages {
+            let p = m.message.priority;
+            if !self.is_paged_out(p, m.message.seq) {
+                continue;
+            }
+            self.paging.level_mut(p).pulled.insert(m.message.seq);
+            self.bring_in(m, now_ms, &mut effects);
+            self.settle_level(p);
+        }
+        self.fire_due(now_ms, &mut effects);
+        effects
+    }
+
+    /// Whether `req` would take this paged-out message now: it is due, deliverable (not expired,
+    /// deliveries not exhausted: those are dead-lettered when paged in), its group is free or the
+    /// receiver's, and the selector matches.
+    pub fn would_take(
+        &self,
+        req: &ReceiveRequest,
+        m: &Message,
+        delivery_count: u32,
+        now_ms: u64,
+    ) -> bool {
+        self.deliverable_now(m, delivery_count, now_ms)
+            && self.groups.may_take(m.group_id.as_deref(), req.owner)
+            && req
+                .selector
+                .as_deref()
+                .is_none_or(|s| s.matches(m, delivery_count + 1))
+    }
+
+    /// Whether some parked receiver would take this paged-out message now.
+    pub fn a_waiter_takes(&self, m: &Message, delivery_count: u32, now_ms: u64) -> bool {
+        self.deliverable_now(m, delivery_count, now_ms)
+            && self
+                .waiters
+                .values()
+                .any(|w| self.waiter_takes(w, m, delivery_count))
+    }
+
+    fn waiter_takes(&self, w: &super::receive::Waiter, m: &Message, delivery_count: u32) -> bool {
+        self.groups.may_take(m.group_id.as_deref(), w.owner)
+            && w.selector
+                .as_deref()
+                .is_none_or(|s| s.matches(m, delivery_count + 1))
+    }
+
+    fn deliverable_now(&self, m: &Message, delivery_count: u32, now_ms: u64) -> bool {
+        m.deliver_at_ms.is_none_or(|t| t <= now_ms)
+            && !m.is_expired(now_ms)
+            && !self.config.redelivery.exhausted(delivery_count)
+    }
+
+    /// [`Queue::receive`] after the shell has pulled in what the store holds for this receiver:
+    /// resident messages are all there is to choose from.
+    pub fn receive_scanned(
+        &mut self,
+        req: ReceiveRequest,
+        now_ms: u64,
+    ) -> Result<(super::ReceiveOutcome, Effects), crate::error::KernelError> {
+        self.paging.store_checked = true;
+        let out = self.receive(req, now_ms);
+        self.paging.store_checked = false;
+        out
+    }
+
+    /// Fills the window from `src`: page reads while [`Queue::page_request`] asks for one and
+    /// reads make progress (at most `max_reads`), then, if groups were freed while receivers
+    /// wait, a scan for messages they can now take.
+    pub fn fill<S: PageSource>(
+        &mut self,
+        src: &S,
+        max_reads: usize,
+        now_ms: u64,
+    ) -> Result<Effects, S::Error> {
+        let mut effects = Effects::default();
+        let mut stuck = 0u16;
+        for _ in 0..max_reads {
+            let Some(r) = self.page_request_except(stuck) else {
+                break;
+            };
+            let page = src.read_page(r.priority, r.from, r.max_count, r.max_bytes)?;
+            let progress = !page.messages.is_empty() || page.next > r.from;
+            let settled = page.end && src.settled();
+            effects.merge(self.page_in(r.priority, page.messages, page.next, settled, now_ms));
+            if !progress || page.end {
+                // Nothing more to see there until a write lands.
+                stuck |= 1 << r.priority.get();
+            }
+        }
+        if self.waiters.is_empty() {
+            self.paging.rescan = Default::default();
+        } else if self.paging.rescan.iter().any(Option::is_some) {
+            effects.merge(self.rescan_for_waiters(src, now_ms)?);
+        }
+        Ok(effects)
+    }
+
+    /// Looks in the store for messages parked receivers take: where sends they would take were
+    /// paged out, or everywhere after groups were freed or after a receiver parked before the
+    /// store had applied every write. A flag stays until the look has seen its last sequence
+    /// number (that is, until the write of it is applied).
+    fn rescan_for_waiters<S: PageSource>(
+        &mut self,
+        src: &S,
+        now_ms: u64,
+    ) -> Result<Effects, S::Error> {
+        let starts: Vec<(Priority, Seq)> = (0..=usize::from(Priority::MAX))
+            .rev()
+            .filter_map(|p| {
+                let (from, _) = self.paging.rescan[p]?;
+                let cursor = self.paging.levels[p].cursor;
+                Some((priority(p), from.max(cursor)))
+            })
+            .collect();
+        // Each receiver's best candidates, as many as it asked for: then handing them out
+        // cannot give anyone a worse message than one still in the store.
+        let mut wants: Vec<(super::WaiterId, u32)> = self
+            .waiters
+            .iter()
+            .map(|(&id, w)| (id, w.max_messages))
+            .collect();
+        let (found, reached) = self.scan_from(src, &starts, |q, m, count| {
+            let mut take = false;
+            if q.deliverable_now(m, count, now_ms) {
+                // Counted for one receiver: the oldest that still wants one and takes it.
+                if let Some((_, left)) = wants.iter_mut().find(|(id, left)| {
+                    *left > 0
+                        && q.waiters
+                            .get(id)
+                            .is_some_and(|w| q.waiter_takes(w, m, count))
+                }) {
+                    *left -= 1;
+                    take = true;
+                }
+            }
+            (take, wants.iter().all(|&(_, left)| left == 0))
+        })?;
+        for (p, next, end, satisfied) in reached {
+            let slot = &mut self.paging.rescan[usize::from(p.get())];
+            if satisfied || slot.is_some_and(|(_, until)| next > until || (end && src.settled())) {
+                *slot = None;
+            }
+        }
+        for (p, level) in self.paging.levels.iter().enumerate() {
+            if level.count == 0 {
+                self.paging.rescan[p] = None;
+            }
+        }
+        // Hand out now: what was not looked at yet is flagged still and keeps its place.
+        let pending = std::mem::take(&mut self.paging.rescan);
+        let effects = self.pull(found, now_ms);
+        self.paging.rescan = pending;
+        Ok(effects)
+    }
+
+    /// [`Queue::receive`] on a queue that may be paged out: when memory alone cannot answer,
+    /// the messages this receiver should get first are found in `src` (through the header index
+    /// when its selector asks for one correlation id or group, else by a scan in chunks of
+    /// [`SCAN_CHUNK`], in delivery order, holding only what matches), pulled in, and the receive
+    /// is answered from memory.
+    pub fn receive_paged<S: PageSource>(
+        &mut self,
+        req: ReceiveRequest,
+        src: &S,
+        now_ms: u64,
+    ) -> Result<(ReceiveOutcome, Effects), PagedError<S::Error>> {
+        let (out, mut effects) = self.receive(req.clone(), now_ms)?;
+        if out != ReceiveOutcome::NeedStore {
+            return Ok((out, effects));
+        }
+        let max = req.max_messages as usize;
+        let indexed = req
+            .selector
+            .as_deref()
+            .and_then(|s| s.indexed_equality().map(|(h, v)| (h, v.to_owned())));
+        let found =
+            match indexed {
+                Some((header, value)) => {
+                    let keys: Vec<(Priority, Seq)> = src
+                        .find_by_header(header, &value, usize::MAX)
+                        .map_err(PagedError::Source)?
+                        .into_iter()
+                        .filter(|&(p, seq)| self.is_paged_out(p, seq))
+                        .collect();
+                    let mut found = Vec::new();
+                    for chunk in keys.chunks(SCAN_CHUNK) {
+                        let messages = src.read_messages(chunk).map_err(PagedError::Source)?;
+                        found.extend(messages.into_iter().filter(|m| {
+                            self.would_take(&req, &m.message, m.delivery_count, now_ms)
+                        }));
+                        if found.len() >= max {
+                            break;
+                        }
+                    }
+                    found.truncate(max);
+                    found
+                }
+                None => self
+                    .scan(src, max, |q, m, count| q.would_take(&req, m, count, now_ms))
+                    .map_err(PagedError::Source)?,
+            };
+        effects.merge(self.pull(found, now_ms));
+        let (out, more) = self.receive_scanned(req, now_ms)?;
+        effects.merge(more);
+        if matches!(out, ReceiveOutcome::Parked(_)) && !src.settled() {
+            // The store may not show every message yet: look again once it does, before a
+            // newer message can reach this receiver ahead of an older one.
+            self.paging
+                .flag_rescan_all(Seq(self.next_seq.0.saturating_sub(1)));
+        }
+        Ok((out, effects))
+    }
+
+    /// Up to `max` paged-out messages `wanted` accepts, in delivery order, reading `src` in
+    /// chunks and keeping only those.
+    fn scan<S: PageSource>(
+        &self,
+        src: &S,
+        max: usize,
+        wanted: impl Fn(&Self, &Message, u32) -> bool,
+    ) -> Result<Vec<RecoveredMessage>, S::Error> {
+        let starts = self.paged_levels();
+        let mut taken = 0;
+        let (found, _) = self.scan_from(src, &starts, |q, m, count| {
+            let take = wanted(q, m, count);
+            taken += usize::from(take);
+            (take, taken >= max)
+        })?;
+        Ok(found)
+    }
+
+    /// Reads paged-out messages from the given positions (highest priority first) in chunks,
+    /// keeping those `wanted` takes, until it says stop (its answer is (take, stop)). Also says
+    /// how far it read each priority: the next position, whether the priority's run ended there,
+    /// and whether the scan stopped there.
+    #[allow(clippy::type_complexity)]
+    fn scan_from<S: PageSource>(
+        &self,
+        src: &S,
+        starts: &[(Priority, Seq)],
+        mut wanted: impl FnMut(&Self, &Message, u32) -> (bool, bool),
+    ) -> Result<(Vec<RecoveredMessage>, Vec<(Priority, Seq, bool, bool)>), S::Error> {
+        let mut found = Vec::new();
+        let mut reached = Vec::new();
+        let mut stopped = false;
+        for &(p, start) in starts {
+            if stopped {
+                break;
+            }
+            let mut from = start;
+            loop {
+                let page = src.read_page(p, from, SCAN_CHUNK, u64::MAX)?;
+                let mut last = from;
+                for m in page.messages {
+                    last = Seq(m.message.seq.0 + 1);
+                    if self.is_paged_out(p, m.message.seq) {
+                        let (take, stop) = wanted(self, &m.message, m.delivery_count);
+                        if take {
+                            found.push(m);
+                        }
+                        if stop {
+                            stopped = true;
+                            break;
+                        }
+                    }
+                }
+                if stopped {
+                    reached.push((p, last, false, true));
+                    break;
+                }
+                if page.end || page.next <= from {
+                    reached.push((p, page.next, page.end, false));
+                    break;
+                }
+                from = page.next;
+            }
+        }
+        Ok((found, reached))
+    }
+
+    fn page_request_except(&self, stuck: u16) -> Option<PageRequest> {
+        let budget = self.paging.budget_bytes;
+        let room = budget.saturating_sub(self.bytes);
+        (0..=usize::from(Priority::MAX)).rev().find_map(|p| {
+            let level = &self.paging.levels[p];
+            if level.count == 0 || stuck & (1 << p) != 0 {
+                return None;
+            }
+            let starving = level.ready == 0;
+            let (max_count, max_bytes) = if room > 0 && (room >= budget / 4 || starving) {
+                (PAGE_MAX_COUNT, room)
+            } else if starving {
+                // Paged-out messages are all due (delayed ones stay resident), so this ends
+                // as soon as one Ready message is in.
+                (PAGE_MIN_COUNT, 1)
+            } else {
+                return None;
+            };
+            Some(PageRequest {
+                priority: priority(p),
+                from: level.cursor,
+                max_count: max_count.min(usize::try_from(level.count).unwrap_or(usize::MAX)),
+                max_bytes,
+            })
+        })
+    }
+
+    /// A paged-out message becomes resident (it leaves the level's paged-out count). One
+    /// delivered as often as the policy allows is dead-lettered at once.
+    fn bring_in(&mut self, m: RecoveredMessage, now_ms: u64, effects: &mut Effects) {
+        let p = m.message.priority;
+        let size = m.message.size_bytes();
+        let state = match m.message.deliver_at_ms {
+            Some(until_ms) if until_ms > now_ms => MessageState::Scheduled { until_ms },
+            _ => MessageState::Ready,
+        };
+        let exhausted = self.config.redelivery.exhausted(m.delivery_count);
+        let seq = m.message.seq;
+        self.insert_entry(Arc::new(m.message), state, m.delivery_count);
+        let level = self.paging.level_mut(p);
+        level.count = level.count.saturating_sub(1);
+        level.bytes = level.bytes.saturating_sub(size);
+        if exhausted {
+            self.dead_letter(seq, super::DeadLetterReason::MaxDeliveries, effects);
+        }
+    }
+
+    /// A level with nothing paged out forgets its pulled set: no read will look there until a
+    /// send pages out again, at a sequence number above every one it remembers.
+    fn settle_level(&mut self, p: Priority) {
+        let level = self.paging.level_mut(p);
+        if level.count == 0 {
+            level.bytes = 0;
+            level.pulled.clear();
+        }
+    }
+
+    /// Whether a resident message comes after a paged-out one in delivery order: a higher
+    /// priority is paged out, or its own priority is from a sequence number at or below it.
+    /// Never, once the shell has looked in the store for the receive in progress.
+    pub(crate) fn behind_paged_out(&self, p: Priority, seq: Seq) -> bool {
+        if self.paging.store_checked {
+            return false;
+        }
+        let level = self.paging.level(p);
+        (level.count > 0 && seq >= level.cursor) || self.paging.top().is_some_and(|t| p < t)
+    }
+
+    /// Whether a new persistent message goes to the store only. A parked receiver that would
+    /// take it keeps it in memory.
+    pub(crate) fn pages_out(&self, m: &Message) -> bool {
+        if !m.persistent || m.deliver_at_ms.is_some_and(|t| t > self.now_ms) {
+            // A delayed message stays in memory until it is due: the queue's timer must see it.
+            return false;
+        }
+        let level = self.paging.level(m.priority);
+        if level.count > 0 {
+            // Behind paged-out messages of its priority, it waits its turn in the store, even
+            // for a parked receiver (which may want an older one whose write is on its way).
+            return true;
+        }
+        self.bytes.saturating_add(m.size_bytes()) > self.paging.budget_bytes
+            && !self.a_waiter_takes(m, 0, self.now_ms)
+    }
+
+    /// Records a new persistent message as paged out (its write is already in the effects).
+    pub(crate) fn page_out(&mut self, m: &Message) {
+        if self.a_waiter_takes(m, 0, self.now_ms) {
+            self.paging.flag_rescan(m.priority, m.seq, m.seq);
+        }
+        let level = self.paging.level_mut(m.priority);
+        if level.count == 0 {
+            level.cursor = m.seq;
+            level.pulled.clear();
+        }
+        level.count += 1;
+        level.bytes += m.size_bytes();
+    }
+
+    /// A resident persistent message past its level's cursor must be remembered as pulled, or a
+    /// page read would bring it in twice.
+    pub(crate) fn note_resident(&mut self, m: &Message) {
+        let level = self.paging.level_mut(m.priority);
+        if m.persistent && level.count > 0 && m.seq >= level.cursor {
+            level.pulled.insert(m.seq);
+        }
+    }
+
+    /// Deletes of every paged-out message (purge), leaving alone the pulled messages still in the
+    /// queue (`keep`): they are resident and delivered.
+    pub(crate) fn purge_paged_out(&mut self, effects: &mut Effects) -> u64 {
+        let mut purged = 0;
+        for p in 0..=usize::from(Priority::MAX) {
+            let keep: Vec<Seq> = self.paging.levels[p]
+                .pulled
+                .iter()
+                .copied()
+                .filter(|s| self.entries.contains_key(s))
+                .collect();
+            let level = &mut self.paging.levels[p];
+            if level.count == 0 {
+                continue;
+            }
+            let (mut count, mut bytes) = (level.count, level.bytes);
+            purged += level.count;
+            let mut from = level.cursor;
+            for to in keep.into_iter().chain([Seq(u64::MAX)]) {
+                if to > from {
+                    // The counts ride on the first range; the store adds them up per priority.
+                    effects.persist.push(PersistOp::DeleteStored {
+                        priority: priority(p),
+                        from,
+                        to,
+                        count: std::mem::take(&mut count),
+                        bytes: std::mem::take(&mut bytes),
+                    });
+                }
+                from = Seq(to.0.saturating_add(1));
+            }
+            level.count = 0;
+            level.bytes = 0;
+            level.pulled.clear();
+        }
+        self.paging.rescan = Default::default();
+        purged
+    }
+
+    /// Paging's part of [`Queue::check_invariants`].
+    pub(crate) fn check_paging(&self) {
+        let mut ready = [0u64; Priority::MAX as usize + 1];
+        for (&seq, e) in &self.entries {
+            let p = usize::from(e.message.priority.get());
+            if e.state == MessageState::Ready {
+                ready[p] += 1;
+            }
+            let level = &self.paging.levels[p];
+            if e.message.persistent && level.count > 0 && seq >= level.cursor {
+                assert!(
+                    level.pulled.contains(&seq),
+                    "resident message {seq} past the cursor {} is not remembered as pulled",
+                    level.cursor
+                );
+            }
+        }
+        for (p, level) in self.paging.levels.iter().enumerate() {
+            assert_eq!(level.ready, ready[p], "ready count of priority {p}");
+            assert!(level.pulled.iter().all(|&s| s >= level.cursor));
+            if level.count == 0 {
+                assert!(
+                    level.pulled.is_empty(),
+                    "pulled set of a level with nothing paged out"
+                );
+                assert_eq!(level.bytes, 0);
+            }
+        }
+    }
+}
