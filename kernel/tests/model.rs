@@ -421,6 +421,8 @@ fn run(ops: Vec<Op>, budget: Option<u64>) -> Result<(), TestCaseError> {
     );
     q.set_memory_budget(budget.unwrap_or(u64::MAX));
     let mut store = FakeStore::default();
+    // Acknowledged messages stay readable for a step, as when their delete is on its way.
+    store.lag_deletes = budget.is_some();
     // Messages delivered as often as allowed when the node restarted: dead-lettered whenever
     // they are paged in.
     let mut limbo: BTreeSet<u64> = BTreeSet::new();
@@ -433,6 +435,7 @@ fn run(ops: Vec<Op>, budget: Option<u64>) -> Result<(), TestCaseError> {
     let mut sent = 0u64;
     let mut dead = 0u64;
     for op in ops {
+        store.land_deletes();
         let (mut h, mut e) = (Handed::new(), Vec::new());
         let fx = match op {
             Op::Send {
@@ -747,6 +750,7 @@ fn run(ops: Vec<Op>, budget: Option<u64>) -> Result<(), TestCaseError> {
                 let mut fx = q.tick(now);
                 m.fire(now, &mut h, &mut e);
                 store.apply(&fx);
+                store.land_deletes();
                 let kept = fx.dead_letters.len();
                 fx.handed.clear();
                 fx.finished_empty.clear();

@@ -172,9 +172,10 @@ fn a_message_brought_in_out_of_turn_is_never_brought_in_twice() {
     assert!(matches!(&fx.persist[..], [PersistOp::DeleteMessage(m)] if m.seq == d[0].message.seq));
     // The store still holds it: the cursor passes it without bringing it back.
     settle(&mut q, &mut store, Effects::default(), T0);
+    // One at a time, so the window is filled by page reads (not by receives pulling more).
     let mut got = vec![];
     for _ in 0..100 {
-        let d = receive(&mut q, &mut store, req(2, 10, None), T0);
+        let d = receive(&mut q, &mut store, req(2, 1, None), T0);
         ack(&mut q, &mut store, &d, T0);
         got.extend(d.iter().map(body));
     }

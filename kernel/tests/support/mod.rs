@@ -20,6 +20,10 @@ pub struct FakeStore {
     priority_of: BTreeMap<u64, u8>,
     pub reserved: u64,
     pub visible_below: Option<u64>,
+    /// Deletes wait here until `land_deletes` (their write is on its way): reads still see the
+    /// messages, as they may in the real store.
+    pub lag_deletes: bool,
+    late: Vec<PersistOp>,
     /// Page reads and header lookups made.
     pub page_reads: Cell<usize>,
     pub index_lookups: Cell<usize>,
@@ -28,7 +32,29 @@ pub struct FakeStore {
 impl FakeStore {
     pub fn apply(&mut self, fx: &Effects) {
         let deletes = fx.dead_letters.iter().filter_map(|d| d.delete.as_ref());
-        for op in fx.persist.iter().chain(deletes) {
+        let ops: Vec<PersistOp> = fx.persist.iter().chain(deletes).cloned().collect();
+        for op in ops {
+            let late = matches!(
+                op,
+                PersistOp::DeleteMessage(_) | PersistOp::DeleteStored { .. }
+            );
+            if late && self.lag_deletes {
+                self.late.push(op);
+            } else {
+                self.apply_op(&op);
+            }
+        }
+    }
+
+    /// The deletes on their way land.
+    pub fn land_deletes(&mut self) {
+        for op in std::mem::take(&mut self.late) {
+            self.apply_op(&op);
+        }
+    }
+
+    fn apply_op(&mut self, op: &PersistOp) {
+        {
             match op {
                 PersistOp::PutMessage(m) => {
                     let p = m.priority.get();
