@@ -301,7 +301,13 @@ impl QueueActor {
         }
         loop {
             self.fill().await;
-            let deadline = self.queue.next_deadline_ms().map(|at| {
+            // Parked receivers still being looked for in the store: come back at once.
+            let due = if self.queue.more_to_look_at() {
+                Some(0)
+            } else {
+                self.queue.next_deadline_ms()
+            };
+            let deadline = due.map(|at| {
                 // Capped so a far-off deadline (a huge wait or delay from a client) can never
                 // overflow the timer; waking early is harmless, the kernel just re-arms.
                 let wait = Duration::from_millis(at.saturating_sub(now_ms()).min(TIMER_MAX_MS));

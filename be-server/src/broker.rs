@@ -13,47 +13,10 @@ use ferry_store::{GroupCommit, QueueDef, QueueStore, StoreOp};
 
 use crate::actor::{ActorSetup, Browsed, Cmd, LeaseResults, QueueActor, QueueHandle, TxDecision};
 use crate::clock::now_ms;
+use crate::config::{queue_budget, BrokerConfig};
 use crate::dead_letter::{self, Outbox};
+use crate::disk::{DiskGuard, SendGate};
 use crate::error::Error;
-
-/// Back-end settings.
-#[derive(Debug, Clone)]
-pub struct BrokerConfig {
-    pub node_id: NodeId,
-    /// Settings of a queue created without its own.
-    pub queue_defaults: QueueConfig,
-    /// Submissions waiting for the group-commit writer.
-    pub commit_queue_depth: usize,
-    /// Submissions one synced write may carry.
-    pub commit_batch_max: usize,
-    /// Commands waiting for one queue's owner task.
-    pub queue_channel_capacity: usize,
-    /// How long each step of a message's history is kept (0: no history).
-    pub history_retention_ms: u64,
-    /// The most history steps kept on this node.
-    pub history_max_steps: usize,
-    /// Bytes of messages one durable queue keeps in memory at most; the rest waits in the store.
-    pub queue_memory_budget_bytes: u64,
-    /// Bytes of messages all durable queues of this node keep in memory together: each queue's
-    /// budget is the smaller of `queue_memory_budget_bytes` and an equal share of this.
-    pub node_memory_budget_bytes: u64,
-}
-
-impl BrokerConfig {
-    pub fn new(node_id: NodeId) -> Self {
-        Self {
-            node_id,
-            queue_defaults: QueueConfig::default(),
-            commit_queue_depth: 4_096,
-            commit_batch_max: 1_024,
-            queue_channel_capacity: 1_024,
-            history_retention_ms: 600_000,
-            history_max_steps: 100_000,
-            queue_memory_budget_bytes: 64 * 1024 * 1024,
-            node_memory_budget_bytes: 256 * 1024 * 1024,
-        }
-    }
-}
 
 /// What a listing shows of a queue.
 #[derive(Debug, Clone, PartialEq)]
@@ -85,6 +48,8 @@ pub(crate) struct Inner {
     store: Arc<dyn QueueStore>,
     /// Each durable queue's memory budget (see `BrokerConfig::node_memory_budget_bytes`).
     budget: Arc<AtomicU64>,
+    /// Refuses sends while the disk is short of space.
+    gate: SendGate,
     queues: RwLock<HashMap<QueueName, Owned>>,
     /// Create and delete are rare; one at a time keeps the map and the store in step.
     admin: tokio::sync::Mutex<()>,
@@ -116,6 +81,14 @@ impl Broker {
             message: e.to_string(),
         })?;
         let budget = Arc::new(AtomicU64::new(queue_budget(&config, recovered.len())));
+        let disk = match &config.disk_guard_dir {
+            Some(dir) if config.disk_free_min_bytes > 0 => {
+                Some(tokio::task::block_in_place(|| {
+                    DiskGuard::new(dir.clone(), config.disk_free_min_bytes)
+                }))
+            }
+            _ => None,
+        };
         let inner = Arc::new_cyclic(|weak| {
             let history = Arc::new(crate::history::History::new(
                 config.history_retention_ms,
@@ -165,6 +138,7 @@ impl Broker {
                 outbox,
                 store,
                 budget,
+                gate: SendGate::new(disk),
                 queues: RwLock::new(queues),
                 admin: tokio::sync::Mutex::new(()),
                 stopping: false.into(),
@@ -203,6 +177,16 @@ impl Broker {
     ) -> (ferry_store::BucketsSnapshot, ferry_store::BucketsSnapshot) {
         let s = self.inner.commit.stats();
         (s.write_micros.snapshot(), s.batch_submissions.snapshot())
+    }
+
+    /// Bytes of messages all durable queues of this node may keep in memory together.
+    pub fn node_memory_budget_bytes(&self) -> u64 {
+        self.inner.config.node_memory_budget_bytes
+    }
+
+    /// The free bytes the disk guard last read and its limit; `None` when there is no guard.
+    pub fn disk_free(&self) -> Option<(u64, u64)> {
+        self.inner.gate.disk_free()
     }
 
     pub fn node_id(&self) -> &NodeId {
@@ -259,6 +243,16 @@ impl Broker {
 
     fn handle(&self, queue: &QueueName) -> Result<QueueHandle, Error> {
         self.owned(queue).map(|o| o.handle)
+    }
+
+    /// The queue's owner task, if a send may go to it now (see `disk.rs`); and whether the queue
+    /// is durable.
+    fn handle_for_send(&self, queue: &QueueName) -> Result<(QueueHandle, bool), Error> {
+        let owned = self.owned(queue)?;
+        if !owned.temporary {
+            self.inner.gate.before_send()?;
+        }
+        Ok((owned.handle, !owned.temporary))
     }
 
     /// Creates a queue. With `if_not_exists`, an existing queue is returned as it is (`false`).
@@ -376,12 +370,15 @@ impl Broker {
         Ok(held)
     }
 
+    /// Sends to a queue. A durable queue refuses with [`Error::DiskFull`] while the data
+    /// directory's disk is short of space (see `disk.rs`).
     pub async fn send(
         &self,
         queue: &QueueName,
         messages: Vec<NewMessage>,
     ) -> Result<Vec<MessageId>, Error> {
-        self.handle(queue)?
+        self.handle_for_send(queue)?
+            .0
             .call(|reply| Cmd::Send { messages, reply })
             .await
     }
@@ -431,13 +428,18 @@ impl Broker {
         session: SessionId,
         messages: Vec<NewMessage>,
     ) -> Result<Vec<MessageId>, Error> {
-        self.handle(queue)?
+        let (handle, durable) = self.handle_for_send(queue)?;
+        let ids = handle
             .call(|reply| Cmd::Stage {
                 session,
                 messages,
                 reply,
             })
-            .await
+            .await?;
+        if durable {
+            self.inner.gate.staged(session);
+        }
+        Ok(ids)
     }
 
     /// Commits a transacted session's work on these queues (its staged sends in each, and the
@@ -464,6 +466,10 @@ impl Broker {
             }
         }
         let queues: Vec<QueueName> = merged.keys().cloned().collect();
+        if let Err(e) = self.inner.gate.before_tx_commit(session) {
+            self.rollback(session, &queues).await?;
+            return Err(e);
+        }
         let mut handles = Vec::with_capacity(merged.len());
         for (queue, acks) in merged {
             match self.handle(&queue) {
@@ -549,6 +555,7 @@ impl Broker {
     /// what it received comes back through each queue's redelivery policy. Queues that no longer
     /// exist are skipped. Returns how many messages came back.
     pub async fn rollback(&self, session: SessionId, queues: &[QueueName]) -> Result<u64, Error> {
+        self.inner.gate.tx_ended(session);
         let mut released = 0;
         for q in queues {
             if let Ok(h) = self.handle(q) {
@@ -581,6 +588,9 @@ impl Broker {
         queues: &[QueueName],
         recover: bool,
     ) -> Result<u64, Error> {
+        if !recover {
+            self.inner.gate.tx_ended(session);
+        }
         let mut released = 0;
         for q in queues {
             if let Ok(h) = self.handle(q) {
@@ -756,10 +766,4 @@ fn validate_config(name: &QueueName, c: &QueueConfig) -> Result<(), Error> {
         return bad("max_message_size_bytes", "must be at least 1");
     }
     Ok(())
-}
-
-/// Each durable queue's memory budget when `queues` durable queues share the node's.
-fn queue_budget(config: &BrokerConfig, queues: usize) -> u64 {
-    let share = config.node_memory_budget_bytes / queues.max(1) as u64;
-    config.queue_memory_budget_bytes.min(share)
 }

@@ -27,10 +27,25 @@ pub enum Error {
     },
     #[error("the node is shutting down; retry on another node or after it restarts")]
     ShuttingDown,
+    /// The disk guard (see `disk.rs`): sends are refused while free space is short.
+    #[error("the disk holding the data directory has {free_bytes} bytes free, under disk_free_min_bytes = {limit_bytes}: free space or raise the limit; receives and acknowledgements still work")]
+    DiskFull { free_bytes: u64, limit_bytes: u64 },
+}
+
+/// RocksDB reports a full disk (ENOSPC) as an I/O error whose text the store keeps.
+fn is_no_space(message: &str) -> bool {
+    message.contains("No space left on device")
 }
 
 impl From<Error> for Status {
     fn from(e: Error) -> Status {
+        if let Error::Store(StoreError::Io { message, .. }) = &e {
+            if is_no_space(message) {
+                return Status::resource_exhausted(format!(
+                    "{e}; the disk holding the data directory is full: free space, then restart the node (after a failed write the store takes no more until it restarts)"
+                ));
+            }
+        }
         let code = match &e {
             Error::QueueNotFound { .. } => Code::NotFound,
             Error::QueueExists { .. } => Code::AlreadyExists,
@@ -43,7 +58,30 @@ impl From<Error> for Status {
             },
             Error::WrongNode { .. } | Error::WrongQueue { .. } => Code::FailedPrecondition,
             Error::ShuttingDown => Code::Unavailable,
+            Error::DiskFull { .. } => Code::ResourceExhausted,
         };
         Status::new(code, e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_disk_under_the_store_is_resource_exhausted() {
+        let e = Error::Store(StoreError::Io {
+            context: "writing a batch",
+            message: "IO error: No space left on device: While appending to file: /d/000012.log"
+                .into(),
+        });
+        let s = Status::from(e);
+        assert_eq!(s.code(), Code::ResourceExhausted);
+        assert!(s.message().contains("free space"), "{}", s.message());
+        let other = Error::Store(StoreError::Io {
+            context: "writing a batch",
+            message: "IO error: Input/output error".into(),
+        });
+        assert_eq!(Status::from(other).code(), Code::Unavailable);
     }
 }

@@ -7,13 +7,16 @@
 mod actor;
 mod broker;
 mod clock;
+mod config;
 mod dead_letter;
+mod disk;
 mod error;
 mod history;
 mod service;
 
-pub use broker::{Broker, BrokerConfig, QueueSummary};
+pub use broker::{Broker, QueueSummary};
 pub use clock::now_ms;
+pub use config::BrokerConfig;
 pub use dead_letter::{
     BrokerEvent, DELIVERY_COUNT_PROPERTY, ORIGINAL_MESSAGE_ID_PROPERTY, ORIGINAL_QUEUE_PROPERTY,
     REASON_PROPERTY,

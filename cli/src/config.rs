@@ -79,6 +79,12 @@ pub struct Config {
     pub listen: String,
     pub data_dir: PathBuf,
     pub storage: Storage,
+    /// Sends to durable queues (and commits of transactions that staged sends) are refused while
+    /// the disk holding `data_dir` has fewer free bytes than this, as RabbitMQ's
+    /// `disk_free_limit` does; receives, acknowledgements and dead-letter moves go on, since they
+    /// free space. Read at most every 500 ms. 0: never refused. Unused with `storage = "memory"`.
+    #[serde(default = "default_disk_free_min_bytes")]
+    pub disk_free_min_bytes: u64,
     /// After SIGTERM, how long open calls may take to finish before the node stops anyway.
     pub shutdown_grace_ms: u64,
     pub log: LogConfig,
@@ -89,6 +95,38 @@ pub struct Config {
     pub metrics: MetricsConfig,
     #[serde(default)]
     pub history: HistoryConfig,
+    #[serde(default)]
+    pub paging: PagingConfig,
+}
+
+fn default_disk_free_min_bytes() -> u64 {
+    64 * 1024 * 1024
+}
+
+/// How many bytes of messages a node keeps in memory. Messages over the budget wait in the store
+/// (on disk) and are read back in delivery order as consumers get near them, so a queue may be
+/// far larger than memory. Temporary queues keep nothing on disk and have no budget.
+///
+/// 0 is allowed for both: every message is paged out as soon as it is written, and receives read
+/// from the store (slower, least memory). With `storage = "memory"` the store is in memory too,
+/// so paging saves nothing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PagingConfig {
+    /// The most bytes of messages one durable queue keeps in memory.
+    pub queue_memory_budget_bytes: u64,
+    /// The most bytes of messages all durable queues of the node keep in memory together: each
+    /// queue's budget is the smaller of `queue_memory_budget_bytes` and an equal share of this.
+    pub node_memory_budget_bytes: u64,
+}
+
+impl Default for PagingConfig {
+    fn default() -> Self {
+        Self {
+            queue_memory_budget_bytes: 64 * 1024 * 1024,
+            node_memory_budget_bytes: 256 * 1024 * 1024,
+        }
+    }
 }
 
 /// Per-message history (`ferry message history`), kept in memory.
@@ -126,6 +164,7 @@ impl Default for Config {
             listen: format!("127.0.0.1:{DEFAULT_PORT}"),
             data_dir: PathBuf::from("./ferry-data"),
             storage: Storage::Rocksdb,
+            disk_free_min_bytes: default_disk_free_min_bytes(),
             shutdown_grace_ms: 10_000,
             log: LogConfig {
                 filter: "info".into(),
@@ -135,6 +174,7 @@ impl Default for Config {
             cluster: ClusterConfig::default(),
             metrics: MetricsConfig::default(),
             history: HistoryConfig::default(),
+            paging: PagingConfig::default(),
         }
     }
 }
@@ -231,6 +271,61 @@ mod tests {
             &Overrides::default()
         )
         .is_err());
+    }
+}
+
+#[cfg(test)]
+mod paging_and_disk {
+    use super::*;
+
+    /// The node's defaults are the back-end's: one place to read them.
+    #[test]
+    fn defaults_match_the_back_end() {
+        let broker = ferry_be_server::BrokerConfig::new(
+            ferry_kernel::NodeId::new("node-1").expect("a valid node id"),
+        );
+        let c = Config::default();
+        assert_eq!(
+            (
+                c.paging.queue_memory_budget_bytes,
+                c.paging.node_memory_budget_bytes,
+                c.disk_free_min_bytes
+            ),
+            (
+                broker.queue_memory_budget_bytes,
+                broker.node_memory_budget_bytes,
+                broker.disk_free_min_bytes
+            )
+        );
+    }
+
+    #[test]
+    fn zero_budgets_and_no_disk_limit_are_allowed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("ferry.toml");
+        std::fs::write(
+            &path,
+            "disk_free_min_bytes = 0\n[paging]\nqueue_memory_budget_bytes = 0\nnode_memory_budget_bytes = 0\n",
+        )
+        .expect("write config");
+        let c = Config::load(Some(&path), &Overrides::default()).expect("loads");
+        assert_eq!(c.disk_free_min_bytes, 0);
+        assert_eq!(
+            c.paging,
+            PagingConfig {
+                queue_memory_budget_bytes: 0,
+                node_memory_budget_bytes: 0
+            }
+        );
+    }
+
+    #[test]
+    fn a_misspelled_paging_key_is_named() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("ferry.toml");
+        std::fs::write(&path, "[paging]\nqueue_budget_bytes = 1\n").expect("write config");
+        let err = Config::load(Some(&path), &Overrides::default()).expect_err("unknown key");
+        assert!(err.contains("queue_budget_bytes"), "{err}");
     }
 }
 

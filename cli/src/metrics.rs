@@ -1,7 +1,9 @@
 //! `GET /metrics` in the Prometheus text format. Values are read at scrape time from the queues
 //! (their statistics) and the front-end (connections, sessions); names follow what operators
 //! know from RabbitMQ's exporter: messages ready / unacked, consumers, published / delivered /
-//! acknowledged / redelivered totals.
+//! acknowledged / redelivered totals. Paging shows per queue (messages paged out, bytes in
+//! memory and the queue's budget) and per node (bytes in memory over the node's budget), with the
+//! disk guard's reading of the data directory's free space.
 
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -72,6 +74,46 @@ fn as_i64(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
 
+/// Registers one gauge without labels.
+fn node_gauge(registry: &mut Registry, name: &str, help: &str, v: u64) {
+    let g = Gauge::<i64>::default();
+    g.set(as_i64(v));
+    registry.register(name, help, g);
+}
+
+/// Node-wide paging and disk numbers; `memory_bytes` is the sum over its queues.
+fn register_node_memory(r: &mut Registry, broker: &Broker, memory_bytes: u64) {
+    node_gauge(
+        r,
+        "node_memory_bytes",
+        "Bytes of messages all queues of this node hold in memory",
+        memory_bytes,
+    );
+    node_gauge(
+        r,
+        "node_memory_budget_bytes",
+        "Bytes of messages the durable queues of this node may hold in memory together (paging.node_memory_budget_bytes)",
+        broker.node_memory_budget_bytes(),
+    );
+    if let Some((free, min)) = broker.disk_free() {
+        // u64::MAX: the disk was never read successfully; no sample rather than a wrong one.
+        if free != u64::MAX {
+            node_gauge(
+                r,
+                "disk_free_bytes",
+                "Free bytes on the disk holding the data directory, as the disk guard last read them",
+                free,
+            );
+        }
+        node_gauge(
+            r,
+            "disk_free_min_bytes",
+            "Sends are refused while disk_free_bytes is under this (disk_free_min_bytes)",
+            min,
+        );
+    }
+}
+
 /// A histogram read from the store's lock-free buckets at scrape time.
 #[derive(Debug)]
 struct Snapshot {
@@ -140,6 +182,21 @@ pub async fn render(s: &Sources) -> String {
     );
     let bytes = gauge_family(&mut r, "queue_bytes", "Bytes of the messages in the queue");
     let consumers = gauge_family(&mut r, "queue_consumers", "Receivers waiting on the queue");
+    let paged_out = gauge_family(
+        &mut r,
+        "queue_paged_out_messages",
+        "Messages kept in the store only, read back as consumers get near them (counted in ready)",
+    );
+    let memory = gauge_family(
+        &mut r,
+        "queue_memory_bytes",
+        "Bytes of the queue's messages held in memory",
+    );
+    let budget = gauge_family(
+        &mut r,
+        "queue_memory_budget_bytes",
+        "Bytes of messages the queue keeps in memory at most (absent: no budget, a temporary queue)",
+    );
     let oldest = gauge_family(
         &mut r,
         "queue_oldest_ready_message_age_seconds",
@@ -161,6 +218,7 @@ pub async fn render(s: &Sources) -> String {
         dead.clone(),
     );
     let now = ferry_be_server::now_ms();
+    let mut memory_total = 0u64;
     for q in s.broker.list_queues() {
         let Ok(st) = s.broker.stats(&q.name).await else {
             continue; // deleted meanwhile
@@ -174,6 +232,12 @@ pub async fn render(s: &Sources) -> String {
         staged.get_or_create(&l).set(as_i64(st.staged));
         bytes.get_or_create(&l).set(as_i64(st.bytes));
         consumers.get_or_create(&l).set(as_i64(st.waiters));
+        paged_out.get_or_create(&l).set(as_i64(st.paged_out));
+        memory.get_or_create(&l).set(as_i64(st.resident_bytes));
+        memory_total = memory_total.saturating_add(st.resident_bytes);
+        if st.memory_budget_bytes != u64::MAX {
+            budget.get_or_create(&l).set(as_i64(st.memory_budget_bytes));
+        }
         let age_s = st
             .oldest_ready_timestamp_ms
             .map_or(0, |t| now.saturating_sub(t) / 1_000);
@@ -195,13 +259,20 @@ pub async fn render(s: &Sources) -> String {
             .inc_by(n);
         }
     }
+    register_node_memory(&mut r, &s.broker, memory_total);
     let (connections, sessions) = s.frontend.client_counts();
-    let g = Gauge::<i64>::default();
-    g.set(as_i64(connections as u64));
-    r.register("connections", "Open client connections on this node", g);
-    let g = Gauge::<i64>::default();
-    g.set(as_i64(sessions as u64));
-    r.register("sessions", "Open sessions on this node", g);
+    node_gauge(
+        &mut r,
+        "connections",
+        "Open client connections on this node",
+        connections as u64,
+    );
+    node_gauge(
+        &mut r,
+        "sessions",
+        "Open sessions on this node",
+        sessions as u64,
+    );
     let (writes, submissions) = s.broker.commit_stats();
     let c = Counter::<u64, AtomicU64>::default();
     c.inc_by(writes);

@@ -49,6 +49,13 @@ pub async fn run(
     let mut broker_config = BrokerConfig::new(node_id.clone());
     broker_config.history_retention_ms = config.history.retention_ms;
     broker_config.history_max_steps = config.history.max_steps;
+    broker_config.queue_memory_budget_bytes = config.paging.queue_memory_budget_bytes;
+    broker_config.node_memory_budget_bytes = config.paging.node_memory_budget_bytes;
+    broker_config.disk_free_min_bytes = config.disk_free_min_bytes;
+    broker_config.disk_guard_dir = match config.storage {
+        Storage::Rocksdb => Some(config.data_dir.clone()),
+        Storage::Memory => None,
+    };
     broker_config.queue_defaults = QueueConfig {
         default_lease_ms: l.delivery_lease_default_ms,
         lease_max_ms: l.delivery_lease_max_ms,

@@ -41,6 +41,8 @@ pub struct NodeOptions {
     /// Extra TOML appended to the generated config file.
     pub extra_toml: String,
     pub memory: bool,
+    /// Extra environment variables for the server process (`FERRY_...` settings).
+    pub env: Vec<(String, String)>,
 }
 
 impl Default for NodeOptions {
@@ -49,6 +51,7 @@ impl Default for NodeOptions {
             node_id: "node-1".into(),
             extra_toml: String::new(),
             memory: false,
+            env: vec![],
         }
     }
 }
@@ -111,6 +114,7 @@ impl Node {
             .arg(&data_dir)
             .env("RUST_LOG", "info,ferry=debug")
             .env_remove("FERRY_SERVER")
+            .envs(options.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(log);

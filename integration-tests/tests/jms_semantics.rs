@@ -360,6 +360,7 @@ async fn a_transaction_touching_two_back_ends_is_refused_clearly() -> anyhow::Re
                 "[cluster.nodes]\nb = \"{}\"\n[cluster.placement]\nremote = \"b\"\n",
                 b.url()
             ),
+            ..Default::default()
         },
     )?;
     let client = a.client().await?;

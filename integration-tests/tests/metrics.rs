@@ -62,6 +62,20 @@ async fn metrics_follow_a_scripted_workload() -> anyhow::Result<()> {
         ),
         Some(1.0)
     );
+    // Paging: everything fits in memory; orders and orders.DLQ share the node's 256 MiB, so each
+    // keeps its own 64 MiB budget.
+    assert_eq!(q("ferry_queue_paged_out_messages"), Some(0.0));
+    let memory = q("ferry_queue_memory_bytes").unwrap_or_default();
+    assert!(memory > 0.0, "{after}");
+    assert_eq!(
+        q("ferry_queue_memory_budget_bytes"),
+        Some(64.0 * 1024.0 * 1024.0)
+    );
+    assert!(sample(&after, "ferry_node_memory_bytes").unwrap_or_default() >= memory);
+    assert_eq!(
+        sample(&after, "ferry_node_memory_budget_bytes"),
+        Some(256.0 * 1024.0 * 1024.0)
+    );
     assert_eq!(sample(&after, "ferry_connections"), Some(1.0));
     assert_eq!(sample(&after, "ferry_sessions"), Some(1.0));
     assert!(

@@ -22,7 +22,7 @@ pub use queue::{
     Effects, HistoryEntry, LeaseRef, MessageState, Page, PageRequest, PageSource, PagedError,
     PersistOp, Queue, QueueConfig, QueueStats, ReceiveOutcome, ReceiveRequest, RecoveredMessage,
     RedeliveryPolicy, ReturnCause, Transition, Wait, WaiterId, PAGE_MAX_COUNT, PAGE_MIN_COUNT,
-    SCAN_CHUNK, STAGED_MAX,
+    SCAN_CHUNK, SCAN_LOOK_MAX, STAGED_MAX,
 };
 pub use selector::{IndexedHeader, Selector, SelectorLimits};
 pub use types::{

@@ -421,3 +421,55 @@ fn restart(store: &FakeStore, now: u64) -> Queue {
     }
     q
 }
+
+#[test]
+fn a_selective_receiver_behind_a_long_run_is_answered_in_bounded_looks() {
+    let mut store = FakeStore::default();
+    let mut q = queue(0);
+    send(&mut q, &mut store, (0..50_000).map(msg).collect(), T0);
+    send(&mut q, &mut store, vec![msg(1_000_000)], T0);
+    // Each receive looks at 20 000 paged-out messages at most; the selector remembers how far
+    // the store holds nothing for it, so the next receive goes on from there.
+    let mut tries = 0;
+    let got = loop {
+        tries += 1;
+        let reads = store.page_reads.get();
+        let d = receive(&mut q, &mut store, req(1, 1, Some("i = 1000000")), T0);
+        assert!(
+            store.page_reads.get() - reads <= ferry_kernel::SCAN_LOOK_MAX / 1_000 + 2,
+            "one receive read too much"
+        );
+        if !d.is_empty() {
+            break d;
+        }
+    };
+    assert_eq!(got.iter().map(body).collect::<Vec<_>>(), ["m1000000"]);
+    assert_eq!(tries, 3, "50 000 messages in looks of 20 000");
+
+    // A receiver that waits is found by the fills that follow, each looking a bounded way.
+    send(&mut q, &mut store, vec![msg(2_000_000)], T0);
+    let (out, fx) = q
+        .receive_paged(
+            ReceiveRequest {
+                wait: Wait::Until(T0 + 60_000),
+                ..req(2, 1, Some("i = 2000000 OR i = 3000000"))
+            },
+            &store,
+            T0,
+        )
+        .unwrap();
+    assert!(matches!(out, ReceiveOutcome::Parked(_)), "{out:?}");
+    store.apply(&fx);
+    let mut handed = vec![];
+    let mut fills = 0;
+    while q.more_to_look_at() {
+        fills += 1;
+        let fx = q.fill(&store, 16, T0).unwrap();
+        store.apply(&fx);
+        handed.extend(fx.handed);
+        q.check_invariants();
+    }
+    assert!(fills >= 1);
+    assert_eq!(handed.len(), 1, "the parked receiver got its message");
+    assert_eq!(body(&handed[0].1[0]), "m2000000");
+}

@@ -39,6 +39,7 @@ pub struct BenchArgs {
     queue: Option<String>,
     #[arg(long, default_value_t = 1)]
     producers: u32,
+    /// Consumers; 0 only fills the queue (needs --queue, which keeps the messages).
     #[arg(long, default_value_t = 1)]
     consumers: u32,
     /// Body size in bytes (at least 20: the bench's own header).
@@ -131,9 +132,13 @@ pub async fn run(c: &ClientArgs, a: BenchArgs) -> anyhow::Result<()> {
     if a.size < HEADER_BYTES {
         bail!("--size must be at least {HEADER_BYTES} bytes (the bench's header: producer, sequence number, send time)");
     }
-    if a.producers == 0 || a.consumers == 0 {
-        bail!("--producers and --consumers must be at least 1");
+    if a.producers == 0 {
+        bail!("--producers must be at least 1");
     }
+    if a.consumers == 0 && a.queue.is_none() {
+        bail!("--consumers 0 fills a queue and leaves the messages there: name it with --queue");
+    }
+    let fill_only = a.consumers == 0;
     if a.window == 0 || a.prefetch == 0 {
         bail!("--window and --prefetch must be at least 1");
     }
@@ -256,7 +261,10 @@ pub async fn run(c: &ClientArgs, a: BenchArgs) -> anyhow::Result<()> {
     let sent = shared.sent.load(Ordering::Acquire);
     // Consumers stop once everything sent arrived, or when the drain timeout says so.
     let drain_deadline = Instant::now() + Duration::from_millis(a.drain_timeout_ms);
-    while shared.unique.load(Ordering::Acquire) < sent && Instant::now() < drain_deadline {
+    while !fill_only
+        && shared.unique.load(Ordering::Acquire) < sent
+        && Instant::now() < drain_deadline
+    {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     shared.stop.store(true, Ordering::Release);
@@ -284,7 +292,12 @@ pub async fn run(c: &ClientArgs, a: BenchArgs) -> anyhow::Result<()> {
     let received = shared.received.load(Ordering::Acquire);
     let unique = shared.unique.load(Ordering::Acquire);
     let duplicates = shared.duplicates.load(Ordering::Acquire);
-    let missing = sent.saturating_sub(unique);
+    // Filling only, nothing is received: what was sent stays in the queue.
+    let missing = if fill_only {
+        0
+    } else {
+        sent.saturating_sub(unique)
+    };
     let h = shared
         .latency
         .lock()
@@ -292,7 +305,11 @@ pub async fn run(c: &ClientArgs, a: BenchArgs) -> anyhow::Result<()> {
         .clone();
     let ms = |q: f64| h.value_at_quantile(q) as f64 / 1_000.0;
     let secs = elapsed.as_secs_f64().max(1e-9);
-    let rate = unique as f64 / secs;
+    let rate = if fill_only {
+        sent as f64 / sending_elapsed.as_secs_f64().max(1e-9)
+    } else {
+        unique as f64 / secs
+    };
     let mb_per_sec = rate * a.size as f64 / 1_000_000.0;
     let errors = shared
         .errors
@@ -358,7 +375,9 @@ pub async fn run(c: &ClientArgs, a: BenchArgs) -> anyhow::Result<()> {
             for e in &errors {
                 println!("error: {e}");
             }
-            if missing == 0 {
+            if fill_only {
+                println!("filled: {sent} messages sent to {queue} and left there (no consumer, no latency)");
+            } else if missing == 0 {
                 println!(
                     "verified: every message sent ({sent}) was received{}",
                     if duplicates == 0 {

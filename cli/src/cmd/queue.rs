@@ -20,6 +20,14 @@ pub enum QueueCommand {
         /// Largest message (body + properties + headers).
         #[arg(long)]
         max_message_size_bytes: Option<u64>,
+        /// The most messages the queue may hold (ready, delayed, delivered and not acknowledged);
+        /// a send over it fails. 0 or absent: no limit.
+        #[arg(long)]
+        max_messages: Option<u64>,
+        /// The most bytes of messages the queue may hold; a send over it fails. 0 or absent: no
+        /// limit.
+        #[arg(long)]
+        max_bytes: Option<u64>,
         #[command(flatten)]
         policy: PolicyArgs,
     },
@@ -154,11 +162,15 @@ pub async fn run(c: &ClientArgs, cmd: QueueCommand) -> anyhow::Result<()> {
             if_not_exists,
             lease_ms,
             max_message_size_bytes,
+            max_messages,
+            max_bytes,
             policy,
         } => {
             let mut config = pb::QueueConfig {
                 default_lease_ms: lease_ms,
                 max_message_size_bytes,
+                max_messages,
+                max_bytes,
                 ..Default::default()
             };
             policy.apply(&mut config);
@@ -244,6 +256,10 @@ pub async fn run(c: &ClientArgs, cmd: QueueCommand) -> anyhow::Result<()> {
             let cfg = q.config.unwrap_or_default();
             let r = cfg.redelivery.unwrap_or_default();
             let opt = |v: Option<u64>| v.map_or_else(String::new, |v| v.to_string());
+            let limit = |v: Option<u64>| match v {
+                Some(n) if n > 0 => n.to_string(),
+                _ => "unlimited".into(),
+            };
             let rows: Vec<(&str, String)> = vec![
                 ("queue", q.name.clone()),
                 ("owner node", q.owner_node.clone()),
@@ -251,6 +267,8 @@ pub async fn run(c: &ClientArgs, cmd: QueueCommand) -> anyhow::Result<()> {
                 ("default lease ms", opt(cfg.default_lease_ms)),
                 ("lease max ms", opt(cfg.lease_max_ms)),
                 ("max message size bytes", opt(cfg.max_message_size_bytes)),
+                ("max messages", limit(cfg.max_messages)),
+                ("max bytes", limit(cfg.max_bytes)),
                 (
                     "max redeliveries",
                     if r.unlimited_redeliveries {
@@ -381,6 +399,8 @@ pub async fn run(c: &ClientArgs, cmd: QueueCommand) -> anyhow::Result<()> {
                         "leased",
                         "consumers",
                         "bytes",
+                        "paged out",
+                        "memory / budget",
                         "sent",
                         "acked",
                         "redelivered",
@@ -396,6 +416,8 @@ pub async fn run(c: &ClientArgs, cmd: QueueCommand) -> anyhow::Result<()> {
                             s.leased.to_string(),
                             s.consumers.to_string(),
                             s.bytes.to_string(),
+                            s.paged_out.to_string(),
+                            memory_text(s.memory_bytes, s.memory_budget_bytes),
                             s.sent_total.to_string(),
                             s.acked_total.to_string(),
                             s.redelivered_total.to_string(),
@@ -436,8 +458,21 @@ fn stats_json(s: &pb::QueueStats) -> serde_json::Value {
         "dead_lettered_rejected_total": s.dead_lettered_rejected_total,
         "staged": s.staged,
         "groups": s.groups,
+        "paged_out": s.paged_out,
+        "memory_bytes": s.memory_bytes,
+        "memory_budget_bytes": (s.memory_budget_bytes > 0).then_some(s.memory_budget_bytes),
         "owner_node": s.owner_node,
     })
+}
+
+/// Bytes of the queue's messages in memory, over its budget (`-` when it has none: a temporary
+/// queue).
+fn memory_text(memory_bytes: u64, budget_bytes: u64) -> String {
+    if budget_bytes == 0 {
+        format!("{memory_bytes} / -")
+    } else {
+        format!("{memory_bytes} / {budget_bytes}")
+    }
 }
 
 fn print_move(format: Format, t: &pb::MoveTask) {

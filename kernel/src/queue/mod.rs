@@ -32,6 +32,7 @@ pub use admin::{DeadLetterCounts, QueueStats, RecoveredMessage};
 pub use history::{HistoryEntry, ReturnCause, Transition};
 pub use paging::{
     Page, PageRequest, PageSource, PagedError, PAGE_MAX_COUNT, PAGE_MIN_COUNT, SCAN_CHUNK,
+    SCAN_LOOK_MAX,
 };
 pub use policy::{DeadLetterReason, DeadLetterTarget, RedeliveryPolicy};
 pub use receive::{ReceiveOutcome, ReceiveRequest, Wait, WaiterId};

@@ -41,6 +41,13 @@ pub const PAGE_MIN_COUNT: usize = 16;
 
 /// How many messages a scan for a receiver reads from the store at a time.
 pub const SCAN_CHUNK: usize = 1_000;
+/// How many paged-out messages one receive (or one fill's look for parked receivers) examines
+/// at most: a selective receiver behind a long run of messages it does not match cannot hold the
+/// queue up. A receive that waits keeps looking, chunk by chunk, in later fills; and each
+/// selector remembers how far the store holds nothing for it.
+pub const SCAN_LOOK_MAX: usize = 20_000;
+/// Selectors whose "nothing for me before here" positions are remembered.
+const SCAN_MEMO_MAX: usize = 64;
 
 /// One read of a priority's run in the store.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -136,6 +143,15 @@ pub(crate) struct Paging {
     /// Parked receivers may have messages in the store, per priority: from where to look and
     /// up to which sequence number the look must reach before it counts as done.
     pub(crate) rescan: [Option<(Seq, Seq)>; Priority::MAX as usize + 1],
+    /// Per selector text, per priority: every paged-out message below this position fails the
+    /// selector. Paged-out messages never change (their delivery count is fixed while they are
+    /// out), and new ones come after, so this stays true.
+    pub(crate) scan_memo: std::collections::HashMap<String, [Seq; Priority::MAX as usize + 1]>,
+    /// The last look for parked receivers stopped at its limit: the next fill should come soon.
+    pub(crate) rescan_more: bool,
+    /// Where the last scan for a receiver took every message from a priority's cursor on: once
+    /// those are pulled, the cursor moves past them (so later reads do not walk them again).
+    pub(crate) contiguous: [Option<Seq>; Priority::MAX as usize + 1],
 }
 
 impl Default for Paging {
@@ -146,6 +162,9 @@ impl Default for Paging {
             corrections: 0,
             store_checked: false,
             rescan: [None; Priority::MAX as usize + 1],
+            scan_memo: std::collections::HashMap::new(),
+            rescan_more: false,
+            contiguous: Default::default(),
         }
     }
 }
@@ -207,6 +226,14 @@ impl Queue {
 
     pub fn memory_budget(&self) -> u64 {
         self.paging.budget_bytes
+    }
+
+    /// Whether parked receivers' look into the store stopped at its limit with more to see: the
+    /// shell should fill again soon even if nothing else happens.
+    pub fn more_to_look_at(&self) -> bool {
+        self.paging.rescan_more
+            && !self.waiters.is_empty()
+            && self.paging.rescan.iter().any(Option::is_some)
     }
 
     /// The sequence number the next message will get: every message sent so far is below it.
@@ -438,7 +465,7 @@ impl Queue {
             .iter()
             .map(|(&id, w)| (id, w.max_messages))
             .collect();
-        let (found, reached) = self.scan_from(src, &starts, |q, m, count| {
+        let (found, reached) = self.scan_from(src, &starts, SCAN_LOOK_MAX, |q, m, count| {
             let mut take = false;
             if q.deliverable_now(m, count, now_ms) {
                 // Counted for one receiver: the oldest that still wants one and takes it.
@@ -454,10 +481,14 @@ impl Queue {
             }
             (take, wants.iter().all(|&(_, left)| left == 0))
         })?;
-        for (p, next, end, satisfied) in reached {
+        self.paging.rescan_more = reached.iter().any(|r| r.4);
+        for (p, next, end, satisfied, _) in reached {
             let slot = &mut self.paging.rescan[usize::from(p.get())];
             if satisfied || slot.is_some_and(|(_, until)| next > until || (end && src.settled())) {
                 *slot = None;
+            } else if let Some((from, until)) = *slot {
+                // Looked up to `next`: the next fill goes on from there.
+                *slot = Some((from.max(next), until));
             }
         }
         for (p, level) in self.paging.levels.iter().enumerate() {
@@ -492,15 +523,17 @@ impl Queue {
             .selector
             .as_deref()
             .and_then(|s| s.indexed_equality().map(|(h, v)| (h, v.to_owned())));
+        let looked_short;
         let found =
             match indexed {
                 Some((header, value)) => {
                     let keys: Vec<(Priority, Seq)> = src
-                        .find_by_header(header, &value, usize::MAX)
+                        .find_by_header(header, &value, SCAN_LOOK_MAX)
                         .map_err(PagedError::Source)?
                         .into_iter()
                         .filter(|&(p, seq)| self.is_paged_out(p, seq))
                         .collect();
+                    looked_short = keys.len() >= SCAN_LOOK_MAX;
                     let mut found = Vec::new();
                     for chunk in keys.chunks(SCAN_CHUNK) {
                         let messages = src.read_messages(chunk).map_err(PagedError::Source)?;
@@ -514,64 +547,127 @@ impl Queue {
                     found.truncate(max);
                     found
                 }
-                None => self
-                    .scan(src, max, |q, m, count| q.would_take(&req, m, count, now_ms))
-                    .map_err(PagedError::Source)?,
+                None => {
+                    let (found, short) = self
+                        .scan_for_receiver(src, &req, max, now_ms)
+                        .map_err(PagedError::Source)?;
+                    looked_short = short;
+                    found
+                }
             };
         effects.merge(self.pull(found, now_ms));
+        self.advance_cursors();
         let (out, more) = self.receive_scanned(req, now_ms)?;
         effects.merge(more);
-        if matches!(out, ReceiveOutcome::Parked(_)) && !src.settled() {
-            // The store may not show every message yet: look again once it does, before a
-            // newer message can reach this receiver ahead of an older one.
+        if matches!(out, ReceiveOutcome::Parked(_)) && (looked_short || !src.settled()) {
+            // The store may hold more for this receiver than this look saw (not every write is
+            // applied yet, or it stopped at its limit): look on in later fills, before a newer
+            // message can reach it ahead of an older one.
             self.paging
                 .flag_rescan_all(Seq(self.next_seq.0.saturating_sub(1)));
+            self.paging.rescan_more |= looked_short;
         }
         Ok((out, effects))
     }
 
-    /// Up to `max` paged-out messages `wanted` accepts, in delivery order, reading `src` in
-    /// chunks and keeping only those.
-    fn scan<S: PageSource>(
-        &self,
+    /// The first `max` paged-out messages `req` would take, looking at no more than
+    /// [`SCAN_LOOK_MAX`] and starting, per priority, where the selector's memo says the store
+    /// holds nothing for it. Also says whether it stopped at the limit.
+    fn scan_for_receiver<S: PageSource>(
+        &mut self,
         src: &S,
+        req: &ReceiveRequest,
         max: usize,
-        wanted: impl Fn(&Self, &Message, u32) -> bool,
-    ) -> Result<Vec<RecoveredMessage>, S::Error> {
-        let starts = self.paged_levels();
+        now_ms: u64,
+    ) -> Result<(Vec<RecoveredMessage>, bool), S::Error> {
+        let key = req.selector.as_deref().map(|s| s.text().to_owned());
+        let memo = key
+            .as_ref()
+            .and_then(|k| self.paging.scan_memo.get(k).copied())
+            .unwrap_or_default();
+        let starts: Vec<(Priority, Seq)> = self
+            .paged_levels()
+            .into_iter()
+            .map(|(p, cursor)| (p, cursor.max(memo[usize::from(p.get())])))
+            .collect();
+        // While every message seen so far at a priority fails the selector, the memo moves on.
+        let mut clean = [true; Priority::MAX as usize + 1];
+        let mut new_memo = memo;
+        // While every message seen from a priority's cursor on is taken, the cursor may follow.
+        let mut contiguous: [Option<Seq>; Priority::MAX as usize + 1] = Default::default();
+        for &(p, start) in &starts {
+            if start == self.paging.level(p).cursor {
+                contiguous[usize::from(p.get())] = Some(start);
+            }
+        }
         let mut taken = 0;
-        let (found, _) = self.scan_from(src, &starts, |q, m, count| {
-            let take = wanted(q, m, count);
+        let (found, reached) = self.scan_from(src, &starts, SCAN_LOOK_MAX, |q, m, count| {
+            let p = usize::from(m.priority.get());
+            if clean[p] {
+                let matches = req
+                    .selector
+                    .as_deref()
+                    .is_none_or(|s| s.matches(m, count + 1));
+                if matches {
+                    clean[p] = false;
+                } else {
+                    new_memo[p] = new_memo[p].max(Seq(m.seq.0 + 1));
+                }
+            }
+            let take = q.would_take(req, m, count, now_ms);
+            contiguous[p] = contiguous[p].filter(|_| take).map(|_| Seq(m.seq.0 + 1));
             taken += usize::from(take);
             (take, taken >= max)
         })?;
-        Ok(found)
+        self.paging.contiguous = contiguous;
+        if let Some(key) = key {
+            if new_memo != memo {
+                if self.paging.scan_memo.len() >= SCAN_MEMO_MAX
+                    && !self.paging.scan_memo.contains_key(&key)
+                {
+                    self.paging.scan_memo.clear();
+                }
+                self.paging.scan_memo.insert(key, new_memo);
+            }
+        }
+        let short = reached.iter().any(|r| r.4);
+        Ok((found, short))
     }
 
     /// Reads paged-out messages from the given positions (highest priority first) in chunks,
-    /// keeping those `wanted` takes, until it says stop (its answer is (take, stop)). Also says
-    /// how far it read each priority: the next position, whether the priority's run ended there,
-    /// and whether the scan stopped there.
+    /// keeping those `wanted` takes, until it says stop (its answer is (take, stop)) or
+    /// `look_max` messages were looked at. Says how far it read each priority: the next position,
+    /// whether the priority's run ended there, whether `wanted` stopped it there, and whether the
+    /// look limit did.
     #[allow(clippy::type_complexity)]
     fn scan_from<S: PageSource>(
         &self,
         src: &S,
         starts: &[(Priority, Seq)],
+        look_max: usize,
         mut wanted: impl FnMut(&Self, &Message, u32) -> (bool, bool),
-    ) -> Result<(Vec<RecoveredMessage>, Vec<(Priority, Seq, bool, bool)>), S::Error> {
+    ) -> Result<
+        (
+            Vec<RecoveredMessage>,
+            Vec<(Priority, Seq, bool, bool, bool)>,
+        ),
+        S::Error,
+    > {
         let mut found = Vec::new();
         let mut reached = Vec::new();
-        let mut stopped = false;
+        let (mut stopped, mut looked) = (false, 0usize);
         for &(p, start) in starts {
-            if stopped {
+            if stopped || looked >= look_max {
                 break;
             }
             let mut from = start;
             loop {
-                let page = src.read_page(p, from, SCAN_CHUNK, u64::MAX)?;
+                let chunk = SCAN_CHUNK.min(look_max - looked).max(1);
+                let page = src.read_page(p, from, chunk, u64::MAX)?;
                 let mut last = from;
                 for m in page.messages {
                     last = Seq(m.message.seq.0 + 1);
+                    looked += 1;
                     if self.is_paged_out(p, m.message.seq) {
                         let (take, stop) = wanted(self, &m.message, m.delivery_count);
                         if take {
@@ -584,14 +680,18 @@ impl Queue {
                     }
                 }
                 if stopped {
-                    reached.push((p, last, false, true));
+                    reached.push((p, last, false, true, false));
                     break;
                 }
                 if page.end || page.next <= from {
-                    reached.push((p, page.next, page.end, false));
+                    reached.push((p, page.next, page.end, false, false));
                     break;
                 }
                 from = page.next;
+                if looked >= look_max {
+                    reached.push((p, from, false, false, true));
+                    break;
+                }
             }
         }
         Ok((found, reached))
@@ -622,6 +722,23 @@ impl Queue {
                 max_bytes,
             })
         })
+    }
+
+    /// Moves cursors over runs the last scan pulled in whole (see `Paging::contiguous`).
+    fn advance_cursors(&mut self) {
+        for (p, until) in std::mem::take(&mut self.paging.contiguous)
+            .into_iter()
+            .enumerate()
+        {
+            let level = &mut self.paging.levels[p];
+            match until {
+                Some(until) if level.count > 0 && until > level.cursor => {
+                    level.cursor = until;
+                    level.pulled = level.pulled.split_off(&until);
+                }
+                _ => {}
+            }
+        }
     }
 
     /// A paged-out message becomes resident (it leaves the level's paged-out count). One

@@ -1,0 +1,108 @@
+//! The disk guard: while the data directory's disk is short of space, sends to durable queues
+//! are refused, and everything that frees space goes on.
+
+#![allow(clippy::unwrap_used)]
+
+use std::sync::Arc;
+
+use ferry_be_server::{Broker, BrokerConfig, Error};
+use ferry_kernel::{NewMessage, NodeId, QueueConfig, QueueName, ReceiveRequest, SessionId, Wait};
+use ferry_store::{MemoryStore, QueueStore};
+
+fn config(dir: &std::path::Path, disk_free_min_bytes: u64) -> BrokerConfig {
+    let mut c = BrokerConfig::new(NodeId::new("n").unwrap());
+    c.disk_guard_dir = Some(dir.to_path_buf());
+    c.disk_free_min_bytes = disk_free_min_bytes;
+    c
+}
+
+fn message() -> NewMessage {
+    NewMessage {
+        body: b"x".to_vec(),
+        persistent: true,
+        ..Default::default()
+    }
+}
+
+fn receive(owner: Option<SessionId>, max_messages: u32) -> ReceiveRequest {
+    ReceiveRequest {
+        owner,
+        max_messages,
+        wait: Wait::NoWait,
+        lease_ms: None,
+        selector: None,
+    }
+}
+
+fn is_disk_full(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::DiskFull {
+            limit_bytes: u64::MAX,
+            ..
+        }
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_disk_refuses_sends_but_receives_acks_and_dead_letters_go_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn QueueStore> = Arc::new(MemoryStore::new());
+    let q = QueueName::new("orders").unwrap();
+    let b = Broker::open(config(dir.path(), 0), store.clone())
+        .await
+        .unwrap();
+    b.create_queue(q.clone(), QueueConfig::default(), false, false)
+        .await
+        .unwrap();
+    b.send(&q, vec![message(), message(), message()])
+        .await
+        .unwrap();
+    b.shutdown().await;
+
+    // No disk has u64::MAX bytes free.
+    let b = Broker::open(config(dir.path(), u64::MAX), store)
+        .await
+        .unwrap();
+    let err = b.send(&q, vec![message()]).await.unwrap_err();
+    assert!(is_disk_full(&err), "{err}");
+    let err = b
+        .stage(&q, SessionId(1), vec![message()])
+        .await
+        .unwrap_err();
+    assert!(is_disk_full(&err), "{err}");
+
+    let got = b.receive(&q, receive(Some(SessionId(2)), 3)).await.unwrap();
+    assert_eq!(got.len(), 3);
+    assert!(b.ack(&q, vec![got[0].lease_ref()]).await.unwrap()[0].is_ok());
+    let rejected = b
+        .nack(&q, vec![got[1].lease_ref()], None, true)
+        .await
+        .unwrap();
+    assert!(rejected[0].is_ok());
+    // A transaction that only acknowledges commits.
+    b.commit(SessionId(2), vec![(q.clone(), vec![got[2].lease_ref()])])
+        .await
+        .unwrap();
+    assert_eq!(b.stats(&q).await.unwrap().ready, 0);
+
+    // The rejected message reached the dead-letter queue (created on demand) all the same.
+    let dlq = QueueName::new("orders.DLQ").unwrap();
+    let mut dead = vec![];
+    for _ in 0..500 {
+        dead = b.receive(&dlq, receive(None, 1)).await.unwrap_or_default();
+        if !dead.is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(dead.len(), 1, "the dead letter never arrived");
+
+    // A temporary queue keeps nothing on disk: it still takes sends.
+    let tmp = QueueName::new("tmp.n.c1.1").unwrap();
+    b.create_queue(tmp.clone(), QueueConfig::default(), false, true)
+        .await
+        .unwrap();
+    b.send(&tmp, vec![message()]).await.unwrap();
+    b.shutdown().await;
+}
