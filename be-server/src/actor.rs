@@ -653,7 +653,7 @@ impl QueueActor {
         }
         self.queue
             .set_memory_budget(self.budget.load(Ordering::Relaxed));
-        if self.queue.paged_out().0 == 0 {
+        if !self.queue.paging_active() {
             return;
         }
         let now = now_ms();
@@ -755,7 +755,7 @@ impl QueueActor {
                     if !self.queue.is_paged_out(p, m.message.seq) {
                         continue;
                     }
-                    if selector.is_none_or(|s| s.matches(&m.message, m.delivery_count + 1)) {
+                    if selector.is_none_or(|s| s.matches(&m.message, m.delivery_count)) {
                         taken += 1;
                         all.push((Arc::new(m.message), MessageState::Ready, m.delivery_count));
                     }

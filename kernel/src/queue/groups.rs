@@ -14,6 +14,8 @@ use crate::types::SessionId;
 pub(crate) struct Groups {
     owner_of: HashMap<String, SessionId>,
     by_owner: HashMap<SessionId, BTreeSet<String>>,
+    /// Changes every time a group changes hands (paging's scan memo depends on who holds what).
+    pub(crate) epoch: u64,
 }
 
 impl Groups {
@@ -34,6 +36,7 @@ impl Groups {
             return;
         }
         self.owner_of.insert(group.to_owned(), receiver);
+        self.epoch += 1;
         self.by_owner
             .entry(receiver)
             .or_default()
@@ -46,6 +49,7 @@ impl Groups {
         for g in &groups {
             self.owner_of.remove(g);
         }
+        self.epoch += u64::from(!groups.is_empty());
         groups
     }
 
@@ -54,6 +58,7 @@ impl Groups {
         let Some(owner) = self.owner_of.remove(group) else {
             return BTreeSet::new();
         };
+        self.epoch += 1;
         if let Some(set) = self.by_owner.get_mut(&owner) {
             set.remove(group);
             if set.is_empty() {

@@ -138,15 +138,20 @@ pub(crate) struct Paging {
     pub(crate) levels: [Level; Priority::MAX as usize + 1],
     /// Paged-out counts that turned out wrong and were corrected (see [`Queue::page_in`]).
     pub(crate) corrections: u64,
-    /// Set while [`Queue::receive_scanned`] runs: the store has been looked at.
-    pub(crate) store_checked: bool,
+    /// Set while a receive or a hand-out runs after a look into the store: per priority, up to
+    /// where the paged-out messages were looked at (`Seq(u64::MAX)`: all of them). A resident
+    /// message may go out only if nothing paged out that was not looked at comes before it.
+    pub(crate) checked: Option<[Seq; Priority::MAX as usize + 1]>,
     /// Parked receivers may have messages in the store, per priority: from where to look and
     /// up to which sequence number the look must reach before it counts as done.
     pub(crate) rescan: [Option<(Seq, Seq)>; Priority::MAX as usize + 1],
     /// Per selector text, per priority: every paged-out message below this position fails the
     /// selector. Paged-out messages never change (their delivery count is fixed while they are
     /// out), and new ones come after, so this stays true.
-    pub(crate) scan_memo: std::collections::HashMap<String, [Seq; Priority::MAX as usize + 1]>,
+    /// Keyed by the receiver's session and selector, valid while no group changes hands (the
+    /// epoch): every paged-out message below the position is one it would not take.
+    pub(crate) scan_memo:
+        std::collections::HashMap<String, (u64, [Seq; Priority::MAX as usize + 1])>,
     /// The last look for parked receivers stopped at its limit: the next fill should come soon.
     pub(crate) rescan_more: bool,
     /// Where the last scan for a receiver took every message from a priority's cursor on: once
@@ -160,7 +165,7 @@ impl Default for Paging {
             budget_bytes: u64::MAX,
             levels: Default::default(),
             corrections: 0,
-            store_checked: false,
+            checked: None,
             rescan: [None; Priority::MAX as usize + 1],
             scan_memo: std::collections::HashMap::new(),
             rescan_more: false,
@@ -234,6 +239,12 @@ impl Queue {
         self.paging.rescan_more
             && !self.waiters.is_empty()
             && self.paging.rescan.iter().any(Option::is_some)
+    }
+
+    /// Whether the queue has paging work the shell should let it do ([`Queue::fill`]): messages
+    /// paged out, or parked receivers still to be looked for in the store.
+    pub fn paging_active(&self) -> bool {
+        self.paging.top().is_some() || self.paging.rescan.iter().any(Option::is_some)
     }
 
     /// The sequence number the next message will get: every message sent so far is below it.
@@ -396,22 +407,25 @@ impl Queue {
             && !self.config.redelivery.exhausted(delivery_count)
     }
 
-    /// [`Queue::receive`] after the shell has pulled in what the store holds for this receiver:
-    /// resident messages are all there is to choose from.
-    pub fn receive_scanned(
+    /// [`Queue::receive`] after a look into the store for this receiver reached `checked` (per
+    /// priority; `Seq(u64::MAX)`: all): resident messages that nothing unlooked-at comes before
+    /// are all there is to choose from.
+    fn receive_scanned(
         &mut self,
         req: ReceiveRequest,
+        checked: [Seq; Priority::MAX as usize + 1],
         now_ms: u64,
-    ) -> Result<(super::ReceiveOutcome, Effects), crate::error::KernelError> {
-        self.paging.store_checked = true;
+    ) -> Result<(super::ReceiveOutcome, Effects), KernelError> {
+        self.paging.checked = Some(checked);
         let out = self.receive(req, now_ms);
-        self.paging.store_checked = false;
+        self.paging.checked = None;
         out
     }
 
     /// Fills the window from `src`: page reads while [`Queue::page_request`] asks for one and
-    /// reads make progress (at most `max_reads`), then, if groups were freed while receivers
-    /// wait, a scan for messages they can now take.
+    /// reads make progress (at most `max_reads`), then a look for parked receivers that may have
+    /// messages in the store. If a read fails, what was done before it is kept for the next
+    /// operation (see `deferred`) and the error is returned.
     pub fn fill<S: PageSource>(
         &mut self,
         src: &S,
@@ -424,7 +438,10 @@ impl Queue {
             let Some(r) = self.page_request_except(stuck) else {
                 break;
             };
-            let page = src.read_page(r.priority, r.from, r.max_count, r.max_bytes)?;
+            let page = match src.read_page(r.priority, r.from, r.max_count, r.max_bytes) {
+                Ok(page) => page,
+                Err(e) => return Err(self.defer(effects, e)),
+            };
             let progress = !page.messages.is_empty() || page.next > r.from;
             let settled = page.end && src.settled();
             effects.merge(self.page_in(r.priority, page.messages, page.next, settled, now_ms));
@@ -436,15 +453,25 @@ impl Queue {
         if self.waiters.is_empty() {
             self.paging.rescan = Default::default();
         } else if self.paging.rescan.iter().any(Option::is_some) {
-            effects.merge(self.rescan_for_waiters(src, now_ms)?);
+            match self.rescan_for_waiters(src, now_ms) {
+                Ok(more) => effects.merge(more),
+                Err(e) => return Err(self.defer(effects, e)),
+            }
         }
         Ok(effects)
     }
 
+    /// Keeps `effects` for the next operation (due at once) and passes the error on.
+    fn defer<E>(&mut self, effects: Effects, e: E) -> E {
+        self.deferred.merge(effects);
+        e
+    }
+
     /// Looks in the store for messages parked receivers take: where sends they would take were
-    /// paged out, or everywhere after groups were freed or after a receiver parked before the
-    /// store had applied every write. A flag stays until the look has seen its last sequence
-    /// number (that is, until the write of it is applied).
+    /// paged out, or everywhere after groups changed hands, or after a receiver parked before
+    /// the store had applied every write or before its own look was done. A flag stays until the
+    /// look has seen its last sequence number (that is, until the write of it is applied), and
+    /// the look goes on from where it stopped.
     fn rescan_for_waiters<S: PageSource>(
         &mut self,
         src: &S,
@@ -481,25 +508,46 @@ impl Queue {
             }
             (take, wants.iter().all(|&(_, left)| left == 0))
         })?;
-        self.paging.rescan_more = reached.iter().any(|r| r.4);
-        for (p, next, end, satisfied, _) in reached {
-            let slot = &mut self.paging.rescan[usize::from(p.get())];
-            if satisfied || slot.is_some_and(|(_, until)| next > until || (end && src.settled())) {
+        // Levels not flagged were looked at when their receivers parked.
+        let mut checked = [Seq(u64::MAX); Priority::MAX as usize + 1];
+        for &(p, from) in &starts {
+            checked[usize::from(p.get())] = from;
+        }
+        let mut stopped_satisfied = vec![];
+        for &(p, next, end, satisfied, _) in &reached {
+            let i = usize::from(p.get());
+            checked[i] = if end { Seq(u64::MAX) } else { next };
+            let slot = &mut self.paging.rescan[i];
+            if slot.is_some_and(|(_, until)| next > until || (end && src.settled())) {
                 *slot = None;
             } else if let Some((from, until)) = *slot {
-                // Looked up to `next`: the next fill goes on from there.
+                // Looked up to `next`: the next look goes on from there.
                 *slot = Some((from.max(next), until));
+                if satisfied {
+                    stopped_satisfied.push(i);
+                }
             }
+        }
+        self.paging.rescan_more = reached.iter().any(|r| r.4);
+        // Hand out now, each receiver only what nothing unlooked-at comes before; what was not
+        // looked at yet is flagged still.
+        let pending = std::mem::take(&mut self.paging.rescan);
+        self.paging.checked = Some(checked);
+        let effects = self.pull(found, now_ms);
+        self.paging.checked = None;
+        self.paging.rescan = pending;
+        if self.waiters.is_empty() {
+            self.paging.rescan = Default::default();
+        } else if !stopped_satisfied.is_empty() {
+            // Every receiver had candidates, but a hand-out can change who may take what (a
+            // group goes to one of them): the ones still parked look on soon.
+            self.paging.rescan_more = true;
         }
         for (p, level) in self.paging.levels.iter().enumerate() {
             if level.count == 0 {
                 self.paging.rescan[p] = None;
             }
         }
-        // Hand out now: what was not looked at yet is flagged still and keeps its place.
-        let pending = std::mem::take(&mut self.paging.rescan);
-        let effects = self.pull(found, now_ms);
-        self.paging.rescan = pending;
         Ok(effects)
     }
 
@@ -507,7 +555,7 @@ impl Queue {
     /// the messages this receiver should get first are found in `src` (through the header index
     /// when its selector asks for one correlation id or group, else by a scan in chunks of
     /// [`SCAN_CHUNK`], in delivery order, holding only what matches), pulled in, and the receive
-    /// is answered from memory.
+    /// is answered from memory. If a read fails, what time did is kept for the next operation.
     pub fn receive_paged<S: PageSource>(
         &mut self,
         req: ReceiveRequest,
@@ -518,79 +566,128 @@ impl Queue {
         if out != ReceiveOutcome::NeedStore {
             return Ok((out, effects));
         }
+        let looked = match self.look_for_receiver(src, &req, now_ms) {
+            Ok(looked) => looked,
+            Err(e) => return Err(PagedError::Source(self.defer(effects, e))),
+        };
+        let (found, checked, short) = looked;
+        effects.merge(self.pull(found, now_ms));
+        self.advance_cursors();
+        let (out, more) = self.receive_scanned(req, checked, now_ms)?;
+        effects.merge(more);
+        if matches!(out, ReceiveOutcome::Parked(_)) && (short || !src.settled()) {
+            // The store may hold more for this receiver than this look saw (not every write is
+            // applied yet, or it stopped at its limit): look on in later fills, before a newer
+            // message can reach it ahead of an older one.
+            for (i, c) in checked.iter().enumerate() {
+                let level = &self.paging.levels[i];
+                if level.count > 0 {
+                    let from = if *c == Seq(u64::MAX) || !short {
+                        level.cursor
+                    } else {
+                        level.cursor.max(*c)
+                    };
+                    self.paging.flag_rescan(
+                        priority(i),
+                        from,
+                        Seq(self.next_seq.0.saturating_sub(1)),
+                    );
+                }
+            }
+            self.paging.rescan_more |= short;
+        }
+        Ok((out, effects))
+    }
+
+    /// Finds the paged-out messages `req` should get first: through the header index when its
+    /// selector names one correlation id or group (complete, so everything counts as looked
+    /// at), else by [`Queue::scan_for_receiver`]. Returns them, how far each priority was looked
+    /// at, and whether the look stopped at its limit.
+    #[allow(clippy::type_complexity)]
+    fn look_for_receiver<S: PageSource>(
+        &mut self,
+        src: &S,
+        req: &ReceiveRequest,
+        now_ms: u64,
+    ) -> Result<
+        (
+            Vec<RecoveredMessage>,
+            [Seq; Priority::MAX as usize + 1],
+            bool,
+        ),
+        S::Error,
+    > {
         let max = req.max_messages as usize;
         let indexed = req
             .selector
             .as_deref()
             .and_then(|s| s.indexed_equality().map(|(h, v)| (h, v.to_owned())));
-        let looked_short;
-        let found =
-            match indexed {
-                Some((header, value)) => {
-                    let keys: Vec<(Priority, Seq)> = src
-                        .find_by_header(header, &value, SCAN_LOOK_MAX)
-                        .map_err(PagedError::Source)?
-                        .into_iter()
-                        .filter(|&(p, seq)| self.is_paged_out(p, seq))
-                        .collect();
-                    looked_short = keys.len() >= SCAN_LOOK_MAX;
-                    let mut found = Vec::new();
-                    for chunk in keys.chunks(SCAN_CHUNK) {
-                        let messages = src.read_messages(chunk).map_err(PagedError::Source)?;
-                        found.extend(messages.into_iter().filter(|m| {
-                            self.would_take(&req, &m.message, m.delivery_count, now_ms)
-                        }));
-                        if found.len() >= max {
-                            break;
-                        }
+        if let Some((header, value)) = indexed {
+            let raw = src.find_by_header(header, &value, SCAN_LOOK_MAX)?;
+            // A value with more entries than one look takes is scanned like any selector.
+            if raw.len() < SCAN_LOOK_MAX {
+                let keys: Vec<(Priority, Seq)> = raw
+                    .into_iter()
+                    .filter(|&(p, seq)| self.is_paged_out(p, seq))
+                    .collect();
+                let mut found = Vec::new();
+                for chunk in keys.chunks(SCAN_CHUNK) {
+                    let messages = src.read_messages(chunk)?;
+                    found.extend(
+                        messages
+                            .into_iter()
+                            .filter(|m| self.would_take(req, &m.message, m.delivery_count, now_ms)),
+                    );
+                    if found.len() >= max {
+                        break;
                     }
-                    found.truncate(max);
-                    found
                 }
-                None => {
-                    let (found, short) = self
-                        .scan_for_receiver(src, &req, max, now_ms)
-                        .map_err(PagedError::Source)?;
-                    looked_short = short;
-                    found
-                }
-            };
-        effects.merge(self.pull(found, now_ms));
-        self.advance_cursors();
-        let (out, more) = self.receive_scanned(req, now_ms)?;
-        effects.merge(more);
-        if matches!(out, ReceiveOutcome::Parked(_)) && (looked_short || !src.settled()) {
-            // The store may hold more for this receiver than this look saw (not every write is
-            // applied yet, or it stopped at its limit): look on in later fills, before a newer
-            // message can reach it ahead of an older one.
-            self.paging
-                .flag_rescan_all(Seq(self.next_seq.0.saturating_sub(1)));
-            self.paging.rescan_more |= looked_short;
+                found.truncate(max);
+                return Ok((found, [Seq(u64::MAX); Priority::MAX as usize + 1], false));
+            }
         }
-        Ok((out, effects))
+        self.scan_for_receiver(src, req, max, now_ms)
     }
 
     /// The first `max` paged-out messages `req` would take, looking at no more than
-    /// [`SCAN_LOOK_MAX`] and starting, per priority, where the selector's memo says the store
-    /// holds nothing for it. Also says whether it stopped at the limit.
+    /// [`SCAN_LOOK_MAX`] and starting, per priority, where the receiver's memo says the store
+    /// holds nothing for it. Returns them, how far each priority was looked at, and whether the
+    /// look stopped at its limit.
+    #[allow(clippy::type_complexity)]
     fn scan_for_receiver<S: PageSource>(
         &mut self,
         src: &S,
         req: &ReceiveRequest,
         max: usize,
         now_ms: u64,
-    ) -> Result<(Vec<RecoveredMessage>, bool), S::Error> {
-        let key = req.selector.as_deref().map(|s| s.text().to_owned());
-        let memo = key
-            .as_ref()
-            .and_then(|k| self.paging.scan_memo.get(k).copied())
+    ) -> Result<
+        (
+            Vec<RecoveredMessage>,
+            [Seq; Priority::MAX as usize + 1],
+            bool,
+        ),
+        S::Error,
+    > {
+        let key = format!(
+            "{:?}\u{0}{}",
+            req.owner,
+            req.selector.as_deref().map_or("", |s| s.text())
+        );
+        let epoch = self.groups.epoch;
+        let memo = self
+            .paging
+            .scan_memo
+            .get(&key)
+            .filter(|(e, _)| *e == epoch)
+            .map(|&(_, m)| m)
             .unwrap_or_default();
         let starts: Vec<(Priority, Seq)> = self
             .paged_levels()
             .into_iter()
             .map(|(p, cursor)| (p, cursor.max(memo[usize::from(p.get())])))
             .collect();
-        // While every message seen so far at a priority fails the selector, the memo moves on.
+        // While every message seen so far at a priority is one this receiver would not take,
+        // the memo moves on.
         let mut clean = [true; Priority::MAX as usize + 1];
         let mut new_memo = memo;
         // While every message seen from a priority's cursor on is taken, the cursor may follow.
@@ -603,35 +700,38 @@ impl Queue {
         let mut taken = 0;
         let (found, reached) = self.scan_from(src, &starts, SCAN_LOOK_MAX, |q, m, count| {
             let p = usize::from(m.priority.get());
+            let take = q.would_take(req, m, count, now_ms);
             if clean[p] {
-                let matches = req
-                    .selector
-                    .as_deref()
-                    .is_none_or(|s| s.matches(m, count + 1));
-                if matches {
+                if take {
                     clean[p] = false;
                 } else {
                     new_memo[p] = new_memo[p].max(Seq(m.seq.0 + 1));
                 }
             }
-            let take = q.would_take(req, m, count, now_ms);
             contiguous[p] = contiguous[p].filter(|_| take).map(|_| Seq(m.seq.0 + 1));
             taken += usize::from(take);
             (take, taken >= max)
         })?;
         self.paging.contiguous = contiguous;
-        if let Some(key) = key {
-            if new_memo != memo {
-                if self.paging.scan_memo.len() >= SCAN_MEMO_MAX
-                    && !self.paging.scan_memo.contains_key(&key)
-                {
-                    self.paging.scan_memo.clear();
-                }
-                self.paging.scan_memo.insert(key, new_memo);
+        if new_memo != memo {
+            if self.paging.scan_memo.len() >= SCAN_MEMO_MAX
+                && !self.paging.scan_memo.contains_key(&key)
+            {
+                self.paging.scan_memo.clear();
             }
+            self.paging.scan_memo.insert(key, (epoch, new_memo));
+        }
+        // Up to the start (the memo's region holds nothing for it) everything counts as looked
+        // at; then as far as the look went.
+        let mut checked = [Seq(u64::MAX); Priority::MAX as usize + 1];
+        for &(p, start) in &starts {
+            checked[usize::from(p.get())] = start;
+        }
+        for &(p, next, end, _, _) in &reached {
+            checked[usize::from(p.get())] = if end { Seq(u64::MAX) } else { next };
         }
         let short = reached.iter().any(|r| r.4);
-        Ok((found, short))
+        Ok((found, checked, short))
     }
 
     /// Reads paged-out messages from the given positions (highest priority first) in chunks,
@@ -768,6 +868,7 @@ impl Queue {
         if level.count == 0 {
             level.bytes = 0;
             level.pulled.clear();
+            self.paging.rescan[usize::from(p.get())] = None;
         }
     }
 
@@ -775,11 +876,23 @@ impl Queue {
     /// priority is paged out, or its own priority is from a sequence number at or below it.
     /// Never, once the shell has looked in the store for the receive in progress.
     pub(crate) fn behind_paged_out(&self, p: Priority, seq: Seq) -> bool {
-        if self.paging.store_checked {
-            return false;
+        let levels = &self.paging.levels;
+        let unchecked_from = |q: usize| match self.paging.checked {
+            Some(c) => levels[q].cursor.max(c[q]),
+            None => levels[q].cursor,
+        };
+        let q = usize::from(p.get());
+        (levels[q].count > 0 && seq >= unchecked_from(q))
+            || (q + 1..levels.len())
+                .any(|h| levels[h].count > 0 && unchecked_from(h) < Seq(u64::MAX))
+    }
+
+    /// Whether paged-out messages this receive has not looked at may hold better ones.
+    pub(crate) fn store_unchecked(&self) -> bool {
+        match self.paging.checked {
+            Some(_) => false,
+            None => self.paging.top().is_some(),
         }
-        let level = self.paging.level(p);
-        (level.count > 0 && seq >= level.cursor) || self.paging.top().is_some_and(|t| p < t)
     }
 
     /// Whether a new persistent message goes to the store only. A parked receiver that would

@@ -241,9 +241,10 @@ impl Queue {
         for (seq, reason) in doomed {
             self.dead_letter(seq, reason, effects);
         }
-        // Nothing more in memory may go first, but the store may hold better messages.
-        blocked |= !self.paging.store_checked && self.paging.top().is_some();
-        if blocked && chosen.len() < max as usize {
+        // Nothing more in memory may go first, but the store may hold better messages: the shell
+        // looks there first (after it has looked, what memory has is the answer).
+        blocked |= self.store_unchecked();
+        if blocked && chosen.len() < max as usize && self.paging.checked.is_none() {
             return None;
         }
         Some(
@@ -385,7 +386,13 @@ impl Queue {
             // One at a time: taking a message of a free group gives the group to this receiver,
             // which decides whether the next message of that group is its to take.
             while i < fresh.len() && picks.len() < max as usize {
-                let seq = fresh[i].1;
+                let (std::cmp::Reverse(priority), seq) = fresh[i];
+                // During a hand-out after a look into the store that stopped short, nothing
+                // goes ahead of what was not looked at.
+                if self.paging.checked.is_some() && self.behind_paged_out(priority, seq) {
+                    i += 1;
+                    continue;
+                }
                 let take = self
                     .entries
                     .get(&seq)
