@@ -9,97 +9,12 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use ferry_kernel::{
-    Delivery, Effects, KernelError, NewMessage, PagedError, PersistOp, Priority, PropertyValue,
-    Queue, QueueConfig, QueueName, QueueUid, ReceiveOutcome, ReceiveRequest, RedeliveryPolicy,
-    Selector, SelectorLimits, Seq, SessionId, Wait,
+    Delivery, Effects, KernelError, NewMessage, PersistOp, Priority, Queue, QueueConfig, QueueName,
+    QueueUid, ReceiveOutcome, ReceiveRequest, Seq, SessionId, Wait,
 };
-use support::FakeStore;
-
-const T0: u64 = 1_000_000;
-
-fn queue(budget: u64) -> Queue {
-    let mut q = Queue::new(
-        QueueName::new("paged").unwrap(),
-        QueueUid(7),
-        QueueConfig {
-            redelivery: RedeliveryPolicy {
-                initial_delay_ms: 0,
-                delay_ms: 0,
-                max_redeliveries: None,
-                ..RedeliveryPolicy::default()
-            },
-            ..QueueConfig::default()
-        },
-    );
-    q.set_memory_budget(budget);
-    q
-}
-
-fn msg(i: u64) -> NewMessage {
-    NewMessage {
-        body: format!("m{i}").into_bytes(),
-        properties: [("i".to_string(), PropertyValue::Long(i as i64))].into(),
-        persistent: true,
-        ..NewMessage::default()
-    }
-}
-
-/// Applies the effects and lets the queue fill its window.
-fn settle(q: &mut Queue, store: &mut FakeStore, fx: Effects, now: u64) {
-    store.apply(&fx);
-    loop {
-        let more = q.fill(&*store, 64, now).unwrap();
-        store.apply(&more);
-        if more.is_empty() {
-            q.check_invariants();
-            return;
-        }
-    }
-}
-
-fn send(q: &mut Queue, store: &mut FakeStore, batch: Vec<NewMessage>, now: u64) {
-    let (_, fx) = q.send(batch, now).unwrap();
-    settle(q, store, fx, now);
-}
-
-fn req(session: u64, max: u32, selector: Option<&str>) -> ReceiveRequest {
-    ReceiveRequest {
-        owner: Some(SessionId(session)),
-        max_messages: max,
-        wait: Wait::NoWait,
-        lease_ms: Some(60_000),
-        selector: selector
-            .map(|s| Arc::new(Selector::parse(s, &SelectorLimits::default()).unwrap())),
-    }
-}
-
-fn receive(q: &mut Queue, store: &mut FakeStore, r: ReceiveRequest, now: u64) -> Vec<Delivery> {
-    let (out, fx) = match q.receive_paged(r, &*store, now) {
-        Ok(v) => v,
-        Err(PagedError::Kernel(e)) => panic!("{e}"),
-        Err(PagedError::Source(never)) => match never {},
-    };
-    settle(q, store, fx, now);
-    match out {
-        ReceiveOutcome::Delivered(d) => d,
-        ReceiveOutcome::Empty | ReceiveOutcome::Parked(_) => vec![],
-        ReceiveOutcome::NeedStore => panic!("receive_paged answers from the store"),
-    }
-}
-
-fn ack(q: &mut Queue, store: &mut FakeStore, d: &[Delivery], now: u64) {
-    let refs: Vec<_> = d.iter().map(Delivery::lease_ref).collect();
-    let (results, fx) = q.ack(&refs, now);
-    assert!(results.iter().all(Result::is_ok), "{results:?}");
-    settle(q, store, fx, now);
-}
-
-fn body(d: &Delivery) -> String {
-    String::from_utf8(d.message.body.clone()).unwrap()
-}
+use support::*;
 
 #[test]
 fn a_budget_keeps_most_of_a_long_queue_in_the_store_and_order_is_kept() {

@@ -7,8 +7,13 @@ use std::cmp::Reverse;
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 
+use std::sync::Arc;
+
 use ferry_kernel::{
-    Effects, IndexedHeader, Message, Page, PageSource, PersistOp, Priority, RecoveredMessage, Seq,
+    Delivery, Effects, IndexedHeader, Message, NewMessage, Page, PageSource, PagedError, PersistOp,
+    Priority, PropertyValue, Queue, QueueConfig, QueueName, QueueUid, ReceiveOutcome,
+    ReceiveRequest, RecoveredMessage, RedeliveryPolicy, Selector, SelectorLimits, Seq, SessionId,
+    Wait, WaiterId,
 };
 
 /// The store behind a queue in tests: writes applied as the test says, read in delivery order.
@@ -171,4 +176,152 @@ impl PageSource for FakeStore {
             .map(|e| self.recovered(e))
             .collect())
     }
+}
+
+// Helpers of the paging tests (`paging.rs`, `paging_review.rs`).
+
+pub const T0: u64 = 1_000_000;
+
+pub fn queue(budget: u64) -> Queue {
+    let mut q = Queue::new(
+        QueueName::new("paged").unwrap(),
+        QueueUid(7),
+        QueueConfig {
+            redelivery: RedeliveryPolicy {
+                initial_delay_ms: 0,
+                delay_ms: 0,
+                max_redeliveries: None,
+                ..RedeliveryPolicy::default()
+            },
+            ..QueueConfig::default()
+        },
+    );
+    q.set_memory_budget(budget);
+    q
+}
+
+pub fn msg(i: u64) -> NewMessage {
+    NewMessage {
+        body: format!("m{i}").into_bytes(),
+        properties: [("i".to_string(), PropertyValue::Long(i as i64))].into(),
+        persistent: true,
+        ..NewMessage::default()
+    }
+}
+
+/// A message with the int property `n`, a body naming it, at priority 4.
+pub fn nmsg(name: &str, n: i32, group: Option<&str>, persistent: bool) -> NewMessage {
+    NewMessage {
+        body: name.as_bytes().to_vec(),
+        properties: [("n".to_string(), PropertyValue::Int(n))].into(),
+        group_id: group.map(str::to_owned),
+        persistent,
+        ..NewMessage::default()
+    }
+}
+
+/// Applies the effects and lets the queue fill its window; returns what parked receivers got.
+pub fn settle(
+    q: &mut Queue,
+    store: &mut FakeStore,
+    fx: Effects,
+    now: u64,
+) -> Vec<(WaiterId, Vec<Delivery>)> {
+    let mut handed = fx.handed.clone();
+    store.apply(&fx);
+    loop {
+        let more = q.fill(&*store, 64, now).unwrap();
+        store.apply(&more);
+        handed.extend(more.handed.iter().cloned());
+        if more.is_empty() {
+            q.check_invariants();
+            return handed;
+        }
+    }
+}
+
+/// As `settle`, but as the server's owner task does it (`QueueActor::fill`): the kernel's fill
+/// is only called while it has paging work.
+pub fn settle_like_shell(
+    q: &mut Queue,
+    store: &mut FakeStore,
+    fx: Effects,
+    now: u64,
+) -> Vec<(WaiterId, Vec<Delivery>)> {
+    let mut handed = fx.handed.clone();
+    store.apply(&fx);
+    loop {
+        if !q.paging_active() {
+            q.check_invariants();
+            return handed;
+        }
+        let more = q.fill(&*store, 16, now).unwrap();
+        store.apply(&more);
+        handed.extend(more.handed.iter().cloned());
+        if more.is_empty() {
+            q.check_invariants();
+            return handed;
+        }
+    }
+}
+
+pub fn send(q: &mut Queue, store: &mut FakeStore, batch: Vec<NewMessage>, now: u64) {
+    let (_, fx) = q.send(batch, now).unwrap();
+    settle(q, store, fx, now);
+}
+
+pub fn selector(s: &str) -> Arc<Selector> {
+    Arc::new(Selector::parse(s, &SelectorLimits::default()).unwrap())
+}
+
+pub fn req(session: u64, max: u32, sel: Option<&str>) -> ReceiveRequest {
+    ReceiveRequest {
+        owner: Some(SessionId(session)),
+        max_messages: max,
+        wait: Wait::NoWait,
+        lease_ms: Some(60_000),
+        selector: sel.map(selector),
+    }
+}
+
+pub fn receive_out(
+    q: &mut Queue,
+    store: &FakeStore,
+    r: ReceiveRequest,
+    now: u64,
+) -> (ReceiveOutcome, Effects) {
+    match q.receive_paged(r, store, now) {
+        Ok(v) => v,
+        Err(PagedError::Kernel(e)) => panic!("{e}"),
+        Err(PagedError::Source(never)) => match never {},
+    }
+}
+
+pub fn receive(q: &mut Queue, store: &mut FakeStore, r: ReceiveRequest, now: u64) -> Vec<Delivery> {
+    let (out, fx) = receive_out(q, store, r, now);
+    settle(q, store, fx, now);
+    match out {
+        ReceiveOutcome::Delivered(d) => d,
+        ReceiveOutcome::Empty | ReceiveOutcome::Parked(_) => vec![],
+        ReceiveOutcome::NeedStore => panic!("receive_paged answers from the store"),
+    }
+}
+
+pub fn body(d: &Delivery) -> String {
+    String::from_utf8(d.message.body.clone()).unwrap()
+}
+
+pub fn bodies(d: &[Delivery]) -> Vec<String> {
+    d.iter().map(body).collect()
+}
+
+// Postmortem: a receive whose look into the store stopped at SCAN_LOOK_MAX answered from memory
+// as if the store had been read whole (`store_checked`), so a newer resident message overtook an
+// older paged-out one of the same priority that the look had not reached.
+
+pub fn ack(q: &mut Queue, store: &mut FakeStore, d: &[Delivery], now: u64) {
+    let refs: Vec<_> = d.iter().map(Delivery::lease_ref).collect();
+    let (results, fx) = q.ack(&refs, now);
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    settle(q, store, fx, now);
 }
