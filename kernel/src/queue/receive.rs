@@ -207,6 +207,9 @@ impl Queue {
         let mut doomed = Vec::new();
         // Groups this receiver takes within this batch count as its own already.
         let mut claimed: Vec<&str> = Vec::new();
+        // A selector that asks for one correlation id or group matches nothing else: a string
+        // comparison rules most messages out before the evaluator runs.
+        let quick = selector.and_then(Selector::indexed_equality);
         for &(Reverse(priority), seq) in &self.ready {
             // What comes after a paged-out message in delivery order waits for it (or for the
             // shell to look in the store: see `paging.rs`).
@@ -222,6 +225,9 @@ impl Queue {
             };
             if let Some(reason) = self.undeliverable(entry, now_ms) {
                 doomed.push((seq, reason));
+                continue;
+            }
+            if quick.is_some_and(|(h, v)| h.value_of(&entry.message) != Some(v)) {
                 continue;
             }
             let group = entry.message.group_id.as_deref();
