@@ -388,3 +388,43 @@ fn a_selective_receiver_behind_a_long_run_is_answered_in_bounded_looks() {
     assert_eq!(handed.len(), 1, "the parked receiver got its message");
     assert_eq!(body(&handed[0].1[0]), "m2000000");
 }
+
+#[test]
+fn a_selector_on_one_correlation_id_or_group_looks_at_those_messages_only_in_order() {
+    let mut store = FakeStore::default();
+    let mut q = queue(u64::MAX);
+    let m = |i: u64, corr: &str, group: Option<&str>, p: u32| NewMessage {
+        correlation_id: Some(corr.into()),
+        group_id: group.map(str::to_owned),
+        priority: Priority::new(p).unwrap(),
+        ..msg(i)
+    };
+    send(
+        &mut q,
+        &mut store,
+        vec![
+            m(0, "a", None, 4),
+            m(1, "b", Some("g"), 4),
+            m(2, "b", None, 4),
+            m(3, "b", Some("g"), 7),
+            m(4, "a", Some("g"), 4),
+            m(5, "b", None, 4),
+        ],
+        T0,
+    );
+    let d = receive(
+        &mut q,
+        &mut store,
+        req(1, 10, Some("JMSCorrelationID = 'b' AND i > 1")),
+        T0,
+    );
+    assert_eq!(bodies(&d), ["m3", "m2", "m5"], "priority first, then oldest");
+    let d = receive(&mut q, &mut store, req(1, 10, Some("JMSXGroupID = 'g'")), T0);
+    assert_eq!(bodies(&d), ["m1", "m4"]);
+    let d = receive(&mut q, &mut store, req(2, 10, Some("JMSCorrelationID = 'a'")), T0);
+    assert_eq!(bodies(&d), ["m0"]);
+    ack(&mut q, &mut store, &d, T0);
+    let d = receive(&mut q, &mut store, req(2, 10, Some("JMSCorrelationID = 'a'")), T0);
+    assert!(d.is_empty());
+    q.check_invariants();
+}

@@ -26,7 +26,11 @@ mod tests;
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
+use crate::selector::IndexedHeader;
 use crate::types::{LeaseId, Priority, QueueName, QueueUid, Seq, SessionId, SharedMessage};
+
+/// The headers resident messages are indexed by.
+const INDEXED_HEADERS: [IndexedHeader; 2] = [IndexedHeader::CorrelationId, IndexedHeader::GroupId];
 
 pub use admin::{DeadLetterCounts, QueueStats, RecoveredMessage};
 pub use history::{HistoryEntry, ReturnCause, Transition};
@@ -286,6 +290,9 @@ pub struct Queue {
     now_ms: u64,
     /// What is paged out to the store, per priority (see `paging.rs`).
     paging: paging::Paging,
+    /// Resident messages by correlation id and by group: a receive whose selector asks for one
+    /// value of either looks at those only.
+    by_header: HashMap<(IndexedHeader, String), BTreeSet<Seq>>,
 }
 
 impl Queue {
@@ -319,6 +326,7 @@ impl Queue {
             deferred: Effects::default(),
             now_ms: 0,
             paging: paging::Paging::default(),
+            by_header: HashMap::new(),
         }
     }
 
@@ -429,6 +437,14 @@ impl Queue {
         self.bytes += message.size_bytes();
         self.note_resident(&message);
         self.paging.level_mut(priority).ready += 1;
+        for h in INDEXED_HEADERS {
+            if let Some(v) = h.value_of(&message) {
+                self.by_header
+                    .entry((h, v.to_owned()))
+                    .or_default()
+                    .insert(seq);
+            }
+        }
         self.entries.insert(
             seq,
             Entry {
@@ -453,6 +469,17 @@ impl Queue {
         let entry = self.entries.remove(&seq)?;
         self.ready.remove(&(Reverse(entry.message.priority), seq));
         self.paging.level_mut(entry.message.priority).ready -= 1;
+        for h in INDEXED_HEADERS {
+            if let Some(v) = h.value_of(&entry.message) {
+                let key = (h, v.to_owned());
+                if let Some(set) = self.by_header.get_mut(&key) {
+                    set.remove(&seq);
+                    if set.is_empty() {
+                        self.by_header.remove(&key);
+                    }
+                }
+            }
+        }
         if let Some(at) = entry.message.expiration_ms {
             self.expiry.remove(&(at, seq));
         }
@@ -562,5 +589,21 @@ impl Queue {
                 .sum::<u64>()
         );
         self.check_paging();
+        let indexed: usize = self.by_header.values().map(BTreeSet::len).sum();
+        let mut want = 0;
+        for (&seq, e) in &self.entries {
+            for h in INDEXED_HEADERS {
+                if let Some(v) = h.value_of(&e.message) {
+                    want += 1;
+                    assert!(
+                        self.by_header
+                            .get(&(h, v.to_owned()))
+                            .is_some_and(|s| s.contains(&seq)),
+                        "header index misses {seq}"
+                    );
+                }
+            }
+        }
+        assert_eq!(indexed, want, "header index size");
     }
 }

@@ -207,10 +207,30 @@ impl Queue {
         let mut doomed = Vec::new();
         // Groups this receiver takes within this batch count as its own already.
         let mut claimed: Vec<&str> = Vec::new();
-        // A selector that asks for one correlation id or group matches nothing else: a string
-        // comparison rules most messages out before the evaluator runs.
-        let quick = selector.and_then(Selector::indexed_equality);
-        for &(Reverse(priority), seq) in &self.ready {
+        // A selector that asks for one correlation id or group matches nothing else: only the
+        // resident messages with that value are looked at, in delivery order.
+        let indexed: Option<Vec<(Reverse<crate::types::Priority>, crate::types::Seq)>> =
+            selector.and_then(Selector::indexed_equality).map(|(h, v)| {
+                let mut c: Vec<_> = self
+                    .by_header
+                    .get(&(h, v.to_owned()))
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|seq| {
+                        let e = self.entries.get(seq)?;
+                        (e.state == MessageState::Ready)
+                            .then_some((Reverse(e.message.priority), *seq))
+                    })
+                    .collect();
+                c.sort_unstable();
+                c
+            });
+        let order: Box<dyn Iterator<Item = &(Reverse<crate::types::Priority>, crate::types::Seq)>> =
+            match &indexed {
+                Some(c) => Box::new(c.iter()),
+                None => Box::new(self.ready.iter()),
+            };
+        for &(Reverse(priority), seq) in order {
             // What comes after a paged-out message in delivery order waits for it (or for the
             // shell to look in the store: see `paging.rs`).
             if chosen.len() >= max as usize {
@@ -225,9 +245,6 @@ impl Queue {
             };
             if let Some(reason) = self.undeliverable(entry, now_ms) {
                 doomed.push((seq, reason));
-                continue;
-            }
-            if quick.is_some_and(|(h, v)| h.value_of(&entry.message) != Some(v)) {
                 continue;
             }
             let group = entry.message.group_id.as_deref();
