@@ -418,13 +418,32 @@ fn a_selector_on_one_correlation_id_or_group_looks_at_those_messages_only_in_ord
         req(1, 10, Some("JMSCorrelationID = 'b' AND i > 1")),
         T0,
     );
-    assert_eq!(bodies(&d), ["m3", "m2", "m5"], "priority first, then oldest");
-    let d = receive(&mut q, &mut store, req(1, 10, Some("JMSXGroupID = 'g'")), T0);
+    assert_eq!(
+        bodies(&d),
+        ["m3", "m2", "m5"],
+        "priority first, then oldest"
+    );
+    let d = receive(
+        &mut q,
+        &mut store,
+        req(1, 10, Some("JMSXGroupID = 'g'")),
+        T0,
+    );
     assert_eq!(bodies(&d), ["m1", "m4"]);
-    let d = receive(&mut q, &mut store, req(2, 10, Some("JMSCorrelationID = 'a'")), T0);
+    let d = receive(
+        &mut q,
+        &mut store,
+        req(2, 10, Some("JMSCorrelationID = 'a'")),
+        T0,
+    );
     assert_eq!(bodies(&d), ["m0"]);
     ack(&mut q, &mut store, &d, T0);
-    let d = receive(&mut q, &mut store, req(2, 10, Some("JMSCorrelationID = 'a'")), T0);
+    let d = receive(
+        &mut q,
+        &mut store,
+        req(2, 10, Some("JMSCorrelationID = 'a'")),
+        T0,
+    );
     assert!(d.is_empty());
     q.check_invariants();
 }
