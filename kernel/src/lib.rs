@@ -19,10 +19,9 @@ mod types;
 pub use error::KernelError;
 pub use queue::{
     DeadLetter, DeadLetterCounts, DeadLetterReason, DeadLetterTarget, DedupRecord, Delivery,
-    Effects, HistoryEntry, LeaseRef, MessageState, Page, PageRequest, PageSource, PagedError,
-    PersistOp, Queue, QueueConfig, QueueStats, ReceiveOutcome, ReceiveRequest, RecoveredMessage,
-    RedeliveryPolicy, ReturnCause, Transition, Wait, WaiterId, PAGE_MAX_COUNT, PAGE_MIN_COUNT,
-    SCAN_CHUNK, SCAN_LOOK_MAX, STAGED_MAX,
+    Effects, HistoryEntry, LeaseRef, MessageState, Page, PageSource, PagedError, PersistOp, Queue,
+    QueueConfig, QueueStats, ReceiveOutcome, ReceiveRequest, RecoveredMessage, RedeliveryPolicy,
+    ReturnCause, Transition, Wait, WaiterId, SCAN_CHUNK, SCAN_LOOK_MAX, STAGED_MAX,
 };
 pub use selector::{IndexedHeader, Selector, SelectorLimits};
 pub use types::{

@@ -34,10 +34,7 @@ const INDEXED_HEADERS: [IndexedHeader; 2] = [IndexedHeader::CorrelationId, Index
 
 pub use admin::{DeadLetterCounts, QueueStats, RecoveredMessage};
 pub use history::{HistoryEntry, ReturnCause, Transition};
-pub use paging::{
-    Page, PageRequest, PageSource, PagedError, PAGE_MAX_COUNT, PAGE_MIN_COUNT, SCAN_CHUNK,
-    SCAN_LOOK_MAX,
-};
+pub use paging::{Page, PageSource, PagedError, SCAN_CHUNK, SCAN_LOOK_MAX};
 pub use policy::{DeadLetterReason, DeadLetterTarget, RedeliveryPolicy};
 pub use receive::{ReceiveOutcome, ReceiveRequest, Wait, WaiterId};
 pub use send::DedupRecord;

@@ -34,10 +34,10 @@ use crate::selector::IndexedHeader;
 use crate::types::{Message, Priority, Seq};
 
 /// How many messages one page read may bring in at most.
-pub const PAGE_MAX_COUNT: usize = 1_000;
+pub(crate) const PAGE_MAX_COUNT: usize = 1_000;
 /// How many messages a priority with nothing deliverable in memory may bring in although the
 /// budget is full (so a full budget can never hide a higher priority or stall a drained one).
-pub const PAGE_MIN_COUNT: usize = 16;
+pub(crate) const PAGE_MIN_COUNT: usize = 16;
 
 /// How many messages a scan for a receiver reads from the store at a time.
 pub const SCAN_CHUNK: usize = 1_000;
@@ -108,13 +108,13 @@ impl<E> From<KernelError> for PagedError<E> {
     }
 }
 
-/// What the shell should read from the store next: messages of `priority` from `from` on.
+/// What to read from the store next: messages of `priority` from `from` on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PageRequest {
-    pub priority: Priority,
-    pub from: Seq,
-    pub max_count: usize,
-    pub max_bytes: u64,
+pub(crate) struct PageRequest {
+    priority: Priority,
+    from: Seq,
+    max_count: usize,
+    max_bytes: u64,
 }
 
 /// One priority's paged-out run.
@@ -136,8 +136,6 @@ pub(crate) struct Paging {
     /// Bytes of resident messages the queue aims to stay under (`u64::MAX`: never page out).
     pub(crate) budget_bytes: u64,
     pub(crate) levels: [Level; Priority::MAX as usize + 1],
-    /// Paged-out counts that turned out wrong and were corrected (see [`Queue::page_in`]).
-    pub(crate) corrections: u64,
     /// Set while a receive or a hand-out runs after a look into the store: per priority, up to
     /// where the paged-out messages were looked at (`Seq(u64::MAX)`: all of them). A resident
     /// message may go out only if nothing paged out that was not looked at comes before it.
@@ -164,7 +162,6 @@ impl Default for Paging {
         Self {
             budget_bytes: u64::MAX,
             levels: Default::default(),
-            corrections: 0,
             checked: None,
             rescan: [None; Priority::MAX as usize + 1],
             scan_memo: std::collections::HashMap::new(),
@@ -229,10 +226,6 @@ impl Queue {
         self.paging.budget_bytes = bytes;
     }
 
-    pub fn memory_budget(&self) -> u64 {
-        self.paging.budget_bytes
-    }
-
     /// Whether parked receivers' look into the store stopped at its limit with more to see: the
     /// shell should fill again soon even if nothing else happens.
     pub fn more_to_look_at(&self) -> bool {
@@ -260,11 +253,6 @@ impl Queue {
     /// Messages (and their bytes) in the store only.
     pub fn paged_out(&self) -> (u64, u64) {
         self.paging.paged_out()
-    }
-
-    /// Paged-out counts found wrong by a complete page read and corrected.
-    pub fn paging_corrections(&self) -> u64 {
-        self.paging.corrections
     }
 
     /// After recovery: the store holds `count` messages (`bytes`) of priority `p`, none resident.
@@ -295,20 +283,12 @@ impl Queue {
             && !self.entries.contains_key(&seq)
     }
 
-    /// The next read the shell should make to fill the window, if any: the highest priority with
-    /// paged-out messages that either fits in the budget's room (reads are worth making once a
-    /// quarter of the budget is free) or has nothing Ready in memory (then a few messages come
-    /// in although the budget is full).
-    pub fn page_request(&self) -> Option<PageRequest> {
-        self.page_request_except(0)
-    }
-
     /// Takes a page the shell read for `p`: `messages` in sequence order, and `next`, the
     /// position the read reached (every message of `p` in `[cursor, next)` is in `messages` or
     /// was already known). `settled` says the read saw every write the queue ever asked for and
     /// found nothing of `p` at or after `next`; if the queue still counts paged-out messages of
-    /// `p` then, its count was wrong and is corrected (see [`Queue::paging_corrections`]).
-    pub fn page_in(
+    /// `p` then, its count was wrong and is corrected .
+    pub(crate) fn page_in(
         &mut self,
         p: Priority,
         messages: Vec<RecoveredMessage>,
@@ -342,7 +322,6 @@ impl Queue {
         if settled && level.count > 0 {
             level.count = 0;
             level.bytes = 0;
-            self.paging.corrections += 1;
         }
         self.settle_level(p);
         self.fire_due(now_ms, &mut effects);
@@ -422,7 +401,7 @@ impl Queue {
         out
     }
 
-    /// Fills the window from `src`: page reads while [`Queue::page_request`] asks for one and
+    /// Fills the window from `src`: page reads while `page_request` asks for one and
     /// reads make progress (at most `max_reads`), then a look for parked receivers that may have
     /// messages in the store. If a read fails, what was done before it is kept for the next
     /// operation (see `deferred`) and the error is returned.
@@ -435,7 +414,7 @@ impl Queue {
         let mut effects = Effects::default();
         let mut stuck = 0u16;
         for _ in 0..max_reads {
-            let Some(r) = self.page_request_except(stuck) else {
+            let Some(r) = self.page_request(stuck) else {
                 break;
             };
             let page = match src.read_page(r.priority, r.from, r.max_count, r.max_bytes) {
@@ -542,11 +521,6 @@ impl Queue {
             // Every receiver had candidates, but a hand-out can change who may take what (a
             // group goes to one of them): the ones still parked look on soon.
             self.paging.rescan_more = true;
-        }
-        for (p, level) in self.paging.levels.iter().enumerate() {
-            if level.count == 0 {
-                self.paging.rescan[p] = None;
-            }
         }
         Ok(effects)
     }
@@ -797,7 +771,11 @@ impl Queue {
         Ok((found, reached))
     }
 
-    fn page_request_except(&self, stuck: u16) -> Option<PageRequest> {
+    /// The next read to fill the window, if any, skipping the priorities in `stuck` (a bit each):
+    /// the highest priority with paged-out messages that either fits in the budget's room (reads
+    /// are worth making once a quarter of the budget is free) or has nothing Ready in memory
+    /// (then a few messages come in although the budget is full).
+    fn page_request(&self, stuck: u16) -> Option<PageRequest> {
         let budget = self.paging.budget_bytes;
         let room = budget.saturating_sub(self.bytes);
         (0..=usize::from(Priority::MAX)).rev().find_map(|p| {
@@ -1000,6 +978,10 @@ impl Queue {
                     "pulled set of a level with nothing paged out"
                 );
                 assert_eq!(level.bytes, 0);
+                assert!(
+                    self.paging.rescan[p].is_none(),
+                    "rescan flag of an empty level"
+                );
             }
         }
     }
