@@ -1,152 +1,166 @@
-//! Send coalescing: concurrent sends of one session to one queue travel together in one `Send`
-//! call, transparently. A lone send goes out at once (no timer, no added latency); sends that
-//! arrive while a call is in flight wait for it and then go out together, like group commit. One
-//! call in flight per session and queue keeps a session's messages in the order it sent them.
+//! Sends travel on one `Publish` stream per session: each send is written to the stream at once,
+//! without waiting for earlier ones, and its confirmation comes back in order. The server sends
+//! the requests that pile up while it writes to disk together (its group commit), so many
+//! concurrent or pipelined sends cost one back-end write, not one each, and no timer adds latency.
 //!
-//! A `Send` is all or nothing at the server. If a coalesced call is refused for something one
-//! message did (too large, a bad property, a missing reply queue), nothing was stored, so each
-//! caller's messages are sent again on their own and only the offender fails.
+//! Order: a send is placed on the stream when [`Publisher::send`] is called, not when its future
+//! is first polled, so sends are stored in the order they were made. A refused send (too large, a
+//! bad property, a missing reply queue) fails alone; the server keeps the others in order.
+//!
+//! If the stream breaks, every send written to it and not yet confirmed fails with the stream's
+//! error (it may or may not have been stored, as for any call that fails in flight); the sends
+//! behind them go on a new stream.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::collections::VecDeque;
+use std::future::Future;
 
 use ferry_proto::pb;
 use tokio::sync::{mpsc, oneshot};
+use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use crate::ClientError;
 
-/// The most messages one coalesced call carries.
-const BATCH_MAX: usize = 1_000;
+type Answer = Result<Vec<String>, ClientError>;
 
 struct Pending {
-    messages: Vec<pb::OutgoingMessage>,
-    reply: oneshot::Sender<Result<Vec<String>, ClientError>>,
+    request: pb::PublishRequest,
+    reply: oneshot::Sender<Answer>,
 }
 
-/// One batcher task per queue a session sends to; they end with the session. Their channels are
-/// unbounded but hold at most one entry per caller, and every caller waits for its answer: the
-/// callers' own concurrency bounds them.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Batchers {
-    queues: Arc<Mutex<HashMap<String, mpsc::UnboundedSender<Pending>>>>,
+/// The session's publish stream. Cheap to clone; the stream task ends when the last clone is
+/// dropped and every send was answered.
+#[derive(Debug, Clone)]
+pub(crate) struct Publisher {
+    tx: mpsc::UnboundedSender<Pending>,
 }
 
-impl Batchers {
-    pub(crate) async fn send(
-        &self,
+impl Publisher {
+    pub(crate) fn new(
         messaging: pb::messaging_client::MessagingClient<tonic::transport::Channel>,
+    ) -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(run(messaging, rx));
+        Self { tx }
+    }
+
+    /// Puts the send on the stream now; the future resolves with its message ids once the
+    /// server confirms it.
+    pub(crate) fn send(
+        &self,
         session_id: &str,
         queue: &str,
         messages: Vec<pb::OutgoingMessage>,
-    ) -> Result<Vec<String>, ClientError> {
+    ) -> impl Future<Output = Answer> + Send + 'static {
         let (reply, answer) = oneshot::channel();
-        let mut pending = Pending { messages, reply };
-        for _ in 0..2 {
-            let tx = {
-                let mut map = self.queues.lock().unwrap_or_else(PoisonError::into_inner);
-                map.entry(queue.to_string())
-                    .or_insert_with(|| start(messaging.clone(), session_id.into(), queue.into()))
-                    .clone()
-            };
-            match tx.send(pending) {
-                Ok(()) => {
-                    return answer.await.unwrap_or_else(|_| {
-                        Err(ClientError::InvalidArgument(
-                            "the send was dropped before it was answered".into(),
-                        ))
-                    })
-                }
-                // The task ended (it cannot, while the map holds its sender; be safe anyway).
-                Err(mpsc::error::SendError(p)) => {
-                    pending = p;
-                    self.queues
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .remove(queue);
-                }
+        let request = pb::PublishRequest {
+            session_id: session_id.into(),
+            queue: queue.into(),
+            messages,
+        };
+        let queued = self.tx.send(Pending { request, reply }).is_ok();
+        async move {
+            if !queued {
+                return Err(ClientError::InvalidArgument(
+                    "the session's publish stream stopped".into(),
+                ));
             }
+            answer.await.unwrap_or_else(|_| {
+                Err(ClientError::InvalidArgument(
+                    "the send was dropped before it was answered".into(),
+                ))
+            })
         }
-        Err(ClientError::InvalidArgument(
-            "the session's sender for this queue stopped".into(),
-        ))
     }
 }
 
-fn start(
+/// Opens a stream when there is something to send, keeps it while it works, and opens another
+/// after it breaks.
+async fn run(
     messaging: pb::messaging_client::MessagingClient<tonic::transport::Channel>,
-    session_id: String,
-    queue: String,
-) -> mpsc::UnboundedSender<Pending> {
-    let (tx, mut rx) = mpsc::unbounded_channel::<Pending>();
-    tokio::spawn(async move {
-        while let Some(first) = rx.recv().await {
-            let mut batch = vec![first];
-            let mut count = batch[0].messages.len();
-            while count < BATCH_MAX {
-                match rx.try_recv() {
-                    Ok(p) => {
-                        count += p.messages.len();
-                        batch.push(p);
-                    }
-                    Err(_) => break,
-                }
-            }
-            send_batch(messaging.clone(), &session_id, &queue, batch).await;
-        }
-    });
-    tx
-}
-
-async fn send_batch(
-    mut messaging: pb::messaging_client::MessagingClient<tonic::transport::Channel>,
-    session_id: &str,
-    queue: &str,
-    batch: Vec<Pending>,
+    mut rx: mpsc::UnboundedReceiver<Pending>,
 ) {
-    let call = |messages: Vec<pb::OutgoingMessage>| pb::SendRequest {
-        session_id: session_id.into(),
-        queue: queue.into(),
-        messages,
-    };
-    if batch.len() == 1 {
-        let p = batch.into_iter().next().expect("one pending send");
-        let r = messaging.send(call(p.messages)).await;
-        let _ = p
-            .reply
-            .send(r.map(|r| r.into_inner().message_ids).map_err(Into::into));
-        return;
-    }
-    let all: Vec<pb::OutgoingMessage> = batch.iter().flat_map(|p| p.messages.clone()).collect();
-    match messaging.send(call(all)).await {
-        Ok(r) => {
-            let mut ids = r.into_inner().message_ids.into_iter();
-            for p in batch {
-                let mine: Vec<String> = ids.by_ref().take(p.messages.len()).collect();
-                let _ = p.reply.send(Ok(mine));
-            }
-        }
-        // Refused for what a message is: nothing was stored; each caller on its own.
-        Err(s) if is_about_a_message(s.code()) => {
-            for p in batch {
-                let r = messaging.send(call(p.messages)).await;
-                let _ = p
-                    .reply
-                    .send(r.map(|r| r.into_inner().message_ids).map_err(Into::into));
-            }
-        }
-        // Anything else (the server or the network) is everyone's answer: resending could store
-        // twice what the failed call may have stored.
-        Err(s) => {
-            for p in batch {
-                let _ = p.reply.send(Err(s.clone().into()));
-            }
+    while let Some(first) = rx.recv().await {
+        let rx_open = stream(messaging.clone(), first, &mut rx).await;
+        if !rx_open {
+            return;
         }
     }
 }
 
-fn is_about_a_message(code: tonic::Code) -> bool {
-    matches!(
-        code,
-        tonic::Code::InvalidArgument | tonic::Code::ResourceExhausted | tonic::Code::NotFound
-    )
+/// One stream's life. Returns whether more sends may come (the session still exists).
+async fn stream(
+    mut messaging: pb::messaging_client::MessagingClient<tonic::transport::Channel>,
+    first: Pending,
+    rx: &mut mpsc::UnboundedReceiver<Pending>,
+) -> bool {
+    let (requests, outbound) = mpsc::unbounded_channel();
+    let mut waiting: VecDeque<oneshot::Sender<Answer>> = VecDeque::new();
+    let _ = requests.send(first.request);
+    waiting.push_back(first.reply);
+    let mut confirms = match messaging
+        .publish(UnboundedReceiverStream::new(outbound))
+        .await
+    {
+        Ok(r) => r.into_inner(),
+        Err(s) => {
+            fail_all(&mut waiting, &s);
+            return true;
+        }
+    };
+    let mut rx_open = true;
+    loop {
+        tokio::select! {
+            p = rx.recv(), if rx_open => match p {
+                Some(p) => {
+                    let _ = requests.send(p.request);
+                    waiting.push_back(p.reply);
+                }
+                None => rx_open = false,
+            },
+            msg = confirms.message() => match msg {
+                Ok(Some(r)) => {
+                    for c in r.confirms {
+                        let Some(reply) = waiting.pop_front() else {
+                            tracing::warn!(sequence = c.sequence, "a publish confirm for no send");
+                            continue;
+                        };
+                        let answer = if c.error_code == 0 {
+                            Ok(c.message_ids)
+                        } else {
+                            Err(ClientError::Status(tonic::Status::new(
+                                tonic::Code::from_i32(c.error_code),
+                                c.error_message,
+                            )))
+                        };
+                        let _ = reply.send(answer);
+                    }
+                    if !rx_open && waiting.is_empty() {
+                        return false;
+                    }
+                }
+                Ok(None) => {
+                    let s = tonic::Status::unavailable(
+                        "the publish stream ended before confirming these sends; they may or may not have been stored",
+                    );
+                    fail_all(&mut waiting, &s);
+                    return rx_open;
+                }
+                Err(s) => {
+                    fail_all(&mut waiting, &s);
+                    return rx_open;
+                }
+            },
+        }
+        if !rx_open && waiting.is_empty() {
+            return false;
+        }
+    }
+}
+
+/// The stream broke: every send written to it and not yet confirmed gets its error. Sends not
+/// yet written go on the next stream.
+fn fail_all(waiting: &mut VecDeque<oneshot::Sender<Answer>>, s: &tonic::Status) {
+    for reply in waiting.drain(..) {
+        let _ = reply.send(Err(ClientError::Status(s.clone())));
+    }
 }

@@ -129,7 +129,7 @@ impl Connection {
             ack_mode,
             _heartbeat: self.heartbeat.clone(),
             unacked: Arc::default(),
-            batchers: crate::batch::Batchers::default(),
+            publisher: crate::batch::Publisher::new(self.client.messaging()),
         })
     }
 
@@ -201,8 +201,8 @@ pub struct Session {
     /// A session keeps its connection's heartbeat going.
     _heartbeat: Arc<AbortOnDrop>,
     unacked: Arc<std::sync::Mutex<VecDeque<String>>>,
-    /// Concurrent sends to one queue travel together (see `batch.rs`).
-    batchers: crate::batch::Batchers,
+    /// Sends travel on one publish stream, pipelined (see `batch.rs`).
+    publisher: crate::batch::Publisher,
 }
 
 impl Session {
@@ -211,22 +211,31 @@ impl Session {
     }
 
     /// Sends a batch to one queue; returns the server-assigned message ids once every persistent
-    /// message is on disk. Sends made concurrently on one session to one queue are coalesced
-    /// into one call (in the order they were made), transparently: each caller still gets its own
-    /// ids, or its own error.
+    /// message is on disk. Sends made concurrently on one session travel together on the
+    /// session's publish stream (in the order they were made), transparently: each caller still
+    /// gets its own ids, or its own error.
     pub async fn send(
         &self,
         queue: &str,
         messages: Vec<Message>,
     ) -> Result<Vec<String>, ClientError> {
-        self.batchers
-            .send(
-                self.client.messaging(),
-                &self.id,
-                queue,
-                messages.into_iter().map(|m| m.0).collect(),
-            )
-            .await
+        self.send_async(queue, messages).await
+    }
+
+    /// Pipelined send: the messages are on their way when this returns (in the order of calls),
+    /// and the future resolves with their ids once the server confirms them durable. Keep many in
+    /// flight (a window) for throughput without a task per send; dropping the future does not
+    /// cancel the send.
+    pub fn send_async(
+        &self,
+        queue: &str,
+        messages: Vec<Message>,
+    ) -> impl std::future::Future<Output = Result<Vec<String>, ClientError>> + Send + 'static {
+        self.publisher.send(
+            &self.id,
+            queue,
+            messages.into_iter().map(|m| m.0).collect(),
+        )
     }
 
     /// Receives. In auto and dups-ok mode the messages are acknowledged before they are returned
@@ -265,11 +274,7 @@ impl Session {
             .into_iter()
             .map(|delivery| Received { delivery })
             .collect();
-        if matches!(
-            self.ack_mode,
-            pb::AckMode::Auto | pb::AckMode::DupsOk | pb::AckMode::Unspecified
-        ) && !received.is_empty()
-        {
+        if self.acknowledges_on_receive() && !received.is_empty() {
             match self.ack(&received).await {
                 Ok(()) => {}
                 // Some leases ran out before the ack: those messages will come again (flagged
@@ -281,12 +286,7 @@ impl Session {
                 Err(e) => return Err(e),
             }
         }
-        if matches!(self.ack_mode, pb::AckMode::Client | pb::AckMode::Transacted) {
-            // Client mode: what a cumulative acknowledge covers. Transacted: what commit
-            // acknowledges.
-            self.unacked()
-                .extend(received.iter().map(|r| r.receipt_handle().to_string()));
-        }
+        self.track_unacked(&received);
         Ok(received)
     }
 
@@ -299,23 +299,7 @@ impl Session {
             .iter()
             .map(|r| r.receipt_handle().to_string())
             .collect();
-        let implied: Vec<String> = if self.ack_mode == pb::AckMode::Client {
-            let unacked = self.unacked();
-            let upto = named
-                .iter()
-                .filter_map(|h| unacked.iter().position(|u| u == h))
-                .max();
-            upto.map_or_else(Vec::new, |upto| {
-                unacked
-                    .iter()
-                    .take(upto + 1)
-                    .filter(|h| !named.contains(h))
-                    .cloned()
-                    .collect()
-            })
-        } else {
-            vec![]
-        };
+        let implied = self.implied_by(&named);
         if !implied.is_empty() {
             match self.send_ack(implied.clone()).await {
                 // An earlier delivery whose lease ran out is redelivered; not this call's mistake.
@@ -334,6 +318,62 @@ impl Session {
                 .retain(|h| !named.contains(h) && !implied.contains(h));
         }
         result
+    }
+
+    /// Client-acknowledge mode: the deliveries handed over before the latest of `named` that an
+    /// acknowledgement of `named` covers too (none in other modes).
+    fn implied_by(&self, named: &[String]) -> Vec<String> {
+        if self.ack_mode != pb::AckMode::Client {
+            return vec![];
+        }
+        let unacked = self.unacked();
+        let upto = named
+            .iter()
+            .filter_map(|h| unacked.iter().position(|u| u == h))
+            .max();
+        upto.map_or_else(Vec::new, |upto| {
+            unacked
+                .iter()
+                .take(upto + 1)
+                .filter(|h| !named.contains(h))
+                .cloned()
+                .collect()
+        })
+    }
+
+    /// What acknowledging `received` acknowledges (with what client mode implies), taken off the
+    /// unacknowledged list.
+    pub(crate) fn take_acknowledged(&self, received: &[Received]) -> Vec<String> {
+        let mut handles: Vec<String> = received
+            .iter()
+            .map(|r| r.receipt_handle().to_string())
+            .collect();
+        let implied = self.implied_by(&handles);
+        handles.extend(implied);
+        self.unacked().retain(|h| !handles.contains(h));
+        handles
+    }
+
+    /// Auto and dups-ok sessions acknowledge what a receive hands over.
+    pub(crate) fn acknowledges_on_receive(&self) -> bool {
+        matches!(
+            self.ack_mode,
+            pb::AckMode::Auto | pb::AckMode::DupsOk | pb::AckMode::Unspecified
+        )
+    }
+
+    /// Client mode and transactions: remembers what was handed over and not yet acknowledged (in
+    /// client mode, what a cumulative acknowledge covers; in a transaction, what commit
+    /// acknowledges).
+    pub(crate) fn track_unacked(&self, received: &[Received]) {
+        if matches!(self.ack_mode, pb::AckMode::Client | pb::AckMode::Transacted) {
+            self.unacked()
+                .extend(received.iter().map(|r| r.receipt_handle().to_string()));
+        }
+    }
+
+    pub(crate) fn client(&self) -> &Client {
+        &self.client
     }
 
     async fn send_ack(&self, receipt_handles: Vec<String>) -> Result<(), ClientError> {

@@ -16,10 +16,12 @@
 
 mod batch;
 mod connection;
+mod consumer;
 mod message;
 mod request;
 
 pub use connection::{Client, Connection, ReceiveOptions, Session};
+pub use consumer::{Consumer, ConsumerOptions};
 pub use ferry_proto::pb;
 pub use ferry_proto::pb::AckMode;
 pub use message::{Message, Received};

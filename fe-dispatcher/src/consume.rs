@@ -63,6 +63,8 @@ async fn run(
 ) {
     let mut credits = u64::from(start.prefetch);
     let mut inflight: Option<Inflight> = None;
+    // The client asked for nothing more (`stop`).
+    let mut stopped = false;
     let mut stopping = svc.stopping.clone();
     loop {
         // Traffic on the stream keeps the connection alive; a session that is gone ends it.
@@ -70,7 +72,7 @@ async fn run(
             let _ = tx.send(Err(status)).await;
             return;
         }
-        if inflight.is_none() && credits > 0 {
+        if inflight.is_none() && credits > 0 && !stopped {
             let req = pb::BackendReceiveRequest {
                 queue: start.queue.clone(),
                 session_id: start.session_id.clone(),
@@ -88,8 +90,20 @@ async fn run(
                 let kind = match msg {
                     Ok(Some(pb::ConsumeRequest { kind: Some(kind) })) => kind,
                     Ok(Some(_)) => continue,
-                    Ok(None) | Err(_) => return,
+                    Ok(None) | Err(_) => {
+                        give_back(&svc, inflight.take()).await;
+                        return;
+                    }
                 };
+                if matches!(kind, Kind::Stop(true)) {
+                    stopped = true;
+                    give_back(&svc, inflight.take()).await;
+                    let out = pb::ConsumeResponse { kind: Some(pb::consume_response::Kind::Stopped(pb::Stopped {})) };
+                    if tx.send(Ok(out)).await.is_err() {
+                        return;
+                    }
+                    continue;
+                }
                 if let Some(reply) = handle(&svc, kind, &mut credits).await {
                     if tx.send(reply).await.is_err() {
                         return;
@@ -107,9 +121,7 @@ async fn run(
                         if tx.send(Ok(out)).await.is_err() {
                             // The client is gone: give these back now rather than at lease expiry,
                             // not counted as deliveries (nobody saw them).
-                            let _ = svc.lease_op(&handles, |be, req| async move {
-                                be.nack(Request::new(pb::BackendLeaseRequest { undelivered: true, ..req })).await
-                            }).await;
+                            let _ = release(&svc, &handles).await;
                             return;
                         }
                     }
@@ -119,10 +131,48 @@ async fn run(
                     }
                 }
             }
-            () = tx.closed() => return,
-            () = crate::stopped(&mut stopping) => return,
+            () = tx.closed() => {
+                give_back(&svc, inflight.take()).await;
+                return;
+            }
+            () = crate::stopped(&mut stopping) => {
+                give_back(&svc, inflight.take()).await;
+                return;
+            }
         }
     }
+}
+
+/// Ends the open receive. Dropping it removes its waiter at the back-end, and a back-end that
+/// answers a dropped receive takes the deliveries back; an answer that already arrived but was
+/// not pushed is given back here, uncounted.
+async fn give_back(svc: &MessagingService, inflight: Option<Inflight>) {
+    let Some(inflight) = inflight else { return };
+    if let Some(Ok(r)) = futures::FutureExt::now_or_never(inflight) {
+        let handles: Vec<String> = r
+            .into_inner()
+            .deliveries
+            .iter()
+            .map(|d| d.receipt_handle.clone())
+            .collect();
+        let _ = release(svc, &handles).await;
+    }
+}
+
+/// Returns deliveries nobody saw: back to Ready at once, not counted as deliveries.
+async fn release(svc: &MessagingService, handles: &[String]) -> Result<Vec<String>, Status> {
+    if handles.is_empty() {
+        return Ok(vec![]);
+    }
+    svc.lease_op(handles, |be, req| async move {
+        be.nack(Request::new(pb::BackendLeaseRequest {
+            undelivered: true,
+            ..req
+        }))
+        .await
+    })
+    .await
+    .map(|(_, stale)| stale)
 }
 
 async fn handle(
@@ -141,6 +191,12 @@ async fn handle(
         Kind::Start(_) => Some(Err(Status::invalid_argument(
             "a Consume stream takes `start` once, first",
         ))),
+        // `stop: true` is handled by the stream loop; `stop: false` asks nothing.
+        Kind::Stop(_) => None,
+        Kind::Release(h) => match release(svc, &h.receipt_handles).await {
+            Ok(stale) => result(stale),
+            Err(status) => Some(Err(status)),
+        },
         Kind::Credit(n) => {
             *credits = credits.saturating_add(u64::from(n));
             None

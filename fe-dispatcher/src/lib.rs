@@ -15,6 +15,7 @@ mod error;
 mod events;
 mod messaging;
 mod mover;
+mod publish;
 mod remote;
 mod router;
 mod sessions;

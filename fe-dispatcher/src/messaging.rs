@@ -221,6 +221,65 @@ impl MessagingService {
         Ok(Some(sid))
     }
 
+    /// Sends messages to one queue (a unary `Send`, or a run of `Publish` requests): checks the
+    /// session and the reply queues, forwards to the owning back-end. Returns the message ids.
+    pub(crate) async fn send_messages(&self, r: pb::SendRequest) -> Result<Vec<String>, Status> {
+        let queue = queue_name(&r.queue)?;
+        let session = self.touch_session(&r.session_id, None)?;
+        let transacted = match session {
+            Some(sid) => self
+                .sessions
+                .tx_touch(sid, &queue, self.router.owner_of(&queue))?,
+            None => false,
+        };
+        // A reply must have somewhere to go: a missing reply queue (a deleted temporary queue
+        // above all) fails the send now instead of losing the reply later.
+        let mut checked: Vec<&str> = vec![];
+        for m in &r.messages {
+            if m.reply_to.is_empty() || checked.contains(&m.reply_to.as_str()) {
+                continue;
+            }
+            let reply_to = QueueName::new(m.reply_to.as_str())
+                .map_err(|e| Status::invalid_argument(format!("reply_to: {e}")))?;
+            let be = self.router.for_queue(&reply_to)?;
+            be.get_queue(Request::new(pb::BackendQueueRequest {
+                name: reply_to.to_string(),
+            }))
+            .await
+            .map_err(|e| Status::new(e.code(), format!("reply_to: {}", e.message())))?;
+            checked.push(&m.reply_to);
+        }
+        let be = self.router.for_queue(&queue)?;
+        // A reply (it carries a correlation id, or goes to a temporary queue) whose queue is gone
+        // is worth an operator's attention: its requester gave up or went away.
+        let is_reply = queue.as_str().starts_with("tmp.")
+            || r.messages.iter().any(|m| m.correlation_id.is_some());
+        let out = be
+            .send(Request::new(pb::BackendSendRequest {
+                queue: r.queue,
+                messages: r.messages,
+                session_id: if transacted {
+                    r.session_id
+                } else {
+                    String::new()
+                },
+                transacted,
+            }))
+            .await
+            .inspect_err(|e| {
+                if is_reply && e.code() == tonic::Code::NotFound {
+                    let _ = self.events.send(pb::Event {
+                        at_ms: crate::now_ms(),
+                        kind: "reply-queue-missing".into(),
+                        queue: queue.to_string(),
+                        node: self.router.local_node().to_string(),
+                        ..Default::default()
+                    });
+                }
+            })?;
+        Ok(out.into_inner().message_ids)
+    }
+
     /// The back-end wait for a receive: the asked wait, bounded by the call's deadline (less a
     /// margin so the empty answer arrives in time). `None`: until cancelled.
     fn backend_wait(
@@ -385,63 +444,20 @@ impl pb::messaging_server::Messaging for MessagingService {
     }
 
     async fn send(&self, req: Request<pb::SendRequest>) -> Reply<pb::SendResponse> {
-        let r = req.into_inner();
-        let queue = queue_name(&r.queue)?;
-        let session = self.touch_session(&r.session_id, None)?;
-        let transacted = match session {
-            Some(sid) => self
-                .sessions
-                .tx_touch(sid, &queue, self.router.owner_of(&queue))?,
-            None => false,
-        };
-        // A reply must have somewhere to go: a missing reply queue (a deleted temporary queue
-        // above all) fails the send now instead of losing the reply later.
-        let mut checked: Vec<&str> = vec![];
-        for m in &r.messages {
-            if m.reply_to.is_empty() || checked.contains(&m.reply_to.as_str()) {
-                continue;
-            }
-            let reply_to = QueueName::new(m.reply_to.as_str())
-                .map_err(|e| Status::invalid_argument(format!("reply_to: {e}")))?;
-            let be = self.router.for_queue(&reply_to)?;
-            be.get_queue(Request::new(pb::BackendQueueRequest {
-                name: reply_to.to_string(),
-            }))
-            .await
-            .map_err(|e| Status::new(e.code(), format!("reply_to: {}", e.message())))?;
-            checked.push(&m.reply_to);
-        }
-        let be = self.router.for_queue(&queue)?;
-        // A reply (it carries a correlation id, or goes to a temporary queue) whose queue is gone
-        // is worth an operator's attention: its requester gave up or went away.
-        let is_reply = queue.as_str().starts_with("tmp.")
-            || r.messages.iter().any(|m| m.correlation_id.is_some());
-        let out = be
-            .send(Request::new(pb::BackendSendRequest {
-                queue: r.queue,
-                messages: r.messages,
-                session_id: if transacted {
-                    r.session_id
-                } else {
-                    String::new()
-                },
-                transacted,
-            }))
-            .await
-            .inspect_err(|e| {
-                if is_reply && e.code() == tonic::Code::NotFound {
-                    let _ = self.events.send(pb::Event {
-                        at_ms: crate::now_ms(),
-                        kind: "reply-queue-missing".into(),
-                        queue: queue.to_string(),
-                        node: self.router.local_node().to_string(),
-                        ..Default::default()
-                    });
-                }
-            })?;
-        Ok(Response::new(pb::SendResponse {
-            message_ids: out.into_inner().message_ids,
-        }))
+        let message_ids = self.send_messages(req.into_inner()).await?;
+        Ok(Response::new(pb::SendResponse { message_ids }))
+    }
+
+    type PublishStream = crate::publish::PublishStream;
+
+    async fn publish(
+        &self,
+        req: Request<Streaming<pb::PublishRequest>>,
+    ) -> Reply<Self::PublishStream> {
+        Ok(Response::new(crate::publish::start(
+            self.clone(),
+            req.into_inner(),
+        )))
     }
 
     async fn receive(&self, req: Request<pb::ReceiveRequest>) -> Reply<pb::ReceiveResponse> {

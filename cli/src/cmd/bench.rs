@@ -10,7 +10,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context as _};
 use comfy_table::Table;
-use ferry_client::{pb, AckMode, Message, ReceiveOptions, Received, Session};
+use ferry_client::{pb, AckMode, ConsumerOptions, Message, ReceiveOptions, Received, Session};
 use futures::stream::{FuturesUnordered, StreamExt};
 use hdrhistogram::Histogram;
 use serde_json::json;
@@ -461,24 +461,20 @@ async fn produce(
         // At most `window` unconfirmed: wait for the oldest-finishing one before sending more.
         while inflight.len() >= plan.window {
             if let Some(r) = inflight.next().await {
-                r??;
+                r?;
                 shared.sent.fetch_add(1, Ordering::Relaxed);
             }
         }
-        let session = session.clone();
-        let queue = queue.to_string();
-        // A task of its own, so sends make progress while this loop waits for the next due time.
-        inflight.push(tokio::spawn(
-            async move { session.send(&queue, messages).await },
-        ));
+        // On its way now (pipelined on the session's publish stream); confirmed later.
+        inflight.push(session.send_async(queue, messages));
         // Collect confirmations that are in, without waiting.
         while let Some(Some(r)) = futures::FutureExt::now_or_never(inflight.next()) {
-            r??;
+            r?;
             shared.sent.fetch_add(1, Ordering::Relaxed);
         }
     }
     while let Some(r) = inflight.next().await {
-        r??;
+        r?;
         shared.sent.fetch_add(1, Ordering::Relaxed);
     }
     Ok(())
@@ -492,26 +488,45 @@ async fn consume(
     shared: &Shared,
 ) -> anyhow::Result<()> {
     let mut local = Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3)?;
-    loop {
-        if shared.stop.load(Ordering::Acquire) {
-            break;
+    if mode == AckMode::Transacted {
+        // A transacted session receives with Receive and acknowledges at commit.
+        while !shared.stop.load(Ordering::Acquire) {
+            let got = session
+                .receive(queue, ReceiveOptions::timeout_ms(200).max(prefetch))
+                .await?;
+            if got.is_empty() {
+                continue;
+            }
+            let now = now_ns();
+            for r in &got {
+                record(r, now, shared, &mut local);
+            }
+            session.commit().await?;
         }
-        let got = session
-            .receive(queue, ReceiveOptions::timeout_ms(200).max(prefetch))
+    } else {
+        // A Consume stream: the server pushes up to `prefetch` ahead; acks go back on it.
+        let mut consumer = session
+            .consumer(queue, ConsumerOptions::default().prefetch(prefetch))
             .await?;
-        if got.is_empty() {
-            continue;
+        while !shared.stop.load(Ordering::Acquire) {
+            let got = consumer
+                .receive_batch(prefetch as usize, Some(Duration::from_millis(200)))
+                .await?;
+            if got.is_empty() {
+                continue;
+            }
+            let now = now_ns();
+            for r in &got {
+                record(r, now, shared, &mut local);
+            }
+            match mode {
+                AckMode::Client => consumer.ack(&got[got.len() - 1..])?,
+                AckMode::Individual => consumer.ack(&got)?,
+                _ => {}
+            }
         }
-        let now = now_ns();
-        for r in &got {
-            record(r, now, shared, &mut local);
-        }
-        match mode {
-            AckMode::Client => session.ack(&got[got.len() - 1..]).await?,
-            AckMode::Individual => session.ack(&got).await?,
-            AckMode::Transacted => session.commit().await?,
-            _ => {}
-        }
+        // Every ack reaches the server, and what was pushed ahead goes back.
+        consumer.close().await?;
     }
     shared
         .latency

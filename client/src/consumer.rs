@@ -1,0 +1,257 @@
+//! A consumer on a `Consume` stream: the server pushes up to `prefetch` messages ahead of the
+//! application, and acknowledgements and new credit go back on the same stream, coalesced per
+//! batch the application takes. No call per receive, no call per ack.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferry_proto::pb;
+use ferry_proto::pb::consume_request::Kind;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tonic::Streaming;
+
+use crate::connection::Session;
+use crate::message::Received;
+use crate::ClientError;
+
+/// How a [`Consumer`] consumes.
+#[derive(Debug, Clone)]
+pub struct ConsumerOptions {
+    /// A JMS message selector; empty: every message.
+    pub selector: String,
+    /// Messages the server may push ahead of the application (at least 1).
+    pub prefetch: u32,
+    /// Lease of each delivery; the queue's default when absent.
+    pub lease_ms: Option<u64>,
+}
+
+impl Default for ConsumerOptions {
+    fn default() -> Self {
+        Self {
+            selector: String::new(),
+            prefetch: 100,
+            lease_ms: None,
+        }
+    }
+}
+
+impl ConsumerOptions {
+    pub fn prefetch(mut self, n: u32) -> Self {
+        self.prefetch = n;
+        self
+    }
+
+    pub fn selector(mut self, s: impl Into<String>) -> Self {
+        self.selector = s.into();
+        self
+    }
+}
+
+/// See the module docs. Made by [`Session::consumer`]. [`Consumer::close`] gives the messages
+/// pushed ahead and never handed over back to the queue at once; dropping a consumer without
+/// closing leaves them leased to the session until it closes or their leases run out.
+///
+/// Acknowledgement follows the session's mode:
+/// - auto / dups-ok: the messages a receive returns are acknowledged on the stream as it returns
+///   them, without waiting for the server (as JMS brokers with prefetch do); a message whose ack
+///   arrives after its lease ran out is redelivered flagged, and counted in
+///   [`Consumer::stale_acks`];
+/// - client: [`Consumer::ack`] acknowledges the named messages and every message the session
+///   handed over before them;
+/// - individual: [`Consumer::ack`] acknowledges exactly the named messages.
+#[derive(Debug)]
+pub struct Consumer {
+    session: Session,
+    requests: mpsc::UnboundedSender<pb::ConsumeRequest>,
+    responses: Streaming<pb::ConsumeResponse>,
+    buffer: VecDeque<Received>,
+    stale_acks: Arc<AtomicU64>,
+    /// Acks and releases sent and not yet answered.
+    outstanding: u64,
+    /// The server answered `stop`: nothing more comes.
+    stopped: bool,
+}
+
+impl Session {
+    /// Starts a consumer on `queue` over a `Consume` stream. Fails at once for a bad selector or
+    /// a transacted session (which receives with [`Session::receive`] and acknowledges at commit).
+    pub async fn consumer(
+        &self,
+        queue: &str,
+        opts: ConsumerOptions,
+    ) -> Result<Consumer, ClientError> {
+        let (requests, outbound) = mpsc::unbounded_channel();
+        let start = pb::ConsumeRequest {
+            kind: Some(Kind::Start(pb::ConsumeStart {
+                session_id: self.id().to_string(),
+                queue: queue.into(),
+                selector: opts.selector,
+                prefetch: opts.prefetch.max(1),
+                lease_ms: opts.lease_ms,
+            })),
+        };
+        let _ = requests.send(start);
+        let responses = self
+            .client()
+            .messaging()
+            .consume(UnboundedReceiverStream::new(outbound))
+            .await?
+            .into_inner();
+        Ok(Consumer {
+            session: self.clone(),
+            requests,
+            responses,
+            buffer: VecDeque::new(),
+            stale_acks: Arc::default(),
+            outstanding: 0,
+            stopped: false,
+        })
+    }
+}
+
+impl Consumer {
+    /// The next message: `timeout` `None` waits for ever, `Some(ZERO)` only takes what already
+    /// arrived (receiveNoWait). `Ok(None)`: nothing in time.
+    pub async fn receive(
+        &mut self,
+        timeout: Option<Duration>,
+    ) -> Result<Option<Received>, ClientError> {
+        Ok(self.receive_batch(1, timeout).await?.pop())
+    }
+
+    /// Every message already pushed (at most `max`), waiting up to `timeout` for the first one
+    /// when none has arrived. Empty: nothing in time.
+    pub async fn receive_batch(
+        &mut self,
+        max: usize,
+        timeout: Option<Duration>,
+    ) -> Result<Vec<Received>, ClientError> {
+        if self.buffer.is_empty() {
+            let wait = async {
+                while self.buffer.is_empty() {
+                    self.read_one().await?;
+                }
+                Ok::<_, ClientError>(())
+            };
+            match timeout {
+                None => wait.await?,
+                Some(t) => match tokio::time::timeout(t, wait).await {
+                    Ok(r) => r?,
+                    Err(_) => {}
+                },
+            }
+        }
+        // Take whatever else has arrived meanwhile, without waiting.
+        while self.buffer.len() < max {
+            match futures::FutureExt::now_or_never(self.read_one()) {
+                Some(r) => r?,
+                None => break,
+            }
+        }
+        let n = max.min(self.buffer.len());
+        let out: Vec<Received> = self.buffer.drain(..n).collect();
+        if !out.is_empty() {
+            self.handed_over(&out);
+        }
+        Ok(out)
+    }
+
+    /// Acknowledges on the stream (client and individual modes; see the type's docs). Does not
+    /// wait for the server: an ack that finds the lease gone is counted in
+    /// [`Consumer::stale_acks`], and that message is redelivered.
+    pub fn ack(&mut self, received: &[Received]) -> Result<(), ClientError> {
+        let handles = self.session.take_acknowledged(received);
+        self.send(Kind::Ack(pb::ReceiptHandles {
+            receipt_handles: handles,
+        }))
+    }
+
+    /// Acks that arrived after their message's lease ran out (those messages are redelivered).
+    pub fn stale_acks(&self) -> u64 {
+        self.stale_acks.load(Ordering::Relaxed)
+    }
+
+    fn handed_over(&mut self, out: &[Received]) {
+        let n = u32::try_from(out.len()).unwrap_or(u32::MAX);
+        if self.session.acknowledges_on_receive() {
+            let handles = out.iter().map(|r| r.receipt_handle().to_string()).collect();
+            let _ = self.send(Kind::Ack(pb::ReceiptHandles {
+                receipt_handles: handles,
+            }));
+        } else {
+            self.session.track_unacked(out);
+        }
+        // The application took these: the server may push as many more.
+        let _ = self.send(Kind::Credit(n));
+    }
+
+    /// Stops the stream: no more deliveries; the ones pushed ahead and never handed over go back
+    /// to the queue unseen (not counted as deliveries); waits until the server has answered every
+    /// acknowledgement sent on the stream.
+    pub async fn close(mut self) -> Result<(), ClientError> {
+        self.send(Kind::Stop(true))?;
+        while !self.stopped {
+            self.read_one().await?;
+        }
+        let unseen: Vec<String> = self
+            .buffer
+            .drain(..)
+            .map(|r| r.delivery.receipt_handle)
+            .collect();
+        if !unseen.is_empty() {
+            self.send(Kind::Release(pb::ReceiptHandles {
+                receipt_handles: unseen,
+            }))?;
+        }
+        while self.outstanding > 0 {
+            self.read_one().await?;
+        }
+        Ok(())
+    }
+
+    fn send(&mut self, kind: Kind) -> Result<(), ClientError> {
+        if matches!(kind, Kind::Ack(_) | Kind::Release(_) | Kind::Nack(_)) {
+            self.outstanding += 1;
+        }
+        self.requests
+            .send(pb::ConsumeRequest { kind: Some(kind) })
+            .map_err(|_| ClientError::InvalidArgument("the consumer's stream has ended".into()))
+    }
+
+    /// Reads one response off the stream into the buffer.
+    async fn read_one(&mut self) -> Result<(), ClientError> {
+        match self.responses.message().await? {
+            Some(pb::ConsumeResponse {
+                kind: Some(pb::consume_response::Kind::Deliveries(d)),
+            }) => self
+                .buffer
+                .extend(d.deliveries.into_iter().map(|delivery| Received { delivery })),
+            Some(pb::ConsumeResponse {
+                kind: Some(pb::consume_response::Kind::AckResult(r)),
+            }) => {
+                self.outstanding = self.outstanding.saturating_sub(1);
+                if !r.stale_receipt_handles.is_empty() {
+                    self.stale_acks
+                        .fetch_add(r.stale_receipt_handles.len() as u64, Ordering::Relaxed);
+                    tracing::warn!(
+                        stale = r.stale_receipt_handles.len(),
+                        "acknowledgements found expired leases; those messages are redelivered"
+                    );
+                }
+            }
+            Some(pb::ConsumeResponse {
+                kind: Some(pb::consume_response::Kind::Stopped(_)),
+            }) => self.stopped = true,
+            Some(_) => {}
+            None => {
+                return Err(ClientError::Status(tonic::Status::unavailable(
+                    "the server ended the consumer's stream",
+                )))
+            }
+        }
+        Ok(())
+    }
+}
