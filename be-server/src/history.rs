@@ -19,18 +19,20 @@ pub struct Step {
 /// A kept step: plain data, rendered only when asked for (recording is on the hot path).
 #[derive(Debug, Clone)]
 struct Kept {
+    uid: u64,
+    seq: u64,
     at_ms: u64,
-    queue: Arc<str>,
     transition: Transition,
 }
 
-type Key = (u64, u64);
-
 #[derive(Debug, Default)]
 struct Steps {
-    by_message: HashMap<Key, VecDeque<Kept>>,
-    /// Every kept step in the order it came: (time, message), for pruning.
-    order: VecDeque<(u64, Key)>,
+    /// Every kept step in the order it came. Recording appends and prunes from the front, with
+    /// no hashing and no allocation per message; asking for a message's steps reads them all,
+    /// which is at most `max_steps` and happens when an operator asks.
+    order: VecDeque<Kept>,
+    /// The name of each queue that has steps, by uid.
+    queues: HashMap<u64, Arc<str>>,
 }
 
 /// See the module docs.
@@ -61,32 +63,26 @@ impl History {
             return;
         }
         let mut s = self.steps.lock().unwrap_or_else(PoisonError::into_inner);
+        if s.queues.get(&uid.0).is_none_or(|q| q != queue) {
+            s.queues.insert(uid.0, queue.clone());
+        }
         let mut newest = 0;
         for e in entries {
-            let key = (uid.0, e.seq.0);
-            s.by_message.entry(key).or_default().push_back(Kept {
+            s.order.push_back(Kept {
+                uid: uid.0,
+                seq: e.seq.0,
                 at_ms: e.at_ms,
-                queue: queue.clone(),
                 transition: e.transition.clone(),
             });
-            s.order.push_back((e.at_ms, key));
             newest = newest.max(e.at_ms);
         }
         let oldest_kept = newest.saturating_sub(self.retention_ms);
         while s
             .order
             .front()
-            .is_some_and(|(at, _)| *at < oldest_kept || s.order.len() > self.max_steps)
+            .is_some_and(|k| k.at_ms < oldest_kept || s.order.len() > self.max_steps)
         {
-            let Some((_, old)) = s.order.pop_front() else {
-                break;
-            };
-            if let Some(v) = s.by_message.get_mut(&old) {
-                v.pop_front();
-                if v.is_empty() {
-                    s.by_message.remove(&old);
-                }
-            }
+            s.order.pop_front();
         }
     }
 
@@ -96,22 +92,24 @@ impl History {
             return vec![];
         };
         let s = self.steps.lock().unwrap_or_else(PoisonError::into_inner);
-        s.by_message
-            .get(&(uid.0, seq.0))
-            .map(|v| {
-                v.iter()
-                    .map(|k| {
-                        let (event, detail) = describe(&k.transition);
-                        Step {
-                            at_ms: k.at_ms,
-                            queue: k.queue.to_string(),
-                            event,
-                            detail,
-                        }
-                    })
-                    .collect()
+        let queue = s
+            .queues
+            .get(&uid.0)
+            .map(ToString::to_string)
+            .unwrap_or_default();
+        s.order
+            .iter()
+            .filter(|k| k.uid == uid.0 && k.seq == seq.0)
+            .map(|k| {
+                let (event, detail) = describe(&k.transition);
+                Step {
+                    at_ms: k.at_ms,
+                    queue: queue.clone(),
+                    event,
+                    detail,
+                }
             })
-            .unwrap_or_default()
+            .collect()
     }
 }
 

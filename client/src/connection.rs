@@ -231,11 +231,8 @@ impl Session {
         queue: &str,
         messages: Vec<Message>,
     ) -> impl std::future::Future<Output = Result<Vec<String>, ClientError>> + Send + 'static {
-        self.publisher.send(
-            &self.id,
-            queue,
-            messages.into_iter().map(|m| m.0).collect(),
-        )
+        self.publisher
+            .send(&self.id, queue, messages.into_iter().map(|m| m.0).collect())
     }
 
     /// Receives. In auto and dups-ok mode the messages are acknowledged before they are returned

@@ -62,6 +62,10 @@ impl ConsumerOptions {
 /// - client: [`Consumer::ack`] acknowledges the named messages and every message the session
 ///   handed over before them;
 /// - individual: [`Consumer::ack`] acknowledges exactly the named messages.
+///
+/// A delivery's lease runs from when the server pushed it: messages waiting in the prefetch
+/// buffer use up their lease. Keep the prefetch to what the application handles well within one
+/// lease.
 #[derive(Debug)]
 pub struct Consumer {
     session: Session,
@@ -206,6 +210,13 @@ impl Consumer {
                 receipt_handles: unseen,
             }))?;
         }
+        self.flush().await
+    }
+
+    /// Waits until the server has answered every acknowledgement sent on this stream so far
+    /// (deliveries that arrive meanwhile wait in the consumer's buffer). After this,
+    /// [`Consumer::stale_acks`] counts every one of them that came too late.
+    pub async fn flush(&mut self) -> Result<(), ClientError> {
         while self.outstanding > 0 {
             self.read_one().await?;
         }
@@ -226,9 +237,11 @@ impl Consumer {
         match self.responses.message().await? {
             Some(pb::ConsumeResponse {
                 kind: Some(pb::consume_response::Kind::Deliveries(d)),
-            }) => self
-                .buffer
-                .extend(d.deliveries.into_iter().map(|delivery| Received { delivery })),
+            }) => self.buffer.extend(
+                d.deliveries
+                    .into_iter()
+                    .map(|delivery| Received { delivery }),
+            ),
             Some(pb::ConsumeResponse {
                 kind: Some(pb::consume_response::Kind::AckResult(r)),
             }) => {

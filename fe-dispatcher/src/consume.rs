@@ -8,6 +8,7 @@ use std::pin::Pin;
 
 use ferry_proto::pb;
 use ferry_proto::pb::consume_request::Kind;
+use futures::stream::{FuturesOrdered, StreamExt};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
@@ -20,7 +21,7 @@ pub type ConsumeStream =
     Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::ConsumeResponse, Status>> + Send>>;
 
 /// Deliveries asked of the back-end in one receive.
-const BATCH_MAX: u64 = 256;
+const BATCH_MAX: u64 = 1_000;
 
 type Inflight =
     Pin<Box<dyn Future<Output = Result<Response<pb::BackendReceiveResponse>, Status>> + Send>>;
@@ -63,6 +64,11 @@ async fn run(
 ) {
     let mut credits = u64::from(start.prefetch);
     let mut inflight: Option<Inflight> = None;
+    // Acks, nacks and releases under way: they run while deliveries keep flowing, and their
+    // answers go out in the order they were asked.
+    let mut acks: FuturesOrdered<
+        Pin<Box<dyn Future<Output = Option<Result<pb::ConsumeResponse, Status>>> + Send>>,
+    > = FuturesOrdered::new();
     // The client asked for nothing more (`stop`).
     let mut stopped = false;
     let mut stopping = svc.stopping.clone();
@@ -104,7 +110,15 @@ async fn run(
                     }
                     continue;
                 }
-                if let Some(reply) = handle(&svc, kind, &mut credits).await {
+                if let Kind::Credit(n) = kind {
+                    credits = credits.saturating_add(u64::from(n));
+                    continue;
+                }
+                let svc = svc.clone();
+                acks.push_back(Box::pin(async move { handle(&svc, kind).await }));
+            }
+            Some(reply) = acks.next(), if !acks.is_empty() => {
+                if let Some(reply) = reply {
                     if tx.send(reply).await.is_err() {
                         return;
                     }
@@ -175,11 +189,7 @@ async fn release(svc: &MessagingService, handles: &[String]) -> Result<Vec<Strin
     .map(|(_, stale)| stale)
 }
 
-async fn handle(
-    svc: &MessagingService,
-    kind: Kind,
-    credits: &mut u64,
-) -> Option<Result<pb::ConsumeResponse, Status>> {
+async fn handle(svc: &MessagingService, kind: Kind) -> Option<Result<pb::ConsumeResponse, Status>> {
     let result = |stale_receipt_handles| {
         Some(Ok(pb::ConsumeResponse {
             kind: Some(pb::consume_response::Kind::AckResult(pb::AckResult {
@@ -197,10 +207,8 @@ async fn handle(
             Ok(stale) => result(stale),
             Err(status) => Some(Err(status)),
         },
-        Kind::Credit(n) => {
-            *credits = credits.saturating_add(u64::from(n));
-            None
-        }
+        // Taken by the stream loop.
+        Kind::Credit(_) => None,
         Kind::Ack(h) => match svc
             .lease_op(&h.receipt_handles, |be, req| async move {
                 be.ack(Request::new(req)).await

@@ -33,7 +33,10 @@ const QUEUED_MAX: usize = 10_000;
 
 type Inflight = Pin<Box<dyn Future<Output = Vec<pb::PublishConfirm>> + Send>>;
 
-pub(crate) fn start(svc: MessagingService, inbound: Streaming<pb::PublishRequest>) -> PublishStream {
+pub(crate) fn start(
+    svc: MessagingService,
+    inbound: Streaming<pb::PublishRequest>,
+) -> PublishStream {
     let (tx, rx) = mpsc::channel(16);
     tokio::spawn(run(svc, inbound, tx));
     Box::pin(ReceiverStream::new(rx))
@@ -136,7 +139,10 @@ fn send_request(r: pb::PublishRequest) -> pb::SendRequest {
     }
 }
 
-async fn send_run(svc: &MessagingService, run: Vec<(u64, pb::PublishRequest)>) -> Vec<pb::PublishConfirm> {
+async fn send_run(
+    svc: &MessagingService,
+    run: Vec<(u64, pb::PublishRequest)>,
+) -> Vec<pb::PublishConfirm> {
     if run.len() == 1 {
         let (sequence, r) = run.into_iter().next().expect("one request");
         return vec![confirm(sequence, svc.send_messages(send_request(r)).await)];
@@ -145,13 +151,18 @@ async fn send_run(svc: &MessagingService, run: Vec<(u64, pb::PublishRequest)>) -
     let all = pb::SendRequest {
         session_id: first.session_id.clone(),
         queue: first.queue.clone(),
-        messages: run.iter().flat_map(|(_, r)| r.messages.iter().cloned()).collect(),
+        messages: run
+            .iter()
+            .flat_map(|(_, r)| r.messages.iter().cloned())
+            .collect(),
     };
     match svc.send_messages(all).await {
         Ok(ids) => {
             let mut ids = ids.into_iter();
             run.into_iter()
-                .map(|(sequence, r)| confirm(sequence, Ok(ids.by_ref().take(r.messages.len()).collect())))
+                .map(|(sequence, r)| {
+                    confirm(sequence, Ok(ids.by_ref().take(r.messages.len()).collect()))
+                })
                 .collect()
         }
         // Refused for what a message is: nothing was stored; each request on its own, in order.

@@ -1,0 +1,274 @@
+//! The streaming fast path: the `Publish` stream (pipelined sends, confirmed in order, a refused
+//! send failing alone) and the client's `Consumer` on the `Consume` stream (acks on the stream,
+//! `close` giving back what was pushed ahead and never handed over).
+
+#![allow(clippy::unwrap_used)]
+
+use std::time::Duration;
+
+use ferry_client::pb;
+use ferry_client::{AckMode, ConsumerOptions, Message, ReceiveOptions};
+use ferry_integration_tests::{memory_node, stats};
+
+fn text(r: &ferry_client::Received) -> String {
+    String::from_utf8_lossy(r.body()).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_sends_are_confirmed_and_stored_in_the_order_they_were_made() -> anyhow::Result<()>
+{
+    let (_dir, _node, client) = memory_node(&["q"]).await?;
+    let conn = client.open_connection("t").await?;
+    let session = conn.create_session(AckMode::Auto).await?;
+    // 2 000 sends on their way before any is awaited; two of them are too large (over the 1 MiB
+    // default), so the server's coalesced calls that carry them are refused and split.
+    let bad = [500usize, 1_500];
+    let confirms: Vec<_> = (0..2_000usize)
+        .map(|i| {
+            let m = if bad.contains(&i) {
+                Message::bytes(vec![b'x'; 2 * 1024 * 1024])
+            } else {
+                Message::text(format!("m{i}"))
+            };
+            session.send_async("q", vec![m])
+        })
+        .collect();
+    let mut ids = Vec::new();
+    for (i, c) in confirms.into_iter().enumerate() {
+        match c.await {
+            Ok(got) => {
+                assert!(!bad.contains(&i), "send {i} should have been refused");
+                assert_eq!(got.len(), 1);
+                ids.push((i, got[0].clone()));
+            }
+            Err(e) => {
+                assert!(bad.contains(&i), "send {i} failed: {e}");
+                assert_eq!(e.code(), Some(tonic::Code::ResourceExhausted), "{e}");
+            }
+        }
+    }
+    assert_eq!(ids.len(), 1_998);
+    assert_eq!(stats(&client, "q").await?.ready, 1_998);
+    // Stored in call order, each under the id its caller got.
+    let mut consumer = session
+        .consumer("q", ConsumerOptions::default().prefetch(300))
+        .await?;
+    let mut got = Vec::new();
+    while got.len() < ids.len() {
+        let batch = consumer
+            .receive_batch(1_000, Some(Duration::from_secs(10)))
+            .await?;
+        assert!(!batch.is_empty(), "the rest did not come");
+        got.extend(batch);
+    }
+    for ((i, id), r) in ids.iter().zip(&got) {
+        assert_eq!(text(r), format!("m{i}"));
+        assert_eq!(r.message_id(), id);
+    }
+    consumer.close().await?;
+    let s = stats(&client, "q").await?;
+    assert_eq!((s.ready, s.leased, s.acked_total), (0, 0, 1_998));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publish_stream_confirms_each_request_by_its_position_and_goes_on_after_a_refusal(
+) -> anyhow::Result<()> {
+    let (_dir, _node, client) = memory_node(&["q"]).await?;
+    let request = |queue: &str, body: &str| pb::PublishRequest {
+        session_id: String::new(),
+        queue: queue.into(),
+        messages: vec![Message::text(body).0],
+    };
+    let requests = vec![
+        request("q", "one"),
+        request("missing", "lost"),
+        request("q", "two"),
+        pb::PublishRequest {
+            queue: "Not A Queue!".into(),
+            ..request("q", "bad name")
+        },
+        request("q", "three"),
+    ];
+    let mut confirms = client
+        .messaging()
+        .publish(tokio_stream::iter(requests))
+        .await?
+        .into_inner();
+    let mut all = Vec::new();
+    while let Some(r) = confirms.message().await? {
+        all.extend(r.confirms);
+    }
+    // The server ended the stream (OK) once the client's side ended and everything was answered.
+    let sequences: Vec<u64> = all.iter().map(|c| c.sequence).collect();
+    assert_eq!(sequences, vec![0, 1, 2, 3, 4]);
+    let codes: Vec<tonic::Code> = all
+        .iter()
+        .map(|c| tonic::Code::from_i32(c.error_code))
+        .collect();
+    assert_eq!(
+        codes,
+        vec![
+            tonic::Code::Ok,
+            tonic::Code::NotFound,
+            tonic::Code::Ok,
+            tonic::Code::InvalidArgument,
+            tonic::Code::Ok
+        ]
+    );
+    assert!(all[1].error_message.contains("missing"), "{:?}", all[1]);
+    assert!(all[1].message_ids.is_empty() && all[3].message_ids.is_empty());
+    let conn = client.open_connection("t").await?;
+    let session = conn.create_session(AckMode::Auto).await?;
+    let got = session
+        .receive("q", ReceiveOptions::no_wait().max(10))
+        .await?;
+    let bodies: Vec<String> = got.iter().map(text).collect();
+    assert_eq!(bodies, vec!["one", "two", "three"]);
+    assert_eq!(got[0].message_id(), all[0].message_ids[0]);
+    assert_eq!(got[2].message_id(), all[4].message_ids[0]);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closing_a_consumer_gives_back_what_it_never_handed_over_unseen() -> anyhow::Result<()> {
+    let (_dir, _node, client) = memory_node(&["q"]).await?;
+    let conn = client.open_connection("t").await?;
+    let session = conn.create_session(AckMode::Auto).await?;
+    session
+        .send(
+            "q",
+            (0..10).map(|i| Message::text(format!("m{i}"))).collect(),
+        )
+        .await?;
+    let mut consumer = session
+        .consumer("q", ConsumerOptions::default().prefetch(10))
+        .await?;
+    let mut first = Vec::new();
+    while first.len() < 3 {
+        let want = 3 - first.len();
+        first.extend(
+            consumer
+                .receive_batch(want, Some(Duration::from_secs(10)))
+                .await?,
+        );
+    }
+    assert_eq!(
+        first.iter().map(text).collect::<Vec<_>>(),
+        vec!["m0", "m1", "m2"]
+    );
+    // The rest were pushed ahead (up to the prefetch of 10) and are leased to the session.
+    consumer.close().await?;
+    let s = stats(&client, "q").await?;
+    assert_eq!((s.acked_total, s.leased, s.ready), (3, 0, 7));
+    // They come back in order, not flagged: nobody saw them.
+    let again = session
+        .receive("q", ReceiveOptions::no_wait().max(10))
+        .await?;
+    assert_eq!(
+        again.iter().map(text).collect::<Vec<_>>(),
+        (3..10).map(|i| format!("m{i}")).collect::<Vec<_>>()
+    );
+    assert!(again
+        .iter()
+        .all(|r| !r.redelivered() && r.delivery_count() == 1));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consumer_acks_follow_the_session_mode() -> anyhow::Result<()> {
+    let (_dir, _node, client) = memory_node(&["c", "i"]).await?;
+    let conn = client.open_connection("t").await?;
+    let producer = conn.create_session(AckMode::Auto).await?;
+    for q in ["c", "i"] {
+        producer
+            .send(q, (0..4).map(|i| Message::text(format!("m{i}"))).collect())
+            .await?;
+    }
+    async fn take(
+        consumer: &mut ferry_client::Consumer,
+        n: usize,
+    ) -> anyhow::Result<Vec<ferry_client::Received>> {
+        let mut got = Vec::new();
+        while got.len() < n {
+            let b = consumer
+                .receive_batch(n - got.len(), Some(Duration::from_secs(10)))
+                .await?;
+            anyhow::ensure!(!b.is_empty(), "nothing came");
+            got.extend(b);
+        }
+        Ok(got)
+    }
+    // CLIENT: acknowledging the third acknowledges the two before it; the fourth stays leased.
+    let session = conn.create_session(AckMode::Client).await?;
+    let mut consumer = session
+        .consumer("c", ConsumerOptions::default().prefetch(4))
+        .await?;
+    let got = take(&mut consumer, 4).await?;
+    consumer.ack(&got[2..3])?;
+    consumer.close().await?;
+    let s = stats(&client, "c").await?;
+    assert_eq!((s.acked_total, s.leased), (3, 1));
+    assert_eq!(session.close().await?, 1);
+
+    // INDIVIDUAL: only what is named.
+    let session = conn.create_session(AckMode::Individual).await?;
+    let mut consumer = session
+        .consumer("i", ConsumerOptions::default().prefetch(4))
+        .await?;
+    let got = take(&mut consumer, 4).await?;
+    consumer.ack(&got[2..3])?;
+    consumer.close().await?;
+    let s = stats(&client, "i").await?;
+    assert_eq!((s.acked_total, s.leased), (1, 3));
+
+    // A transacted session receives with Receive; a consumer is refused at once.
+    let tx = conn.create_session(AckMode::Transacted).await?;
+    let e = tx
+        .consumer("c", ConsumerOptions::default())
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Some(tonic::Code::FailedPrecondition), "{e}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ack_after_the_lease_ran_out_is_counted_stale_and_the_message_comes_back(
+) -> anyhow::Result<()> {
+    let (_dir, _node, client) = memory_node(&["q"]).await?;
+    let conn = client.open_connection("t").await?;
+    let session = conn.create_session(AckMode::Individual).await?;
+    session.send("q", vec![Message::text("slow")]).await?;
+    let mut consumer = session
+        .consumer(
+            "q",
+            ConsumerOptions {
+                prefetch: 1,
+                lease_ms: Some(200),
+                ..Default::default()
+            },
+        )
+        .await?;
+    let got = consumer
+        .receive_batch(1, Some(Duration::from_secs(10)))
+        .await?;
+    assert_eq!(got.len(), 1);
+    // The application is too slow: the lease runs out and the message is ready again.
+    ferry_integration_tests::wait_until(Duration::from_secs(10), "the lease to run out", || {
+        let client = client.clone();
+        async move { Ok(stats(&client, "q").await?.leased == 0) }
+    })
+    .await?;
+    consumer.ack(&got)?;
+    consumer.flush().await?;
+    assert_eq!(consumer.stale_acks(), 1);
+    // The same message comes again, flagged.
+    let again = consumer
+        .receive_batch(1, Some(Duration::from_secs(10)))
+        .await?;
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].message_id(), got[0].message_id());
+    assert!(again[0].redelivered());
+    assert_eq!(stats(&client, "q").await?.acked_total, 0);
+    Ok(())
+}
