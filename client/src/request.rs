@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use ferry_proto::pb;
 
-use crate::connection::{Connection, ReceiveOptions, Session};
+use crate::connection::{Connection, Session};
+use crate::consumer::{Consumer, ConsumerOptions};
 use crate::message::{Message, Received};
 use crate::ClientError;
 
@@ -19,6 +20,8 @@ use crate::ClientError;
 pub struct Requestor {
     session: Session,
     reply_queue: String,
+    /// Replies are pushed on a `Consume` stream (acknowledged on it as they are taken).
+    replies: Consumer,
     stale_replies: AtomicU64,
 }
 
@@ -28,9 +31,13 @@ impl Requestor {
     pub async fn new(connection: &Connection) -> Result<Self, ClientError> {
         let session = connection.create_session(pb::AckMode::Auto).await?;
         let reply_queue = connection.create_temporary_queue().await?;
+        let replies = session
+            .consumer(&reply_queue, ConsumerOptions::default().prefetch(16))
+            .await?;
         Ok(Self {
             session,
             reply_queue,
+            replies,
             stale_replies: AtomicU64::new(0),
         })
     }
@@ -71,11 +78,7 @@ impl Requestor {
             if left.is_zero() {
                 return Ok(None);
             }
-            let wait_ms = i64::try_from(left.as_millis()).unwrap_or(i64::MAX).max(1);
-            let got = self
-                .session
-                .receive(&self.reply_queue, ReceiveOptions::timeout_ms(wait_ms))
-                .await?;
+            let got = self.replies.receive_batch(16, Some(left)).await?;
             for reply in got {
                 if reply.message().correlation_id.as_deref() == Some(id.as_str()) {
                     return Ok(Some(reply));

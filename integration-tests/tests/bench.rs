@@ -54,6 +54,23 @@ async fn bench_reports_and_verifies_every_mode() -> anyhow::Result<()> {
         );
         assert!(0.0 < p50 && p50 <= p99 && p99 <= max, "{r}");
     }
+    // Request-reply: every round trip got its own reply (the body comes back), timed.
+    let r = run_bench(
+        &node,
+        &["--request-reply", "--count", "50", "--non-persistent"],
+    )?;
+    assert_eq!(r["workload"], "request-reply", "{r}");
+    assert_eq!(
+        (r["rounds"].as_u64(), r["answered"].as_u64()),
+        (Some(50), Some(50)),
+        "{r}"
+    );
+    assert_eq!(r["failures"], 0, "{r}");
+    let (p50, max) = (
+        r["p50_ms"].as_f64().unwrap_or(-1.0),
+        r["max_ms"].as_f64().unwrap_or(-1.0),
+    );
+    assert!(0.0 < p50 && p50 <= max, "{r}");
     // Its own queues are gone afterwards.
     let queues = client
         .admin()

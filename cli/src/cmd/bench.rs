@@ -73,6 +73,11 @@ pub struct BenchArgs {
     /// Give up waiting for the remaining messages after this long once sending ended.
     #[arg(long, default_value_t = 30_000)]
     drain_timeout_ms: u64,
+    /// The request-reply workload instead: one requester makes --count sequential round trips
+    /// (default 10 000) through the queue to a responder on its own connection, which answers
+    /// each on the requester's temporary queue; reports the round-trip latency.
+    #[arg(long, conflicts_with_all = ["duration_ms", "rate", "tx_batch"])]
+    request_reply: bool,
 }
 
 /// Which messages arrived, per producer: a count per sequence number.
@@ -139,6 +144,9 @@ pub async fn run(c: &ClientArgs, a: BenchArgs) -> anyhow::Result<()> {
         bail!("--consumers 0 fills a queue and leaves the messages there: name it with --queue");
     }
     let fill_only = a.consumers == 0;
+    if a.request_reply {
+        return request_reply(c, a).await;
+    }
     if a.window == 0 || a.prefetch == 0 {
         bail!("--window and --prefetch must be at least 1");
     }
@@ -548,4 +556,160 @@ fn record(r: &Received, now: u64, shared: &Shared, latency: &mut Histogram<u64>)
     } else {
         shared.duplicates.fetch_add(1, Ordering::Relaxed);
     }
+}
+
+/// The request-reply workload: sequential round trips, each a request to `queue` (with
+/// `reply_to` a temporary queue of the requester's connection) and its reply, correlated by the
+/// request's message id. Persistent unless --non-persistent, as for the throughput workload.
+async fn request_reply(c: &ClientArgs, a: BenchArgs) -> anyhow::Result<()> {
+    let rounds = a.count.unwrap_or(10_000);
+    let client = connect(c).await?;
+    let (queue, temporary) = match &a.queue {
+        Some(q) => (q.clone(), false),
+        None => (format!("bench.rr.{:08x}", rand::random::<u32>()), true),
+    };
+    client
+        .admin()
+        .create_queue(pb::CreateQueueRequest {
+            name: queue.clone(),
+            config: None,
+            if_not_exists: true,
+        })
+        .await
+        .with_context(|| format!("cannot create queue {queue}"))?;
+    let persistent = !a.non_persistent;
+    let message = move |body: Vec<u8>| {
+        let m = Message::bytes(body);
+        if persistent {
+            m
+        } else {
+            m.non_persistent()
+        }
+    };
+
+    // The responder: a consumer on the queue that answers every request.
+    let responder_conn = client.open_connection("ferry-bench-responder").await?;
+    let responder = responder_conn.create_session(AckMode::Auto).await?;
+    let mut requests = responder
+        .consumer(&queue, ConsumerOptions::default().prefetch(a.prefetch))
+        .await?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let answered = {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let mut answered = 0u64;
+            while !stop.load(Ordering::Acquire) {
+                for r in requests
+                    .receive_batch(1_000, Some(Duration::from_millis(100)))
+                    .await?
+                {
+                    responder.reply(&r, message(r.body().to_vec())).await?;
+                    answered += 1;
+                }
+            }
+            requests.close().await?;
+            anyhow::Ok(answered)
+        })
+    };
+
+    let requester_conn = client.open_connection("ferry-bench-requester").await?;
+    let mut requestor = ferry_client::Requestor::new(&requester_conn).await?;
+    let mut rtt = Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3)?;
+    let progress = crate::output::progress_bar(c.output, Some(rounds));
+    let mut failures = 0u64;
+    let started = Instant::now();
+    for i in 0..rounds {
+        let body = body(0, i, now_ns(), a.size.max(HEADER_BYTES));
+        let t = Instant::now();
+        let reply = requestor
+            .request(&queue, message(body.clone()), Duration::from_secs(10))
+            .await?;
+        let micros = u64::try_from(t.elapsed().as_micros()).unwrap_or(u64::MAX);
+        match reply {
+            Some(r) if r.body() == body.as_slice() => {
+                let _ = rtt.record(micros.max(1));
+            }
+            _ => failures += 1,
+        }
+        if i % 256 == 0 {
+            progress.set_position(i);
+        }
+    }
+    let elapsed = started.elapsed();
+    progress.finish_and_clear();
+    stop.store(true, Ordering::Release);
+    let answered = answered.await??;
+    drop(requestor);
+    requester_conn.close().await?;
+    responder_conn.close().await?;
+    if temporary {
+        let _ = client
+            .admin()
+            .delete_queue(pb::DeleteQueueRequest {
+                name: queue.clone(),
+            })
+            .await;
+    }
+    let ms = |q: f64| rtt.value_at_quantile(q) as f64 / 1_000.0;
+    let per_sec = rounds as f64 / elapsed.as_secs_f64().max(1e-9);
+    match c.output {
+        Format::Json => println!(
+            "{}",
+            json!({
+                "workload": "request-reply",
+                "queue": queue,
+                "size": a.size,
+                "persistent": persistent,
+                "rounds": rounds,
+                "answered": answered,
+                "failures": failures,
+                "elapsed_ms": elapsed.as_millis() as u64,
+                "rounds_per_sec": per_sec.round(),
+                "p50_ms": ms(0.5),
+                "p90_ms": ms(0.9),
+                "p99_ms": ms(0.99),
+                "p999_ms": ms(0.999),
+                "max_ms": rtt.max() as f64 / 1_000.0,
+            })
+        ),
+        Format::Human => {
+            let mut t = Table::new();
+            t.set_header([
+                "round trips",
+                "per second",
+                "p50 ms",
+                "p90 ms",
+                "p99 ms",
+                "p99.9 ms",
+                "max ms",
+            ]);
+            t.add_row([
+                rounds.to_string(),
+                format!("{per_sec:.0}"),
+                format!("{:.3}", ms(0.5)),
+                format!("{:.3}", ms(0.9)),
+                format!("{:.3}", ms(0.99)),
+                format!("{:.3}", ms(0.999)),
+                format!("{:.3}", rtt.max() as f64 / 1_000.0),
+            ]);
+            println!("{t}");
+            println!(
+                "request-reply, {} B {} messages, {:.2} s",
+                a.size,
+                if persistent {
+                    "persistent"
+                } else {
+                    "non-persistent"
+                },
+                elapsed.as_secs_f64()
+            );
+            if failures == 0 {
+                println!("verified: every request ({rounds}) got its own reply");
+            }
+        }
+    }
+    if failures > 0 {
+        bail!("{failures} of {rounds} requests got no reply (or a wrong one) within 10 s");
+    }
+    Ok(())
 }
