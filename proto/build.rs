@@ -10,6 +10,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("cargo:rerun-if-changed={p}");
     }
     tonic_prost_build::configure()
+        // Delivered bodies are shared with the queue's copy (a reference count, not a copy).
+        .bytes(".ferry.v1.Message.body")
+        // A sent body is a view of the received buffer until the back-end takes its own copy, so the
+        // front-end can hold a request for a retry without copying it.
+        .bytes(".ferry.v1.OutgoingMessage.body")
         .file_descriptor_set_path(out_dir.join("ferry_v1_descriptor.bin"))
         .compile_protos(&protos, &["proto"])?;
     Ok(())

@@ -115,7 +115,7 @@ pub(crate) fn moved_message(source: &QueueName, dl: &DeadLetter) -> NewMessage {
         PropertyValue::Long(dl.delivery_count.into()),
     );
     NewMessage {
-        body: m.body.clone(),
+        body: m.body.to_vec(),
         properties,
         correlation_id: m.correlation_id.clone(),
         reply_to: m.reply_to.clone(),

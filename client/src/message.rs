@@ -11,7 +11,7 @@ pub struct Message(pub pb::OutgoingMessage);
 impl Message {
     pub fn bytes(body: impl Into<Vec<u8>>) -> Self {
         Self(pb::OutgoingMessage {
-            body: body.into(),
+            body: body.into().into(),
             ..Default::default()
         })
     }

@@ -317,7 +317,8 @@ impl NewMessage {
 pub struct Message {
     pub id: MessageId,
     pub seq: Seq,
-    pub body: Vec<u8>,
+    /// Shared, so a delivery or a copy of the message does not copy it.
+    pub body: bytes::Bytes,
     pub properties: BTreeMap<String, PropertyValue>,
     pub correlation_id: Option<String>,
     pub reply_to: Option<QueueName>,

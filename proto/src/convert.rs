@@ -69,7 +69,8 @@ impl TryFrom<pb::OutgoingMessage> for NewMessage {
                 reason: e.to_string(),
             })?;
         Ok(NewMessage {
-            body: m.body,
+            // The kernel's own allocation (one copy, as decoding into a `Vec` made before).
+            body: m.body.into(),
             properties,
             correlation_id: m.correlation_id,
             reply_to,
@@ -299,7 +300,7 @@ mod tests {
     #[test]
     fn outgoing_message_decodes_with_defaults() {
         let m = NewMessage::try_from(pb::OutgoingMessage {
-            body: b"x".to_vec(),
+            body: b"x".to_vec().into(),
             correlation_id: Some(" Abc ".into()),
             ..Default::default()
         })

@@ -194,7 +194,7 @@ pub(crate) fn decode_message(uid: QueueUid, buf: &[u8]) -> Result<Message, Store
         };
         properties.insert(k, v);
     }
-    let body = r.bytes()?.to_vec();
+    let body = bytes::Bytes::copy_from_slice(r.bytes()?);
     if !r.buf.is_empty() {
         return Err(r.corrupt("trailing bytes"));
     }
@@ -403,7 +403,7 @@ mod tests {
             body in any::<Vec<u8>>(), props in proptest::collection::btree_map("[a-z]{1,8}", prop_value(), 0..5),
         ) {
             let m = Message {
-                id: MessageId::new(QueueUid(9), Seq(seq)), seq: Seq(seq), body, properties: props,
+                id: MessageId::new(QueueUid(9), Seq(seq)), seq: Seq(seq), body: body.into(), properties: props,
                 correlation_id: corr, reply_to: Some(QueueName::new("reply.q").unwrap()),
                 jms_type: Some("t".into()), priority: Priority::new(prio).unwrap(), timestamp_ms: ts,
                 expiration_ms: exp, deliver_at_ms: at, persistent, dedup_id: None, group_id: Some("g".into()),

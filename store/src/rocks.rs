@@ -422,7 +422,7 @@ mod tests {
         Message {
             id: MessageId::new(QueueUid(uid), Seq(seq)),
             seq: Seq(seq),
-            body: vec![7; seq as usize],
+            body: vec![7; seq as usize].into(),
             properties: Default::default(),
             correlation_id: Some(corr.to_string()),
             reply_to: None,

@@ -69,7 +69,7 @@ fn message(uid: u64, seq: u64) -> Message {
     Message {
         id: MessageId::new(QueueUid(uid), Seq(seq)),
         seq: Seq(seq),
-        body: format!("body-{seq}").into_bytes(),
+        body: format!("body-{seq}").into_bytes().into(),
         properties,
         correlation_id: Some(format!("corr-{seq}")),
         reply_to: None,
@@ -88,7 +88,7 @@ fn message(uid: u64, seq: u64) -> Message {
 fn at(uid: u64, p: u32, seq: u64) -> Message {
     Message {
         priority: prio(p),
-        body: vec![b'x'; 10 * seq as usize],
+        body: vec![b'x'; 10 * seq as usize].into(),
         ..message(uid, seq)
     }
 }
@@ -706,7 +706,7 @@ fn a_database_in_the_pre_paging_layout_is_migrated_on_open() {
         .map(|seq| {
             let uid = QueueUid(1 + seq % 2);
             let mut m = with_headers(at(uid.0, (seq % 10) as u32, seq), None, None);
-            m.body = vec![b'b'; 2_000];
+            m.body = vec![b'b'; 2_000].into();
             if seq % 3 == 0 {
                 m.correlation_id = Some(format!("c{}", seq % 4));
             }

@@ -57,7 +57,7 @@ fn take(q: &mut Queue, owner: u64, max: u32, now: u64) -> Vec<Delivery> {
 
 fn bodies(d: &[Delivery]) -> Vec<String> {
     d.iter()
-        .map(|d| String::from_utf8(d.message.body.clone()).unwrap())
+        .map(|d| String::from_utf8(d.message.body.to_vec()).unwrap())
         .collect()
 }
 
@@ -305,7 +305,7 @@ fn a_recovered_message_with_exhausted_deliveries_is_dead_lettered_at_the_first_t
         message: crate::types::Message {
             id: crate::types::MessageId::new(QueueUid(9), Seq(seq)),
             seq: Seq(seq),
-            body: vec![],
+            body: Default::default(),
             properties: Default::default(),
             correlation_id: None,
             reply_to: None,

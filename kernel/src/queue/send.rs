@@ -236,7 +236,7 @@ fn stamp(m: NewMessage, id: MessageId, seq: Seq, now_ms: u64) -> Message {
     Message {
         id,
         seq,
-        body: m.body,
+        body: m.body.into(),
         properties: m.properties,
         correlation_id: m.correlation_id,
         reply_to: m.reply_to,

@@ -218,7 +218,7 @@ fn higher_priority_first_then_fifo() {
     };
     let bodies: Vec<_> = delivered(q.receive(req, T0).unwrap().0)
         .iter()
-        .map(|d| String::from_utf8(d.message.body.clone()).unwrap())
+        .map(|d| String::from_utf8(d.message.body.to_vec()).unwrap())
         .collect();
     assert_eq!(bodies, ["high-1", "high-2", "low-1", "low-2"]);
 }
@@ -509,7 +509,7 @@ fn a_selective_receiver_skips_other_messages_without_disturbing_their_order() {
         ..selected(1, Wait::NoWait, "color = 'blue'")
     };
     let got = delivered(q.receive(blue, T0).unwrap().0);
-    let bodies: Vec<_> = got.iter().map(|d| d.message.body.clone()).collect();
+    let bodies: Vec<_> = got.iter().map(|d| d.message.body.to_vec()).collect();
     assert_eq!(bodies, [b"b1".to_vec(), b"b2".to_vec()]);
     let rest = delivered(
         q.receive(
@@ -522,7 +522,7 @@ fn a_selective_receiver_skips_other_messages_without_disturbing_their_order() {
         .unwrap()
         .0,
     );
-    let bodies: Vec<_> = rest.iter().map(|d| d.message.body.clone()).collect();
+    let bodies: Vec<_> = rest.iter().map(|d| d.message.body.to_vec()).collect();
     assert_eq!(
         bodies,
         [b"r1".to_vec(), b"r2".to_vec()],

@@ -10,7 +10,7 @@ pub(super) fn message(properties: &[(&str, P)]) -> Message {
     Message {
         id: MessageId::new(QueueUid(7), Seq(42)),
         seq: Seq(42),
-        body: Vec::new(),
+        body: Default::default(),
         properties: properties
             .iter()
             .map(|(k, v)| ((*k).to_owned(), v.clone()))

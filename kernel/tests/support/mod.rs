@@ -308,7 +308,7 @@ pub fn receive(q: &mut Queue, store: &mut FakeStore, r: ReceiveRequest, now: u64
 }
 
 pub fn body(d: &Delivery) -> String {
-    String::from_utf8(d.message.body.clone()).unwrap()
+    String::from_utf8(d.message.body.to_vec()).unwrap()
 }
 
 pub fn bodies(d: &[Delivery]) -> Vec<String> {
