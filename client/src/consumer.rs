@@ -142,10 +142,12 @@ impl Consumer {
             };
             match timeout {
                 None => wait.await?,
-                Some(t) => match tokio::time::timeout(t, wait).await {
-                    Ok(r) => r?,
-                    Err(_) => {}
-                },
+                // Timing out is an empty answer, not an error.
+                Some(t) => {
+                    if let Ok(r) = tokio::time::timeout(t, wait).await {
+                        r?;
+                    }
+                }
             }
         }
         // Take whatever else has arrived meanwhile, without waiting.

@@ -23,6 +23,9 @@ pub type ConsumeStream =
 /// Deliveries asked of the back-end in one receive.
 const BATCH_MAX: u64 = 1_000;
 
+/// An ack, nack or release under way, and what it answers on the stream (if anything).
+type AckAnswer = Pin<Box<dyn Future<Output = Option<Result<pb::ConsumeResponse, Status>>> + Send>>;
+
 type Inflight =
     Pin<Box<dyn Future<Output = Result<Response<pb::BackendReceiveResponse>, Status>> + Send>>;
 
@@ -66,9 +69,7 @@ async fn run(
     let mut inflight: Option<Inflight> = None;
     // Acks, nacks and releases under way: they run while deliveries keep flowing, and their
     // answers go out in the order they were asked.
-    let mut acks: FuturesOrdered<
-        Pin<Box<dyn Future<Output = Option<Result<pb::ConsumeResponse, Status>>> + Send>>,
-    > = FuturesOrdered::new();
+    let mut acks: FuturesOrdered<AckAnswer> = FuturesOrdered::new();
     // The client asked for nothing more (`stop`).
     let mut stopped = false;
     let mut stopping = svc.stopping.clone();
