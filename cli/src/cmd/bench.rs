@@ -151,19 +151,7 @@ pub async fn run(c: &ClientArgs, a: BenchArgs) -> anyhow::Result<()> {
         bail!("--window and --prefetch must be at least 1");
     }
     let client = connect(c).await?;
-    let (queue, temporary) = match &a.queue {
-        Some(q) => (q.clone(), false),
-        None => (format!("bench.{:08x}", rand::random::<u32>()), true),
-    };
-    client
-        .admin()
-        .create_queue(pb::CreateQueueRequest {
-            name: queue.clone(),
-            config: None,
-            if_not_exists: true,
-        })
-        .await
-        .with_context(|| format!("cannot create queue {queue}"))?;
+    let (queue, temporary) = bench_queue(&client, a.queue.as_deref(), "bench").await?;
     let total = match (a.count, a.duration_ms) {
         (Some(n), _) => Some(n),
         (None, Some(_)) => None,
@@ -561,15 +549,16 @@ fn record(r: &Received, now: u64, shared: &Shared, latency: &mut Histogram<u64>)
     }
 }
 
-/// The request-reply workload: sequential round trips, each a request to `queue` (with
-/// `reply_to` a temporary queue of the requester's connection) and its reply, correlated by the
-/// request's message id. Persistent unless --non-persistent, as for the throughput workload.
-async fn request_reply(c: &ClientArgs, a: BenchArgs) -> anyhow::Result<()> {
-    let rounds = a.count.unwrap_or(10_000);
-    let client = connect(c).await?;
-    let (queue, temporary) = match &a.queue {
-        Some(q) => (q.clone(), false),
-        None => (format!("bench.rr.{:08x}", rand::random::<u32>()), true),
+/// The queue a run uses: the one named (created if missing, kept), or a fresh one of its own
+/// (`<prefix>.<random>`, deleted at the end: the `bool`).
+async fn bench_queue(
+    client: &ferry_client::Client,
+    named: Option<&str>,
+    prefix: &str,
+) -> anyhow::Result<(String, bool)> {
+    let (queue, temporary) = match named {
+        Some(q) => (q.to_string(), false),
+        None => (format!("{prefix}.{:08x}", rand::random::<u32>()), true),
     };
     client
         .admin()
@@ -580,6 +569,16 @@ async fn request_reply(c: &ClientArgs, a: BenchArgs) -> anyhow::Result<()> {
         })
         .await
         .with_context(|| format!("cannot create queue {queue}"))?;
+    Ok((queue, temporary))
+}
+
+/// The request-reply workload: sequential round trips, each a request to `queue` (with
+/// `reply_to` a temporary queue of the requester's connection) and its reply, correlated by the
+/// request's message id. Persistent unless --non-persistent, as for the throughput workload.
+async fn request_reply(c: &ClientArgs, a: BenchArgs) -> anyhow::Result<()> {
+    let rounds = a.count.unwrap_or(10_000);
+    let client = connect(c).await?;
+    let (queue, temporary) = bench_queue(&client, a.queue.as_deref(), "bench.rr").await?;
     let persistent = !a.non_persistent;
     let message = move |body: Vec<u8>| {
         let m = Message::bytes(body);
