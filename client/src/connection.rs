@@ -13,6 +13,9 @@ use tonic::Request;
 use crate::message::{Message, Received};
 use crate::ClientError;
 
+/// The largest message the client takes from (or sends to) its server.
+const RESPONSE_BYTES_MAX: usize = 1 << 30;
+
 /// A handle to one server. Cheap to clone; all clones share one HTTP/2 connection.
 #[derive(Debug, Clone)]
 pub struct Client {
@@ -44,11 +47,17 @@ impl Client {
     }
 
     pub fn messaging(&self) -> MessagingClient<Channel> {
+        // Deliveries come in batches (a `Consume` push or a receive of up to 1 000 messages of up
+        // to the server's message size limit): larger than tonic's 4 MiB default.
         MessagingClient::new(self.channel.clone())
+            .max_decoding_message_size(RESPONSE_BYTES_MAX)
+            .max_encoding_message_size(RESPONSE_BYTES_MAX)
     }
 
     pub fn admin(&self) -> AdminClient<Channel> {
         AdminClient::new(self.channel.clone())
+            .max_decoding_message_size(RESPONSE_BYTES_MAX)
+            .max_encoding_message_size(RESPONSE_BYTES_MAX)
     }
 
     /// Opens a connection and keeps it alive with heartbeats until it is closed or dropped.

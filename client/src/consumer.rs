@@ -51,8 +51,10 @@ impl ConsumerOptions {
 }
 
 /// See the module docs. Made by [`Session::consumer`]. [`Consumer::close`] gives the messages
-/// pushed ahead and never handed over back to the queue at once; dropping a consumer without
-/// closing leaves them leased to the session until it closes or their leases run out.
+/// pushed ahead and never handed over back to the queue at once and waits for every ack's
+/// answer. Dropping a consumer without closing still delivers the acks already made and gives
+/// back what it holds, but a push that was on its way at that moment stays leased to the
+/// session until it closes or the leases run out.
 ///
 /// Acknowledgement follows the session's mode:
 /// - auto / dups-ok: the messages a receive returns are acknowledged on the stream as it returns
@@ -70,7 +72,8 @@ impl ConsumerOptions {
 pub struct Consumer {
     session: Session,
     requests: mpsc::UnboundedSender<pb::ConsumeRequest>,
-    responses: Streaming<pb::ConsumeResponse>,
+    /// Always `Some` until the consumer is dropped (see `Drop`).
+    responses: Option<Streaming<pb::ConsumeResponse>>,
     buffer: VecDeque<Received>,
     stale_acks: Arc<AtomicU64>,
     /// Acks and releases sent and not yet answered.
@@ -107,7 +110,7 @@ impl Session {
         Ok(Consumer {
             session: self.clone(),
             requests,
-            responses,
+            responses: Some(responses),
             buffer: VecDeque::new(),
             stale_acks: Arc::default(),
             outstanding: 0,
@@ -236,7 +239,12 @@ impl Consumer {
 
     /// Reads one response off the stream into the buffer.
     async fn read_one(&mut self) -> Result<(), ClientError> {
-        match self.responses.message().await? {
+        let Some(responses) = self.responses.as_mut() else {
+            return Err(ClientError::InvalidArgument(
+                "the consumer's stream has ended".into(),
+            ));
+        };
+        match responses.message().await? {
             Some(pb::ConsumeResponse {
                 kind: Some(pb::consume_response::Kind::Deliveries(d)),
             }) => self.buffer.extend(
@@ -268,5 +276,30 @@ impl Consumer {
             }
         }
         Ok(())
+    }
+}
+
+impl Drop for Consumer {
+    /// The acks already written must reach the server: dropping the response stream would cancel
+    /// the call and lose them. So: give back what was pushed and never handed over, end the
+    /// request side (the sender goes with `self`), and keep reading the responses in the
+    /// background until the server, having applied everything, ends the stream.
+    fn drop(&mut self) {
+        let Some(mut responses) = self.responses.take() else {
+            return;
+        };
+        let unseen: Vec<String> = self
+            .buffer
+            .drain(..)
+            .map(|r| r.delivery.receipt_handle)
+            .collect();
+        if !unseen.is_empty() {
+            let _ = self.send(Kind::Release(pb::ReceiptHandles {
+                receipt_handles: unseen,
+            }));
+        }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move { while let Ok(Some(_)) = responses.message().await {} });
+        }
     }
 }

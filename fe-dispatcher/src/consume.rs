@@ -77,7 +77,7 @@ async fn run(
         // Traffic on the stream keeps the connection alive; a session that is gone ends it.
         if let Err(status) = svc.touch_session(&start.session_id, None) {
             let _ = tx.send(Err(status)).await;
-            return;
+            break;
         }
         if inflight.is_none() && credits > 0 && !stopped {
             let req = pb::BackendReceiveRequest {
@@ -97,17 +97,15 @@ async fn run(
                 let kind = match msg {
                     Ok(Some(pb::ConsumeRequest { kind: Some(kind) })) => kind,
                     Ok(Some(_)) => continue,
-                    Ok(None) | Err(_) => {
-                        give_back(&svc, inflight.take()).await;
-                        return;
-                    }
+                    // The client ended its side (or went away): finish below.
+                    Ok(None) | Err(_) => break,
                 };
                 if matches!(kind, Kind::Stop(true)) {
                     stopped = true;
                     give_back(&svc, inflight.take()).await;
                     let out = pb::ConsumeResponse { kind: Some(pb::consume_response::Kind::Stopped(pb::Stopped {})) };
                     if tx.send(Ok(out)).await.is_err() {
-                        return;
+                        break;
                     }
                     continue;
                 }
@@ -121,7 +119,7 @@ async fn run(
             Some(reply) = acks.next(), if !acks.is_empty() => {
                 if let Some(reply) = reply {
                     if tx.send(reply).await.is_err() {
-                        return;
+                        break;
                     }
                 }
             }
@@ -137,23 +135,27 @@ async fn run(
                             // The client is gone: give these back now rather than at lease expiry,
                             // not counted as deliveries (nobody saw them).
                             let _ = release(&svc, &handles).await;
-                            return;
+                            break;
                         }
                     }
                     Err(status) => {
                         let _ = tx.send(Err(status)).await;
-                        return;
+                        break;
                     }
                 }
             }
-            () = tx.closed() => {
-                give_back(&svc, inflight.take()).await;
-                return;
-            }
-            () = crate::stopped(&mut stopping) => {
-                give_back(&svc, inflight.take()).await;
-                return;
-            }
+            () = tx.closed() => break,
+            () = crate::stopped(&mut stopping) => break,
+        }
+    }
+    // However the stream ends: the open receive gives back what it holds, and every ack, nack
+    // and release the client wrote before the end takes effect (and is answered, if the client
+    // still listens). Dropping them would leave acknowledged messages leased, to be delivered
+    // again when their leases run out.
+    give_back(&svc, inflight.take()).await;
+    while let Some(reply) = acks.next().await {
+        if let Some(reply) = reply {
+            let _ = tx.send(reply).await;
         }
     }
 }

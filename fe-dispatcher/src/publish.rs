@@ -27,6 +27,10 @@ pub type PublishStream =
 
 /// The most messages one back-end call carries.
 const BATCH_MAX: usize = 1_000;
+/// The most bytes of messages a coalesced call carries. A single request may be larger (up to
+/// the node's request limit) and then goes alone; a merged call never grows past what a remote
+/// back-end accepts.
+const BATCH_BYTES_MAX: usize = 4 * 1024 * 1024;
 /// Messages read off the stream and not yet sent to the back-end. Past this the front-end stops
 /// reading, and HTTP/2 flow control holds the producer back.
 const QUEUED_MAX: usize = 10_000;
@@ -95,21 +99,26 @@ async fn run(
 }
 
 /// The longest run at the front of `queued` that can go in one back-end call: same queue, same
-/// session, at most [`BATCH_MAX`] messages (always at least one request).
+/// session, at most [`BATCH_MAX`] messages and [`BATCH_BYTES_MAX`] bytes (always at least one
+/// request).
 fn take_run(queued: &mut VecDeque<(u64, pb::PublishRequest)>) -> Vec<(u64, pb::PublishRequest)> {
     let mut run = Vec::new();
     let mut messages = 0;
+    let mut bytes = 0;
     while let Some((_, next)) = queued.front() {
+        let next_bytes = prost::Message::encoded_len(next);
         if let Some((_, first)) = run.first() {
             let first: &pb::PublishRequest = first;
             if next.queue != first.queue
                 || next.session_id != first.session_id
                 || messages + next.messages.len() > BATCH_MAX
+                || bytes + next_bytes > BATCH_BYTES_MAX
             {
                 break;
             }
         }
         messages += next.messages.len();
+        bytes += next_bytes;
         run.push(queued.pop_front().expect("front exists"));
     }
     run
@@ -181,9 +190,15 @@ async fn send_run(
     }
 }
 
+/// Codes that say a coalesced call was refused for what it carried, before anything was stored:
+/// its requests may fare differently on their own. (`OUT_OF_RANGE`: too large a call for a
+/// remote back-end.)
 fn is_about_a_message(code: tonic::Code) -> bool {
     matches!(
         code,
-        tonic::Code::InvalidArgument | tonic::Code::ResourceExhausted | tonic::Code::NotFound
+        tonic::Code::InvalidArgument
+            | tonic::Code::ResourceExhausted
+            | tonic::Code::NotFound
+            | tonic::Code::OutOfRange
     )
 }

@@ -6,6 +6,9 @@ use ferry_proto::pb::backend_client::BackendClient;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Response, Status};
 
+/// The largest message one node sends another.
+const NODE_MESSAGE_BYTES_MAX: usize = 1 << 30;
+
 /// See the module docs.
 #[derive(Debug, Clone)]
 pub struct RemoteBackend {
@@ -22,7 +25,11 @@ impl RemoteBackend {
             .keep_alive_while_idle(true)
             .connect_lazy();
         Ok(Self {
-            client: BackendClient::new(channel),
+            // Node to node: a receive of up to 1 000 messages of up to the message size limit is
+            // larger than tonic's 4 MiB default. The peer is a member of the cluster.
+            client: BackendClient::new(channel)
+                .max_decoding_message_size(NODE_MESSAGE_BYTES_MAX)
+                .max_encoding_message_size(NODE_MESSAGE_BYTES_MAX),
         })
     }
 }

@@ -272,3 +272,116 @@ async fn an_ack_after_the_lease_ran_out_is_counted_stale_and_the_message_comes_b
     assert_eq!(stats(&client, "q").await?.acked_total, 0);
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acks_written_before_a_consumer_goes_away_take_effect() -> anyhow::Result<()> {
+    // Review finding: the front-end dropped acks still under way when the client ended the
+    // stream, leaving acknowledged messages leased (and delivered again when the lease ran out).
+    let queues: Vec<String> = (0..5).map(|i| format!("q{i}")).collect();
+    let names: Vec<&str> = queues.iter().map(String::as_str).collect();
+    let (_dir, _node, client) = memory_node(&names).await?;
+    let conn = client.open_connection("t").await?;
+    let session = conn.create_session(AckMode::Auto).await?;
+    for q in &queues {
+        session.send(q, vec![Message::text("m")]).await?;
+        let mut consumer = session
+            .consumer(q, ConsumerOptions::default().prefetch(1))
+            .await?;
+        let got = consumer
+            .receive_batch(1, Some(Duration::from_secs(10)))
+            .await?;
+        assert_eq!(got.len(), 1);
+        // Auto mode acknowledged it on the stream as it was returned; no close.
+        drop(consumer);
+    }
+    // The leases last 30 s: an ack that was lost would leave `acked_total` at 0 well past this.
+    ferry_integration_tests::wait_until(Duration::from_secs(10), "every ack to apply", || {
+        let (client, queues) = (client.clone(), queues.clone());
+        async move {
+            for q in &queues {
+                if stats(&client, q).await?.acked_total != 1 {
+                    return Ok(false);
+                }
+            }
+            Ok(true)
+        }
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ack_and_then_the_end_of_the_stream_is_applied_and_answered() -> anyhow::Result<()> {
+    let (_dir, _node, client) = memory_node(&["q"]).await?;
+    let conn = client.open_connection("t").await?;
+    let session = conn.create_session(AckMode::Individual).await?;
+    session.send("q", vec![Message::text("m")]).await?;
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tx.send(pb::ConsumeRequest {
+        kind: Some(pb::consume_request::Kind::Start(pb::ConsumeStart {
+            session_id: session.id().into(),
+            queue: "q".into(),
+            prefetch: 1,
+            ..Default::default()
+        })),
+    })?;
+    let mut responses = client
+        .messaging()
+        .consume(tokio_stream::wrappers::UnboundedReceiverStream::new(rx))
+        .await?
+        .into_inner();
+    let handle = loop {
+        match responses.message().await?.and_then(|r| r.kind) {
+            Some(pb::consume_response::Kind::Deliveries(d)) if !d.deliveries.is_empty() => {
+                break d.deliveries[0].receipt_handle.clone()
+            }
+            Some(_) => {}
+            None => anyhow::bail!("the stream ended before a delivery"),
+        }
+    };
+    tx.send(pb::ConsumeRequest {
+        kind: Some(pb::consume_request::Kind::Ack(pb::ReceiptHandles {
+            receipt_handles: vec![handle],
+        })),
+    })?;
+    // The client's side ends right after the ack.
+    drop(tx);
+    let mut answered = false;
+    while let Some(r) = responses.message().await? {
+        if let Some(pb::consume_response::Kind::AckResult(a)) = r.kind {
+            assert!(a.stale_receipt_handles.is_empty(), "{a:?}");
+            answered = true;
+        }
+    }
+    assert!(answered, "the ack was not answered before the stream ended");
+    let s = stats(&client, "q").await?;
+    assert_eq!((s.acked_total, s.leased), (1, 0));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_push_larger_than_four_mebibytes_reaches_the_consumer() -> anyhow::Result<()> {
+    // Review finding: tonic's 4 MiB default decode limit refused a batch of deliveries the
+    // server was allowed to push (up to 1 000 messages of up to 1 MiB each).
+    let (_dir, _node, client) = memory_node(&["q"]).await?;
+    let conn = client.open_connection("t").await?;
+    let session = conn.create_session(AckMode::Auto).await?;
+    let body = vec![b'x'; 600 * 1024];
+    session
+        .send("q", (0..10).map(|_| Message::bytes(body.clone())).collect())
+        .await?;
+    let mut consumer = session
+        .consumer("q", ConsumerOptions::default().prefetch(10))
+        .await?;
+    let mut got = 0;
+    while got < 10 {
+        let b = consumer
+            .receive_batch(10, Some(Duration::from_secs(10)))
+            .await?;
+        anyhow::ensure!(!b.is_empty(), "nothing came");
+        assert!(b.iter().all(|r| r.body().len() == body.len()));
+        got += b.len();
+    }
+    consumer.close().await?;
+    assert_eq!(stats(&client, "q").await?.acked_total, 10);
+    Ok(())
+}
