@@ -205,16 +205,7 @@ impl Consumer {
         while !self.stopped {
             self.read_one().await?;
         }
-        let unseen: Vec<String> = self
-            .buffer
-            .drain(..)
-            .map(|r| r.delivery.receipt_handle)
-            .collect();
-        if !unseen.is_empty() {
-            self.send(Kind::Release(pb::ReceiptHandles {
-                receipt_handles: unseen,
-            }))?;
-        }
+        self.release_unseen()?;
         self.flush().await
     }
 
@@ -226,6 +217,21 @@ impl Consumer {
             self.read_one().await?;
         }
         Ok(())
+    }
+
+    /// Gives back, unseen, what was pushed and never handed to the application.
+    fn release_unseen(&mut self) -> Result<(), ClientError> {
+        let unseen: Vec<String> = self
+            .buffer
+            .drain(..)
+            .map(|r| r.delivery.receipt_handle)
+            .collect();
+        if unseen.is_empty() {
+            return Ok(());
+        }
+        self.send(Kind::Release(pb::ReceiptHandles {
+            receipt_handles: unseen,
+        }))
     }
 
     fn send(&mut self, kind: Kind) -> Result<(), ClientError> {
@@ -288,16 +294,7 @@ impl Drop for Consumer {
         let Some(mut responses) = self.responses.take() else {
             return;
         };
-        let unseen: Vec<String> = self
-            .buffer
-            .drain(..)
-            .map(|r| r.delivery.receipt_handle)
-            .collect();
-        if !unseen.is_empty() {
-            let _ = self.send(Kind::Release(pb::ReceiptHandles {
-                receipt_handles: unseen,
-            }));
-        }
+        let _ = self.release_unseen();
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move { while let Ok(Some(_)) = responses.message().await {} });
         }

@@ -347,17 +347,14 @@ pub async fn run(c: &ClientArgs, a: BenchArgs) -> anyhow::Result<()> {
                 "sent", "received", "msgs/s", "MB/s", "p50 ms", "p90 ms", "p99 ms", "p99.9 ms",
                 "max ms",
             ]);
-            t.add_row([
+            let mut row = vec![
                 sent.to_string(),
                 received.to_string(),
                 format!("{rate:.0}"),
                 format!("{mb_per_sec:.2}"),
-                format!("{:.3}", ms(0.5)),
-                format!("{:.3}", ms(0.9)),
-                format!("{:.3}", ms(0.99)),
-                format!("{:.3}", ms(0.999)),
-                format!("{:.3}", h.max() as f64 / 1_000.0),
-            ]);
+            ];
+            row.extend(latency_cells(&h));
+            t.add_row(row);
             println!("{t}");
             println!(
                 "{} producers, {} consumers, {} B {} messages, {:.2} s",
@@ -549,6 +546,18 @@ fn record(r: &Received, now: u64, shared: &Shared, latency: &mut Histogram<u64>)
     }
 }
 
+/// p50, p90, p99, p99.9 and max of a histogram of microseconds, in milliseconds, for a table.
+fn latency_cells(h: &Histogram<u64>) -> [String; 5] {
+    let ms = |v: u64| format!("{:.3}", v as f64 / 1_000.0);
+    [
+        ms(h.value_at_quantile(0.5)),
+        ms(h.value_at_quantile(0.9)),
+        ms(h.value_at_quantile(0.99)),
+        ms(h.value_at_quantile(0.999)),
+        ms(h.max()),
+    ]
+}
+
 /// The queue a run uses: the one named (created if missing, kept), or a fresh one of its own
 /// (`<prefix>.<random>`, deleted at the end: the `bool`).
 async fn bench_queue(
@@ -685,15 +694,9 @@ async fn request_reply(c: &ClientArgs, a: BenchArgs) -> anyhow::Result<()> {
                 "p99.9 ms",
                 "max ms",
             ]);
-            t.add_row([
-                rounds.to_string(),
-                format!("{per_sec:.0}"),
-                format!("{:.3}", ms(0.5)),
-                format!("{:.3}", ms(0.9)),
-                format!("{:.3}", ms(0.99)),
-                format!("{:.3}", ms(0.999)),
-                format!("{:.3}", rtt.max() as f64 / 1_000.0),
-            ]);
+            let mut row = vec![rounds.to_string(), format!("{per_sec:.0}")];
+            row.extend(latency_cells(&rtt));
+            t.add_row(row);
             println!("{t}");
             println!(
                 "request-reply, {} B {} messages, {:.2} s",
