@@ -5,7 +5,7 @@
 #![allow(clippy::unwrap_used)]
 
 use ferry_client::{AckMode, ClientError, Message, ReceiveOptions, Session};
-use ferry_integration_tests::{create_queue, ferry_cli, Node, NodeOptions};
+use ferry_integration_tests::{create_queue, ferry_cli, memory_node, Node, NodeOptions};
 use serde_json::Value;
 
 /// More free space than any disk has (2^60 bytes), small enough for every config parser.
@@ -34,15 +34,7 @@ async fn consume_one(session: &Session, queue: &str) -> anyhow::Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_queue_refuses_sends_until_a_message_is_consumed() -> anyhow::Result<()> {
-    let dir = tempfile::tempdir()?;
-    let node = Node::start(
-        dir.path(),
-        NodeOptions {
-            memory: true,
-            ..Default::default()
-        },
-    )?;
-    let client = node.client().await?;
+    let (_dir, node, client) = memory_node(&[]).await?;
     let (ok, _, err) = ferry_cli(&node, &["queue", "create", "capped", "--max-messages", "3"])?;
     assert!(ok, "{err}");
     let (ok, out, err) = ferry_cli(&node, &["queue", "show", "capped", "-o", "json"])?;

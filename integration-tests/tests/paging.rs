@@ -54,16 +54,21 @@ impl Ledger {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn consumers_churning_over_a_paged_queue_lose_and_duplicate_nothing() -> anyhow::Result<()> {
-    let dir = tempfile::tempdir()?;
-    let node = Node::start(
-        dir.path(),
+/// A node with the small paging budget of [`CONFIG`], its data under `dir`.
+fn paged_node(dir: &std::path::Path) -> anyhow::Result<Node> {
+    Node::start(
+        dir,
         NodeOptions {
             extra_toml: CONFIG.into(),
             ..NodeOptions::default()
         },
-    )?;
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consumers_churning_over_a_paged_queue_lose_and_duplicate_nothing() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let node = paged_node(dir.path())?;
     let client = node.client().await?;
     // Redelivered as often as it takes: churning consumers give some messages back many times,
     // and this test is about none being lost (the dead-letter rule has tests of its own).
@@ -269,13 +274,7 @@ async fn consume(
 async fn a_paged_queue_recovers_without_loading_its_messages_and_keeps_its_order(
 ) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let mut node = Node::start(
-        dir.path(),
-        NodeOptions {
-            extra_toml: CONFIG.into(),
-            ..NodeOptions::default()
-        },
-    )?;
+    let mut node = paged_node(dir.path())?;
     let client = node.client().await?;
     create_queue(&client, "big").await?;
     let conn = client.open_connection("producer").await?;

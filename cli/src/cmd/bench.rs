@@ -493,10 +493,7 @@ async fn consume(
             if got.is_empty() {
                 continue;
             }
-            let now = now_ns();
-            for r in &got {
-                record(r, now, shared, &mut local);
-            }
+            record_all(&got, shared, &mut local);
             session.commit().await?;
         }
     } else {
@@ -511,10 +508,7 @@ async fn consume(
             if got.is_empty() {
                 continue;
             }
-            let now = now_ns();
-            for r in &got {
-                record(r, now, shared, &mut local);
-            }
+            record_all(&got, shared, &mut local);
             match mode {
                 AckMode::Client => consumer.ack(&got[got.len() - 1..])?,
                 AckMode::Individual => consumer.ack(&got)?,
@@ -530,6 +524,14 @@ async fn consume(
         .unwrap_or_else(PoisonError::into_inner)
         .add(&local)?;
     Ok(())
+}
+
+/// Records a batch received at one moment.
+fn record_all(got: &[Received], shared: &Shared, latency: &mut Histogram<u64>) {
+    let now = now_ns();
+    for r in got {
+        record(r, now, shared, latency);
+    }
 }
 
 fn record(r: &Received, now: u64, shared: &Shared, latency: &mut Histogram<u64>) {

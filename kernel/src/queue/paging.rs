@@ -49,6 +49,14 @@ pub const SCAN_LOOK_MAX: usize = 20_000;
 /// Selectors whose "nothing for me before here" positions are remembered.
 const SCAN_MEMO_MAX: usize = 64;
 
+/// What a look for a receiver found: the messages it would take, how far each priority was
+/// looked at, and whether the look stopped at its limit.
+type Look = (
+    Vec<RecoveredMessage>,
+    [Seq; Priority::MAX as usize + 1],
+    bool,
+);
+
 /// One read of a priority's run in the store.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Page {
@@ -577,20 +585,12 @@ impl Queue {
     /// selector names one correlation id or group (complete, so everything counts as looked
     /// at), else by [`Queue::scan_for_receiver`]. Returns them, how far each priority was looked
     /// at, and whether the look stopped at its limit.
-    #[allow(clippy::type_complexity)]
     fn look_for_receiver<S: PageSource>(
         &mut self,
         src: &S,
         req: &ReceiveRequest,
         now_ms: u64,
-    ) -> Result<
-        (
-            Vec<RecoveredMessage>,
-            [Seq; Priority::MAX as usize + 1],
-            bool,
-        ),
-        S::Error,
-    > {
+    ) -> Result<Look, S::Error> {
         let max = req.max_messages as usize;
         let indexed = req
             .selector
@@ -627,21 +627,13 @@ impl Queue {
     /// [`SCAN_LOOK_MAX`] and starting, per priority, where the receiver's memo says the store
     /// holds nothing for it. Returns them, how far each priority was looked at, and whether the
     /// look stopped at its limit.
-    #[allow(clippy::type_complexity)]
     fn scan_for_receiver<S: PageSource>(
         &mut self,
         src: &S,
         req: &ReceiveRequest,
         max: usize,
         now_ms: u64,
-    ) -> Result<
-        (
-            Vec<RecoveredMessage>,
-            [Seq; Priority::MAX as usize + 1],
-            bool,
-        ),
-        S::Error,
-    > {
+    ) -> Result<Look, S::Error> {
         let key = format!(
             "{:?}\u{0}{}",
             req.owner,

@@ -227,17 +227,7 @@ pub fn settle(
     fx: Effects,
     now: u64,
 ) -> Vec<(WaiterId, Vec<Delivery>)> {
-    let mut handed = fx.handed.clone();
-    store.apply(&fx);
-    loop {
-        let more = q.fill(&*store, 64, now).unwrap();
-        store.apply(&more);
-        handed.extend(more.handed.iter().cloned());
-        if more.is_empty() {
-            q.check_invariants();
-            return handed;
-        }
-    }
+    fill_until_quiet(q, store, fx, now, 64, false)
 }
 
 /// As `settle`, but as the server's owner task does it (`QueueActor::fill`): the kernel's fill
@@ -248,14 +238,27 @@ pub fn settle_like_shell(
     fx: Effects,
     now: u64,
 ) -> Vec<(WaiterId, Vec<Delivery>)> {
+    fill_until_quiet(q, store, fx, now, 16, true)
+}
+
+/// Applies `fx`, then fills (at most `max_reads` page reads each time) until a fill does
+/// nothing, or, `only_while_paging`, until the queue has no paging work.
+fn fill_until_quiet(
+    q: &mut Queue,
+    store: &mut FakeStore,
+    fx: Effects,
+    now: u64,
+    max_reads: usize,
+    only_while_paging: bool,
+) -> Vec<(WaiterId, Vec<Delivery>)> {
     let mut handed = fx.handed.clone();
     store.apply(&fx);
     loop {
-        if !q.paging_active() {
+        if only_while_paging && !q.paging_active() {
             q.check_invariants();
             return handed;
         }
-        let more = q.fill(&*store, 16, now).unwrap();
+        let more = q.fill(&*store, max_reads, now).unwrap();
         store.apply(&more);
         handed.extend(more.handed.iter().cloned());
         if more.is_empty() {
