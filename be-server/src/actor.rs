@@ -82,6 +82,8 @@ pub(crate) enum Cmd {
     },
     Ack {
         leases: Vec<LeaseRef>,
+        /// Nobody waits for the answer: the write may be deferred (see `GroupCommit`).
+        defer_sync: bool,
         reply: Reply<LeaseResults<()>>,
     },
     Nack {
@@ -423,9 +425,18 @@ impl QueueActor {
                 let fx = self.queue.return_undelivered(&leases, now);
                 self.finish(fx, vec![]).await;
             }
-            Cmd::Ack { leases, reply } => {
+            Cmd::Ack {
+                leases,
+                defer_sync,
+                reply,
+            } => {
                 let (results, fx) = self.queue.ack(&leases, now);
-                self.finish(fx, vec![answer(reply, results)]).await;
+                // Deferred only when the answer is all that waits: a hand-off or a dead letter
+                // the ack's time passing produced goes out as soon as it is durable.
+                let defer = defer_sync && fx.handed.is_empty() && fx.dead_letters.is_empty();
+                let mut answers = vec![answer(reply, results)];
+                let ops = self.collect(fx, &mut answers);
+                self.submit_with(ops, answers, defer).await;
             }
             Cmd::Nack {
                 leases,
@@ -581,12 +592,22 @@ impl QueueActor {
 
     /// Writes `ops` (if any) and answers once they are durable.
     async fn submit(&mut self, ops: Vec<StoreOp>, answers: Vec<Answer>) {
+        self.submit_with(ops, answers, false).await;
+    }
+
+    /// Like `submit`; `deferred`: the write may wait for a later synced write.
+    async fn submit_with(&mut self, ops: Vec<StoreOp>, answers: Vec<Answer>, deferred: bool) {
         if ops.is_empty() {
             self.answer(Ok(()), answers).await;
             return;
         }
         let seq = self.queue.next_seq();
-        match self.commit.submit(ops).await {
+        let submitted = if deferred {
+            self.commit.submit_deferred(ops).await
+        } else {
+            self.commit.submit(ops).await
+        };
+        match submitted {
             Ok(ticket) => {
                 self.pending.push_back(Box::pin(
                     async move { (ticket.durable().await, answers, seq) },

@@ -59,6 +59,19 @@ pub(crate) struct Inner {
     writer: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
+/// Group commit's counters (see `ferry_store::GroupCommitStats`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CommitCounts {
+    /// Synced writes (and log syncs) made.
+    pub writes: u64,
+    /// Submissions the synced writes carried.
+    pub submissions: u64,
+    /// Deferred submissions applied without a sync of their own.
+    pub deferred: u64,
+    /// Log syncs made for deferred submissions alone.
+    pub deferred_syncs: u64,
+}
+
 impl Broker {
     /// Recovers every queue from `store` and starts serving them.
     pub async fn open(config: BrokerConfig, store: Arc<dyn QueueStore>) -> Result<Self, Error> {
@@ -75,6 +88,7 @@ impl Broker {
             Arc::clone(&store),
             config.commit_queue_depth,
             config.commit_batch_max,
+            config.commit_defer_max,
         )
         .map_err(|e| ferry_store::StoreError::Io {
             context: "starting the writer thread",
@@ -162,13 +176,16 @@ impl Broker {
         self.inner.outbox.subscribe()
     }
 
-    /// Synced writes made and submissions they carried, since the node started.
-    pub fn commit_stats(&self) -> (u64, u64) {
+    /// Group commit's counters since the node started.
+    pub fn commit_stats(&self) -> CommitCounts {
         let s = self.inner.commit.stats();
-        (
-            s.writes.load(std::sync::atomic::Ordering::Relaxed),
-            s.submissions.load(std::sync::atomic::Ordering::Relaxed),
-        )
+        let load = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+        CommitCounts {
+            writes: load(&s.writes),
+            submissions: load(&s.submissions),
+            deferred: load(&s.deferred),
+            deferred_syncs: load(&s.deferred_syncs),
+        }
     }
 
     /// Time of each synced write (µs) and submissions per write, since the node started.
@@ -392,13 +409,20 @@ impl Broker {
         self.handle(queue)?.receive(req).await
     }
 
+    /// Acknowledges deliveries. `defer_sync`: nobody waits for the answer, so the delete may
+    /// share a later synced write (up to `commit_defer_max`); the answer still means durable.
     pub async fn ack(
         &self,
         queue: &QueueName,
         leases: Vec<LeaseRef>,
+        defer_sync: bool,
     ) -> Result<LeaseResults<()>, Error> {
         self.handle(queue)?
-            .call(|reply| Cmd::Ack { leases, reply })
+            .call(|reply| Cmd::Ack {
+                leases,
+                defer_sync,
+                reply,
+            })
             .await
     }
 

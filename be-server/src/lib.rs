@@ -14,7 +14,7 @@ mod error;
 mod history;
 mod service;
 
-pub use broker::{Broker, QueueSummary};
+pub use broker::{Broker, CommitCounts, QueueSummary};
 pub use clock::now_ms;
 pub use config::BrokerConfig;
 pub use dead_letter::{

@@ -276,7 +276,7 @@ impl pb::backend_server::Backend for BackendService {
         let r = req.into_inner();
         let queue = queue_name(&r.queue)?;
         let leases = self.leases(&queue, &r.receipt_handles)?;
-        let results = self.broker.ack(&queue, leases).await?;
+        let results = self.broker.ack(&queue, leases, r.defer_sync).await?;
         Ok(Response::new(lease_response(results, |()| 0)))
     }
 

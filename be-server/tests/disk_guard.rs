@@ -74,7 +74,7 @@ async fn a_short_disk_refuses_sends_but_receives_acks_and_dead_letters_go_on() {
 
     let got = b.receive(&q, receive(Some(SessionId(2)), 3)).await.unwrap();
     assert_eq!(got.len(), 3);
-    assert!(b.ack(&q, vec![got[0].lease_ref()]).await.unwrap()[0].is_ok());
+    assert!(b.ack(&q, vec![got[0].lease_ref()], false).await.unwrap()[0].is_ok());
     let rejected = b
         .nack(&q, vec![got[1].lease_ref()], None, true)
         .await

@@ -12,12 +12,16 @@ use ferry_kernel::{
 };
 use ferry_store::{MemoryStore, Page, QueueStore, RecoveredQueue, StoreError, StoreOp};
 
-/// A store whose writes block while the gate is armed, and that counts writes.
+/// A store whose writes block while the gate is armed, and that counts writes (synced and not)
+/// and logs which kind each was.
 #[derive(Debug, Default)]
 struct Gated {
     inner: MemoryStore,
     writes: AtomicUsize,
     gate: Mutex<Option<(mpsc::Sender<()>, mpsc::Receiver<()>)>>,
+    /// Told of each unsynced write.
+    unsynced: Mutex<Option<mpsc::Sender<()>>>,
+    log: Mutex<Vec<&'static str>>,
 }
 
 impl QueueStore for Gated {
@@ -28,7 +32,17 @@ impl QueueStore for Gated {
             release.recv().unwrap();
         }
         self.writes.fetch_add(1, Ordering::SeqCst);
+        self.log.lock().unwrap().push("write");
         self.inner.write(batches)
+    }
+    fn write_unsynced(&self, batches: &[Vec<StoreOp>]) -> Result<(), StoreError> {
+        self.writes.fetch_add(1, Ordering::SeqCst);
+        self.log.lock().unwrap().push("unsynced");
+        let result = self.inner.write(batches);
+        if let Some(tx) = self.unsynced.lock().unwrap().as_ref() {
+            tx.send(()).unwrap();
+        }
+        result
     }
     fn recover(&self) -> Result<Vec<RecoveredQueue>, StoreError> {
         self.inner.recover()
@@ -78,9 +92,11 @@ impl QueueStore for Gated {
 }
 
 async fn broker(store: Arc<Gated>) -> Broker {
-    let b = Broker::open(BrokerConfig::new(NodeId::new("n").unwrap()), store)
-        .await
-        .unwrap();
+    broker_with(store, BrokerConfig::new(NodeId::new("n").unwrap())).await
+}
+
+async fn broker_with(store: Arc<Gated>, config: BrokerConfig) -> Broker {
+    let b = Broker::open(config, store).await.unwrap();
     b.create_queue(
         QueueName::new("q").unwrap(),
         QueueConfig::default(),
@@ -165,7 +181,7 @@ async fn non_persistent_messages_never_touch_the_store() {
         selector: None,
     };
     let got = b.receive(&q, req).await.unwrap();
-    let results = b.ack(&q, vec![got[0].lease_ref()]).await.unwrap();
+    let results = b.ack(&q, vec![got[0].lease_ref()], false).await.unwrap();
     assert!(results[0].is_ok());
     // The first send reserves a block of sequence numbers (one write); nothing else is written.
     assert_eq!(store.writes.load(Ordering::SeqCst), before + 1);
@@ -189,4 +205,45 @@ async fn a_deleted_queue_leaves_nothing_in_the_store() {
         matches!(err, ferry_be_server::Error::QueueNotFound { .. }),
         "{err}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deferred_ack_is_answered_once_a_later_synced_write_made_it_durable() {
+    let store = Arc::new(Gated::default());
+    let (unsynced_tx, unsynced_rx) = mpsc::channel();
+    *store.unsynced.lock().unwrap() = Some(unsynced_tx);
+    let mut config = BrokerConfig::new(NodeId::new("n").unwrap());
+    // Longer than the test: only a synced write can answer the ack.
+    config.commit_defer_max = std::time::Duration::from_secs(3_600);
+    let b = Arc::new(broker_with(store.clone(), config).await);
+    let q = QueueName::new("q").unwrap();
+    let persistent = || NewMessage {
+        body: b"x".to_vec(),
+        persistent: true,
+        ..Default::default()
+    };
+    b.send(&q, vec![persistent()]).await.unwrap();
+    let req = ReceiveRequest {
+        owner: None,
+        max_messages: 1,
+        wait: Wait::NoWait,
+        lease_ms: None,
+        selector: None,
+    };
+    let got = b.receive(&q, req).await.unwrap();
+    let ack = {
+        let (b, q, lease) = (b.clone(), q.clone(), got[0].lease_ref());
+        tokio::spawn(async move { b.ack(&q, vec![lease], true).await })
+    };
+    // The delete was applied without a sync of its own ...
+    tokio::task::spawn_blocking(move || unsynced_rx.recv().unwrap())
+        .await
+        .unwrap();
+    // ... and the next send's synced write makes it durable and answers it.
+    b.send(&q, vec![persistent()]).await.unwrap();
+    let results = ack.await.unwrap().unwrap();
+    assert!(results[0].is_ok());
+    let log = store.log.lock().unwrap().clone();
+    assert_eq!(log[log.len() - 2..], ["unsynced", "write"]);
+    assert_eq!(b.stats(&q).await.unwrap().leased, 0);
 }

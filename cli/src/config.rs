@@ -87,6 +87,12 @@ pub struct Config {
     pub disk_free_min_bytes: u64,
     /// After SIGTERM, how long open calls may take to finish before the node stops anyway.
     pub shutdown_grace_ms: u64,
+    /// How long the delete of an acknowledgement made on a `Consume` stream (which the client
+    /// does not wait for) may wait for a synced write to share, before the write-ahead log is
+    /// synced for it alone. Its answer still comes only once it is durable. 0: every such
+    /// delete is synced on its own, as sends are.
+    #[serde(default = "default_ack_sync_delay_max_us")]
+    pub ack_sync_delay_max_us: u64,
     pub log: LogConfig,
     pub limits: Limits,
     #[serde(default)]
@@ -97,6 +103,10 @@ pub struct Config {
     pub history: HistoryConfig,
     #[serde(default)]
     pub paging: PagingConfig,
+}
+
+fn default_ack_sync_delay_max_us() -> u64 {
+    1_000
 }
 
 fn default_disk_free_min_bytes() -> u64 {
@@ -166,6 +176,7 @@ impl Default for Config {
             storage: Storage::Rocksdb,
             disk_free_min_bytes: default_disk_free_min_bytes(),
             shutdown_grace_ms: 10_000,
+            ack_sync_delay_max_us: default_ack_sync_delay_max_us(),
             log: LogConfig {
                 filter: "info".into(),
                 format: LogFormat::Text,

@@ -273,21 +273,33 @@ pub async fn render(s: &Sources) -> String {
         "Open sessions on this node",
         sessions as u64,
     );
-    let (writes, submissions) = s.broker.commit_stats();
-    let c = Counter::<u64, AtomicU64>::default();
-    c.inc_by(writes);
-    r.register(
-        "group_commit_writes",
-        "Synced writes made by group commit",
-        c,
-    );
-    let c = Counter::<u64, AtomicU64>::default();
-    c.inc_by(submissions);
-    r.register(
-        "group_commit_submissions",
-        "Submissions carried by those writes (submissions / writes = mean batch)",
-        c,
-    );
+    let commit = s.broker.commit_stats();
+    for (name, help, value) in [
+        (
+            "group_commit_writes",
+            "Synced writes made by group commit (log syncs for deferred acknowledgements included)",
+            commit.writes,
+        ),
+        (
+            "group_commit_submissions",
+            "Submissions carried by those writes (submissions / writes = mean batch)",
+            commit.submissions,
+        ),
+        (
+            "group_commit_deferred",
+            "Acknowledgement deletes written without a sync of their own, made durable by the next synced write",
+            commit.deferred,
+        ),
+        (
+            "group_commit_deferred_syncs",
+            "Log syncs made for deferred acknowledgements alone, when no synced write came within ack_sync_delay_max_us",
+            commit.deferred_syncs,
+        ),
+    ] {
+        let c = Counter::<u64, AtomicU64>::default();
+        c.inc_by(value);
+        r.register(name, help, c);
+    }
     let (write_micros, batch) = s.broker.commit_histograms();
     r.register_collector(Box::new(Snapshot {
         name: "group_commit_write_seconds",

@@ -52,6 +52,7 @@ pub async fn run(
     broker_config.queue_memory_budget_bytes = config.paging.queue_memory_budget_bytes;
     broker_config.node_memory_budget_bytes = config.paging.node_memory_budget_bytes;
     broker_config.disk_free_min_bytes = config.disk_free_min_bytes;
+    broker_config.commit_defer_max = std::time::Duration::from_micros(config.ack_sync_delay_max_us);
     broker_config.disk_guard_dir = match config.storage {
         Storage::Rocksdb => Some(config.data_dir.clone()),
         Storage::Memory => None,

@@ -212,9 +212,15 @@ async fn handle(svc: &MessagingService, kind: Kind) -> Option<Result<pb::Consume
         },
         // Taken by the stream loop.
         Kind::Credit(_) => None,
+        // The client does not wait for this answer (unless it flushes): the delete may share
+        // the next synced write.
         Kind::Ack(h) => match svc
             .lease_op(&h.receipt_handles, |be, req| async move {
-                be.ack(Request::new(req)).await
+                be.ack(Request::new(pb::BackendLeaseRequest {
+                    defer_sync: true,
+                    ..req
+                }))
+                .await
             })
             .await
         {

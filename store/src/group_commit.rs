@@ -1,10 +1,18 @@
 //! Group commit: concurrent writers hand their ops to one writer thread, which takes everything
 //! queued at that moment, writes it as one synced batch, then answers all of them. Throughput grows
 //! with concurrency while every caller still waits for its own data to be durable.
+//!
+//! A submission nobody is waiting on (an acknowledgement on a `Consume` stream) may be *deferred*:
+//! the writer applies it at once without syncing, and answers it when a later synced write has
+//! made it durable too (the write-ahead log is one sequential file, so syncing it syncs what came
+//! before), or, if none comes within `defer_max`, after syncing the log for it alone. Its answer
+//! still means "durable"; it just does not occupy the disk on its own, so a send that arrives
+//! meanwhile is not queued behind an fsync for an acknowledgement.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot};
 
@@ -13,6 +21,8 @@ use crate::{QueueStore, StoreError, StoreOp};
 struct Pending {
     ops: Vec<StoreOp>,
     done: oneshot::Sender<Result<(), StoreError>>,
+    /// May wait for a later synced write (see the module docs).
+    deferred: bool,
 }
 
 enum Job {
@@ -86,6 +96,10 @@ pub struct GroupCommitStats {
     pub write_micros: Buckets,
     /// Submissions per synced write.
     pub batch_submissions: Buckets,
+    /// Deferred submissions applied without a sync of their own.
+    pub deferred: AtomicU64,
+    /// Times the log was synced for deferred submissions alone (no synced write came in time).
+    pub deferred_syncs: AtomicU64,
 }
 
 impl Default for GroupCommitStats {
@@ -98,6 +112,8 @@ impl Default for GroupCommitStats {
                 1_000_000,
             ]),
             batch_submissions: Buckets::new(&[1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1_024]),
+            deferred: AtomicU64::new(0),
+            deferred_syncs: AtomicU64::new(0),
         }
     }
 }
@@ -123,25 +139,54 @@ impl CommitTicket {
 
 impl GroupCommit {
     /// Starts the writer thread. `queue_depth` bounds the submissions waiting for it;
-    /// `batch_submissions_max` bounds how many one write carries.
+    /// `batch_submissions_max` bounds how many one write carries; `defer_max` is how long a
+    /// deferred submission may wait for a synced write to carry it.
     pub fn start(
         store: Arc<dyn QueueStore>,
         queue_depth: usize,
         batch_submissions_max: usize,
+        defer_max: Duration,
     ) -> std::io::Result<(Self, JoinHandle<()>)> {
         let (tx, rx) = mpsc::channel(queue_depth.max(1));
         let stats = Arc::new(GroupCommitStats::default());
         let thread_stats = stats.clone();
+        let writer = Writer {
+            store,
+            rx,
+            batch_max: batch_submissions_max.max(1),
+            defer_max,
+            stats: thread_stats,
+            unsynced: Vec::new(),
+            unsynced_since: None,
+        };
         let handle = std::thread::Builder::new()
             .name("ferry-group-commit".into())
-            .spawn(move || writer(store, rx, batch_submissions_max.max(1), &thread_stats))?;
+            .spawn(move || writer.run())?;
         Ok((Self { tx, stats }, handle))
     }
 
     /// Queues `ops` for the next write. Waits only while the queue is full.
     pub async fn submit(&self, ops: Vec<StoreOp>) -> Result<CommitTicket, StoreError> {
+        self.submit_with(ops, false).await
+    }
+
+    /// Queues `ops` for the next write, which may leave them unsynced for up to `defer_max`
+    /// (see the module docs). The ticket still resolves only once they are durable.
+    pub async fn submit_deferred(&self, ops: Vec<StoreOp>) -> Result<CommitTicket, StoreError> {
+        self.submit_with(ops, true).await
+    }
+
+    async fn submit_with(
+        &self,
+        ops: Vec<StoreOp>,
+        deferred: bool,
+    ) -> Result<CommitTicket, StoreError> {
         let (done, rx) = oneshot::channel();
-        let job = Job::Write(Pending { ops, done });
+        let job = Job::Write(Pending {
+            ops,
+            done,
+            deferred,
+        });
         self.tx.send(job).await.map_err(|_| StoreError::Closed)?;
         Ok(CommitTicket(rx))
     }
@@ -163,51 +208,138 @@ impl GroupCommit {
     }
 }
 
-fn writer(
+type Done = oneshot::Sender<Result<(), StoreError>>;
+
+struct Writer {
     store: Arc<dyn QueueStore>,
-    mut rx: mpsc::Receiver<Job>,
+    rx: mpsc::Receiver<Job>,
     batch_max: usize,
-    stats: &GroupCommitStats,
-) {
-    let mut closing = false;
-    while !closing {
-        let first = match rx.blocking_recv() {
-            Some(Job::Write(p)) => p,
-            Some(Job::Close) | None => break,
-        };
-        let mut group = vec![first];
-        while group.len() < batch_max {
-            match rx.try_recv() {
-                Ok(Job::Write(p)) => group.push(p),
-                Ok(Job::Close) => {
-                    closing = true;
-                    break;
-                }
-                Err(_) => break,
+    defer_max: Duration,
+    stats: Arc<GroupCommitStats>,
+    /// Deferred submissions applied but not yet synced, waiting for their answer.
+    unsynced: Vec<Done>,
+    /// When the oldest of them was applied.
+    unsynced_since: Option<Instant>,
+}
+
+impl Writer {
+    fn run(mut self) {
+        // The writer blocks on the disk; its own small runtime only waits on the queue with a
+        // timeout (the time left for the deferred submissions).
+        let rt = match tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+        {
+            Ok(rt) => rt,
+            Err(e) => {
+                tracing::error!(error = %e, "group commit writer cannot start its timer");
+                return;
             }
+        };
+        let mut closing = false;
+        while !closing {
+            let next = match self.unsynced_since {
+                None => rt.block_on(self.rx.recv()),
+                Some(since) => {
+                    let left = self.defer_max.saturating_sub(since.elapsed());
+                    // The timer is made inside the runtime (it needs the runtime's clock).
+                    let rx = &mut self.rx;
+                    match rt.block_on(async { tokio::time::timeout(left, rx.recv()).await }) {
+                        Ok(job) => job,
+                        Err(_) => {
+                            // No synced write came in time: sync for the deferred ones alone.
+                            self.stats.deferred_syncs.fetch_add(1, Ordering::Relaxed);
+                            let result = self.timed(|store| store.sync());
+                            self.answer_unsynced(&result);
+                            continue;
+                        }
+                    }
+                }
+            };
+            let first = match next {
+                Some(Job::Write(p)) => p,
+                Some(Job::Close) | None => break,
+            };
+            let mut group = vec![first];
+            while group.len() < self.batch_max {
+                match self.rx.try_recv() {
+                    Ok(Job::Write(p)) => group.push(p),
+                    Ok(Job::Close) => {
+                        closing = true;
+                        break;
+                    }
+                    Err(_) => break,
+                }
+            }
+            self.write(group);
         }
+        // Deferred submissions still waiting are made durable before the store closes.
+        if !self.unsynced.is_empty() {
+            let result = self.timed(|store| store.sync());
+            self.answer_unsynced(&result);
+        }
+        // Submissions still queued get `Closed` when `rx` drops; then the store closes.
+    }
+
+    /// Writes one group: synced if anyone in it needs durability now (which also makes every
+    /// earlier deferred write durable), else applied unsynced and answered later.
+    fn write(&mut self, group: Vec<Pending>) {
+        let sync = self.defer_max.is_zero() || group.iter().any(|p| !p.deferred);
         let (batches, dones): (Vec<_>, Vec<_>) = group.into_iter().map(|p| (p.ops, p.done)).unzip();
-        let started = std::time::Instant::now();
-        let result = store.write(&batches);
-        stats
-            .write_micros
-            .observe(u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX));
-        stats.batch_submissions.observe(dones.len() as u64);
+        if !sync {
+            let result = self.store.write_unsynced(&batches);
+            self.stats
+                .deferred
+                .fetch_add(dones.len() as u64, Ordering::Relaxed);
+            match result {
+                Ok(()) => {
+                    self.unsynced_since.get_or_insert_with(Instant::now);
+                    self.unsynced.extend(dones);
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "group commit write failed");
+                    answer(dones, &Err(e));
+                }
+            }
+            return;
+        }
+        let result = self.timed(|store| store.write(&batches));
+        self.stats.batch_submissions.observe(dones.len() as u64);
+        self.stats
+            .submissions
+            .fetch_add(dones.len() as u64, Ordering::Relaxed);
         if let Err(e) = &result {
             tracing::error!(error = %e, "group commit write failed");
         }
-        stats.writes.fetch_add(1, Ordering::Relaxed);
-        stats
-            .submissions
-            .fetch_add(dones.len() as u64, Ordering::Relaxed);
-        for done in dones {
-            // A caller that stopped waiting no longer needs the answer.
-            let _ = done.send(result.clone());
-        }
+        self.answer_unsynced(&result);
+        answer(dones, &result);
     }
-    // Submissions still queued get `Closed` when `rx` drops; then the store closes.
-    drop(rx);
-    drop(store);
+
+    /// Runs one synced write (or log sync), counted and timed.
+    fn timed(
+        &self,
+        f: impl FnOnce(&dyn QueueStore) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        let started = Instant::now();
+        let result = f(self.store.as_ref());
+        self.stats
+            .write_micros
+            .observe(u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX));
+        self.stats.writes.fetch_add(1, Ordering::Relaxed);
+        result
+    }
+
+    fn answer_unsynced(&mut self, result: &Result<(), StoreError>) {
+        self.unsynced_since = None;
+        answer(std::mem::take(&mut self.unsynced), result);
+    }
+}
+
+fn answer(dones: Vec<Done>, result: &Result<(), StoreError>) {
+    for done in dones {
+        // A caller that stopped waiting no longer needs the answer.
+        let _ = done.send(result.clone());
+    }
 }
 
 #[cfg(test)]

@@ -121,6 +121,18 @@ pub trait QueueStore: Send + Sync + std::fmt::Debug + 'static {
     /// Applies every op of every batch, in order, atomically and durably.
     fn write(&self, batches: &[Vec<StoreOp>]) -> Result<(), StoreError>;
 
+    /// Applies every op of every batch, in order and atomically, without waiting for the disk:
+    /// the ops are durable once a later [`write`](Self::write) or [`sync`](Self::sync) returns.
+    /// Reads see them at once. A store without a disk writes them like `write`.
+    fn write_unsynced(&self, batches: &[Vec<StoreOp>]) -> Result<(), StoreError> {
+        self.write(batches)
+    }
+
+    /// Makes every earlier [`write_unsynced`](Self::write_unsynced) durable.
+    fn sync(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
     /// Reads every queue's definition, sequence reservation, per-priority counts and dedup
     /// records. No message is read.
     fn recover(&self) -> Result<Vec<RecoveredQueue>, StoreError>;

@@ -307,8 +307,9 @@ impl RocksStore {
     }
 }
 
-impl QueueStore for RocksStore {
-    fn write(&self, batches: &[Vec<StoreOp>]) -> Result<(), StoreError> {
+impl RocksStore {
+    /// One atomic batch, synced or not.
+    fn write_batches(&self, batches: &[Vec<StoreOp>], sync: bool) -> Result<(), StoreError> {
         if self.poisoned.load(Ordering::Acquire) {
             return Err(StoreError::Poisoned);
         }
@@ -318,10 +319,30 @@ impl QueueStore for RocksStore {
             cfs.add(&mut batch, op)?;
         }
         let mut wo = WriteOptions::default();
-        wo.set_sync(true);
+        wo.set_sync(sync);
         self.db.write_opt(batch, &wo).map_err(|e| {
             self.poisoned.store(true, Ordering::Release);
             io("writing a batch")(e)
+        })
+    }
+}
+
+impl QueueStore for RocksStore {
+    fn write(&self, batches: &[Vec<StoreOp>]) -> Result<(), StoreError> {
+        self.write_batches(batches, true)
+    }
+
+    fn write_unsynced(&self, batches: &[Vec<StoreOp>]) -> Result<(), StoreError> {
+        self.write_batches(batches, false)
+    }
+
+    fn sync(&self) -> Result<(), StoreError> {
+        if self.poisoned.load(Ordering::Acquire) {
+            return Err(StoreError::Poisoned);
+        }
+        self.db.flush_wal(true).map_err(|e| {
+            self.poisoned.store(true, Ordering::Release);
+            io("syncing the write-ahead log")(e)
         })
     }
 

@@ -4,6 +4,7 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc, Mutex};
+use std::time::Duration;
 
 use ferry_kernel::{
     IndexedHeader, PersistOp, Priority, QueueConfig, QueueName, QueueUid, RecoveredMessage, Seq,
@@ -12,13 +13,49 @@ use ferry_store::{
     GroupCommit, MemoryStore, Page, QueueDef, QueueStore, RecoveredQueue, StoreError, StoreOp,
 };
 
-/// A store whose first write blocks until the test opens the gate, so the test knows exactly what
-/// is queued behind it.
+/// A store whose first synced write blocks until the test opens the gate, so the test knows
+/// exactly what is queued behind it. It logs every write and sync, and tells the test of each
+/// unsynced write.
 #[derive(Debug)]
 struct Gated {
     inner: MemoryStore,
     entered: Mutex<Option<mpsc::Sender<()>>>,
     gate: Mutex<Option<mpsc::Receiver<()>>>,
+    unsynced: Mutex<Option<mpsc::Sender<()>>>,
+    log: Mutex<Vec<&'static str>>,
+}
+
+/// The test's ends of a [`Gated`] store: the first synced write has begun; open its gate; an
+/// unsynced write was made.
+struct GateEnds {
+    entered: mpsc::Receiver<()>,
+    open: mpsc::Sender<()>,
+    unsynced: mpsc::Receiver<()>,
+}
+
+impl Gated {
+    fn new(inner: MemoryStore) -> (Arc<Self>, GateEnds) {
+        let (entered_tx, entered) = mpsc::channel();
+        let (open, gate_rx) = mpsc::channel();
+        let (unsynced_tx, unsynced) = mpsc::channel();
+        let store = Arc::new(Gated {
+            inner,
+            entered: Mutex::new(Some(entered_tx)),
+            gate: Mutex::new(Some(gate_rx)),
+            unsynced: Mutex::new(Some(unsynced_tx)),
+            log: Mutex::new(vec![]),
+        });
+        let ends = GateEnds {
+            entered,
+            open,
+            unsynced,
+        };
+        (store, ends)
+    }
+
+    fn log(&self) -> Vec<&'static str> {
+        self.log.lock().unwrap().clone()
+    }
 }
 
 impl QueueStore for Gated {
@@ -28,7 +65,20 @@ impl QueueStore for Gated {
             let gate = self.gate.lock().unwrap().take().unwrap();
             gate.recv().unwrap();
         }
+        self.log.lock().unwrap().push("write");
         self.inner.write(batches)
+    }
+    fn write_unsynced(&self, batches: &[Vec<StoreOp>]) -> Result<(), StoreError> {
+        self.log.lock().unwrap().push("unsynced");
+        let result = self.inner.write(batches);
+        if let Some(tx) = self.unsynced.lock().unwrap().as_ref() {
+            let _ = tx.send(());
+        }
+        result
+    }
+    fn sync(&self) -> Result<(), StoreError> {
+        self.log.lock().unwrap().push("sync");
+        Ok(())
     }
     fn recover(&self) -> Result<Vec<RecoveredQueue>, StoreError> {
         self.inner.recover()
@@ -79,15 +129,9 @@ impl QueueStore for Gated {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_submissions_share_one_write_and_all_become_durable() {
-    let (entered_tx, entered_rx) = mpsc::channel();
-    let (gate_tx, gate_rx) = mpsc::channel();
     let inner = MemoryStore::new();
-    let store = Arc::new(Gated {
-        inner: inner.clone(),
-        entered: Mutex::new(Some(entered_tx)),
-        gate: Mutex::new(Some(gate_rx)),
-    });
-    let (gc, thread) = GroupCommit::start(store, 1024, 1024).unwrap();
+    let (store, ends) = Gated::new(inner.clone());
+    let (gc, thread) = GroupCommit::start(store, 1024, 1024, Duration::from_millis(1)).unwrap();
     let uid = QueueUid(1);
     let q = QueueDef {
         name: QueueName::new("q").unwrap(),
@@ -95,7 +139,7 @@ async fn concurrent_submissions_share_one_write_and_all_become_durable() {
         config: QueueConfig::default(),
     };
     let first = gc.submit(vec![StoreOp::PutQueue(q)]).await.unwrap();
-    entered_rx.recv().unwrap();
+    ends.entered.recv().unwrap();
     // The writer is inside its first write; these 99 queue up behind it.
     let mut tickets = vec![];
     for i in 0..99u64 {
@@ -105,7 +149,7 @@ async fn concurrent_submissions_share_one_write_and_all_become_durable() {
         };
         tickets.push(gc.submit(vec![op]).await.unwrap());
     }
-    gate_tx.send(()).unwrap();
+    ends.open.send(()).unwrap();
     first.durable().await.unwrap();
     for t in tickets {
         t.durable().await.unwrap();
@@ -178,7 +222,85 @@ impl QueueStore for Failing {
 
 #[tokio::test]
 async fn a_failed_write_fails_every_submission_in_it() {
-    let (gc, _thread) = GroupCommit::start(Arc::new(Failing), 8, 8).unwrap();
+    let (gc, _thread) =
+        GroupCommit::start(Arc::new(Failing), 8, 8, Duration::from_millis(1)).unwrap();
     let err = gc.commit(vec![]).await.unwrap_err();
     assert!(matches!(err, StoreError::Io { .. }), "{err}");
+}
+
+fn reserve(uid: QueueUid, until: u64) -> Vec<StoreOp> {
+    vec![StoreOp::Queue {
+        uid,
+        op: PersistOp::ReserveSeq { until: Seq(until) },
+    }]
+}
+
+/// An hour: longer than any test, so only a synced write (or closing) can answer.
+const NEVER: Duration = Duration::from_secs(3_600);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deferred_write_is_answered_only_once_a_later_synced_write_is_durable() {
+    let (store, ends) = Gated::new(MemoryStore::new());
+    let (gc, thread) = GroupCommit::start(store.clone(), 64, 64, NEVER).unwrap();
+    let uid = QueueUid(1);
+    let deferred = gc.submit_deferred(reserve(uid, 2)).await.unwrap();
+    ends.unsynced.recv().unwrap();
+    let mut deferred = Box::pin(deferred.durable());
+    // The writer moves on to a synced write and is held inside it: it has done all it will for
+    // the deferred one, which must still be waiting (not durable yet).
+    let synced = gc.submit(reserve(uid, 3)).await.unwrap();
+    ends.entered.recv().unwrap();
+    assert!(
+        futures::poll!(&mut deferred).is_pending(),
+        "answered before anything synced it"
+    );
+    ends.open.send(()).unwrap();
+    synced.durable().await.unwrap();
+    deferred.await.unwrap();
+    assert_eq!(store.log(), ["unsynced", "write"], "no sync of its own");
+    assert_eq!(gc.stats().deferred.load(Ordering::Relaxed), 1);
+    assert_eq!(gc.stats().deferred_syncs.load(Ordering::Relaxed), 0);
+    drop(gc);
+    thread.join().unwrap();
+}
+
+#[tokio::test]
+async fn a_deferred_write_alone_is_synced_once_its_time_is_up() {
+    let (store, _ends) = Gated::new(MemoryStore::new());
+    let (gc, thread) = GroupCommit::start(store.clone(), 64, 64, Duration::from_millis(1)).unwrap();
+    gc.submit_deferred(reserve(QueueUid(1), 2))
+        .await
+        .unwrap()
+        .durable()
+        .await
+        .unwrap();
+    assert_eq!(store.log(), ["unsynced", "sync"]);
+    assert_eq!(gc.stats().deferred_syncs.load(Ordering::Relaxed), 1);
+    drop(gc);
+    thread.join().unwrap();
+}
+
+#[tokio::test]
+async fn closing_syncs_deferred_writes_before_the_store_closes() {
+    let (store, ends) = Gated::new(MemoryStore::new());
+    let (gc, thread) = GroupCommit::start(store.clone(), 64, 64, NEVER).unwrap();
+    let deferred = gc.submit_deferred(reserve(QueueUid(1), 2)).await.unwrap();
+    ends.unsynced.recv().unwrap();
+    gc.close().await;
+    deferred.durable().await.unwrap();
+    thread.join().unwrap();
+    assert_eq!(store.log(), ["unsynced", "sync"]);
+}
+
+#[tokio::test]
+async fn with_no_time_to_wait_a_deferred_write_is_synced_like_any_other() {
+    let (store, ends) = Gated::new(MemoryStore::new());
+    let (gc, thread) = GroupCommit::start(store.clone(), 64, 64, Duration::ZERO).unwrap();
+    let ticket = gc.submit_deferred(reserve(QueueUid(1), 2)).await.unwrap();
+    ends.entered.recv().unwrap();
+    ends.open.send(()).unwrap();
+    ticket.durable().await.unwrap();
+    assert_eq!(store.log(), ["write"]);
+    drop(gc);
+    thread.join().unwrap();
 }
