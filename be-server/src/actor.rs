@@ -71,6 +71,8 @@ pub(crate) enum Cmd {
     Receive {
         req: ReceiveRequest,
         ticket: u64,
+        /// Receives with the same nonzero tag come from one consumer: counted once.
+        consumer: u64,
         reply: Reply<Vec<Delivery>>,
     },
     CancelReceive {
@@ -180,13 +182,18 @@ impl QueueHandle {
 
     /// Receives; if the caller stops waiting (its future is dropped: client cancelled or went
     /// away), the parked receiver is removed from the queue at once.
-    pub(crate) async fn receive(&self, req: ReceiveRequest) -> Result<Vec<Delivery>, Error> {
+    pub(crate) async fn receive(
+        &self,
+        req: ReceiveRequest,
+        consumer: u64,
+    ) -> Result<Vec<Delivery>, Error> {
         let ticket = self.tickets.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         self.tx
             .send(Cmd::Receive {
                 req,
                 ticket,
+                consumer,
                 reply: tx,
             })
             .await
@@ -261,9 +268,17 @@ pub(crate) struct QueueActor {
     /// The queue's name, shared with its history steps.
     name: Arc<str>,
     rx: mpsc::Receiver<Cmd>,
-    waiters: HashMap<WaiterId, (u64, Reply<Vec<Delivery>>)>,
+    waiters: HashMap<WaiterId, Parked>,
     tickets: HashMap<u64, WaiterId>,
     pending: FuturesOrdered<PendingCommit>,
+}
+
+/// A receive parked at the queue, waiting for messages.
+struct Parked {
+    ticket: u64,
+    /// Receives with the same nonzero tag come from one consumer (see `Cmd::Receive`).
+    consumer: u64,
+    reply: Reply<Vec<Delivery>>,
 }
 
 impl QueueActor {
@@ -350,8 +365,8 @@ impl QueueActor {
     }
 
     async fn stop(&mut self) {
-        for (_, (_, reply)) in self.waiters.drain() {
-            let _ = reply.send(Ok(vec![]));
+        for (_, parked) in self.waiters.drain() {
+            let _ = parked.reply.send(Ok(vec![]));
         }
         self.tickets.clear();
         while let Some((result, answers, _)) = self.pending.next().await {
@@ -397,7 +412,12 @@ impl QueueActor {
                 let (released, fx) = self.queue.rollback(session, now);
                 self.finish(fx, vec![answer(reply, released)]).await;
             }
-            Cmd::Receive { req, ticket, reply } => match self.receive(req, now) {
+            Cmd::Receive {
+                req,
+                ticket,
+                consumer,
+                reply,
+            } => match self.receive(req, now) {
                 Ok((ReceiveOutcome::Delivered(d), fx)) => {
                     self.finish(fx, vec![deliver(reply, d)]).await;
                 }
@@ -406,7 +426,14 @@ impl QueueActor {
                     self.finish(fx, vec![]).await;
                 }
                 Ok((ReceiveOutcome::Parked(id), fx)) => {
-                    self.waiters.insert(id, (ticket, reply));
+                    self.waiters.insert(
+                        id,
+                        Parked {
+                            ticket,
+                            consumer,
+                            reply,
+                        },
+                    );
                     self.tickets.insert(ticket, id);
                     self.finish(fx, vec![]).await;
                 }
@@ -496,10 +523,26 @@ impl QueueActor {
                 self.finish(fx, vec![answer(reply, n)]).await;
             }
             Cmd::Stats { reply } => {
-                let _ = reply.send(Ok(self.queue.stats()));
+                let mut stats = self.queue.stats();
+                stats.waiters = self.receivers();
+                let _ = reply.send(Ok(stats));
             }
             Cmd::Stop { .. } => unreachable!("handled in run"),
         }
+    }
+
+    /// Receivers waiting: parked receives, those of one consumer counted once.
+    fn receivers(&self) -> u64 {
+        let mut consumers = std::collections::HashSet::new();
+        let mut untagged = 0u64;
+        for p in self.waiters.values() {
+            if p.consumer == 0 {
+                untagged += 1;
+            } else {
+                consumers.insert(p.consumer);
+            }
+        }
+        untagged + consumers.len() as u64
     }
 
     /// Answers now if nothing must be written, else once the write is durable.
@@ -511,15 +554,15 @@ impl QueueActor {
     /// Turns effects into the writes to make and the answers to send once they are made.
     fn collect(&mut self, fx: Effects, answers: &mut Vec<Answer>) -> Vec<StoreOp> {
         for (id, deliveries) in fx.handed {
-            if let Some((ticket, reply)) = self.waiters.remove(&id) {
-                self.tickets.remove(&ticket);
-                answers.push(deliver(reply, deliveries));
+            if let Some(parked) = self.waiters.remove(&id) {
+                self.tickets.remove(&parked.ticket);
+                answers.push(deliver(parked.reply, deliveries));
             }
         }
         for id in fx.finished_empty {
-            if let Some((ticket, reply)) = self.waiters.remove(&id) {
-                self.tickets.remove(&ticket);
-                let _ = reply.send(Ok(vec![]));
+            if let Some(parked) = self.waiters.remove(&id) {
+                self.tickets.remove(&parked.ticket);
+                let _ = parked.reply.send(Ok(vec![]));
             }
         }
         self.outbox

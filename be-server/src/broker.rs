@@ -406,7 +406,18 @@ impl Broker {
         queue: &QueueName,
         req: ReceiveRequest,
     ) -> Result<Vec<Delivery>, Error> {
-        self.handle(queue)?.receive(req).await
+        self.receive_for(queue, req, 0).await
+    }
+
+    /// Like `receive`, for one of the receives a consumer keeps open: those with the same
+    /// nonzero `consumer` tag count once among the queue's waiting receivers.
+    pub async fn receive_for(
+        &self,
+        queue: &QueueName,
+        req: ReceiveRequest,
+        consumer: u64,
+    ) -> Result<Vec<Delivery>, Error> {
+        self.handle(queue)?.receive(req, consumer).await
     }
 
     /// Acknowledges deliveries. `defer_sync`: nobody waits for the answer, so the delete may

@@ -266,7 +266,7 @@ impl pb::backend_server::Backend for BackendService {
             lease_ms: r.lease_ms,
             selector,
         };
-        let d = self.broker.receive(&queue, req).await?;
+        let d = self.broker.receive_for(&queue, req, r.consumer).await?;
         Ok(Response::new(pb::BackendReceiveResponse {
             deliveries: self.deliveries(&queue, &d),
         }))

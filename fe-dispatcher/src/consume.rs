@@ -1,7 +1,16 @@
-//! The `Consume` stream: the client grants credits, the front-end keeps one long-poll receive open
-//! at the owning back-end for up to that many messages and pushes what it gets; acks and nacks
-//! come back on the same stream. When the client goes away the open receive is dropped, which
-//! removes its waiter at the back-end.
+//! The `Consume` stream: the client grants credits, the front-end keeps long-poll receives open
+//! at the owning back-end for up to that many messages and pushes what they get, in the order
+//! they were asked; acks and nacks come back on the same stream. When the client goes away the
+//! open receives are dropped, which removes their waiters at the back-end.
+//!
+//! Two receives are kept open when the credit allows, each for a share of it. While the first
+//! one's answer travels back and is pushed, the second is still parked at the back-end, so a
+//! message sent meanwhile is handed over as it is stored: its delivery count goes to disk in the
+//! send's own synced write. With one receive, such a message would wait Ready for the next
+//! receive and cost a synced write of its own before it could be pushed.
+
+use std::collections::VecDeque;
+use std::task::Poll;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -22,12 +31,90 @@ pub type ConsumeStream =
 
 /// Deliveries asked of the back-end in one receive.
 const BATCH_MAX: u64 = 1_000;
+/// Receives open at the back-end at once.
+const RECEIVES_MAX: usize = 2;
 
 /// An ack, nack or release under way, and what it answers on the stream (if anything).
 type AckAnswer = Pin<Box<dyn Future<Output = Option<Result<pb::ConsumeResponse, Status>>> + Send>>;
 
-type Inflight =
-    Pin<Box<dyn Future<Output = Result<Response<pb::BackendReceiveResponse>, Status>> + Send>>;
+type Answer = Result<Response<pb::BackendReceiveResponse>, Status>;
+type Inflight = Pin<Box<dyn Future<Output = Answer> + Send>>;
+
+/// One receive open at the back-end, for `asked` messages.
+struct Receive {
+    asked: u64,
+    state: ReceiveState,
+}
+
+enum ReceiveState {
+    Waiting(Inflight),
+    /// Answered, but an earlier receive has not been: pushed after it.
+    Answered(Answer),
+}
+
+/// The open receives, oldest first: their answers are pushed in that order.
+#[derive(Default)]
+struct Receives(VecDeque<Receive>);
+
+impl Receives {
+    fn asked(&self) -> u64 {
+        self.0.iter().map(|r| r.asked).sum()
+    }
+
+    /// How many messages the next receive asks for, if one should be opened: a share of the
+    /// credit nobody has asked for yet, so a second receive stays parked while the first one's
+    /// answer is pushed.
+    fn next_ask(&self, credits: u64) -> Option<u64> {
+        let free = credits.saturating_sub(self.asked());
+        if self.0.len() >= RECEIVES_MAX || free == 0 {
+            return None;
+        }
+        let share = if self.0.is_empty() {
+            free.div_ceil(RECEIVES_MAX as u64)
+        } else {
+            free
+        };
+        Some(share.min(BATCH_MAX))
+    }
+
+    fn open(&mut self, asked: u64, receive: Inflight) {
+        self.0.push_back(Receive {
+            asked,
+            state: ReceiveState::Waiting(receive),
+        });
+    }
+
+    /// The oldest receive's answer, once it has one (later answers wait their turn).
+    async fn next(&mut self) -> (u64, Answer) {
+        std::future::poll_fn(|cx| {
+            for r in &mut self.0 {
+                if let ReceiveState::Waiting(f) = &mut r.state {
+                    if let Poll::Ready(answer) = f.as_mut().poll(cx) {
+                        r.state = ReceiveState::Answered(answer);
+                    }
+                }
+            }
+            match self.0.front() {
+                Some(Receive {
+                    state: ReceiveState::Answered(_),
+                    ..
+                }) => {
+                    let r = self.0.pop_front().expect("front exists");
+                    let ReceiveState::Answered(answer) = r.state else {
+                        unreachable!("matched above")
+                    };
+                    Poll::Ready((r.asked, answer))
+                }
+                _ => Poll::Pending,
+            }
+        })
+        .await
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
 
 pub(crate) async fn start(
     svc: MessagingService,
@@ -66,7 +153,9 @@ async fn run(
     tx: mpsc::Sender<Result<pb::ConsumeResponse, Status>>,
 ) {
     let mut credits = u64::from(start.prefetch);
-    let mut inflight: Option<Inflight> = None;
+    // Tags this stream's receives at the back-end, so its two count as one consumer there.
+    let consumer: u64 = rand::random::<u64>().max(1);
+    let mut receives = Receives::default();
     // Acks, nacks and releases under way: they run while deliveries keep flowing, and their
     // answers go out in the order they were asked.
     let mut acks: FuturesOrdered<AckAnswer> = FuturesOrdered::new();
@@ -79,18 +168,22 @@ async fn run(
             let _ = tx.send(Err(status)).await;
             break;
         }
-        if inflight.is_none() && credits > 0 && !stopped {
+        while let Some(ask) = receives.next_ask(credits).filter(|_| !stopped) {
             let req = pb::BackendReceiveRequest {
                 queue: start.queue.clone(),
                 session_id: start.session_id.clone(),
                 selector: start.selector.clone(),
-                max_messages: u32::try_from(credits.min(BATCH_MAX)).unwrap_or(1),
+                max_messages: u32::try_from(ask).unwrap_or(1),
                 wait_ms: None,
                 lease_ms: start.lease_ms,
                 clamp_max_messages: true,
+                consumer,
             };
             let be = be.clone();
-            inflight = Some(Box::pin(async move { be.receive(Request::new(req)).await }));
+            receives.open(
+                ask,
+                Box::pin(async move { be.receive(Request::new(req)).await }),
+            );
         }
         tokio::select! {
             msg = inbound.message() => {
@@ -102,7 +195,7 @@ async fn run(
                 };
                 if matches!(kind, Kind::Stop(true)) {
                     stopped = true;
-                    give_back(&svc, inflight.take()).await;
+                    give_back(&svc, std::mem::take(&mut receives)).await;
                     let out = pb::ConsumeResponse { kind: Some(pb::consume_response::Kind::Stopped(pb::Stopped {})) };
                     if tx.send(Ok(out)).await.is_err() {
                         break;
@@ -123,8 +216,7 @@ async fn run(
                     }
                 }
             }
-            res = async { inflight.as_mut().expect("invariant: guarded by is_some").await }, if inflight.is_some() => {
-                inflight = None;
+            (_, res) = receives.next(), if !receives.is_empty() => {
                 match res {
                     Ok(r) => {
                         let deliveries = r.into_inner().deliveries;
@@ -152,7 +244,7 @@ async fn run(
     // and release the client wrote before the end takes effect (and is answered, if the client
     // still listens). Dropping them would leave acknowledged messages leased, to be delivered
     // again when their leases run out.
-    give_back(&svc, inflight.take()).await;
+    give_back(&svc, receives).await;
     while let Some(reply) = acks.next().await {
         if let Some(reply) = reply {
             let _ = tx.send(reply).await;
@@ -160,20 +252,26 @@ async fn run(
     }
 }
 
-/// Ends the open receive. Dropping it removes its waiter at the back-end, and a back-end that
-/// answers a dropped receive takes the deliveries back; an answer that already arrived but was
-/// not pushed is given back here, uncounted.
-async fn give_back(svc: &MessagingService, inflight: Option<Inflight>) {
-    let Some(inflight) = inflight else { return };
-    if let Some(Ok(r)) = futures::FutureExt::now_or_never(inflight) {
-        let handles: Vec<String> = r
-            .into_inner()
-            .deliveries
-            .iter()
-            .map(|d| d.receipt_handle.clone())
-            .collect();
-        let _ = release(svc, &handles).await;
+/// Ends the open receives. Dropping one removes its waiter at the back-end, and a back-end that
+/// answers a dropped receive takes the deliveries back; answers that already arrived but were
+/// not pushed are given back here, uncounted.
+async fn give_back(svc: &MessagingService, receives: Receives) {
+    let mut handles: Vec<String> = vec![];
+    for r in receives.0 {
+        let answer = match r.state {
+            ReceiveState::Answered(answer) => Some(answer),
+            ReceiveState::Waiting(f) => futures::FutureExt::now_or_never(f),
+        };
+        if let Some(Ok(r)) = answer {
+            handles.extend(
+                r.into_inner()
+                    .deliveries
+                    .iter()
+                    .map(|d| d.receipt_handle.clone()),
+            );
+        }
     }
+    let _ = release(svc, &handles).await;
 }
 
 /// Returns deliveries nobody saw: back to Ready at once, not counted as deliveries.

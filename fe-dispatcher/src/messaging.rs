@@ -478,6 +478,7 @@ impl pb::messaging_server::Messaging for MessagingService {
             wait_ms,
             lease_ms: r.lease_ms,
             clamp_max_messages: false,
+            consumer: 0,
         });
         if let Some(d) = deadline {
             fwd.set_timeout(d);

@@ -139,6 +139,7 @@ async fn run(router: &Router, spec: &MoveSpec, task: &Task) -> Result<(), Status
                 wait_ms: Some(0),
                 lease_ms: Some(60_000),
                 clamp_max_messages: true,
+                consumer: 0,
             }))
             .await?
             .into_inner()

@@ -385,3 +385,46 @@ async fn a_push_larger_than_four_mebibytes_reaches_the_consumer() -> anyhow::Res
     assert_eq!(stats(&client, "q").await?.acked_total, 10);
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_keeps_the_send_order_while_sends_arrive_between_its_receives(
+) -> anyhow::Result<()> {
+    // The front-end keeps two receives open for a consumer and pushes their answers in the order
+    // it asked; a small prefetch and a producer that keeps a few sends in flight make messages
+    // land in both, and in the receives opened as credit comes back.
+    let (_dir, _node, client) = memory_node(&["q"]).await?;
+    let conn = client.open_connection("t").await?;
+    let producer = conn.create_session(AckMode::Auto).await?;
+    let consumer_session = conn.create_session(AckMode::Auto).await?;
+    let mut consumer = consumer_session
+        .consumer("q", ConsumerOptions::default().prefetch(5))
+        .await?;
+    const N: usize = 2_000;
+    let sending = tokio::spawn(async move {
+        let mut inflight = std::collections::VecDeque::new();
+        for i in 0..N {
+            inflight.push_back(producer.send_async("q", vec![Message::text(format!("m{i}"))]));
+            if inflight.len() >= 4 {
+                inflight.pop_front().expect("four in flight").await?;
+            }
+        }
+        for c in inflight {
+            c.await?;
+        }
+        anyhow::Ok(())
+    });
+    let mut got = Vec::with_capacity(N);
+    while got.len() < N {
+        let batch = consumer
+            .receive_batch(N, Some(Duration::from_secs(10)))
+            .await?;
+        anyhow::ensure!(!batch.is_empty(), "nothing for 10 s after {}", got.len());
+        got.extend(batch.iter().map(text));
+    }
+    sending.await??;
+    assert_eq!(got, (0..N).map(|i| format!("m{i}")).collect::<Vec<_>>());
+    consumer.close().await?;
+    let s = stats(&client, "q").await?;
+    assert_eq!((s.acked_total, s.leased, s.ready), (N as u64, 0, 0));
+    Ok(())
+}
