@@ -119,8 +119,8 @@ fn register_node_memory(r: &mut Registry, broker: &Broker, memory_bytes: u64) {
 struct Snapshot {
     name: &'static str,
     help: &'static str,
-    /// Multiplies bucket bounds and the sum (µs → s).
-    scale: f64,
+    /// Divides bucket bounds and the sum (1e6: µs → s; dividing keeps 100 µs as 0.0001).
+    units_per_exported: f64,
     snapshot: ferry_store::BucketsSnapshot,
 }
 
@@ -129,17 +129,22 @@ impl prometheus_client::collector::Collector for Snapshot {
         &self,
         mut encoder: prometheus_client::encoding::DescriptorEncoder,
     ) -> Result<(), std::fmt::Error> {
+        // The snapshot counts cumulatively; the encoder wants each bucket's own count (it
+        // accumulates them itself).
+        let mut below = 0;
         let buckets: Vec<(f64, u64)> = self
             .snapshot
             .buckets
             .iter()
-            .map(|&(bound, n)| {
+            .map(|&(bound, cumulative)| {
                 let b = if bound == u64::MAX {
                     f64::INFINITY
                 } else {
-                    bound as f64 * self.scale
+                    bound as f64 / self.units_per_exported
                 };
-                (b, n)
+                let own = cumulative.saturating_sub(below);
+                below = cumulative;
+                (b, own)
             })
             .collect();
         let mut m = encoder.encode_descriptor(
@@ -149,7 +154,7 @@ impl prometheus_client::collector::Collector for Snapshot {
             prometheus_client::metrics::MetricType::Histogram,
         )?;
         m.encode_histogram::<prometheus_client::encoding::NoLabelSet>(
-            self.snapshot.sum as f64 * self.scale,
+            self.snapshot.sum as f64 / self.units_per_exported,
             self.snapshot.count,
             &buckets,
             None,
@@ -304,13 +309,13 @@ pub async fn render(s: &Sources) -> String {
     r.register_collector(Box::new(Snapshot {
         name: "group_commit_write_seconds",
         help: "Time of each synced write (the fsync included)",
-        scale: 1e-6,
+        units_per_exported: 1e6,
         snapshot: write_micros,
     }));
     r.register_collector(Box::new(Snapshot {
         name: "group_commit_batch_submissions",
         help: "Submissions carried by each synced write",
-        scale: 1.0,
+        units_per_exported: 1.0,
         snapshot: batch,
     }));
     let mut out = String::new();
@@ -318,4 +323,37 @@ pub async fn render(s: &Sources) -> String {
         return "# encoding failed\n".into();
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_histogram_is_exported_with_the_cumulative_counts_it_was_read_with() {
+        let b = ferry_store::Buckets::new(&[100, 1_000]);
+        for v in [50, 60, 500, 5_000] {
+            b.observe(v);
+        }
+        let mut r = Registry::with_prefix("ferry");
+        r.register_collector(Box::new(Snapshot {
+            name: "write_seconds",
+            help: "test",
+            units_per_exported: 1e6,
+            snapshot: b.snapshot(),
+        }));
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &r).unwrap();
+        let bucket = |le: &str| {
+            let prefix = format!("ferry_write_seconds_bucket{{le=\"{le}\"}} ");
+            out.lines()
+                .find_map(|l| l.strip_prefix(prefix.as_str()))
+                .unwrap_or_else(|| panic!("no bucket {le} in {out}"))
+                .to_string()
+        };
+        assert_eq!(bucket("0.0001"), "2");
+        assert_eq!(bucket("0.001"), "3");
+        assert_eq!(bucket("inf"), "4");
+        assert!(out.contains("ferry_write_seconds_count 4"), "{out}");
+    }
 }
