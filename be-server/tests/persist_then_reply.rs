@@ -91,6 +91,17 @@ impl QueueStore for Gated {
     }
 }
 
+/// receiveNoWait of one message.
+fn one_now() -> ReceiveRequest {
+    ReceiveRequest {
+        owner: None,
+        max_messages: 1,
+        wait: Wait::NoWait,
+        lease_ms: None,
+        selector: None,
+    }
+}
+
 async fn broker(store: Arc<Gated>) -> Broker {
     broker_with(store, BrokerConfig::new(NodeId::new("n").unwrap())).await
 }
@@ -173,14 +184,7 @@ async fn non_persistent_messages_never_touch_the_store() {
         ..Default::default()
     };
     b.send(&q, vec![m]).await.unwrap();
-    let req = ReceiveRequest {
-        owner: None,
-        max_messages: 1,
-        wait: Wait::NoWait,
-        lease_ms: None,
-        selector: None,
-    };
-    let got = b.receive(&q, req).await.unwrap();
+    let got = b.receive(&q, one_now()).await.unwrap();
     let results = b.ack(&q, vec![got[0].lease_ref()], false).await.unwrap();
     assert!(results[0].is_ok());
     // The first send reserves a block of sequence numbers (one write); nothing else is written.
@@ -223,14 +227,7 @@ async fn a_deferred_ack_is_answered_once_a_later_synced_write_made_it_durable() 
         ..Default::default()
     };
     b.send(&q, vec![persistent()]).await.unwrap();
-    let req = ReceiveRequest {
-        owner: None,
-        max_messages: 1,
-        wait: Wait::NoWait,
-        lease_ms: None,
-        selector: None,
-    };
-    let got = b.receive(&q, req).await.unwrap();
+    let got = b.receive(&q, one_now()).await.unwrap();
     let ack = {
         let (b, q, lease) = (b.clone(), q.clone(), got[0].lease_ref());
         tokio::spawn(async move { b.ack(&q, vec![lease], true).await })
