@@ -3,11 +3,19 @@
 //! they were asked; acks and nacks come back on the same stream. When the client goes away the
 //! open receives are dropped, which removes their waiters at the back-end.
 //!
-//! Two receives are kept open when the credit allows, each for a share of it. While the first
-//! one's answer travels back and is pushed, the second is still parked at the back-end, so a
-//! message sent meanwhile is handed over as it is stored: its delivery count goes to disk in the
-//! send's own synced write. With one receive, such a message would wait Ready for the next
-//! receive and cost a synced write of its own before it could be pushed.
+//! When the queue is on this node, two receives are kept open when the credit allows, each for a
+//! share of it. While the first one's answer travels back and is pushed, the second is still
+//! parked at the back-end, so a message sent meanwhile is handed over as it is stored: its
+//! delivery count goes to disk in the send's own synced write. With one receive, such a message
+//! would wait Ready for the next receive and cost a synced write of its own before it could be
+//! pushed.
+//!
+//! Pushing in the order asked is right only if the back-end parks the receives in that order
+//! (it serves the oldest waiter first). An in-process back-end does: each receive reaches the
+//! queue's owner task through one FIFO channel, in the order they are first polled, oldest first.
+//! Calls to another node's back-end are separate HTTP/2 streams, served by separate tasks, so
+//! they may park the other way round; there the stream keeps one receive open. The second
+//! receive is an extra: if it fails (the queue's waiter limit, say) the stream goes on with one.
 
 use std::collections::VecDeque;
 use std::task::Poll;
@@ -31,8 +39,8 @@ pub type ConsumeStream =
 
 /// Deliveries asked of the back-end in one receive.
 const BATCH_MAX: u64 = 1_000;
-/// Receives open at the back-end at once.
-const RECEIVES_MAX: usize = 2;
+/// Receives open at an in-process back-end at once (see the module docs).
+const RECEIVES_LOCAL: usize = 2;
 
 /// An ack, nack or release under way, and what it answers on the stream (if anything).
 type AckAnswer = Pin<Box<dyn Future<Output = Option<Result<pb::ConsumeResponse, Status>>> + Send>>;
@@ -53,12 +61,22 @@ enum ReceiveState {
 }
 
 /// The open receives, oldest first: their answers are pushed in that order.
-#[derive(Default)]
-struct Receives(VecDeque<Receive>);
+struct Receives {
+    open: VecDeque<Receive>,
+    /// How many may be open at once.
+    max: usize,
+}
 
 impl Receives {
+    fn new(max: usize) -> Self {
+        Self {
+            open: VecDeque::new(),
+            max: max.max(1),
+        }
+    }
+
     fn asked(&self) -> u64 {
-        self.0.iter().map(|r| r.asked).sum()
+        self.open.iter().map(|r| r.asked).sum()
     }
 
     /// How many messages the next receive asks for, if one should be opened: a share of the
@@ -66,11 +84,11 @@ impl Receives {
     /// answer is pushed.
     fn next_ask(&self, credits: u64) -> Option<u64> {
         let free = credits.saturating_sub(self.asked());
-        if self.0.len() >= RECEIVES_MAX || free == 0 {
+        if self.open.len() >= self.max || free == 0 {
             return None;
         }
-        let share = if self.0.is_empty() {
-            free.div_ceil(RECEIVES_MAX as u64)
+        let share = if self.open.is_empty() {
+            free.div_ceil(self.max as u64)
         } else {
             free
         };
@@ -78,28 +96,45 @@ impl Receives {
     }
 
     fn open(&mut self, asked: u64, receive: Inflight) {
-        self.0.push_back(Receive {
+        self.open.push_back(Receive {
             asked,
             state: ReceiveState::Waiting(receive),
         });
     }
 
-    /// The oldest receive's answer, once it has one (later answers wait their turn).
+    /// The oldest receive's answer, once it has one (later answers wait their turn). A later
+    /// receive that fails while an older one is open is dropped, and no second one is opened
+    /// again: the stream goes on with one (the open one reports anything lasting).
     async fn next(&mut self) -> (u64, Answer) {
         std::future::poll_fn(|cx| {
-            for r in &mut self.0 {
+            for r in &mut self.open {
                 if let ReceiveState::Waiting(f) = &mut r.state {
                     if let Poll::Ready(answer) = f.as_mut().poll(cx) {
                         r.state = ReceiveState::Answered(answer);
                     }
                 }
             }
-            match self.0.front() {
+            let failed_extra = self
+                .open
+                .iter()
+                .skip(1)
+                .position(|r| matches!(r.state, ReceiveState::Answered(Err(_))));
+            if let Some(i) = failed_extra {
+                if let Some(Receive {
+                    state: ReceiveState::Answered(Err(status)),
+                    ..
+                }) = self.open.remove(i + 1)
+                {
+                    tracing::debug!(error = %status, "a Consume stream's extra receive failed; going on with one");
+                }
+                self.max = 1;
+            }
+            match self.open.front() {
                 Some(Receive {
                     state: ReceiveState::Answered(_),
                     ..
                 }) => {
-                    let r = self.0.pop_front().expect("front exists");
+                    let r = self.open.pop_front().expect("front exists");
                     let ReceiveState::Answered(answer) = r.state else {
                         unreachable!("matched above")
                     };
@@ -112,7 +147,7 @@ impl Receives {
     }
 
     fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.open.is_empty()
     }
 }
 
@@ -141,7 +176,13 @@ pub(crate) async fn start(
     }
     let be = svc.router.for_queue(&queue)?.clone();
     let (tx, rx) = mpsc::channel(16);
-    tokio::spawn(run(svc, be, start, inbound, tx));
+    // Two receives only where they park in the order asked (see the module docs).
+    let receives_max = if svc.router.owner_of(&queue) == svc.router.local_node() {
+        RECEIVES_LOCAL
+    } else {
+        1
+    };
+    tokio::spawn(run(svc, be, start, inbound, tx, receives_max));
     Ok(Box::pin(ReceiverStream::new(rx)))
 }
 
@@ -151,11 +192,12 @@ async fn run(
     start: pb::ConsumeStart,
     mut inbound: Streaming<pb::ConsumeRequest>,
     tx: mpsc::Sender<Result<pb::ConsumeResponse, Status>>,
+    receives_max: usize,
 ) {
     let mut credits = u64::from(start.prefetch);
     // Tags this stream's receives at the back-end, so its two count as one consumer there.
     let consumer: u64 = rand::random::<u64>().max(1);
-    let mut receives = Receives::default();
+    let mut receives = Receives::new(receives_max);
     // Acks, nacks and releases under way: they run while deliveries keep flowing, and their
     // answers go out in the order they were asked.
     let mut acks: FuturesOrdered<AckAnswer> = FuturesOrdered::new();
@@ -195,7 +237,8 @@ async fn run(
                 };
                 if matches!(kind, Kind::Stop(true)) {
                     stopped = true;
-                    give_back(&svc, std::mem::take(&mut receives)).await;
+                    let max = receives.max;
+                    give_back(&svc, std::mem::replace(&mut receives, Receives::new(max))).await;
                     let out = pb::ConsumeResponse { kind: Some(pb::consume_response::Kind::Stopped(pb::Stopped {})) };
                     if tx.send(Ok(out)).await.is_err() {
                         break;
@@ -257,7 +300,7 @@ async fn run(
 /// not pushed are given back here, uncounted.
 async fn give_back(svc: &MessagingService, receives: Receives) {
     let mut handles: Vec<String> = vec![];
-    for r in receives.0 {
+    for r in receives.open {
         let answer = match r.state {
             ReceiveState::Answered(answer) => Some(answer),
             ReceiveState::Waiting(f) => futures::FutureExt::now_or_never(f),

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use ferry_client::pb;
 use ferry_client::{AckMode, ConsumerOptions, Message, ReceiveOptions};
-use ferry_integration_tests::{memory_node, stats};
+use ferry_integration_tests::{create_queue, memory_node, stats, Node, NodeOptions};
 
 fn text(r: &ferry_client::Received) -> String {
     String::from_utf8_lossy(r.body()).into_owned()
@@ -426,5 +426,48 @@ async fn a_consumer_keeps_the_send_order_while_sends_arrive_between_its_receives
     consumer.close().await?;
     let s = stats(&client, "q").await?;
     assert_eq!((s.acked_total, s.leased, s.ready), (N as u64, 0, 0));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_goes_on_with_one_receive_when_the_queue_refuses_a_second_waiter(
+) -> anyhow::Result<()> {
+    // One waiter per queue: the stream's second receive is refused (too many waiters), and the
+    // stream must go on with the first, not fail.
+    let dir = tempfile::tempdir()?;
+    let node = Node::start(
+        dir.path(),
+        NodeOptions {
+            memory: true,
+            extra_toml: "[limits]\nwaiters_per_queue_max = 1\n".into(),
+            ..Default::default()
+        },
+    )?;
+    let client = node.client().await?;
+    create_queue(&client, "q").await?;
+    let conn = client.open_connection("t").await?;
+    let session = conn.create_session(AckMode::Auto).await?;
+    let mut consumer = session
+        .consumer("q", ConsumerOptions::default().prefetch(10))
+        .await?;
+    let mut got = Vec::new();
+    for i in 0..30 {
+        session
+            .send("q", vec![Message::text(format!("m{i}"))])
+            .await?;
+        let batch = consumer
+            .receive_batch(10, Some(Duration::from_secs(10)))
+            .await?;
+        got.extend(batch.iter().map(text));
+    }
+    while got.len() < 30 {
+        let batch = consumer
+            .receive_batch(10, Some(Duration::from_secs(10)))
+            .await?;
+        anyhow::ensure!(!batch.is_empty(), "nothing for 10 s after {}", got.len());
+        got.extend(batch.iter().map(text));
+    }
+    assert_eq!(got, (0..30).map(|i| format!("m{i}")).collect::<Vec<_>>());
+    consumer.close().await?;
     Ok(())
 }

@@ -284,7 +284,12 @@ impl Writer {
     /// Writes one group: synced if anyone in it needs durability now (which also makes every
     /// earlier deferred write durable), else applied unsynced and answered later.
     fn write(&mut self, group: Vec<Pending>) {
-        let sync = self.defer_max.is_zero() || group.iter().any(|p| !p.deferred);
+        // Deferred writes already waiting their full time are synced now, even if this group is
+        // deferred too: a steady run of deferred writes must not keep them waiting for ever.
+        let overdue = self
+            .unsynced_since
+            .is_some_and(|since| since.elapsed() >= self.defer_max);
+        let sync = self.defer_max.is_zero() || overdue || group.iter().any(|p| !p.deferred);
         let (batches, dones): (Vec<_>, Vec<_>) = group.into_iter().map(|p| (p.ops, p.done)).unzip();
         if !sync {
             let result = self.store.write_unsynced(&batches);
@@ -310,6 +315,12 @@ impl Writer {
             .fetch_add(dones.len() as u64, Ordering::Relaxed);
         if let Err(e) = &result {
             tracing::error!(error = %e, "group commit write failed");
+            // A write refused before it reached the log (the store was not poisoned) says
+            // nothing about the deferred writes before it: sync them on their own.
+            if !self.unsynced.is_empty() {
+                let synced = self.timed(|store| store.sync());
+                self.answer_unsynced(&synced);
+            }
         }
         self.answer_unsynced(&result);
         answer(dones, &result);

@@ -13,12 +13,14 @@ use ferry_store::{
     GroupCommit, MemoryStore, Page, QueueDef, QueueStore, RecoveredQueue, StoreError, StoreOp,
 };
 
-/// A store whose first synced write blocks until the test opens the gate, so the test knows
-/// exactly what is queued behind it. It logs every write and sync, and tells the test of each
-/// unsynced write.
+/// A store whose first synced write (or, with [`Gated::gating_unsynced`], first unsynced one)
+/// blocks until the test opens the gate, so the test knows exactly what is queued behind it. It
+/// logs every write and sync, and tells the test of each unsynced write.
 #[derive(Debug)]
 struct Gated {
     inner: MemoryStore,
+    /// Which kind of write the gate holds: "write" or "unsynced".
+    gated: &'static str,
     entered: Mutex<Option<mpsc::Sender<()>>>,
     gate: Mutex<Option<mpsc::Receiver<()>>>,
     unsynced: Mutex<Option<mpsc::Sender<()>>>,
@@ -35,11 +37,20 @@ struct GateEnds {
 
 impl Gated {
     fn new(inner: MemoryStore) -> (Arc<Self>, GateEnds) {
+        Self::gating(inner, "write")
+    }
+
+    fn gating_unsynced(inner: MemoryStore) -> (Arc<Self>, GateEnds) {
+        Self::gating(inner, "unsynced")
+    }
+
+    fn gating(inner: MemoryStore, gated: &'static str) -> (Arc<Self>, GateEnds) {
         let (entered_tx, entered) = mpsc::channel();
         let (open, gate_rx) = mpsc::channel();
         let (unsynced_tx, unsynced) = mpsc::channel();
         let store = Arc::new(Gated {
             inner,
+            gated,
             entered: Mutex::new(Some(entered_tx)),
             gate: Mutex::new(Some(gate_rx)),
             unsynced: Mutex::new(Some(unsynced_tx)),
@@ -56,19 +67,28 @@ impl Gated {
     fn log(&self) -> Vec<&'static str> {
         self.log.lock().unwrap().clone()
     }
-}
 
-impl QueueStore for Gated {
-    fn write(&self, batches: &[Vec<StoreOp>]) -> Result<(), StoreError> {
+    /// Holds the first write of the gated kind until the test opens the gate.
+    fn hold(&self, kind: &'static str) {
+        if kind != self.gated {
+            return;
+        }
         if let Some(tx) = self.entered.lock().unwrap().take() {
             tx.send(()).unwrap();
             let gate = self.gate.lock().unwrap().take().unwrap();
             gate.recv().unwrap();
         }
+    }
+}
+
+impl QueueStore for Gated {
+    fn write(&self, batches: &[Vec<StoreOp>]) -> Result<(), StoreError> {
+        self.hold("write");
         self.log.lock().unwrap().push("write");
         self.inner.write(batches)
     }
     fn write_unsynced(&self, batches: &[Vec<StoreOp>]) -> Result<(), StoreError> {
+        self.hold("unsynced");
         self.log.lock().unwrap().push("unsynced");
         let result = self.inner.write(batches);
         if let Some(tx) = self.unsynced.lock().unwrap().as_ref() {
@@ -301,6 +321,25 @@ async fn with_no_time_to_wait_a_deferred_write_is_synced_like_any_other() {
     ends.open.send(()).unwrap();
     ticket.durable().await.unwrap();
     assert_eq!(store.log(), ["write"]);
+    drop(gc);
+    thread.join().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deferred_writes_past_their_time_are_synced_even_by_a_deferred_group() {
+    // A steady run of deferred writes: the next one is already queued when the first has used
+    // up its time, so the writer takes it before its timer fires. It must sync then, not leave
+    // the first waiting behind yet another unsynced write.
+    let (store, ends) = Gated::gating_unsynced(MemoryStore::new());
+    let (gc, thread) = GroupCommit::start(store.clone(), 64, 64, Duration::from_nanos(1)).unwrap();
+    let uid = QueueUid(1);
+    let first = gc.submit_deferred(reserve(uid, 2)).await.unwrap();
+    ends.entered.recv().unwrap();
+    let second = gc.submit_deferred(reserve(uid, 3)).await.unwrap();
+    ends.open.send(()).unwrap();
+    first.durable().await.unwrap();
+    second.durable().await.unwrap();
+    assert_eq!(store.log(), ["unsynced", "write"]);
     drop(gc);
     thread.join().unwrap();
 }
