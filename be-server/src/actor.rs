@@ -461,9 +461,8 @@ impl QueueActor {
                 // Deferred only when the answer is all that waits: a hand-off or a dead letter
                 // the ack's time passing produced goes out as soon as it is durable.
                 let defer = defer_sync && fx.handed.is_empty() && fx.dead_letters.is_empty();
-                let mut answers = vec![answer(reply, results)];
-                let ops = self.collect(fx, &mut answers);
-                self.submit_with(ops, answers, defer).await;
+                self.finish_with(fx, vec![answer(reply, results)], defer)
+                    .await;
             }
             Cmd::Nack {
                 leases,
@@ -546,9 +545,14 @@ impl QueueActor {
     }
 
     /// Answers now if nothing must be written, else once the write is durable.
-    async fn finish(&mut self, fx: Effects, mut answers: Vec<Answer>) {
+    async fn finish(&mut self, fx: Effects, answers: Vec<Answer>) {
+        self.finish_with(fx, answers, false).await;
+    }
+
+    /// Like `finish`; `deferred`: the write may wait for a later synced write (`GroupCommit`).
+    async fn finish_with(&mut self, fx: Effects, mut answers: Vec<Answer>, deferred: bool) {
         let ops = self.collect(fx, &mut answers);
-        self.submit(ops, answers).await;
+        self.submit_with(ops, answers, deferred).await;
     }
 
     /// Turns effects into the writes to make and the answers to send once they are made.

@@ -297,7 +297,7 @@ pub async fn render(s: &Sources) -> String {
         ),
         (
             "group_commit_deferred_syncs",
-            "Log syncs made for deferred acknowledgements alone, when no synced write came within ack_sync_delay_max_us",
+            "Log syncs made for deferred acknowledgements alone (mostly: no synced write came within ack_sync_delay_max_us)",
             commit.deferred_syncs,
         ),
     ] {

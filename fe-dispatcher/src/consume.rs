@@ -105,7 +105,7 @@ impl Receives {
     /// The oldest receive's answer, once it has one (later answers wait their turn). A later
     /// receive that fails while an older one is open is dropped, and no second one is opened
     /// again: the stream goes on with one (the open one reports anything lasting).
-    async fn next(&mut self) -> (u64, Answer) {
+    async fn next(&mut self) -> Answer {
         std::future::poll_fn(|cx| {
             for r in &mut self.open {
                 if let ReceiveState::Waiting(f) = &mut r.state {
@@ -129,17 +129,20 @@ impl Receives {
                 }
                 self.max = 1;
             }
-            match self.open.front() {
+            if !matches!(
+                self.open.front(),
                 Some(Receive {
                     state: ReceiveState::Answered(_),
                     ..
-                }) => {
-                    let r = self.open.pop_front().expect("front exists");
-                    let ReceiveState::Answered(answer) = r.state else {
-                        unreachable!("matched above")
-                    };
-                    Poll::Ready((r.asked, answer))
-                }
+                })
+            ) {
+                return Poll::Pending;
+            }
+            match self.open.pop_front() {
+                Some(Receive {
+                    state: ReceiveState::Answered(answer),
+                    ..
+                }) => Poll::Ready(answer),
                 _ => Poll::Pending,
             }
         })
@@ -237,8 +240,7 @@ async fn run(
                 };
                 if matches!(kind, Kind::Stop(true)) {
                     stopped = true;
-                    let max = receives.max;
-                    give_back(&svc, std::mem::replace(&mut receives, Receives::new(max))).await;
+                    give_back(&svc, std::mem::take(&mut receives.open)).await;
                     let out = pb::ConsumeResponse { kind: Some(pb::consume_response::Kind::Stopped(pb::Stopped {})) };
                     if tx.send(Ok(out)).await.is_err() {
                         break;
@@ -259,7 +261,7 @@ async fn run(
                     }
                 }
             }
-            (_, res) = receives.next(), if !receives.is_empty() => {
+            res = receives.next(), if !receives.is_empty() => {
                 match res {
                     Ok(r) => {
                         let deliveries = r.into_inner().deliveries;
@@ -287,7 +289,7 @@ async fn run(
     // and release the client wrote before the end takes effect (and is answered, if the client
     // still listens). Dropping them would leave acknowledged messages leased, to be delivered
     // again when their leases run out.
-    give_back(&svc, receives).await;
+    give_back(&svc, receives.open).await;
     while let Some(reply) = acks.next().await {
         if let Some(reply) = reply {
             let _ = tx.send(reply).await;
@@ -298,9 +300,9 @@ async fn run(
 /// Ends the open receives. Dropping one removes its waiter at the back-end, and a back-end that
 /// answers a dropped receive takes the deliveries back; answers that already arrived but were
 /// not pushed are given back here, uncounted.
-async fn give_back(svc: &MessagingService, receives: Receives) {
+async fn give_back(svc: &MessagingService, receives: VecDeque<Receive>) {
     let mut handles: Vec<String> = vec![];
-    for r in receives.open {
+    for r in receives {
         let answer = match r.state {
             ReceiveState::Answered(answer) => Some(answer),
             ReceiveState::Waiting(f) => futures::FutureExt::now_or_never(f),

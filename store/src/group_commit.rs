@@ -98,7 +98,8 @@ pub struct GroupCommitStats {
     pub batch_submissions: Buckets,
     /// Deferred submissions applied without a sync of their own.
     pub deferred: AtomicU64,
-    /// Times the log was synced for deferred submissions alone (no synced write came in time).
+    /// Times the log was synced for deferred submissions alone (no synced write came in time,
+    /// the node was closing, or a synced write was refused before reaching the log).
     pub deferred_syncs: AtomicU64,
 }
 
@@ -247,10 +248,8 @@ impl Writer {
                     match rt.block_on(async { tokio::time::timeout(left, rx.recv()).await }) {
                         Ok(job) => job,
                         Err(_) => {
-                            // No synced write came in time: sync for the deferred ones alone.
-                            self.stats.deferred_syncs.fetch_add(1, Ordering::Relaxed);
-                            let result = self.timed(|store| store.sync());
-                            self.answer_unsynced(&result);
+                            // No synced write came in time.
+                            self.sync_deferred();
                             continue;
                         }
                     }
@@ -274,10 +273,7 @@ impl Writer {
             self.write(group);
         }
         // Deferred submissions still waiting are made durable before the store closes.
-        if !self.unsynced.is_empty() {
-            let result = self.timed(|store| store.sync());
-            self.answer_unsynced(&result);
-        }
+        self.sync_deferred();
         // Submissions still queued get `Closed` when `rx` drops; then the store closes.
     }
 
@@ -317,10 +313,7 @@ impl Writer {
             tracing::error!(error = %e, "group commit write failed");
             // A write refused before it reached the log (the store was not poisoned) says
             // nothing about the deferred writes before it: sync them on their own.
-            if !self.unsynced.is_empty() {
-                let synced = self.timed(|store| store.sync());
-                self.answer_unsynced(&synced);
-            }
+            self.sync_deferred();
         }
         self.answer_unsynced(&result);
         answer(dones, &result);
@@ -338,6 +331,16 @@ impl Writer {
             .observe(u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX));
         self.stats.writes.fetch_add(1, Ordering::Relaxed);
         result
+    }
+
+    /// Syncs the log for the deferred submissions waiting (if any) and answers them.
+    fn sync_deferred(&mut self) {
+        if self.unsynced.is_empty() {
+            return;
+        }
+        self.stats.deferred_syncs.fetch_add(1, Ordering::Relaxed);
+        let result = self.timed(|store| store.sync());
+        self.answer_unsynced(&result);
     }
 
     fn answer_unsynced(&mut self, result: &Result<(), StoreError>) {

@@ -276,14 +276,7 @@ pub async fn run(c: &ClientArgs, a: BenchArgs) -> anyhow::Result<()> {
     let elapsed = started.elapsed();
     ticker.abort();
     progress.finish_and_clear();
-    if temporary {
-        let _ = client
-            .admin()
-            .delete_queue(pb::DeleteQueueRequest {
-                name: queue.clone(),
-            })
-            .await;
-    }
+    drop_bench_queue(&client, &queue, temporary).await;
 
     let received = shared.received.load(Ordering::Acquire);
     let unique = shared.unique.load(Ordering::Acquire);
@@ -583,6 +576,17 @@ async fn bench_queue(
     Ok((queue, temporary))
 }
 
+/// Deletes the queue [`bench_queue`] made for the run (a queue the user named stays).
+async fn drop_bench_queue(client: &ferry_client::Client, queue: &str, temporary: bool) {
+    if temporary {
+        // Best effort: the figures are already in; a queue left behind is only clutter.
+        let _ = client
+            .admin()
+            .delete_queue(pb::DeleteQueueRequest { name: queue.into() })
+            .await;
+    }
+}
+
 /// The request-reply workload: sequential round trips, each a request to `queue` (with
 /// `reply_to` a temporary queue of the requester's connection) and its reply, correlated by the
 /// request's message id. Persistent unless --non-persistent, as for the throughput workload.
@@ -655,14 +659,7 @@ async fn request_reply(c: &ClientArgs, a: BenchArgs) -> anyhow::Result<()> {
     drop(requestor);
     requester_conn.close().await?;
     responder_conn.close().await?;
-    if temporary {
-        let _ = client
-            .admin()
-            .delete_queue(pb::DeleteQueueRequest {
-                name: queue.clone(),
-            })
-            .await;
-    }
+    drop_bench_queue(&client, &queue, temporary).await;
     let ms = |q: f64| rtt.value_at_quantile(q) as f64 / 1_000.0;
     let per_sec = rounds as f64 / elapsed.as_secs_f64().max(1e-9);
     match c.output {
