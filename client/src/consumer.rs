@@ -76,8 +76,12 @@ pub struct Consumer {
     responses: Option<Streaming<pb::ConsumeResponse>>,
     buffer: VecDeque<Received>,
     stale_acks: Arc<AtomicU64>,
-    /// Acks and releases sent and not yet answered.
-    outstanding: u64,
+    /// The last `flush` sent, and the last one answered: acks, nacks and releases are answered
+    /// only when stale (`quiet_acks`), so a flush is how the consumer knows they took effect.
+    flush_sent: u64,
+    flushed: u64,
+    /// An ack, nack or release was sent since the last flush.
+    unflushed: bool,
     /// The server answered `stop`: nothing more comes.
     stopped: bool,
 }
@@ -98,6 +102,7 @@ impl Session {
                 selector: opts.selector,
                 prefetch: opts.prefetch.max(1),
                 lease_ms: opts.lease_ms,
+                quiet_acks: true,
             })),
         };
         let _ = requests.send(start);
@@ -113,7 +118,9 @@ impl Session {
             responses: Some(responses),
             buffer: VecDeque::new(),
             stale_acks: Arc::default(),
-            outstanding: 0,
+            flush_sent: 0,
+            flushed: 0,
+            unflushed: false,
             stopped: false,
         })
     }
@@ -213,7 +220,11 @@ impl Consumer {
     /// (deliveries that arrive meanwhile wait in the consumer's buffer). After this,
     /// [`Consumer::stale_acks`] counts every one of them that came too late.
     pub async fn flush(&mut self) -> Result<(), ClientError> {
-        while self.outstanding > 0 {
+        if std::mem::take(&mut self.unflushed) {
+            self.flush_sent += 1;
+            self.send(Kind::Flush(self.flush_sent))?;
+        }
+        while self.flushed < self.flush_sent {
             self.read_one().await?;
         }
         Ok(())
@@ -236,7 +247,7 @@ impl Consumer {
 
     fn send(&mut self, kind: Kind) -> Result<(), ClientError> {
         if matches!(kind, Kind::Ack(_) | Kind::Release(_) | Kind::Nack(_)) {
-            self.outstanding += 1;
+            self.unflushed = true;
         }
         self.requests
             .send(pb::ConsumeRequest { kind: Some(kind) })
@@ -261,7 +272,6 @@ impl Consumer {
             Some(pb::ConsumeResponse {
                 kind: Some(pb::consume_response::Kind::AckResult(r)),
             }) => {
-                self.outstanding = self.outstanding.saturating_sub(1);
                 if !r.stale_receipt_handles.is_empty() {
                     self.stale_acks
                         .fetch_add(r.stale_receipt_handles.len() as u64, Ordering::Relaxed);
@@ -274,6 +284,9 @@ impl Consumer {
             Some(pb::ConsumeResponse {
                 kind: Some(pb::consume_response::Kind::Stopped(_)),
             }) => self.stopped = true,
+            Some(pb::ConsumeResponse {
+                kind: Some(pb::consume_response::Kind::Flushed(token)),
+            }) => self.flushed = self.flushed.max(token),
             Some(_) => {}
             None => {
                 return Err(ClientError::Status(tonic::Status::unavailable(

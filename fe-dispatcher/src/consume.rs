@@ -3,6 +3,11 @@
 //! they were asked; acks and nacks come back on the same stream. When the client goes away the
 //! open receives are dropped, which removes their waiters at the back-end.
 //!
+//! Each ack, nack and release is answered, in order, unless the client asked for `quiet_acks`:
+//! then only those with stale handles are, and a `flush` (answered `flushed` after everything
+//! before it) tells the client the rest took effect. The Rust client asks for it: one frame
+//! fewer per batch it takes.
+//!
 //! When the queue is on this node, two receives are kept open when the credit allows, each for a
 //! share of it. While the first one's answer travels back and is pushed, the second is still
 //! parked at the back-end, so a message sent meanwhile is handed over as it is stored: its
@@ -251,8 +256,15 @@ async fn run(
                     credits = credits.saturating_add(u64::from(n));
                     continue;
                 }
+                if let Kind::Flush(token) = kind {
+                    // Answered after everything queued before it (the answers go out in order).
+                    let out = pb::ConsumeResponse { kind: Some(pb::consume_response::Kind::Flushed(token)) };
+                    acks.push_back(Box::pin(std::future::ready(Some(Ok(out)))));
+                    continue;
+                }
                 let svc = svc.clone();
-                acks.push_back(Box::pin(async move { handle(&svc, kind).await }));
+                let quiet = start.quiet_acks;
+                acks.push_back(Box::pin(async move { handle(&svc, kind, quiet).await }));
             }
             Some(reply) = acks.next(), if !acks.is_empty() => {
                 if let Some(reply) = reply {
@@ -335,8 +347,17 @@ async fn release(svc: &MessagingService, handles: &[String]) -> Result<Vec<Strin
     .map(|(_, stale)| stale)
 }
 
-async fn handle(svc: &MessagingService, kind: Kind) -> Option<Result<pb::ConsumeResponse, Status>> {
-    let result = |stale_receipt_handles| {
+/// Applies an ack, nack or release; its answer, if it gets one: always with `quiet` false, only
+/// when some handles were stale (or it failed) with `quiet` true.
+async fn handle(
+    svc: &MessagingService,
+    kind: Kind,
+    quiet: bool,
+) -> Option<Result<pb::ConsumeResponse, Status>> {
+    let result = |stale_receipt_handles: Vec<String>| {
+        if quiet && stale_receipt_handles.is_empty() {
+            return None;
+        }
         Some(Ok(pb::ConsumeResponse {
             kind: Some(pb::consume_response::Kind::AckResult(pb::AckResult {
                 stale_receipt_handles,
@@ -354,7 +375,7 @@ async fn handle(svc: &MessagingService, kind: Kind) -> Option<Result<pb::Consume
             Err(status) => Some(Err(status)),
         },
         // Taken by the stream loop.
-        Kind::Credit(_) => None,
+        Kind::Credit(_) | Kind::Flush(_) => None,
         // The client does not wait for this answer (unless it flushes): the delete may share
         // the next synced write.
         Kind::Ack(h) => match svc

@@ -359,6 +359,67 @@ async fn an_ack_and_then_the_end_of_the_stream_is_applied_and_answered() -> anyh
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quiet_acks_answer_only_stale_handles_and_a_flush_answers_after_them() -> anyhow::Result<()>
+{
+    let (_dir, _node, client) = memory_node(&["q"]).await?;
+    let conn = client.open_connection("t").await?;
+    let session = conn.create_session(AckMode::Individual).await?;
+    session
+        .send("q", vec![Message::text("a"), Message::text("b")])
+        .await?;
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let send = |kind| tx.send(pb::ConsumeRequest { kind: Some(kind) });
+    send(pb::consume_request::Kind::Start(pb::ConsumeStart {
+        session_id: session.id().into(),
+        queue: "q".into(),
+        prefetch: 2,
+        quiet_acks: true,
+        ..Default::default()
+    }))?;
+    let mut responses = client
+        .messaging()
+        .consume(tokio_stream::wrappers::UnboundedReceiverStream::new(rx))
+        .await?
+        .into_inner();
+    let mut handles = vec![];
+    while handles.len() < 2 {
+        match responses.message().await?.and_then(|r| r.kind) {
+            Some(pb::consume_response::Kind::Deliveries(d)) => {
+                handles.extend(d.deliveries.into_iter().map(|d| d.receipt_handle))
+            }
+            other => anyhow::bail!("expected deliveries, got {other:?}"),
+        }
+    }
+    let acks = |h: &[String]| {
+        pb::consume_request::Kind::Ack(pb::ReceiptHandles {
+            receipt_handles: h.to_vec(),
+        })
+    };
+    // A live ack (no answer), the same handle again (stale: answered), the other live one (no
+    // answer), then a flush: exactly two answers, in that order.
+    send(acks(&handles[..1]))?;
+    send(acks(&handles[..1]))?;
+    send(acks(&handles[1..]))?;
+    send(pb::consume_request::Kind::Flush(7))?;
+    match responses.message().await?.and_then(|r| r.kind) {
+        Some(pb::consume_response::Kind::AckResult(a)) => {
+            // Each stale handle comes with why it is stale.
+            assert_eq!(a.stale_receipt_handles.len(), 1, "{a:?}");
+            assert!(a.stale_receipt_handles[0].starts_with(&handles[0]), "{a:?}");
+        }
+        other => anyhow::bail!("expected the stale ack's answer, got {other:?}"),
+    }
+    match responses.message().await?.and_then(|r| r.kind) {
+        Some(pb::consume_response::Kind::Flushed(7)) => {}
+        other => anyhow::bail!("expected flushed 7, got {other:?}"),
+    }
+    // Everything before the flush took effect by then.
+    let s = stats(&client, "q").await?;
+    assert_eq!((s.acked_total, s.leased, s.ready), (2, 0, 0));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_push_larger_than_four_mebibytes_reaches_the_consumer() -> anyhow::Result<()> {
     // Review finding: tonic's 4 MiB default decode limit refused a batch of deliveries the
     // server was allowed to push (up to 1 000 messages of up to 1 MiB each).

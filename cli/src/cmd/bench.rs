@@ -542,7 +542,7 @@ fn record(r: &Received, now: u64, shared: &Shared, latency: &mut Histogram<u64>)
 }
 
 /// p50, p90, p99, p99.9 and max of a histogram of microseconds, in milliseconds, for a table.
-fn latency_cells(h: &Histogram<u64>) -> [String; 5] {
+pub(super) fn latency_cells(h: &Histogram<u64>) -> [String; 5] {
     let ms = |v: u64| format!("{:.3}", v as f64 / 1_000.0);
     [
         ms(h.value_at_quantile(0.5)),

@@ -8,6 +8,7 @@ mod message;
 mod queue;
 mod receive;
 mod request;
+mod rtt;
 mod send;
 mod server;
 
@@ -75,6 +76,9 @@ pub enum Command {
     /// Measure: producers and consumers on one queue; throughput, latency percentiles, and a
     /// check that every message sent was received.
     Bench(bench::BenchArgs),
+    /// Time the round trip of the cheapest call to the node (a connection heartbeat): the floor
+    /// under every send and receive, like `nats rtt`.
+    Rtt(rtt::RttArgs),
 }
 
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
@@ -87,6 +91,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Request(a) => request::request(&cli.client, a).await,
         Command::Reply(a) => request::reply(&cli.client, a).await,
         Command::Bench(a) => bench::run(&cli.client, a).await,
+        Command::Rtt(a) => rtt::run(&cli.client, a).await,
         Command::Events(a) => events::run(&cli.client, a).await,
         Command::Message { command } => message::run(&cli.client, command).await,
         Command::Connections { command } => connections::run(&cli.client, command).await,
