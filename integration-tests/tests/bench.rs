@@ -86,3 +86,33 @@ async fn bench_reports_and_verifies_every_mode() -> anyhow::Result<()> {
     assert!(err.contains("--size must be at least 20"), "{err}");
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rtt_times_heartbeat_round_trips_and_leaves_no_connection() -> anyhow::Result<()> {
+    let (_dir, node, client) = memory_node(&[]).await?;
+    let (ok, out, err) = ferry_cli(&node, &["rtt", "--count", "20", "-o", "json"])?;
+    assert!(ok, "ferry rtt failed: {err}");
+    let r: serde_json::Value = serde_json::from_str(out.trim())?;
+    assert_eq!(r["calls"], 20, "{r}");
+    let at = |k: &str| r[k].as_f64().unwrap_or(-1.0);
+    assert!(
+        0.0 < at("min_ms")
+            && at("min_ms") <= at("p50_ms")
+            && at("p50_ms") <= at("p99_ms")
+            && at("p99_ms") <= at("max_ms"),
+        "{r}"
+    );
+    // Its connection was closed, not left to time out.
+    let open = client
+        .admin()
+        .list_connections(ferry_client::pb::ListConnectionsRequest {})
+        .await?
+        .into_inner()
+        .connections;
+    assert!(open.iter().all(|c| c.client_id != "ferry-rtt"), "{open:?}");
+    // Bad input is refused with what to fix.
+    let (ok, _, err) = ferry_cli(&node, &["rtt", "--count", "0"])?;
+    assert!(!ok);
+    assert!(err.contains("--count"), "{err}");
+    Ok(())
+}
