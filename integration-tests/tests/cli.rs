@@ -186,3 +186,64 @@ fn a_client_pointed_at_nothing_says_how_to_fix_it() -> anyhow::Result<()> {
     assert!(err.contains("ferry server"), "{err}");
     Ok(())
 }
+
+#[test]
+fn check_disk_times_synced_appends_and_cleans_up() -> anyhow::Result<()> {
+    let parent = tempfile::tempdir()?;
+    let dir = parent.path().join("data");
+    let out = std::process::Command::new(ferry_integration_tests::ferry_bin())
+        .args([
+            "check-disk",
+            "--count",
+            "20",
+            "--size",
+            "4096",
+            "-o",
+            "json",
+        ])
+        .arg("--data-dir")
+        .arg(&dir)
+        .output()?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "ferry check-disk failed: {err}");
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    assert_eq!(
+        (r["syncs"].as_u64(), r["size"].as_u64()),
+        (Some(20), Some(4096)),
+        "{r}"
+    );
+    let at = |k: &str| r[k].as_f64().unwrap_or(-1.0);
+    assert!(
+        0.0 < at("p50_ms") && at("p50_ms") <= at("p99_ms") && at("p99_ms") <= at("max_ms"),
+        "{r}"
+    );
+    assert!(
+        r["online_discard"].is_boolean() || r["online_discard"].is_null(),
+        "{r}"
+    );
+    // Neither the scratch file nor the directory it had to create is left behind.
+    assert!(!dir.exists(), "{} was left behind", dir.display());
+
+    // In an existing directory, only its own scratch file goes.
+    std::fs::create_dir(&dir)?;
+    std::fs::write(dir.join("keep"), b"x")?;
+    let out = std::process::Command::new(ferry_integration_tests::ferry_bin())
+        .args(["check-disk", "--count", "3", "-o", "json", "--data-dir"])
+        .arg(&dir)
+        .output()?;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let left: Vec<_> = std::fs::read_dir(&dir)?.collect::<Result<_, _>>()?;
+    assert_eq!(left.len(), 1, "{left:?}");
+
+    // Bad input says what to fix.
+    let out = std::process::Command::new(ferry_integration_tests::ferry_bin())
+        .args(["check-disk", "--count", "0"])
+        .output()?;
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--count"));
+    Ok(())
+}

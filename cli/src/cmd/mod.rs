@@ -2,6 +2,7 @@
 
 mod bench;
 mod browse;
+mod check_disk;
 mod connections;
 mod events;
 mod message;
@@ -79,6 +80,9 @@ pub enum Command {
     /// Time the round trip of the cheapest call to the node (a connection heartbeat): the floor
     /// under every send and receive, like `nats rtt`.
     Rtt(rtt::RttArgs),
+    /// Time synced appends in a data directory, as the node's write-ahead log makes them: the
+    /// disk's floor under every persistent send; warns about online `discard`.
+    CheckDisk(check_disk::CheckDiskArgs),
 }
 
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
@@ -92,6 +96,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Reply(a) => request::reply(&cli.client, a).await,
         Command::Bench(a) => bench::run(&cli.client, a).await,
         Command::Rtt(a) => rtt::run(&cli.client, a).await,
+        // Blocking file I/O on the command's own runtime: nothing else runs on it.
+        Command::CheckDisk(a) => check_disk::run(&cli.client, a),
         Command::Events(a) => events::run(&cli.client, a).await,
         Command::Message { command } => message::run(&cli.client, command).await,
         Command::Connections { command } => connections::run(&cli.client, command).await,
