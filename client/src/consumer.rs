@@ -76,12 +76,12 @@ pub struct Consumer {
     responses: Option<Streaming<pb::ConsumeResponse>>,
     buffer: VecDeque<Received>,
     stale_acks: Arc<AtomicU64>,
-    /// The last `flush` sent, and the last one answered: acks, nacks and releases are answered
-    /// only when stale (`quiet_acks`), so a flush is how the consumer knows they took effect.
-    flush_sent: u64,
-    flushed: u64,
-    /// An ack, nack or release was sent since the last flush.
-    unflushed: bool,
+    /// Acks, nacks and releases sent, and how many of the first of them are known to have taken
+    /// effect: each `ack_result` answers one; `flushed(n)` answers the first n. The server
+    /// answers only stale ones (`quiet_acks`), so a flush is how the consumer learns of the
+    /// others; a server too old for `quiet_acks` answers each and ignores the flush.
+    acks_sent: u64,
+    acks_answered: u64,
     /// The server answered `stop`: nothing more comes.
     stopped: bool,
 }
@@ -118,9 +118,8 @@ impl Session {
             responses: Some(responses),
             buffer: VecDeque::new(),
             stale_acks: Arc::default(),
-            flush_sent: 0,
-            flushed: 0,
-            unflushed: false,
+            acks_sent: 0,
+            acks_answered: 0,
             stopped: false,
         })
     }
@@ -220,11 +219,11 @@ impl Consumer {
     /// (deliveries that arrive meanwhile wait in the consumer's buffer). After this,
     /// [`Consumer::stale_acks`] counts every one of them that came too late.
     pub async fn flush(&mut self) -> Result<(), ClientError> {
-        if std::mem::take(&mut self.unflushed) {
-            self.flush_sent += 1;
-            self.send(Kind::Flush(self.flush_sent))?;
+        let upto = self.acks_sent;
+        if self.acks_answered < upto {
+            self.send(Kind::Flush(upto))?;
         }
-        while self.flushed < self.flush_sent {
+        while self.acks_answered < upto {
             self.read_one().await?;
         }
         Ok(())
@@ -247,7 +246,7 @@ impl Consumer {
 
     fn send(&mut self, kind: Kind) -> Result<(), ClientError> {
         if matches!(kind, Kind::Ack(_) | Kind::Release(_) | Kind::Nack(_)) {
-            self.unflushed = true;
+            self.acks_sent += 1;
         }
         self.requests
             .send(pb::ConsumeRequest { kind: Some(kind) })
@@ -272,6 +271,7 @@ impl Consumer {
             Some(pb::ConsumeResponse {
                 kind: Some(pb::consume_response::Kind::AckResult(r)),
             }) => {
+                self.acks_answered += 1;
                 if !r.stale_receipt_handles.is_empty() {
                     self.stale_acks
                         .fetch_add(r.stale_receipt_handles.len() as u64, Ordering::Relaxed);
@@ -286,7 +286,7 @@ impl Consumer {
             }) => self.stopped = true,
             Some(pb::ConsumeResponse {
                 kind: Some(pb::consume_response::Kind::Flushed(token)),
-            }) => self.flushed = self.flushed.max(token),
+            }) => self.acks_answered = self.acks_answered.max(token),
             Some(_) => {}
             None => {
                 return Err(ClientError::Status(tonic::Status::unavailable(
