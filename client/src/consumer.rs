@@ -51,8 +51,8 @@ impl ConsumerOptions {
 }
 
 /// See the module docs. Made by [`Session::consumer`]. [`Consumer::close`] gives the messages
-/// pushed ahead and never handed over back to the queue at once and waits for every ack's
-/// answer. Dropping a consumer without closing still delivers the acks already made and gives
+/// pushed ahead and never handed over back to the queue at once and waits until every ack took
+/// effect. Dropping a consumer without closing still delivers the acks already made and gives
 /// back what it holds, but a push that was on its way at that moment stays leased to the
 /// session until it closes or the leases run out.
 ///
@@ -204,8 +204,8 @@ impl Consumer {
     }
 
     /// Stops the stream: no more deliveries; the ones pushed ahead and never handed over go back
-    /// to the queue unseen (not counted as deliveries); waits until the server has answered every
-    /// acknowledgement sent on the stream.
+    /// to the queue unseen (not counted as deliveries); waits until every acknowledgement sent on
+    /// the stream took effect ([`Consumer::flush`]).
     pub async fn close(mut self) -> Result<(), ClientError> {
         self.send(Kind::Stop(true))?;
         while !self.stopped {
@@ -215,8 +215,9 @@ impl Consumer {
         self.flush().await
     }
 
-    /// Waits until the server has answered every acknowledgement sent on this stream so far
-    /// (deliveries that arrive meanwhile wait in the consumer's buffer). After this,
+    /// Waits until every acknowledgement sent on this stream so far took effect at the server
+    /// (one `flush` round trip; none if the server already said so). Deliveries that arrive
+    /// meanwhile wait in the consumer's buffer. After this,
     /// [`Consumer::stale_acks`] counts every one of them that came too late.
     pub async fn flush(&mut self) -> Result<(), ClientError> {
         let upto = self.acks_sent;
