@@ -9,13 +9,12 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context as _};
-use comfy_table::Table;
 use ferry_client::{pb, AckMode, ConsumerOptions, Message, ReceiveOptions, Received, Session};
 use futures::stream::{FuturesUnordered, StreamExt};
 use hdrhistogram::Histogram;
 use serde_json::json;
 
-use super::{connect, ClientArgs};
+use super::{connect, latency, ClientArgs};
 use crate::output::Format;
 
 /// Producer id (u32), sequence number (u64), due time in ns since the Unix epoch (u64).
@@ -168,7 +167,7 @@ pub async fn run(c: &ClientArgs, a: BenchArgs) -> anyhow::Result<()> {
             per_producer: (0..a.producers).map(|_| Mutex::new(Vec::new())).collect(),
         },
         // 1 µs to 1 hour, 3 significant digits.
-        latency: Mutex::new(Histogram::new_with_bounds(1, 3_600_000_000, 3)?),
+        latency: Mutex::new(latency::histogram()?),
         errors: Mutex::new(Vec::new()),
     });
     let progress = crate::output::progress_bar(c.output, total);
@@ -292,7 +291,6 @@ pub async fn run(c: &ClientArgs, a: BenchArgs) -> anyhow::Result<()> {
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .clone();
-    let ms = |q: f64| h.value_at_quantile(q) as f64 / 1_000.0;
     let secs = elapsed.as_secs_f64().max(1e-9);
     let rate = if fill_only {
         sent as f64 / sending_elapsed.as_secs_f64().max(1e-9)
@@ -306,9 +304,8 @@ pub async fn run(c: &ClientArgs, a: BenchArgs) -> anyhow::Result<()> {
         .unwrap_or_else(PoisonError::into_inner)
         .clone();
     match c.output {
-        Format::Json => println!(
-            "{}",
-            json!({
+        Format::Json => {
+            let summary = json!({
                 "queue": queue,
                 "producers": a.producers,
                 "consumers": a.consumers,
@@ -326,28 +323,18 @@ pub async fn run(c: &ClientArgs, a: BenchArgs) -> anyhow::Result<()> {
                 "sending_ms": sending_elapsed.as_millis() as u64,
                 "msgs_per_sec": rate.round(),
                 "mb_per_sec": (mb_per_sec * 100.0).round() / 100.0,
-                "p50_ms": ms(0.5),
-                "p90_ms": ms(0.9),
-                "p99_ms": ms(0.99),
-                "p999_ms": ms(0.999),
-                "max_ms": h.max() as f64 / 1_000.0,
                 "errors": errors,
-            })
-        ),
+            });
+            println!("{}", latency::with_quantiles(summary, &h));
+        }
         Format::Human => {
-            let mut t = Table::new();
-            t.set_header([
-                "sent", "received", "msgs/s", "MB/s", "p50 ms", "p90 ms", "p99 ms", "p99.9 ms",
-                "max ms",
-            ]);
-            let mut row = vec![
+            let cells = vec![
                 sent.to_string(),
                 received.to_string(),
                 format!("{rate:.0}"),
                 format!("{mb_per_sec:.2}"),
             ];
-            row.extend(latency_cells(&h));
-            t.add_row(row);
+            let t = latency::table(&["sent", "received", "msgs/s", "MB/s"], cells, &h);
             println!("{t}");
             println!(
                 "{} producers, {} consumers, {} B {} messages, {:.2} s",
@@ -476,7 +463,7 @@ async fn consume(
     mode: AckMode,
     shared: &Shared,
 ) -> anyhow::Result<()> {
-    let mut local = Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3)?;
+    let mut local = latency::histogram()?;
     if mode == AckMode::Transacted {
         // A transacted session receives with Receive and acknowledges at commit.
         while !shared.stop.load(Ordering::Acquire) {
@@ -539,18 +526,6 @@ fn record(r: &Received, now: u64, shared: &Shared, latency: &mut Histogram<u64>)
     } else {
         shared.duplicates.fetch_add(1, Ordering::Relaxed);
     }
-}
-
-/// p50, p90, p99, p99.9 and max of a histogram of microseconds, in milliseconds, for a table.
-pub(super) fn latency_cells(h: &Histogram<u64>) -> [String; 5] {
-    let ms = |v: u64| format!("{:.3}", v as f64 / 1_000.0);
-    [
-        ms(h.value_at_quantile(0.5)),
-        ms(h.value_at_quantile(0.9)),
-        ms(h.value_at_quantile(0.99)),
-        ms(h.value_at_quantile(0.999)),
-        ms(h.max()),
-    ]
 }
 
 /// The queue a run uses: the one named (created if missing, kept), or a fresh one of its own
@@ -631,7 +606,7 @@ async fn request_reply(c: &ClientArgs, a: BenchArgs) -> anyhow::Result<()> {
 
     let requester_conn = client.open_connection("ferry-bench-requester").await?;
     let mut requestor = ferry_client::Requestor::new(&requester_conn).await?;
-    let mut rtt = Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3)?;
+    let mut rtt = latency::histogram()?;
     let progress = crate::output::progress_bar(c.output, Some(rounds));
     let mut failures = 0u64;
     let started = Instant::now();
@@ -641,11 +616,8 @@ async fn request_reply(c: &ClientArgs, a: BenchArgs) -> anyhow::Result<()> {
         let reply = requestor
             .request(&queue, message(body.clone()), Duration::from_secs(10))
             .await?;
-        let micros = u64::try_from(t.elapsed().as_micros()).unwrap_or(u64::MAX);
         match reply {
-            Some(r) if r.body() == body.as_slice() => {
-                let _ = rtt.record(micros.max(1));
-            }
+            Some(r) if r.body() == body.as_slice() => latency::record(&mut rtt, t.elapsed()),
             _ => failures += 1,
         }
         if i % 256 == 0 {
@@ -660,12 +632,10 @@ async fn request_reply(c: &ClientArgs, a: BenchArgs) -> anyhow::Result<()> {
     requester_conn.close().await?;
     responder_conn.close().await?;
     drop_bench_queue(&client, &queue, temporary).await;
-    let ms = |q: f64| rtt.value_at_quantile(q) as f64 / 1_000.0;
     let per_sec = rounds as f64 / elapsed.as_secs_f64().max(1e-9);
     match c.output {
-        Format::Json => println!(
-            "{}",
-            json!({
+        Format::Json => {
+            let summary = json!({
                 "workload": "request-reply",
                 "queue": queue,
                 "size": a.size,
@@ -675,27 +645,12 @@ async fn request_reply(c: &ClientArgs, a: BenchArgs) -> anyhow::Result<()> {
                 "failures": failures,
                 "elapsed_ms": elapsed.as_millis() as u64,
                 "rounds_per_sec": per_sec.round(),
-                "p50_ms": ms(0.5),
-                "p90_ms": ms(0.9),
-                "p99_ms": ms(0.99),
-                "p999_ms": ms(0.999),
-                "max_ms": rtt.max() as f64 / 1_000.0,
-            })
-        ),
+            });
+            println!("{}", latency::with_quantiles(summary, &rtt));
+        }
         Format::Human => {
-            let mut t = Table::new();
-            t.set_header([
-                "round trips",
-                "per second",
-                "p50 ms",
-                "p90 ms",
-                "p99 ms",
-                "p99.9 ms",
-                "max ms",
-            ]);
-            let mut row = vec![rounds.to_string(), format!("{per_sec:.0}")];
-            row.extend(latency_cells(&rtt));
-            t.add_row(row);
+            let cells = vec![rounds.to_string(), format!("{per_sec:.0}")];
+            let t = latency::table(&["round trips", "per second"], cells, &rtt);
             println!("{t}");
             println!(
                 "request-reply, {} B {} messages, {:.2} s",

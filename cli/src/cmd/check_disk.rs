@@ -10,11 +10,10 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use comfy_table::Table;
 use hdrhistogram::Histogram;
 use serde_json::json;
 
-use super::ClientArgs;
+use super::{latency, ClientArgs};
 use crate::output::Format;
 
 #[derive(Debug, clap::Args)]
@@ -52,39 +51,21 @@ pub fn run(c: &ClientArgs, a: CheckDiskArgs) -> anyhow::Result<()> {
     }
     let (syncs, elapsed) = result?;
     let discard = online_discard(&dir);
-    let ms = |micros: u64| micros as f64 / 1_000.0;
-    let at = |q: f64| ms(syncs.value_at_quantile(q));
     let per_sec = a.count as f64 / elapsed.as_secs_f64().max(1e-9);
     match c.output {
-        Format::Json => println!(
-            "{}",
-            json!({
+        Format::Json => {
+            let summary = json!({
                 "data_dir": dir.display().to_string(),
                 "syncs": a.count,
                 "size": a.size,
                 "syncs_per_sec": per_sec.round(),
-                "p50_ms": at(0.5),
-                "p90_ms": at(0.9),
-                "p99_ms": at(0.99),
-                "p999_ms": at(0.999),
-                "max_ms": ms(syncs.max()),
                 "online_discard": discard,
-            })
-        ),
+            });
+            println!("{}", latency::with_quantiles(summary, &syncs));
+        }
         Format::Human => {
-            let mut t = Table::new();
-            t.set_header([
-                "synced appends",
-                "per second",
-                "p50 ms",
-                "p90 ms",
-                "p99 ms",
-                "p99.9 ms",
-                "max ms",
-            ]);
-            let mut row = vec![a.count.to_string(), format!("{per_sec:.0}")];
-            row.extend(super::bench::latency_cells(&syncs));
-            t.add_row(row);
+            let cells = vec![a.count.to_string(), format!("{per_sec:.0}")];
+            let t = latency::table(&["synced appends", "per second"], cells, &syncs);
             println!("{t}");
             println!(
                 "appends of {} B, each followed by fdatasync, in {}",
@@ -115,14 +96,13 @@ fn check(a: &CheckDiskArgs, dir: &Path) -> anyhow::Result<(Histogram<u64>, Durat
         .open(&scratch.0)
         .with_context(|| format!("cannot create a test file in {}", dir.display()))?;
     let block = vec![0x5a_u8; usize::try_from(a.size)?];
-    let mut syncs = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+    let mut syncs = latency::histogram()?;
     let started = Instant::now();
     for _ in 0..a.count {
         let t = Instant::now();
         append_synced(&mut file, &block)
             .with_context(|| format!("writing {}", scratch.0.display()))?;
-        let micros = u64::try_from(t.elapsed().as_micros()).unwrap_or(u64::MAX);
-        syncs.saturating_record(micros.max(1));
+        latency::record(&mut syncs, t.elapsed());
     }
     let elapsed = started.elapsed();
     drop(file);

@@ -5,6 +5,7 @@ mod browse;
 mod check_disk;
 mod connections;
 mod events;
+mod latency;
 mod message;
 mod queue;
 mod receive;

@@ -5,12 +5,10 @@
 
 use std::time::Instant;
 
-use comfy_table::Table;
 use ferry_proto::pb;
-use hdrhistogram::Histogram;
 use serde_json::json;
 
-use super::{connect, ClientArgs};
+use super::{connect, latency, ClientArgs};
 use crate::output::Format;
 
 #[derive(Debug, clap::Args)]
@@ -29,53 +27,33 @@ pub async fn run(c: &ClientArgs, a: RttArgs) -> anyhow::Result<()> {
     };
     // The first call sets up the HTTP/2 stream machinery on both sides: not timed.
     messaging.heartbeat(heartbeat.clone()).await?;
-    let mut rtt = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+    let mut rtt = latency::histogram()?;
     let started = Instant::now();
     for _ in 0..a.count {
         let t = Instant::now();
         messaging.heartbeat(heartbeat.clone()).await?;
-        let micros = u64::try_from(t.elapsed().as_micros()).unwrap_or(u64::MAX);
-        rtt.saturating_record(micros.max(1));
+        latency::record(&mut rtt, t.elapsed());
     }
     let elapsed = started.elapsed();
     connection.close().await?;
-    let ms = |micros: u64| micros as f64 / 1_000.0;
-    let at = |q: f64| ms(rtt.value_at_quantile(q));
     let per_sec = a.count as f64 / elapsed.as_secs_f64().max(1e-9);
     match c.output {
-        Format::Json => println!(
-            "{}",
-            json!({
+        Format::Json => {
+            let summary = json!({
                 "server": c.server,
                 "calls": a.count,
                 "calls_per_sec": per_sec.round(),
-                "min_ms": ms(rtt.min()),
-                "p50_ms": at(0.5),
-                "p90_ms": at(0.9),
-                "p99_ms": at(0.99),
-                "p999_ms": at(0.999),
-                "max_ms": ms(rtt.max()),
-            })
-        ),
+                "min_ms": latency::ms(rtt.min()),
+            });
+            println!("{}", latency::with_quantiles(summary, &rtt));
+        }
         Format::Human => {
-            let mut t = Table::new();
-            t.set_header([
-                "calls",
-                "per second",
-                "min ms",
-                "p50 ms",
-                "p90 ms",
-                "p99 ms",
-                "p99.9 ms",
-                "max ms",
-            ]);
-            let mut row = vec![
+            let cells = vec![
                 a.count.to_string(),
                 format!("{per_sec:.0}"),
-                format!("{:.3}", ms(rtt.min())),
+                format!("{:.3}", latency::ms(rtt.min())),
             ];
-            row.extend(super::bench::latency_cells(&rtt));
-            t.add_row(row);
+            let t = latency::table(&["calls", "per second", "min ms"], cells, &rtt);
             println!("{t}");
             println!("round trips of a Heartbeat call to {}", c.server);
         }
