@@ -26,6 +26,10 @@ pub struct ConsumerOptions {
     pub prefetch: u32,
     /// Lease of each delivery; the queue's default when absent.
     pub lease_ms: Option<u64>,
+    /// Ask the server to answer only acknowledgements that found stale handles (default), and
+    /// learn of the rest from a flush. `false` has it answer each one, as nodes from before
+    /// quiet acks do; the consumer behaves the same either way.
+    pub quiet_acks: bool,
 }
 
 impl Default for ConsumerOptions {
@@ -34,6 +38,7 @@ impl Default for ConsumerOptions {
             selector: String::new(),
             prefetch: 100,
             lease_ms: None,
+            quiet_acks: true,
         }
     }
 }
@@ -46,6 +51,11 @@ impl ConsumerOptions {
 
     pub fn selector(mut self, s: impl Into<String>) -> Self {
         self.selector = s.into();
+        self
+    }
+
+    pub fn quiet_acks(mut self, quiet: bool) -> Self {
+        self.quiet_acks = quiet;
         self
     }
 }
@@ -102,7 +112,7 @@ impl Session {
                 selector: opts.selector,
                 prefetch: opts.prefetch.max(1),
                 lease_ms: opts.lease_ms,
-                quiet_acks: true,
+                quiet_acks: opts.quiet_acks,
             })),
         };
         let _ = requests.send(start);

@@ -218,11 +218,25 @@ fn check_disk_times_synced_appends_and_cleans_up() -> anyhow::Result<()> {
         "{r}"
     );
     assert!(
-        r["online_discard"].is_boolean() || r["online_discard"].is_null(),
+        r.get("online_discard")
+            .is_some_and(|v| v.is_boolean() || v.is_null()),
         "{r}"
     );
     // Neither the scratch file nor the directory it had to create is left behind.
     assert!(!dir.exists(), "{} was left behind", dir.display());
+
+    // Nor the missing parents it had to create.
+    let deep = parent.path().join("a").join("b").join("data");
+    let out = std::process::Command::new(ferry_integration_tests::ferry_bin())
+        .args(["check-disk", "--count", "2", "-o", "json", "--data-dir"])
+        .arg(&deep)
+        .output()?;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!parent.path().join("a").exists(), "a/b was left behind");
 
     // In an existing directory, only its own scratch file goes.
     std::fs::create_dir(&dir)?;

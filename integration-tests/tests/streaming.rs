@@ -274,6 +274,45 @@ async fn an_ack_after_the_lease_ran_out_is_counted_stale_and_the_message_comes_b
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flush_means_every_ack_took_effect_whether_acks_are_quiet_or_each_answered(
+) -> anyhow::Result<()> {
+    // `quiet_acks: false` is how a node from before quiet acks behaves: every ack answered. The
+    // consumer's flush must end on those answers and still mean "all took effect".
+    for quiet in [true, false] {
+        let queue = format!("q-{quiet}");
+        let (_dir, _node, client) = memory_node(&[queue.as_str()]).await?;
+        let conn = client.open_connection("t").await?;
+        let session = conn.create_session(AckMode::Individual).await?;
+        let body: Vec<Message> = (0..5).map(|i| Message::text(format!("m{i}"))).collect();
+        session.send(&queue, body).await?;
+        let mut consumer = session
+            .consumer(
+                &queue,
+                ConsumerOptions::default().prefetch(5).quiet_acks(quiet),
+            )
+            .await?;
+        let mut got = vec![];
+        while got.len() < 5 {
+            let b = consumer
+                .receive_batch(5, Some(Duration::from_secs(10)))
+                .await?;
+            anyhow::ensure!(!b.is_empty(), "quiet {quiet}: nothing came");
+            got.extend(b);
+        }
+        for m in &got {
+            consumer.ack(std::slice::from_ref(m))?;
+        }
+        consumer.flush().await?;
+        // No waiting: the flush returned only once the server had applied all five.
+        let s = stats(&client, &queue).await?;
+        assert_eq!((s.acked_total, s.leased), (5, 0), "quiet {quiet}");
+        assert_eq!(consumer.stale_acks(), 0, "quiet {quiet}");
+        consumer.close().await?;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acks_written_before_a_consumer_goes_away_take_effect() -> anyhow::Result<()> {
     // Review finding: the front-end dropped acks still under way when the client ended the
     // stream, leaving acknowledged messages leased (and delivered again when the lease ran out).

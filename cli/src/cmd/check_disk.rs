@@ -30,7 +30,8 @@ pub struct CheckDiskArgs {
     size: u64,
 }
 
-/// Removes the test file however the check ends.
+/// Removes the test file however the check ends (short of the process being killed: an
+/// interrupted run leaves `.ferry-check-disk-<pid>` behind).
 struct Scratch(PathBuf);
 
 impl Drop for Scratch {
@@ -40,16 +41,25 @@ impl Drop for Scratch {
 }
 
 pub fn run(c: &ClientArgs, a: CheckDiskArgs) -> anyhow::Result<()> {
-    let existed = a.data_dir.exists();
-    fs::create_dir_all(&a.data_dir)
-        .with_context(|| format!("cannot create {}", a.data_dir.display()))?;
-    let dir = fs::canonicalize(&a.data_dir)?;
-    let result = check(&a, &dir);
-    if !existed {
-        // Leave no empty directory behind (one with anything in it stays).
-        let _ = fs::remove_dir(&dir);
+    // The directories this run creates (the data directory and any missing parents), deepest
+    // first: removed again at the end, unless something else was put in them meanwhile.
+    let created: Vec<PathBuf> = a
+        .data_dir
+        .ancestors()
+        .filter(|p| !p.as_os_str().is_empty())
+        .take_while(|p| !p.exists())
+        .map(Path::to_path_buf)
+        .collect();
+    let result = fs::create_dir_all(&a.data_dir)
+        .with_context(|| format!("cannot create {}", a.data_dir.display()))
+        .and_then(|()| Ok(fs::canonicalize(&a.data_dir)?))
+        .and_then(|dir| Ok((check(&a, &dir)?, dir)));
+    for d in &created {
+        if fs::remove_dir(d).is_err() {
+            break;
+        }
     }
-    let (syncs, elapsed) = result?;
+    let ((syncs, elapsed), dir) = result?;
     let discard = online_discard(&dir);
     let per_sec = a.count as f64 / elapsed.as_secs_f64().max(1e-9);
     match c.output {
@@ -89,12 +99,14 @@ pub fn run(c: &ClientArgs, a: CheckDiskArgs) -> anyhow::Result<()> {
 
 /// Times `count` synced appends to a scratch file in `dir`, removed afterwards.
 fn check(a: &CheckDiskArgs, dir: &Path) -> anyhow::Result<(Histogram<u64>, Duration)> {
-    let scratch = Scratch(dir.join(format!(".ferry-check-disk-{}", std::process::id())));
+    let path = dir.join(format!(".ferry-check-disk-{}", std::process::id()));
     let mut file = OpenOptions::new()
         .write(true)
         .create_new(true)
-        .open(&scratch.0)
+        .open(&path)
         .with_context(|| format!("cannot create a test file in {}", dir.display()))?;
+    // Only a file this run created is removed.
+    let scratch = Scratch(path);
     let block = vec![0x5a_u8; usize::try_from(a.size)?];
     let mut syncs = latency::histogram()?;
     let started = Instant::now();

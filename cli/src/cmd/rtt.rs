@@ -25,17 +25,23 @@ pub async fn run(c: &ClientArgs, a: RttArgs) -> anyhow::Result<()> {
     let heartbeat = pb::HeartbeatRequest {
         connection_id: connection.id().to_string(),
     };
-    // The first call sets up the HTTP/2 stream machinery on both sides: not timed.
-    messaging.heartbeat(heartbeat.clone()).await?;
     let mut rtt = latency::histogram()?;
-    let started = Instant::now();
-    for _ in 0..a.count {
-        let t = Instant::now();
+    let timed = async {
+        // The first call sets up the HTTP/2 stream machinery on both sides: not timed.
         messaging.heartbeat(heartbeat.clone()).await?;
-        latency::record(&mut rtt, t.elapsed());
+        let started = Instant::now();
+        for _ in 0..a.count {
+            let t = Instant::now();
+            messaging.heartbeat(heartbeat.clone()).await?;
+            latency::record(&mut rtt, t.elapsed());
+        }
+        Ok::<_, tonic::Status>(started.elapsed())
     }
-    let elapsed = started.elapsed();
-    connection.close().await?;
+    .await;
+    // Closed however the calls went, so it does not linger until its lease runs out.
+    let closed = connection.close().await;
+    let elapsed = timed?;
+    closed?;
     let per_sec = a.count as f64 / elapsed.as_secs_f64().max(1e-9);
     match c.output {
         Format::Json => {
