@@ -5,8 +5,8 @@
 //!
 //! Each ack, nack and release is answered, in order, unless the client asked for `quiet_acks`:
 //! then only those with stale handles are, and a `flush` (answered `flushed` after everything
-//! before it) tells the client the rest took effect. The Rust client asks for it: one frame
-//! fewer per batch it takes.
+//! before it) tells the client the rest took effect. The Rust client asks for it by default:
+//! one frame fewer per batch it takes.
 //!
 //! When the queue is on this node, two receives are kept open when the credit allows, each for a
 //! share of it. While the first one's answer travels back and is pushed, the second is still

@@ -187,26 +187,27 @@ fn a_client_pointed_at_nothing_says_how_to_fix_it() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `ferry check-disk --data-dir DIR ARGS... -o json`: its JSON summary, or why it failed.
+fn check_disk(dir: &std::path::Path, args: &[&str]) -> anyhow::Result<serde_json::Value> {
+    let out = std::process::Command::new(ferry_integration_tests::ferry_bin())
+        .arg("check-disk")
+        .args(args)
+        .args(["-o", "json", "--data-dir"])
+        .arg(dir)
+        .output()?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    anyhow::ensure!(
+        out.status.success(),
+        "ferry check-disk {args:?} failed: {err}"
+    );
+    Ok(serde_json::from_slice(&out.stdout)?)
+}
+
 #[test]
 fn check_disk_times_synced_appends_and_cleans_up() -> anyhow::Result<()> {
     let parent = tempfile::tempdir()?;
     let dir = parent.path().join("data");
-    let out = std::process::Command::new(ferry_integration_tests::ferry_bin())
-        .args([
-            "check-disk",
-            "--count",
-            "20",
-            "--size",
-            "4096",
-            "-o",
-            "json",
-        ])
-        .arg("--data-dir")
-        .arg(&dir)
-        .output()?;
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "ferry check-disk failed: {err}");
-    let r: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    let r = check_disk(&dir, &["--count", "20", "--size", "4096"])?;
     assert_eq!(
         (r["syncs"].as_u64(), r["size"].as_u64()),
         (Some(20), Some(4096)),
@@ -227,29 +228,13 @@ fn check_disk_times_synced_appends_and_cleans_up() -> anyhow::Result<()> {
 
     // Nor the missing parents it had to create.
     let deep = parent.path().join("a").join("b").join("data");
-    let out = std::process::Command::new(ferry_integration_tests::ferry_bin())
-        .args(["check-disk", "--count", "2", "-o", "json", "--data-dir"])
-        .arg(&deep)
-        .output()?;
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    check_disk(&deep, &["--count", "2"])?;
     assert!(!parent.path().join("a").exists(), "a/b was left behind");
 
     // In an existing directory, only its own scratch file goes.
     std::fs::create_dir(&dir)?;
     std::fs::write(dir.join("keep"), b"x")?;
-    let out = std::process::Command::new(ferry_integration_tests::ferry_bin())
-        .args(["check-disk", "--count", "3", "-o", "json", "--data-dir"])
-        .arg(&dir)
-        .output()?;
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    check_disk(&dir, &["--count", "3"])?;
     let left: Vec<_> = std::fs::read_dir(&dir)?.collect::<Result<_, _>>()?;
     assert_eq!(left.len(), 1, "{left:?}");
 

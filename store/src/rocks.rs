@@ -310,9 +310,7 @@ impl RocksStore {
 impl RocksStore {
     /// One atomic batch, synced or not.
     fn write_batches(&self, batches: &[Vec<StoreOp>], sync: bool) -> Result<(), StoreError> {
-        if self.poisoned.load(Ordering::Acquire) {
-            return Err(StoreError::Poisoned);
-        }
+        self.check_poisoned()?;
         let cfs = self.cfs()?;
         let mut batch = WriteBatch::default();
         for op in batches.iter().flatten() {
@@ -320,9 +318,25 @@ impl RocksStore {
         }
         let mut wo = WriteOptions::default();
         wo.set_sync(sync);
-        self.db.write_opt(batch, &wo).map_err(|e| {
+        self.poison_on_error("writing a batch", self.db.write_opt(batch, &wo))
+    }
+
+    fn check_poisoned(&self) -> Result<(), StoreError> {
+        if self.poisoned.load(Ordering::Acquire) {
+            return Err(StoreError::Poisoned);
+        }
+        Ok(())
+    }
+
+    /// A failed write or log sync leaves the disk behind memory: no write is accepted after it.
+    fn poison_on_error(
+        &self,
+        context: &'static str,
+        result: Result<(), rocksdb::Error>,
+    ) -> Result<(), StoreError> {
+        result.map_err(|e| {
             self.poisoned.store(true, Ordering::Release);
-            io("writing a batch")(e)
+            io(context)(e)
         })
     }
 }
@@ -337,13 +351,8 @@ impl QueueStore for RocksStore {
     }
 
     fn sync(&self) -> Result<(), StoreError> {
-        if self.poisoned.load(Ordering::Acquire) {
-            return Err(StoreError::Poisoned);
-        }
-        self.db.flush_wal(true).map_err(|e| {
-            self.poisoned.store(true, Ordering::Release);
-            io("syncing the write-ahead log")(e)
-        })
+        self.check_poisoned()?;
+        self.poison_on_error("syncing the write-ahead log", self.db.flush_wal(true))
     }
 
     fn recover(&self) -> Result<Vec<RecoveredQueue>, StoreError> {

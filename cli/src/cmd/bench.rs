@@ -166,7 +166,6 @@ pub async fn run(c: &ClientArgs, a: BenchArgs) -> anyhow::Result<()> {
         seen: Seen {
             per_producer: (0..a.producers).map(|_| Mutex::new(Vec::new())).collect(),
         },
-        // 1 µs to 1 hour, 3 significant digits.
         latency: Mutex::new(latency::histogram()?),
         errors: Mutex::new(Vec::new()),
     });

@@ -103,8 +103,8 @@ fn queue_messages(cache: &Cache) -> Options {
     // before a flush, so their bodies never reach a table file: the memtable only has to hold the
     // backlog of a healthy queue (12 MiB is ~12 000 messages of 1 KiB). A bigger one mostly costs
     // memory: two of them (one being flushed) are resident at the peak. 12 against 16 MiB: the
-    // standard benchmark's peak RSS 92-93 against 95-97 MiB, the same throughput (A/B, 3 runs each). Bloom: `find_message`
-    // probes ten keys, nine miss.
+    // standard benchmark's peak RSS 92-93 against 95-97 MiB, the same throughput (A/B, 3 runs
+    // each). Bloom: `find_message` probes ten keys, nine miss.
     let mut o = base(cache, Filter::Keys, 12);
     // Bodies compress cheaply; LZ4 costs little CPU.
     o.set_compression_type(DBCompressionType::Lz4);
