@@ -12,6 +12,9 @@ use serde::{Deserialize, Serialize};
 /// The port a node listens on, and clients dial, by default.
 pub const DEFAULT_PORT: u16 = 7400;
 
+/// The port a node serves other nodes on (`peer_listen`) by default.
+pub const DEFAULT_PEER_PORT: u16 = 7410;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Storage {
@@ -51,6 +54,26 @@ pub struct Limits {
     pub connections_max: usize,
     pub sessions_per_connection_max: usize,
     pub temporary_queues_per_connection_max: usize,
+    /// Streams (calls in progress) one client connection may have open at once: HTTP/2's
+    /// `SETTINGS_MAX_CONCURRENT_STREAMS`. A client past it waits for a stream to end.
+    pub grpc_max_concurrent_streams: u32,
+    /// The same for one connection to the peer listener. A node forwards every call it routes to
+    /// another node over one connection, parked receives included, so this is larger.
+    pub grpc_peer_max_concurrent_streams: u32,
+    /// A TCP connection that has not sent the HTTP/2 connection preface this long after it was
+    /// accepted is closed.
+    pub grpc_handshake_timeout_ms: u64,
+    /// How often the node pings each connection (HTTP/2 PING); 0: never.
+    pub grpc_keepalive_interval_ms: u64,
+    /// A connection that leaves a ping unanswered this long is closed.
+    pub grpc_keepalive_timeout_ms: u64,
+    /// A connection older than this is asked to go away (HTTP/2 GOAWAY): it takes no new calls,
+    /// the calls on it finish, and the client opens a new one. 0: connections live as long as
+    /// they are used.
+    pub grpc_connection_age_max_ms: u64,
+    /// Idle time before the kernel probes an accepted connection (TCP keepalive, then every 10 s,
+    /// 3 probes); 0: no TCP keepalive.
+    pub tcp_keepalive_idle_ms: u64,
 }
 
 impl Default for Limits {
@@ -66,6 +89,41 @@ impl Default for Limits {
             connections_max: 100_000,
             sessions_per_connection_max: 1_000,
             temporary_queues_per_connection_max: 1_000,
+            grpc_max_concurrent_streams: 1_024,
+            grpc_peer_max_concurrent_streams: 65_536,
+            grpc_handshake_timeout_ms: 10_000,
+            grpc_keepalive_interval_ms: 30_000,
+            grpc_keepalive_timeout_ms: 20_000,
+            grpc_connection_age_max_ms: 0,
+            tcp_keepalive_idle_ms: 60_000,
+        }
+    }
+}
+
+impl Limits {
+    /// Refuses settings that would turn a bound off; each message names the setting.
+    fn check(&self) -> Result<(), String> {
+        let positive = [
+            (
+                "limits.grpc_max_concurrent_streams",
+                u64::from(self.grpc_max_concurrent_streams),
+            ),
+            (
+                "limits.grpc_peer_max_concurrent_streams",
+                u64::from(self.grpc_peer_max_concurrent_streams),
+            ),
+            (
+                "limits.grpc_handshake_timeout_ms",
+                self.grpc_handshake_timeout_ms,
+            ),
+            (
+                "limits.grpc_keepalive_timeout_ms",
+                self.grpc_keepalive_timeout_ms,
+            ),
+        ];
+        match positive.iter().find(|(_, value)| *value == 0) {
+            Some((name, _)) => Err(format!("{name} = 0: it must be at least 1")),
+            None => Ok(()),
         }
     }
 }
@@ -75,8 +133,14 @@ impl Default for Limits {
 pub struct Config {
     /// This node's id in the cluster: a-z 0-9 _ -.
     pub node_id: String,
-    /// Address to listen on; port 0 picks a free port (printed at startup).
+    /// Address clients dial (`Messaging`, `Admin`, health, reflection); port 0 picks a free port
+    /// (printed at startup).
     pub listen: String,
+    /// Address other nodes dial (the internal `Backend` service, which trusts its caller: keep it
+    /// off networks clients can reach). Other nodes' `cluster.nodes` name this address. Port 0
+    /// picks a free port (printed at startup).
+    #[serde(default = "default_peer_listen")]
+    pub peer_listen: String,
     pub data_dir: PathBuf,
     pub storage: Storage,
     /// Sends to durable queues (and commits of transactions that staged sends) are refused while
@@ -103,6 +167,10 @@ pub struct Config {
     pub history: HistoryConfig,
     #[serde(default)]
     pub paging: PagingConfig,
+}
+
+fn default_peer_listen() -> String {
+    format!("127.0.0.1:{DEFAULT_PEER_PORT}")
 }
 
 fn default_ack_sync_delay_max_us() -> u64 {
@@ -172,6 +240,7 @@ impl Default for Config {
         Self {
             node_id: "node-1".into(),
             listen: format!("127.0.0.1:{DEFAULT_PORT}"),
+            peer_listen: default_peer_listen(),
             data_dir: PathBuf::from("./ferry-data"),
             storage: Storage::Rocksdb,
             disk_free_min_bytes: default_disk_free_min_bytes(),
@@ -197,6 +266,8 @@ pub struct Overrides {
     pub node_id: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub listen: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peer_listen: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub data_dir: Option<PathBuf>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -224,14 +295,29 @@ impl Config {
     }
 
     fn check(&self) -> Result<(), String> {
-        self.listen.parse::<SocketAddr>().map_err(|_| {
+        let listen = self.listen.parse::<SocketAddr>().map_err(|_| {
             format!(
                 "listen = {:?}: write it as HOST:PORT, e.g. 127.0.0.1:{DEFAULT_PORT}",
                 self.listen
             )
         })?;
+        let peer = self.peer_listen.parse::<SocketAddr>().map_err(|_| {
+            format!(
+                "peer_listen = {:?}: write it as HOST:PORT, e.g. 127.0.0.1:{DEFAULT_PEER_PORT}",
+                self.peer_listen
+            )
+        })?;
+        let overlap =
+            listen.ip() == peer.ip() || listen.ip().is_unspecified() || peer.ip().is_unspecified();
+        if listen.port() != 0 && listen.port() == peer.port() && overlap {
+            return Err(format!(
+                "listen = {:?} and peer_listen = {:?} are the same address: clients and other \
+                 nodes need one each; pick another port for peer_listen",
+                self.listen, self.peer_listen
+            ));
+        }
         ferry_kernel::NodeId::new(self.node_id.as_str()).map_err(|e| e.to_string())?;
-        Ok(())
+        self.limits.check()
     }
 }
 
@@ -282,6 +368,76 @@ mod tests {
             &Overrides::default()
         )
         .is_err());
+    }
+}
+
+#[cfg(test)]
+mod listeners_and_transport {
+    use super::*;
+
+    fn load(toml: &str) -> Result<Config, String> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("ferry.toml");
+        std::fs::write(&path, toml).expect("write config");
+        Config::load(Some(&path), &Overrides::default())
+    }
+
+    #[test]
+    fn the_peer_listener_is_loopback_on_its_own_port_by_default() {
+        let c = Config::default();
+        let peer: SocketAddr = c.peer_listen.parse().expect("a socket address");
+        assert!(peer.ip().is_loopback(), "{peer}");
+        assert_eq!(peer.port(), DEFAULT_PEER_PORT);
+        assert_ne!(DEFAULT_PEER_PORT, DEFAULT_PORT);
+    }
+
+    #[test]
+    fn the_peer_listener_may_not_take_the_client_address() {
+        let err = load("listen = \"0.0.0.0:7400\"\npeer_listen = \"10.0.0.1:7400\"\n")
+            .expect_err("same port on an overlapping address");
+        assert!(err.contains("peer_listen"), "{err}");
+        let err = load("peer_listen = \"nowhere\"\n").expect_err("not an address");
+        assert!(
+            err.contains("peer_listen") && err.contains("HOST:PORT"),
+            "{err}"
+        );
+        // Different interfaces, or port 0 for both (tests), are fine.
+        load("listen = \"10.0.0.1:7400\"\npeer_listen = \"10.0.0.2:7400\"\n").expect("loads");
+        load("listen = \"127.0.0.1:0\"\npeer_listen = \"127.0.0.1:0\"\n").expect("loads");
+    }
+
+    #[test]
+    fn flags_override_the_peer_listener() {
+        let o = Overrides {
+            peer_listen: Some("127.0.0.1:0".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            Config::load(None, &o).expect("loads").peer_listen,
+            "127.0.0.1:0"
+        );
+    }
+
+    #[test]
+    fn a_transport_bound_cannot_be_turned_off() {
+        for key in [
+            "grpc_max_concurrent_streams",
+            "grpc_peer_max_concurrent_streams",
+            "grpc_handshake_timeout_ms",
+            "grpc_keepalive_timeout_ms",
+        ] {
+            let err = load(&format!("[limits]\n{key} = 0\n")).expect_err(key);
+            assert!(err.contains(&format!("limits.{key} = 0")), "{err}");
+        }
+        let c = load("[limits]\ngrpc_keepalive_interval_ms = 0\ntcp_keepalive_idle_ms = 0\n")
+            .expect("keepalives may be off");
+        assert_eq!(
+            (
+                c.limits.grpc_keepalive_interval_ms,
+                c.limits.tcp_keepalive_idle_ms
+            ),
+            (0, 0)
+        );
     }
 }
 

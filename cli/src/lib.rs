@@ -1,6 +1,7 @@
-//! Everything behind the `ferry` binary: node assembly ([`node`]), configuration ([`config`]) and
-//! the client subcommands ([`cmd`]). The binary itself only parses arguments and calls in here.
+//! Everything behind the `ferry` binary: node assembly ([`node`]) and its listeners
+//! ([`accept`]), configuration ([`config`]) and the client subcommands ([`cmd`]). The binary itself only parses arguments and calls in here.
 
+pub mod accept;
 pub mod cmd;
 pub mod config;
 pub mod metrics;

@@ -1,36 +1,143 @@
-//! Assembles a node: store, back-end, front-end, health and reflection services on one listener.
-//! The in-process back-end is plugged into the front-end's router as a plain trait object; other
-//! nodes' back-ends are reached over gRPC.
+//! Assembles a node: store, back-end, front-end, health and reflection, served on two listeners.
+//! The client listener serves `Messaging`, `Admin`, health and reflection; the peer listener
+//! serves the internal `Backend` service to the other nodes of the cluster and nothing else, so
+//! no client can call the back-end past the front-end's checks. The in-process back-end is plugged
+//! into the front-end's router as a plain trait object; other nodes' back-ends are reached over
+//! gRPC at their peer listeners.
 
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
 use ferry_be_server::{BackendService, Broker, BrokerConfig};
-use ferry_fe_dispatcher::{BackendRef, Frontend, FrontendConfig, RemoteBackend, Router};
+use ferry_cluster::Membership;
+use ferry_fe_dispatcher::{
+    BackendRef, Frontend, FrontendConfig, MessagingService, RemoteBackend, Router,
+};
 use ferry_kernel::{NodeId, QueueConfig};
 use ferry_proto::pb;
 use ferry_store::{MemoryStore, QueueStore, RocksStore};
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
+use tokio::sync::watch;
 use tonic::transport::Server;
 
-use crate::config::{Config, Storage};
+use crate::accept::{incoming, ConnectionSettings};
+use crate::config::{Config, Limits, Storage};
 
-/// Runs a node on `listener` until `shutdown` completes, then stops gracefully: no new calls are
+/// The node's listeners, bound by the caller (port 0 in tests).
+#[derive(Debug)]
+pub struct Listeners {
+    /// Clients: `Messaging`, `Admin`, health, reflection.
+    pub client: TcpListener,
+    /// Other nodes: `Backend`.
+    pub peer: TcpListener,
+}
+
+/// Where a running node serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Addresses {
+    pub client: SocketAddr,
+    pub peer: SocketAddr,
+    /// The Prometheus endpoint, when `metrics.listen` is set.
+    pub metrics: Option<SocketAddr>,
+}
+
+type MessagingServer = pb::messaging_server::MessagingServer<MessagingService>;
+
+/// Runs a node on `listeners` until `shutdown` completes, then stops gracefully: no new calls are
 /// accepted, parked receivers are answered empty, writes already submitted finish durably, and
 /// calls still queued fail with UNAVAILABLE. `on_ready` is called once every queue is recovered,
 /// just before the node serves.
 pub async fn run(
     config: Config,
-    listener: TcpListener,
+    listeners: Listeners,
     shutdown: impl Future<Output = ()> + Send,
-    on_ready: impl FnOnce(std::net::SocketAddr, Option<std::net::SocketAddr>),
+    on_ready: impl FnOnce(&Addresses),
 ) -> anyhow::Result<()> {
     let node_id = NodeId::new(config.node_id.as_str())?;
     let membership = config.cluster.validate(&node_id)?;
-    let store: Arc<dyn QueueStore> = match config.storage {
+    let store = open_store(&config)?;
+    let started = std::time::Instant::now();
+    let broker = Broker::open(broker_config(&config, node_id.clone()), store).await?;
+    tracing::info!(
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "back-end ready"
+    );
+    let backend = BackendService::new(broker.clone());
+    let router = router(node_id.clone(), &backend, membership)?;
+    let frontend = Arc::new(Frontend::new(frontend_config(&config.limits), router));
+    let reaper = tokio::spawn(frontend.reaper());
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health.set_serving::<MessagingServer>().await;
+    let metrics = start_metrics(&config, &broker, &frontend).await?;
+    let addresses = Addresses {
+        client: listeners.client.local_addr()?,
+        peer: listeners.peer.local_addr()?,
+        metrics: metrics.as_ref().map(|(addr, _)| *addr),
+    };
+    tracing::info!(node = %node_id, addr = %addresses.client, peer_addr = %addresses.peer, "listening");
+    on_ready(&addresses);
+
+    // `begun` turns true when shutdown starts; the peer listener stops with the client one.
+    let (begun_tx, begun) = watch::channel(false);
+    let stopping = {
+        let (broker, health) = (broker.clone(), health.clone());
+        let stop_frontend = frontend.stop_handle();
+        async move {
+            shutdown.await;
+            tracing::info!("shutting down");
+            let _ = begun_tx.send(true);
+            health.set_not_serving::<MessagingServer>().await;
+            stop_frontend.stop();
+            broker.shutdown().await;
+        }
+    };
+    let l = &config.limits;
+    let max = l.grpc_max_request_bytes;
+    let (reflection, reflection_alpha) = client_reflection()?;
+    let client_server = server(l, l.grpc_max_concurrent_streams)
+        .add_service(
+            MessagingServer::new(frontend.messaging.clone()).max_decoding_message_size(max),
+        )
+        .add_service(
+            pb::admin_server::AdminServer::new(frontend.admin.clone())
+                .max_decoding_message_size(max),
+        )
+        .add_service(health_service)
+        .add_service(reflection)
+        .add_service(reflection_alpha)
+        .serve_with_incoming_shutdown(incoming(listeners.client, connection_settings(l)), stopping);
+    let peer_server = server(l, l.grpc_peer_max_concurrent_streams)
+        .add_service(pb::backend_server::BackendServer::new(backend).max_decoding_message_size(max))
+        .serve_with_incoming_shutdown(
+            incoming(listeners.peer, connection_settings(l)),
+            has_begun(begun.clone()),
+        );
+    let grace = Duration::from_millis(config.shutdown_grace_ms);
+    tokio::select! {
+        served = async { tokio::try_join!(client_server, peer_server) } => { served?; }
+        () = async { has_begun(begun).await; tokio::time::sleep(grace).await } => {
+            tracing::warn!(grace_ms = config.shutdown_grace_ms, "calls still open after the shutdown grace period; stopping anyway");
+        }
+    }
+    reaper.abort();
+    if let Some((_, task)) = metrics {
+        task.abort();
+    }
+    broker.shutdown().await;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Completes once shutdown has begun (or can no longer begin).
+async fn has_begun(mut begun: watch::Receiver<bool>) {
+    let _ = begun.wait_for(|begun| *begun).await;
+}
+
+fn open_store(config: &Config) -> anyhow::Result<Arc<dyn QueueStore>> {
+    Ok(match config.storage {
         Storage::Rocksdb => {
             std::fs::create_dir_all(&config.data_dir).with_context(|| {
                 format!("cannot create data directory {}", config.data_dir.display())
@@ -44,15 +151,18 @@ pub async fn run(
             })?)
         }
         Storage::Memory => Arc::new(MemoryStore::new()),
-    };
+    })
+}
+
+fn broker_config(config: &Config, node_id: NodeId) -> BrokerConfig {
     let l = &config.limits;
-    let mut broker_config = BrokerConfig::new(node_id.clone());
+    let mut broker_config = BrokerConfig::new(node_id);
     broker_config.history_retention_ms = config.history.retention_ms;
     broker_config.history_max_steps = config.history.max_steps;
     broker_config.queue_memory_budget_bytes = config.paging.queue_memory_budget_bytes;
     broker_config.node_memory_budget_bytes = config.paging.node_memory_budget_bytes;
     broker_config.disk_free_min_bytes = config.disk_free_min_bytes;
-    broker_config.commit_defer_max = std::time::Duration::from_micros(config.ack_sync_delay_max_us);
+    broker_config.commit_defer_max = Duration::from_micros(config.ack_sync_delay_max_us);
     broker_config.disk_guard_dir = match config.storage {
         Storage::Rocksdb => Some(config.data_dir.clone()),
         Storage::Memory => None,
@@ -65,16 +175,18 @@ pub async fn run(
         waiters_max: l.waiters_per_queue_max,
         ..QueueConfig::default()
     };
-    let started = std::time::Instant::now();
-    let broker = Broker::open(broker_config, store).await?;
-    tracing::info!(
-        elapsed_ms = started.elapsed().as_millis() as u64,
-        "back-end ready"
-    );
+    broker_config
+}
 
-    let backend = BackendService::new(broker.clone());
+/// This node's back-end in-process; every other node's at the peer listener `cluster.nodes`
+/// names.
+fn router(
+    node_id: NodeId,
+    backend: &BackendService,
+    membership: Membership,
+) -> anyhow::Result<Router> {
     let local: BackendRef = Arc::new(backend.clone());
-    let mut router = Router::new(node_id.clone(), local);
+    let mut router = Router::new(node_id, local);
     for (node, url) in &membership.nodes {
         let remote =
             RemoteBackend::new(url).with_context(|| format!("cluster.nodes.{node} = {url:?}"))?;
@@ -83,92 +195,105 @@ pub async fn run(
     for (queue, node) in membership.placement {
         router = router.with_placement(queue, node);
     }
-    let fe_config = FrontendConfig {
+    Ok(router)
+}
+
+fn frontend_config(l: &Limits) -> FrontendConfig {
+    FrontendConfig {
         connection_lease_default_ms: l.connection_lease_default_ms,
         connections_max: l.connections_max,
         sessions_per_connection_max: l.sessions_per_connection_max,
         temporary_queues_per_connection_max: l.temporary_queues_per_connection_max,
         ..FrontendConfig::default()
-    };
-    let frontend = Arc::new(Frontend::new(fe_config, router));
-    let reaper = tokio::spawn(frontend.reaper());
+    }
+}
 
-    let (health, health_service) = tonic_health::server::health_reporter();
-    health.set_serving::<pb::messaging_server::MessagingServer<ferry_fe_dispatcher::MessagingService>>().await;
-    // Reflection in both versions: grpcurl and other tools ask for v1 or the older v1alpha.
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+/// Reflection for the client listener, in both versions (grpcurl and other tools ask for v1 or
+/// the older v1alpha). It lists only what that listener serves: never `ferry.v1.Backend`.
+#[allow(clippy::type_complexity)]
+fn client_reflection() -> anyhow::Result<(
+    tonic_reflection::server::v1::ServerReflectionServer<
+        impl tonic_reflection::server::v1::ServerReflection,
+    >,
+    tonic_reflection::server::v1alpha::ServerReflectionServer<
+        impl tonic_reflection::server::v1alpha::ServerReflection,
+    >,
+)> {
+    let listed = [
+        pb::messaging_server::SERVICE_NAME,
+        pb::admin_server::SERVICE_NAME,
+        tonic_health::pb::health_server::SERVICE_NAME,
+    ];
+    let builder = || {
+        listed.iter().fold(
+            tonic_reflection::server::Builder::configure()
+                .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+                .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET),
+            |builder, name| builder.with_service_name(*name),
+        )
+    };
+    let v1 = builder()
+        .with_service_name(tonic_reflection::pb::v1::server_reflection_server::SERVICE_NAME)
         .build_v1()?;
-    let reflection_alpha = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    let v1alpha = builder()
+        .with_service_name(tonic_reflection::pb::v1alpha::server_reflection_server::SERVICE_NAME)
         .build_v1alpha()?;
+    Ok((v1, v1alpha))
+}
 
-    let max = l.grpc_max_request_bytes;
-    let addr = listener.local_addr()?;
-    let metrics = if config.metrics.listen.is_empty() {
-        None
-    } else {
-        let l = TcpListener::bind(&config.metrics.listen)
-            .await
-            .with_context(|| {
-                format!(
-                    "metrics.listen = {:?}: cannot listen there (another server? pick another port)",
-                    config.metrics.listen
-                )
-            })?;
-        let maddr = l.local_addr()?;
-        let sources = crate::metrics::Sources {
-            broker: broker.clone(),
-            frontend: frontend.clone(),
-        };
-        tracing::info!(addr = %maddr, "serving metrics at /metrics");
-        Some((maddr, tokio::spawn(crate::metrics::serve(l, sources))))
-    };
-    tracing::info!(node = %node_id, %addr, "listening");
-    on_ready(addr, metrics.as_ref().map(|(a, _)| *a));
-    let begun = Arc::new(tokio::sync::Notify::new());
-    let stopping = {
-        let (broker, health, begun) = (broker.clone(), health.clone(), begun.clone());
-        let stop_frontend = frontend.stop_handle();
-        async move {
-            shutdown.await;
-            tracing::info!("shutting down");
-            begun.notify_one();
-            health.set_not_serving::<pb::messaging_server::MessagingServer<ferry_fe_dispatcher::MessagingService>>().await;
-            stop_frontend.stop();
-            broker.shutdown().await;
-        }
-    };
-    let server = Server::builder()
-        .add_service(
-            pb::messaging_server::MessagingServer::new(frontend.messaging.clone())
-                .max_decoding_message_size(max),
-        )
-        .add_service(
-            pb::admin_server::AdminServer::new(frontend.admin.clone())
-                .max_decoding_message_size(max),
-        )
-        .add_service(pb::backend_server::BackendServer::new(backend).max_decoding_message_size(max))
-        .add_service(health_service)
-        .add_service(reflection)
-        .add_service(reflection_alpha)
-        .serve_with_incoming_shutdown(incoming(listener), stopping);
-    let grace = Duration::from_millis(config.shutdown_grace_ms);
-    tokio::select! {
-        served = server => served?,
-        () = async { begun.notified().await; tokio::time::sleep(grace).await } => {
-            tracing::warn!(grace_ms = config.shutdown_grace_ms, "calls still open after the shutdown grace period; stopping anyway");
-        }
+/// A gRPC server with the node's connection limits: at most `max_concurrent_streams` calls open
+/// per connection (tonic sets none, which overrides hyper's default), HTTP/2 keepalive pings
+/// that close a connection whose peer stopped answering, and an optional maximum age.
+fn server(l: &Limits, max_concurrent_streams: u32) -> Server {
+    let ms = Duration::from_millis;
+    let keepalive_interval =
+        (l.grpc_keepalive_interval_ms > 0).then(|| ms(l.grpc_keepalive_interval_ms));
+    let builder = Server::builder()
+        .max_concurrent_streams(max_concurrent_streams)
+        .http2_keepalive_interval(keepalive_interval)
+        .http2_keepalive_timeout(Some(ms(l.grpc_keepalive_timeout_ms)));
+    match l.grpc_connection_age_max_ms {
+        0 => builder,
+        age_ms => builder.max_connection_age(ms(age_ms)),
     }
-    reaper.abort();
-    if let Some((_, task)) = metrics {
-        task.abort();
+}
+
+fn connection_settings(l: &Limits) -> ConnectionSettings {
+    ConnectionSettings {
+        handshake_timeout: Duration::from_millis(l.grpc_handshake_timeout_ms),
+        tcp_keepalive_idle: (l.tcp_keepalive_idle_ms > 0)
+            .then(|| Duration::from_millis(l.tcp_keepalive_idle_ms)),
     }
-    broker.shutdown().await;
-    tracing::info!("stopped");
-    Ok(())
+}
+
+type MetricsTask = (SocketAddr, tokio::task::JoinHandle<std::io::Result<()>>);
+
+async fn start_metrics(
+    config: &Config,
+    broker: &Broker,
+    frontend: &Arc<Frontend>,
+) -> anyhow::Result<Option<MetricsTask>> {
+    if config.metrics.listen.is_empty() {
+        return Ok(None);
+    }
+    let l = TcpListener::bind(&config.metrics.listen)
+        .await
+        .with_context(|| {
+            format!(
+                "metrics.listen = {:?}: cannot listen there (another server? pick another port)",
+                config.metrics.listen
+            )
+        })?;
+    let addr = l.local_addr()?;
+    let sources = crate::metrics::Sources {
+        broker: broker.clone(),
+        frontend: frontend.clone(),
+    };
+    tracing::info!(%addr, "serving metrics at /metrics");
+    Ok(Some((
+        addr,
+        tokio::spawn(crate::metrics::serve(l, sources)),
+    )))
 }
 
 /// Completes on SIGTERM or ctrl-c.
@@ -191,18 +316,4 @@ pub async fn shutdown_signal() {
         () = ctrl_c => {},
         () = term => {},
     }
-}
-
-/// Accepted connections with Nagle's algorithm off: small answers (a confirm, an ack) go out at
-/// once instead of waiting up to 40 ms for the peer's delayed ACK. (`Server::tcp_nodelay` only
-/// applies to listeners tonic binds itself.)
-fn incoming(
-    listener: tokio::net::TcpListener,
-) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
-    use tokio_stream::StreamExt as _;
-    TcpListenerStream::new(listener).map(|accepted| {
-        let stream = accepted?;
-        stream.set_nodelay(true)?;
-        Ok(stream)
-    })
 }

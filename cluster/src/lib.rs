@@ -17,7 +17,8 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ClusterConfig {
-    /// Other nodes: node id → gRPC address (`http://host:port`).
+    /// Other nodes: node id → address of the node's peer listener (`http://host:port`, its
+    /// `peer_listen`), where it serves the internal `Backend` service; not its client port.
     #[serde(default)]
     pub nodes: BTreeMap<String, String>,
     /// Queue name → id of the node that owns it.

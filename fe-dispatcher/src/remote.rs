@@ -1,4 +1,5 @@
-//! A back-end on another node, reached over gRPC. It implements the same trait the in-process
+//! A back-end on another node, reached over gRPC at that node's peer listener (the only place a
+//! node serves `Backend`; its client port does not). It implements the same trait the in-process
 //! back-end does, so routing never cares which one it has.
 
 use ferry_proto::pb;
@@ -16,7 +17,8 @@ pub struct RemoteBackend {
 }
 
 impl RemoteBackend {
-    /// A back-end at `url` (`http://host:port`). Connects lazily, reconnects on its own.
+    /// A back-end at `url` (`http://host:port` of the node's peer listener). Connects lazily,
+    /// reconnects on its own.
     pub fn new(url: &str) -> Result<Self, tonic::transport::Error> {
         let channel = Endpoint::from_shared(url.to_string())?
             .connect_timeout(std::time::Duration::from_secs(5))

@@ -43,6 +43,8 @@ pub struct NodeOptions {
     pub memory: bool,
     /// Extra environment variables for the server process (`FERRY_...` settings).
     pub env: Vec<(String, String)>,
+    /// Start the server under `prlimit --nofile=N:N`: at most N open file descriptors.
+    pub open_files_max: Option<u32>,
 }
 
 impl Default for NodeOptions {
@@ -52,6 +54,7 @@ impl Default for NodeOptions {
             extra_toml: String::new(),
             memory: false,
             env: vec![],
+            open_files_max: None,
         }
     }
 }
@@ -61,7 +64,10 @@ impl Default for NodeOptions {
 #[derive(Debug)]
 pub struct Node {
     child: Option<Child>,
+    /// The client listener: `Messaging`, `Admin`, health, reflection.
     pub addr: SocketAddr,
+    /// The peer listener: the internal `Backend` service other nodes call.
+    pub peer_addr: SocketAddr,
     pub data_dir: PathBuf,
     log_path: PathBuf,
     options: NodeOptions,
@@ -82,6 +88,7 @@ impl Node {
         let mut node = Node {
             child: None,
             addr: "127.0.0.1:1".parse()?,
+            peer_addr: "127.0.0.1:1".parse()?,
             data_dir: data_dir.into(),
             log_path,
             options,
@@ -104,12 +111,24 @@ impl Node {
             .create(true)
             .append(true)
             .open(&self.log_path)?;
-        let mut cmd = Command::new(ferry_bin());
+        let mut cmd = match options.open_files_max {
+            None => Command::new(ferry_bin()),
+            Some(n) => {
+                // prlimit sets the limit and then execs the server: the same process id.
+                let mut c = Command::new("prlimit");
+                c.arg(format!("--nofile={n}:{n}"))
+                    .arg("--")
+                    .arg(ferry_bin());
+                c
+            }
+        };
         cmd.arg("server")
             .arg("--config")
             .arg(&config)
             .arg("--listen")
             .arg(listen)
+            .arg("--peer-listen")
+            .arg("127.0.0.1:0")
             .arg("--data-dir")
             .arg(&data_dir)
             .env("RUST_LOG", "info,ferry=debug")
@@ -132,21 +151,29 @@ impl Node {
             }
         });
         self.child = Some(child);
-        let line = match rx.recv_timeout(Duration::from_secs(60)) {
-            Ok(line) => line,
-            Err(_) => {
+        // First the client address, then the peer address.
+        let started = Instant::now();
+        let mut addrs = [None, None];
+        for (addr, prefix) in addrs.iter_mut().zip(["ferry ", "peer listener on "]) {
+            let wait = Duration::from_secs(60).saturating_sub(started.elapsed());
+            let Ok(line) = rx.recv_timeout(wait) else {
                 self.print_log();
                 bail!(
-                    "ferry server {} did not report its address within 60 s",
+                    "ferry server {} did not report its addresses within 60 s",
                     self.name
                 );
+            };
+            *addr = line
+                .strip_prefix(prefix)
+                .and_then(|rest| rest.rsplit(' ').next())
+                .and_then(|a| a.parse::<SocketAddr>().ok());
+            if addr.is_none() {
+                bail!("unexpected line from the server: {line:?}");
             }
-        };
-        self.addr = line
-            .rsplit(' ')
-            .next()
-            .and_then(|a| a.parse().ok())
-            .with_context(|| format!("unexpected first line from the server: {line:?}"))?;
+        }
+        if let [Some(addr), Some(peer_addr)] = addrs {
+            (self.addr, self.peer_addr) = (addr, peer_addr);
+        }
         self.more_lines = Some(rx);
         Ok(())
     }
@@ -165,8 +192,19 @@ impl Node {
             .with_context(|| format!("unexpected line from the server: {line:?}"))
     }
 
+    /// The client listener's URL.
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// The peer listener's URL: what other nodes' `[cluster.nodes]` name.
+    pub fn peer_url(&self) -> String {
+        format!("http://{}", self.peer_addr)
+    }
+
+    /// The server's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
     }
 
     /// A client connected to this node, once it reports SERVING on the standard health service.

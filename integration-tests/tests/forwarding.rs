@@ -17,7 +17,7 @@ async fn node_a_serves_a_queue_owned_by_node_b() -> anyhow::Result<()> {
     )?;
     let extra = format!(
         "[cluster.nodes]\nb = \"{}\"\n[cluster.placement]\norders = \"b\"\n",
-        b.url()
+        b.peer_url()
     );
     let a = Node::start(
         &dir.path().join("a"),

@@ -358,7 +358,7 @@ async fn a_transaction_touching_two_back_ends_is_refused_clearly() -> anyhow::Re
             memory: true,
             extra_toml: format!(
                 "[cluster.nodes]\nb = \"{}\"\n[cluster.placement]\nremote = \"b\"\n",
-                b.url()
+                b.peer_url()
             ),
             ..Default::default()
         },

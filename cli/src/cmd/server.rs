@@ -10,9 +10,13 @@ pub struct ServerArgs {
     /// TOML configuration file (see deploy/ferry.toml).
     #[arg(long, env = "FERRY_CONFIG")]
     config: Option<PathBuf>,
-    /// Address to listen on, HOST:PORT (port 0: any free port).
+    /// Address clients dial, HOST:PORT (port 0: any free port).
     #[arg(long)]
     listen: Option<String>,
+    /// Address other nodes of the cluster dial, HOST:PORT (port 0: any free port). Keep it off
+    /// networks clients can reach.
+    #[arg(long)]
+    peer_listen: Option<String>,
     /// Where the node keeps its data.
     #[arg(long)]
     data_dir: Option<PathBuf>,
@@ -28,29 +32,40 @@ pub async fn run(a: ServerArgs) -> anyhow::Result<()> {
     let overrides = Overrides {
         node_id: a.node_id,
         listen: a.listen,
+        peer_listen: a.peer_listen,
         data_dir: a.data_dir,
         storage: a.memory.then_some(Storage::Memory),
     };
     let config = Config::load(a.config.as_deref(), &overrides).map_err(anyhow::Error::msg)?;
     init_logging(&config)?;
-    let listener = tokio::net::TcpListener::bind(&config.listen)
-        .await
-        .with_context(|| {
-            format!(
-                "cannot listen on {} (is another server running there? pick another with --listen)",
-                config.listen
-            )
-        })?;
+    let listeners = crate::node::Listeners {
+        client: bind(&config.listen, "--listen").await?,
+        peer: bind(&config.peer_listen, "--peer-listen").await?,
+    };
     tracing::info!(data_dir = %config.data_dir.display(), storage = ?config.storage, "starting ferry node");
-    // One line on stdout once the node serves, for people and for scripts that started it on
-    // port 0 and wait for it.
-    let ready = |addr, metrics: Option<std::net::SocketAddr>| {
-        println!("ferry {} listening on {addr}", env!("CARGO_PKG_VERSION"));
-        if let Some(m) = metrics {
+    // Lines on stdout once the node serves, for people and for scripts that started it on port 0
+    // and wait for it: the client address first (scripts read that line), then the peer address,
+    // then the metrics URL when metrics are on.
+    let ready = |addrs: &crate::node::Addresses| {
+        println!(
+            "ferry {} listening on {}",
+            env!("CARGO_PKG_VERSION"),
+            addrs.client
+        );
+        println!("peer listener on {}", addrs.peer);
+        if let Some(m) = addrs.metrics {
             println!("metrics on http://{m}/metrics");
         }
     };
-    crate::node::run(config, listener, crate::node::shutdown_signal(), ready).await
+    crate::node::run(config, listeners, crate::node::shutdown_signal(), ready).await
+}
+
+async fn bind(addr: &str, flag: &str) -> anyhow::Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(addr).await.with_context(|| {
+        format!(
+            "cannot listen on {addr} (is another server running there? pick another with {flag})"
+        )
+    })
 }
 
 fn init_logging(config: &Config) -> anyhow::Result<()> {
