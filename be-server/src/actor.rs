@@ -13,9 +13,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ferry_kernel::{
-    DeadLetter, Delivery, Effects, KernelError, LeaseRef, MessageId, MessageState, NewMessage,
-    PagedError, Queue, QueueName, QueueStats, ReceiveOutcome, ReceiveRequest, RecoveredMessage,
-    Seq, SessionId, WaiterId,
+    Caller, DeadLetter, Delivery, Effects, KernelError, LeaseRef, MessageId, MessageState,
+    NewMessage, PagedError, Queue, QueueName, QueueStats, ReceiveOutcome, ReceiveRequest,
+    RecoveredMessage, Seq, SessionId, WaiterId,
 };
 use ferry_store::{GroupCommit, QueueStore, StoreError, StoreOp};
 use futures::stream::{FuturesOrdered, StreamExt};
@@ -78,17 +78,25 @@ pub(crate) enum Cmd {
     CancelReceive {
         ticket: u64,
     },
-    /// Deliveries that reached the caller's side after it stopped waiting.
+    /// Deliveries that never reached their consumer: those that reached the caller's side after
+    /// it stopped waiting (`Caller::Backend`, no answer), or prefetched messages a consumer gives
+    /// back unseen (answered per lease).
     ReturnUndelivered {
+        caller: Caller,
         leases: Vec<LeaseRef>,
+        reply: Option<Reply<LeaseResults<()>>>,
     },
     Ack {
+        caller: Caller,
         leases: Vec<LeaseRef>,
         /// Nobody waits for the answer: the write may be deferred (see `GroupCommit`).
         defer_sync: bool,
         reply: Reply<LeaseResults<()>>,
     },
+    /// Answered once the write is durable and, for messages it dead-letters, once they are in
+    /// their dead-letter queue.
     Nack {
+        caller: Caller,
         leases: Vec<LeaseRef>,
         delay_ms: Option<u64>,
         /// Straight to the dead-letter target.
@@ -96,6 +104,7 @@ pub(crate) enum Cmd {
         reply: Reply<LeaseResults<()>>,
     },
     Extend {
+        caller: Caller,
         leases: Vec<LeaseRef>,
         lease_ms: Option<u64>,
         reply: Reply<LeaseResults<u64>>,
@@ -127,8 +136,10 @@ pub(crate) enum Cmd {
     Stats {
         reply: Reply<QueueStats>,
     },
-    /// Ends the task: parked receivers are answered empty, pending writes finish first.
+    /// Ends the task; pending writes finish first. Parked receivers are answered NOT_FOUND
+    /// when the queue is `deleted`, else (the node is stopping) empty.
     Stop {
+        deleted: bool,
         reply: oneshot::Sender<u64>,
     },
 }
@@ -152,8 +163,10 @@ type Answer = Box<dyn FnOnce(Result<(), StoreError>) -> Vec<LeaseRef> + Send>;
 
 /// A write on its way: its result, the answers waiting for it, and the queue's next sequence
 /// number when it was submitted (every message write below it is in this write or an earlier one).
+/// A result of `None` is a command that wrote nothing: it is answered behind the writes submitted
+/// before it, with the result of the last of them.
 type PendingCommit =
-    Pin<Box<dyn Future<Output = (Result<(), StoreError>, Vec<Answer>, Seq)> + Send>>;
+    Pin<Box<dyn Future<Output = (Option<Result<(), StoreError>>, Vec<Answer>, Seq)> + Send>>;
 
 /// How many page reads one fill of the window may make before the task serves commands again.
 const FILL_READS_MAX: usize = 16;
@@ -173,11 +186,6 @@ impl QueueHandle {
             .await
             .map_err(|_| Error::ShuttingDown)?;
         rx.await.map_err(|_| Error::ShuttingDown)?
-    }
-
-    /// Sends a command that has no answer.
-    pub(crate) async fn call_no_reply(&self, cmd: Cmd) -> Result<(), Error> {
-        self.tx.send(cmd).await.map_err(|_| Error::ShuttingDown)
     }
 
     /// Receives; if the caller stops waiting (its future is dropped: client cancelled or went
@@ -209,9 +217,14 @@ impl QueueHandle {
         out?
     }
 
-    pub(crate) async fn stop(&self) -> u64 {
+    pub(crate) async fn stop(&self, deleted: bool) -> u64 {
         let (tx, rx) = oneshot::channel();
-        if self.tx.send(Cmd::Stop { reply: tx }).await.is_err() {
+        if self
+            .tx
+            .send(Cmd::Stop { deleted, reply: tx })
+            .await
+            .is_err()
+        {
             return 0;
         }
         rx.await.unwrap_or(0)
@@ -234,7 +247,9 @@ impl Drop for CancelOnDrop {
         rx.close();
         let cmd = match rx.try_recv() {
             Ok(Ok(deliveries)) if !deliveries.is_empty() => Cmd::ReturnUndelivered {
+                caller: Caller::Backend,
                 leases: deliveries.iter().map(Delivery::lease_ref).collect(),
+                reply: None,
             },
             _ => Cmd::CancelReceive {
                 ticket: self.ticket,
@@ -271,6 +286,11 @@ pub(crate) struct QueueActor {
     waiters: HashMap<WaiterId, Parked>,
     tickets: HashMap<u64, WaiterId>,
     pending: FuturesOrdered<PendingCommit>,
+    /// The result of the last write that completed (see `PendingCommit`).
+    last_write: Result<(), StoreError>,
+    /// Dead letters of the command being handled, on their way to their dead-letter queues:
+    /// each says when its move is done (see `collect`).
+    moving: Vec<oneshot::Receiver<Result<(), Error>>>,
 }
 
 /// A receive parked at the queue, waiting for messages.
@@ -303,6 +323,8 @@ impl QueueActor {
             waiters: HashMap::new(),
             tickets: HashMap::new(),
             pending: FuturesOrdered::new(),
+            last_write: Ok(()),
+            moving: Vec::new(),
         };
         tokio::spawn(actor.run(delayed));
         QueueHandle {
@@ -338,22 +360,20 @@ impl QueueActor {
             };
             tokio::select! {
                 cmd = self.rx.recv() => match cmd {
-                    Some(Cmd::Stop { reply }) => {
+                    Some(Cmd::Stop { deleted, reply }) => {
                         let count = self.queue.stats();
-                        self.stop().await;
+                        self.stop(deleted).await;
                         let _ = reply.send(count.ready + count.scheduled + count.leased);
                         return;
                     }
                     Some(cmd) => self.handle(cmd).await,
                     None => {
-                        self.stop().await;
+                        self.stop(false).await;
                         return;
                     }
                 },
                 Some((result, answers, seq)) = self.pending.next(), if !self.pending.is_empty() => {
-                    if result.is_ok() {
-                        self.applied = self.applied.max(seq);
-                    }
+                    let result = self.settle(result, seq);
                     self.answer(result, answers).await;
                 }
                 () = timer => {
@@ -364,16 +384,39 @@ impl QueueActor {
         }
     }
 
-    async fn stop(&mut self) {
+    async fn stop(&mut self, deleted: bool) {
         for (_, parked) in self.waiters.drain() {
-            let _ = parked.reply.send(Ok(vec![]));
+            // A receiver of a deleted queue must not read its end as "no message came".
+            let answer = if deleted {
+                Err(Error::QueueNotFound {
+                    queue: self.queue.name().to_string(),
+                })
+            } else {
+                Ok(vec![])
+            };
+            let _ = parked.reply.send(answer);
         }
         self.tickets.clear();
-        while let Some((result, answers, _)) = self.pending.next().await {
+        while let Some((result, answers, seq)) = self.pending.next().await {
+            let result = self.settle(result, seq);
             for a in answers {
                 a(result.clone());
             }
         }
+    }
+
+    /// A pending write (or a command behind it, `None`) completed: its result.
+    fn settle(
+        &mut self,
+        result: Option<Result<(), StoreError>>,
+        seq: Seq,
+    ) -> Result<(), StoreError> {
+        let result = result.unwrap_or_else(|| self.last_write.clone());
+        if result.is_ok() {
+            self.applied = self.applied.max(seq);
+        }
+        self.last_write = result.clone();
+        result
     }
 
     async fn handle(&mut self, cmd: Cmd) {
@@ -448,16 +491,22 @@ impl QueueActor {
                     self.waiters.remove(&id);
                 }
             }
-            Cmd::ReturnUndelivered { leases } => {
-                let fx = self.queue.return_undelivered(&leases, now);
-                self.finish(fx, vec![]).await;
+            Cmd::ReturnUndelivered {
+                caller,
+                leases,
+                reply,
+            } => {
+                let (results, fx) = self.queue.return_undelivered(caller, &leases, now);
+                let answers = reply.map(|r| answer(r, results)).into_iter().collect();
+                self.finish(fx, answers).await;
             }
             Cmd::Ack {
+                caller,
                 leases,
                 defer_sync,
                 reply,
             } => {
-                let (results, fx) = self.queue.ack(&leases, now);
+                let (results, fx) = self.queue.ack(caller, &leases, now);
                 // Deferred only when the answer is all that waits: a hand-off or a dead letter
                 // the ack's time passing produced goes out as soon as it is durable.
                 let defer = defer_sync && fx.handed.is_empty() && fx.dead_letters.is_empty();
@@ -465,19 +514,26 @@ impl QueueActor {
                     .await;
             }
             Cmd::Nack {
+                caller,
                 leases,
                 delay_ms,
                 reject,
                 reply,
             } => {
-                let (results, fx) = self.queue.nack(&leases, delay_ms, reject, now);
-                self.finish(fx, vec![answer(reply, results)]).await;
+                let (results, fx) = self.queue.nack(caller, &leases, delay_ms, reject, now);
+                let mut answers = vec![];
+                let ops = self.collect(fx, &mut answers);
+                // A rejected message is answered for once it is where the answer says it went.
+                let moving = std::mem::take(&mut self.moving);
+                answers.push(answer_after_moves(reply, results, moving));
+                self.submit(ops, answers).await;
             }
             Cmd::Extend {
+                caller,
                 leases,
                 lease_ms,
                 reply,
-            } => match self.queue.extend_lease(&leases, lease_ms, now) {
+            } => match self.queue.extend_lease(caller, &leases, lease_ms, now) {
                 Ok((results, fx)) => self.finish(fx, vec![answer(reply, results)]).await,
                 Err(e) => drop(reply.send(Err(e.into()))),
             },
@@ -555,8 +611,11 @@ impl QueueActor {
         self.submit_with(ops, answers, deferred).await;
     }
 
-    /// Turns effects into the writes to make and the answers to send once they are made.
+    /// Turns effects into the writes to make and the answers to send once they are made. Dead
+    /// letters leave for their dead-letter queues once these writes are durable; `self.moving`
+    /// then holds when each of their moves is done.
     fn collect(&mut self, fx: Effects, answers: &mut Vec<Answer>) -> Vec<StoreOp> {
+        self.moving.clear();
         for (id, deliveries) in fx.handed {
             if let Some(parked) = self.waiters.remove(&id) {
                 self.tickets.remove(&parked.ticket);
@@ -612,15 +671,24 @@ impl QueueActor {
             // source copy can never be overtaken by an earlier write of it.
             let sink = self.outbox.clone();
             let (source, uid) = (self.queue.name().clone(), self.queue.uid());
+            let jobs: Vec<DeadLetterJob> = moves
+                .into_iter()
+                .map(|(target, letters)| {
+                    let (done, moved) = oneshot::channel();
+                    self.moving.push(moved);
+                    DeadLetterJob {
+                        source: source.clone(),
+                        source_uid: uid,
+                        target,
+                        letters,
+                        done: Some(done),
+                    }
+                })
+                .collect();
             answers.push(Box::new(move |written| {
                 if written.is_ok() {
-                    for (target, letters) in moves {
-                        sink.send(DeadLetterJob {
-                            source: source.clone(),
-                            source_uid: uid,
-                            target,
-                            letters,
-                        });
+                    for job in jobs {
+                        sink.send(job);
                     }
                 }
                 vec![]
@@ -644,22 +712,31 @@ impl QueueActor {
 
     /// Like `submit`; `deferred`: the write may wait for a later synced write.
     async fn submit_with(&mut self, ops: Vec<StoreOp>, answers: Vec<Answer>, deferred: bool) {
+        let seq = self.queue.next_seq();
         if ops.is_empty() {
-            self.answer(Ok(()), answers).await;
+            if answers.is_empty() {
+                return;
+            }
+            if self.pending.is_empty() {
+                self.answer(Ok(()), answers).await;
+            } else {
+                // Behind the writes already on their way: a command that writes nothing may
+                // still depend on them (a repeated dedup id on its first send's write), and
+                // must not be answered before they are durable, nor as done if they fail.
+                self.pending
+                    .push_back(Box::pin(async move { (None, answers, seq) }));
+            }
             return;
         }
-        let seq = self.queue.next_seq();
         let submitted = if deferred {
             self.commit.submit_deferred(ops).await
         } else {
             self.commit.submit(ops).await
         };
         match submitted {
-            Ok(ticket) => {
-                self.pending.push_back(Box::pin(
-                    async move { (ticket.durable().await, answers, seq) },
-                ))
-            }
+            Ok(ticket) => self.pending.push_back(Box::pin(async move {
+                (Some(ticket.durable().await), answers, seq)
+            })),
             Err(e) => self.answer(Err(e), answers).await,
         }
     }
@@ -707,7 +784,7 @@ impl QueueActor {
         let seq = self.queue.next_seq();
         self.pending.push_back(Box::pin(async move {
             (
-                durable.await.unwrap_or(Err(StoreError::Closed)),
+                Some(durable.await.unwrap_or(Err(StoreError::Closed))),
                 answers,
                 seq,
             )
@@ -862,7 +939,9 @@ impl QueueActor {
             .flat_map(|a| a(result.clone()))
             .collect();
         if !undelivered.is_empty() {
-            let fx = self.queue.return_undelivered(&undelivered, now_ms());
+            let (_, fx) = self
+                .queue
+                .return_undelivered(Caller::Backend, &undelivered, now_ms());
             Box::pin(self.finish(fx, vec![])).await;
         }
     }
@@ -871,6 +950,36 @@ impl QueueActor {
 fn answer<T: Send + 'static>(reply: Reply<T>, value: T) -> Answer {
     Box::new(move |written| {
         let _ = reply.send(written.map(|()| value).map_err(Error::from));
+        vec![]
+    })
+}
+
+/// Answers once the write is durable and every dead letter of the command is in its dead-letter
+/// queue (a failed move fails the answer: the message stays in its queue on disk and is judged
+/// again at restart).
+fn answer_after_moves<T: Send + 'static>(
+    reply: Reply<T>,
+    value: T,
+    moving: Vec<oneshot::Receiver<Result<(), Error>>>,
+) -> Answer {
+    if moving.is_empty() {
+        return answer(reply, value);
+    }
+    Box::new(move |written| {
+        match written {
+            Err(e) => drop(reply.send(Err(e.into()))),
+            // Ends when the moves end: each job is answered or dropped (which ends it too).
+            Ok(()) => drop(tokio::spawn(async move {
+                for moved in moving {
+                    match moved.await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => return drop(reply.send(Err(e))),
+                        Err(_) => return drop(reply.send(Err(Error::ShuttingDown))),
+                    }
+                }
+                let _ = reply.send(Ok(value));
+            })),
+        }
         vec![]
     })
 }

@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 
 use ferry_kernel::{
-    Delivery, KernelError, LeaseRef, MessageId, NewMessage, NodeId, Queue, QueueConfig, QueueName,
-    QueueStats, QueueUid, ReceiveRequest, SessionId,
+    Caller, Delivery, KernelError, LeaseRef, MessageId, NewMessage, NodeId, Queue, QueueConfig,
+    QueueName, QueueStats, QueueUid, ReceiveRequest, SessionId,
 };
 use ferry_store::{GroupCommit, QueueDef, QueueStore, StoreOp};
 
@@ -57,6 +57,11 @@ pub(crate) struct Inner {
     stopping: std::sync::atomic::AtomicBool,
     /// The group-commit writer; joined at shutdown, once it has closed the store.
     writer: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// This run of the back-end (random, never 0). What lives only in memory (a transaction's
+    /// staged sends) is fenced by it: a commit naming another run answers ABORTED.
+    incarnation: u64,
+    /// The secret receipt handles' check values are computed with (see `handle_tag`).
+    handle_key: (u64, u64),
 }
 
 /// Group commit's counters (see `ferry_store::GroupCommitStats`).
@@ -157,9 +162,44 @@ impl Broker {
                 admin: tokio::sync::Mutex::new(()),
                 stopping: false.into(),
                 writer: Some(writer).into(),
+                incarnation: rand::random_range(1..u64::MAX),
+                handle_key: (rand::random(), rand::random()),
             }
         });
-        Ok(Self { inner })
+        let broker = Self { inner };
+        broker.create_missing_targets().await?;
+        Ok(broker)
+    }
+
+    /// Queues recovered from a store written before dead-letter queues were created with their
+    /// queue get theirs now (see [`Broker::create_queue`]).
+    async fn create_missing_targets(&self) -> Result<(), Error> {
+        let _admin = self.inner.admin.lock().await;
+        for s in self.list_queues() {
+            if !s.temporary {
+                self.create_targets(&s.name, &s.config).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The check value of a receipt handle for this delivery (`ReceiptHandle::tag`): SipHash-2-4
+    /// keyed with a secret of this run, so a handle cannot be made up from what is visible of a
+    /// message (queue uid and sequence in its id, the delivery count in a browse).
+    pub fn handle_tag(&self, lease: &LeaseRef) -> u64 {
+        use std::hash::Hasher as _;
+        let (k0, k1) = self.inner.handle_key;
+        let mut h = siphasher::sip::SipHasher24::new_with_keys(k0, k1);
+        h.write_u64(lease.queue.0);
+        h.write_u64(lease.seq.0);
+        h.write_u64(lease.lease.0);
+        h.write_u32(lease.delivery_count);
+        h.finish()
+    }
+
+    /// This run of the back-end (see `Inner::incarnation`).
+    pub fn incarnation(&self) -> u64 {
+        self.inner.incarnation
     }
 
     pub(crate) fn from_inner(inner: Arc<Inner>) -> Self {
@@ -262,17 +302,24 @@ impl Broker {
         self.owned(queue).map(|o| o.handle)
     }
 
-    /// The queue's owner task, if a send may go to it now (see `disk.rs`); and whether the queue
-    /// is durable.
-    fn handle_for_send(&self, queue: &QueueName) -> Result<(QueueHandle, bool), Error> {
+    /// The queue's owner task, if a send of `messages` may go to it now (see `disk.rs`); and
+    /// whether the queue is durable.
+    fn handle_for_send(
+        &self,
+        queue: &QueueName,
+        messages: &[NewMessage],
+    ) -> Result<(QueueHandle, bool), Error> {
         let owned = self.owned(queue)?;
         if !owned.temporary {
-            self.inner.gate.before_send()?;
+            let bytes = messages.iter().map(NewMessage::size_bytes).sum();
+            self.inner.gate.before_send(bytes)?;
         }
         Ok((owned.handle, !owned.temporary))
     }
 
     /// Creates a queue. With `if_not_exists`, an existing queue is returned as it is (`false`).
+    /// A durable queue's dead-letter and expiry queues are created with it (when they do not
+    /// exist yet), so a message moved there is readable the moment its move is answered.
     pub async fn create_queue(
         &self,
         name: QueueName,
@@ -288,6 +335,35 @@ impl Broker {
         }
         validate_config(&name, &config)?;
         let _admin = self.inner.admin.lock().await;
+        if !temporary && self.owned(&name).is_err() {
+            self.create_targets(&name, &config).await?;
+        }
+        self.create_locked(name, config, if_not_exists, temporary)
+            .await
+    }
+
+    /// Creates the dead-letter and expiry queues of `source` that do not exist. Holds `admin`.
+    async fn create_targets(&self, source: &QueueName, config: &QueueConfig) -> Result<(), Error> {
+        for target in [&config.dead_letter, &config.expiry] {
+            let Some(target) = target.resolve(source) else {
+                continue;
+            };
+            if self.owned(&target).is_err() {
+                let dlq = dead_letter::dead_letter_queue_config(config);
+                self.create_locked(target, dlq, true, false).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// [`Broker::create_queue`] once the `admin` lock is held.
+    async fn create_locked(
+        &self,
+        name: QueueName,
+        config: QueueConfig,
+        if_not_exists: bool,
+        temporary: bool,
+    ) -> Result<(QueueSummary, bool), Error> {
         match self.owned(&name) {
             Ok(existing) if if_not_exists => return Ok((summary(&existing), false)),
             Ok(_) => {
@@ -363,8 +439,8 @@ impl Broker {
         all
     }
 
-    /// Deletes a queue and its messages; parked receivers are answered empty. Returns how many
-    /// messages it held.
+    /// Deletes a queue and its messages; parked receivers are answered NOT_FOUND. Returns how
+    /// many messages it held.
     pub async fn delete_queue(&self, name: &QueueName) -> Result<u64, Error> {
         let _admin = self.inner.admin.lock().await;
         let owned = self.owned(name)?;
@@ -375,7 +451,7 @@ impl Broker {
             .write()
             .unwrap_or_else(PoisonError::into_inner)
             .remove(name);
-        let held = owned.handle.stop().await;
+        let held = owned.handle.stop(true).await;
         self.share_budget();
         if !owned.temporary {
             self.inner
@@ -394,7 +470,7 @@ impl Broker {
         queue: &QueueName,
         messages: Vec<NewMessage>,
     ) -> Result<Vec<MessageId>, Error> {
-        self.handle_for_send(queue)?
+        self.handle_for_send(queue, &messages)?
             .0
             .call(|reply| Cmd::Send { messages, reply })
             .await
@@ -425,11 +501,13 @@ impl Broker {
     pub async fn ack(
         &self,
         queue: &QueueName,
+        caller: Caller,
         leases: Vec<LeaseRef>,
         defer_sync: bool,
     ) -> Result<LeaseResults<()>, Error> {
         self.handle(queue)?
             .call(|reply| Cmd::Ack {
+                caller,
                 leases,
                 defer_sync,
                 reply,
@@ -438,16 +516,19 @@ impl Broker {
     }
 
     /// Gives deliveries back through the queue's redelivery policy (`delay_ms` replaces its
-    /// delay), or with `reject` straight to its dead-letter target.
+    /// delay, up to its maximum), or with `reject` straight to its dead-letter target; answered
+    /// once every dead-lettered message is in its dead-letter queue.
     pub async fn nack(
         &self,
         queue: &QueueName,
+        caller: Caller,
         leases: Vec<LeaseRef>,
         delay_ms: Option<u64>,
         reject: bool,
     ) -> Result<LeaseResults<()>, Error> {
         self.handle(queue)?
             .call(|reply| Cmd::Nack {
+                caller,
                 leases,
                 delay_ms,
                 reject,
@@ -463,7 +544,7 @@ impl Broker {
         session: SessionId,
         messages: Vec<NewMessage>,
     ) -> Result<Vec<MessageId>, Error> {
-        let (handle, durable) = self.handle_for_send(queue)?;
+        let (handle, durable) = self.handle_for_send(queue, &messages)?;
         let ids = handle
             .call(|reply| Cmd::Stage {
                 session,
@@ -484,23 +565,31 @@ impl Broker {
     ///
     /// Queues are asked in name order, so two transactions over the same queues can never wait
     /// for each other. Runs to its end even if the caller stops waiting.
+    ///
+    /// `incarnation`: the run of this back-end that staged the transaction's sends (0: it staged
+    /// none). If the back-end restarted since, those sends are gone: the commit is refused with
+    /// [`Error::TransactionFenced`] and rolled back.
     pub async fn commit(
         &self,
         session: SessionId,
+        incarnation: u64,
         parts: Vec<(QueueName, Vec<LeaseRef>)>,
     ) -> Result<(), Error> {
         // One part per queue (a queue asked twice would wait for itself), one ack per delivery.
         let mut merged: std::collections::BTreeMap<QueueName, Vec<LeaseRef>> =
             std::collections::BTreeMap::new();
+        let mut seen = std::collections::HashSet::new();
         for (queue, acks) in parts {
             let all = merged.entry(queue).or_default();
-            for a in acks {
-                if !all.contains(&a) {
-                    all.push(a);
-                }
-            }
+            all.extend(acks.into_iter().filter(|a| seen.insert(*a)));
         }
         let queues: Vec<QueueName> = merged.keys().cloned().collect();
+        if incarnation != 0 && incarnation != self.inner.incarnation {
+            self.rollback(session, &queues).await?;
+            return Err(Error::TransactionFenced {
+                session: session.to_string(),
+            });
+        }
         if let Err(e) = self.inner.gate.before_tx_commit(session) {
             self.rollback(session, &queues).await?;
             return Err(e);
@@ -603,11 +692,13 @@ impl Broker {
     pub async fn extend_lease(
         &self,
         queue: &QueueName,
+        caller: Caller,
         leases: Vec<LeaseRef>,
         lease_ms: Option<u64>,
     ) -> Result<LeaseResults<u64>, Error> {
         self.handle(queue)?
             .call(|reply| Cmd::Extend {
+                caller,
                 leases,
                 lease_ms,
                 reply,
@@ -658,17 +749,21 @@ impl Broker {
         Ok(renewed)
     }
 
-    /// Deliveries that never reached their consumer: back at once, not counted as deliveries.
-    pub fn return_undelivered(
+    /// Deliveries that never reached their consumer's application: back at once, not counted
+    /// as deliveries. Each handle is checked as an ack checks it; one result per lease.
+    pub async fn return_undelivered(
         &self,
         queue: &QueueName,
+        caller: Caller,
         leases: Vec<LeaseRef>,
-    ) -> Result<(), Error> {
-        let h = self.handle(queue)?;
-        tokio::spawn(async move {
-            let _ = h.call_no_reply(Cmd::ReturnUndelivered { leases }).await;
-        });
-        Ok(())
+    ) -> Result<LeaseResults<()>, Error> {
+        self.handle(queue)?
+            .call(|reply| Cmd::ReturnUndelivered {
+                caller,
+                leases,
+                reply: Some(reply),
+            })
+            .await
     }
 
     /// The most messages one receive may ask of `queue`.
@@ -722,7 +817,7 @@ impl Broker {
             map.drain().map(|(_, o)| o.handle).collect()
         };
         for h in all {
-            h.stop().await;
+            h.stop(false).await;
         }
         // Every queue has finished its writes: close the store, and wait until it is closed
         // (RocksDB must be closed before the process exits).
@@ -800,5 +895,40 @@ fn validate_config(name: &QueueName, c: &QueueConfig) -> Result<(), Error> {
     if c.max_message_size_bytes == 0 {
         return bad("max_message_size_bytes", "must be at least 1");
     }
+    // Every setting that sizes memory or time has a ceiling: a queue created with u64::MAX
+    // must not hold a lease, a dedup id or a parked receiver for ever.
+    const WEEK_MS: u64 = 7 * 24 * 3_600_000;
+    let ceilings: [(&'static str, u64, u64); 7] = [
+        ("lease_max_ms", c.lease_max_ms, WEEK_MS),
+        ("dedup_window_ms", c.dedup_window_ms, WEEK_MS),
+        (
+            "redelivery.max_delay_ms",
+            c.redelivery.max_delay_ms,
+            WEEK_MS,
+        ),
+        ("receive_batch_max", u64::from(c.receive_batch_max), 10_000),
+        ("waiters_max", c.waiters_max as u64, 100_000),
+        (
+            "max_message_size_bytes",
+            c.max_message_size_bytes,
+            MESSAGE_SIZE_BYTES_CEILING,
+        ),
+        (
+            "redelivery.max_redeliveries",
+            u64::from(c.redelivery.max_redeliveries.unwrap_or(0)),
+            1_000_000,
+        ),
+    ];
+    for (field, value, ceiling) in ceilings {
+        if value > ceiling {
+            return Err(Error::Kernel(KernelError::InvalidArgument {
+                field,
+                reason: format!("is {value}, above the most this node allows, {ceiling}"),
+            }));
+        }
+    }
     Ok(())
 }
+
+/// The largest `max_message_size_bytes` a queue may have (64 MiB).
+pub const MESSAGE_SIZE_BYTES_CEILING: u64 = 64 * 1024 * 1024;

@@ -28,6 +28,8 @@ pub(crate) struct DeadLetterJob {
     pub(crate) source_uid: QueueUid,
     pub(crate) target: QueueName,
     pub(crate) letters: Vec<DeadLetter>,
+    /// Told when the letters are in the target queue (durable and visible there), or why not.
+    pub(crate) done: Option<tokio::sync::oneshot::Sender<Result<(), crate::error::Error>>>,
 }
 
 /// Something that happened to a message, for operators watching (`WatchEvents`).
@@ -137,14 +139,16 @@ pub(crate) fn start(
     let (tx, mut rx) = mpsc::unbounded_channel::<DeadLetterJob>();
     let (events, _) = tokio::sync::broadcast::channel(4_096);
     tokio::spawn(async move {
-        while let Some(job) = rx.recv().await {
+        while let Some(mut job) = rx.recv().await {
             let Some(inner) = broker.upgrade() else {
                 return;
             };
             let broker = crate::broker::Broker::from_inner(inner);
             let (source, target, count) =
                 (job.source.clone(), job.target.clone(), job.letters.len());
-            if let Err(e) = move_letters(&broker, job).await {
+            let done = job.done.take();
+            let moved = move_letters(&broker, job).await;
+            if let Err(e) = &moved {
                 tracing::error!(
                     queue = %source,
                     dead_letter_queue = %target,
@@ -152,6 +156,9 @@ pub(crate) fn start(
                     error = %e,
                     "dead letters could not be moved; they stay in their queue on disk and are judged again at restart"
                 );
+            }
+            if let Some(done) = done {
+                let _ = done.send(moved);
             }
         }
     });

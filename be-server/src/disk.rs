@@ -5,7 +5,10 @@
 //!
 //! The free space is looked up (statvfs) at most every [`LOOK_INTERVAL_MS`], off the async
 //! runtime: a send reads the last answer and, when it is old, starts one look on a blocking
-//! thread without waiting for it.
+//! thread without waiting for it. Between looks, what the sends let through is taken off the
+//! last answer (twice over: a message is written to the log and again to a table file), so a
+//! burst of sends between two looks cannot fill the disk past the limit; the limit is the
+//! headroom left for what frees space, which also writes (acknowledgements are deletes).
 
 use std::collections::HashSet;
 use std::path::PathBuf;
@@ -30,6 +33,8 @@ pub(crate) struct DiskGuard {
     looked_ms: AtomicU64,
     /// Free bytes at the last look that succeeded; `u64::MAX` while none has.
     free_bytes: AtomicU64,
+    /// Bytes sends were let through with since the last look (each counted twice).
+    admitted_bytes: AtomicU64,
     /// Whether sends are being refused (for logging the changes only).
     low: AtomicBool,
 }
@@ -43,15 +48,17 @@ impl DiskGuard {
             started: Instant::now(),
             looked_ms: AtomicU64::new(0),
             free_bytes: AtomicU64::new(u64::MAX),
+            admitted_bytes: AtomicU64::new(0),
             low: AtomicBool::new(false),
         });
         guard.look();
         guard
     }
 
-    /// `Err(DiskFull)` if the last look found too little free space. Starts a new look when the
-    /// last one is older than [`LOOK_INTERVAL_MS`]; never waits for it.
-    pub(crate) fn check(self: &Arc<Self>) -> Result<(), Error> {
+    /// `Err(DiskFull)` if the last look, less what sends were let through with since, leaves
+    /// too little free space for a send of `bytes`. Starts a new look when the last one is older
+    /// than [`LOOK_INTERVAL_MS`]; never waits for it.
+    pub(crate) fn check(self: &Arc<Self>, bytes: u64) -> Result<(), Error> {
         let now = self.elapsed_ms();
         let last = self.looked_ms.load(Ordering::Relaxed);
         if now.saturating_sub(last) >= LOOK_INTERVAL_MS
@@ -67,13 +74,18 @@ impl DiskGuard {
                 Err(_) => me.look(),
             }
         }
-        let free_bytes = self.free_bytes.load(Ordering::Relaxed);
-        if free_bytes < self.free_min_bytes {
+        let cost = bytes.saturating_mul(2);
+        let free_bytes = self
+            .free_bytes
+            .load(Ordering::Relaxed)
+            .saturating_sub(self.admitted_bytes.load(Ordering::Relaxed));
+        if free_bytes.saturating_sub(cost) < self.free_min_bytes {
             return Err(Error::DiskFull {
                 free_bytes,
                 limit_bytes: self.free_min_bytes,
             });
         }
+        self.admitted_bytes.fetch_add(cost, Ordering::Relaxed);
         Ok(())
     }
 
@@ -91,6 +103,9 @@ impl DiskGuard {
             }
         };
         self.free_bytes.store(free_bytes, Ordering::Relaxed);
+        // What was let through before this look is in its reading (or on its way: close enough,
+        // the next look catches up).
+        self.admitted_bytes.store(0, Ordering::Relaxed);
         let low = free_bytes < self.free_min_bytes;
         if self.low.swap(low, Ordering::Relaxed) != low {
             if low {
@@ -141,9 +156,9 @@ impl SendGate {
             .map(|d| (d.free_bytes.load(Ordering::Relaxed), d.free_min_bytes))
     }
 
-    /// Before a send (or a staged send) to a durable queue.
-    pub(crate) fn before_send(&self) -> Result<(), Error> {
-        self.disk.as_ref().map_or(Ok(()), DiskGuard::check)
+    /// Before a send (or a staged send) of `bytes` to a durable queue.
+    pub(crate) fn before_send(&self, bytes: u64) -> Result<(), Error> {
+        self.disk.as_ref().map_or(Ok(()), |d| d.check(bytes))
     }
 
     /// A session staged sends in a durable queue.
@@ -157,7 +172,8 @@ impl SendGate {
     /// Either way the session has no staged sends once the commit (or its rollback) is done.
     pub(crate) fn before_tx_commit(&self, session: SessionId) -> Result<(), Error> {
         if self.sessions().remove(&session) {
-            self.before_send()
+            // The staged messages were counted when they were staged.
+            self.before_send(0)
         } else {
             Ok(())
         }
@@ -187,7 +203,7 @@ mod tests {
     fn a_limit_over_the_free_space_refuses_sends_and_names_the_setting() {
         let dir = tempfile::tempdir().expect("tempdir");
         let guard = DiskGuard::new(dir.path().into(), u64::MAX);
-        let err = guard.check().expect_err("no disk has u64::MAX bytes free");
+        let err = guard.check(0).expect_err("no disk has u64::MAX bytes free");
         assert!(matches!(
             err,
             Error::DiskFull {
@@ -204,14 +220,14 @@ mod tests {
     fn a_limit_of_zero_never_refuses() {
         let dir = tempfile::tempdir().expect("tempdir");
         let guard = DiskGuard::new(dir.path().into(), 0);
-        assert!(guard.check().is_ok());
+        assert!(guard.check(0).is_ok());
         assert!(guard.free_bytes.load(Ordering::Relaxed) < u64::MAX);
     }
 
     #[test]
     fn an_unreadable_directory_does_not_refuse_sends() {
         let guard = DiskGuard::new("/nonexistent/ferry/data".into(), 1);
-        assert!(guard.check().is_ok());
+        assert!(guard.check(0).is_ok());
     }
 
     #[test]
@@ -225,5 +241,36 @@ mod tests {
         gate.staged(session(2));
         gate.tx_ended(session(2));
         assert!(gate.before_tx_commit(session(2)).is_ok());
+    }
+}
+
+#[cfg(test)]
+mod admitted_tests {
+    use super::*;
+
+    // Postmortem: the guard judged each send on a reading up to 500 ms old, so a burst of sends
+    // between two readings filled a small disk past the limit (and then acks failed too).
+    #[test]
+    fn sends_let_through_since_the_last_look_count_against_the_free_space() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let guard = DiskGuard::new(dir.path().into(), 0);
+        let free = guard.free_bytes.load(Ordering::Relaxed);
+        assert!(free < u64::MAX, "the first look read the disk");
+        // A limit 1 MiB under the free space: about half a MiB of sends fits (each byte counts
+        // twice), then the guard refuses until a new look shows the space is really there.
+        let guard = Arc::new(DiskGuard {
+            free_min_bytes: free - 1024 * 1024,
+            ..Arc::into_inner(guard).expect("one owner")
+        });
+        // Keep the last look fresh, so only what was admitted decides.
+        guard.looked_ms.store(guard.elapsed_ms(), Ordering::Relaxed);
+        let chunk = 100 * 1024;
+        let mut admitted = 0;
+        while guard.check(chunk).is_ok() {
+            admitted += chunk;
+            assert!(admitted <= 1024 * 1024, "the guard never refused");
+        }
+        assert!(admitted >= 300 * 1024, "refused too early: {admitted}");
+        assert!(matches!(guard.check(chunk), Err(Error::DiskFull { .. })));
     }
 }

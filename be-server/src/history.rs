@@ -41,6 +41,8 @@ pub struct History {
     retention_ms: u64,
     max_steps: usize,
     steps: Mutex<Steps>,
+    /// Sessions are shown by their public form: a session id is what its calls carry.
+    public: ferry_kernel::PublicIds,
 }
 
 impl History {
@@ -50,6 +52,7 @@ impl History {
             retention_ms,
             max_steps,
             steps: Mutex::new(Steps::default()),
+            public: ferry_kernel::PublicIds::new((rand::random(), rand::random())),
         }
     }
 
@@ -101,7 +104,7 @@ impl History {
             .iter()
             .filter(|k| k.uid == uid.0 && k.seq == seq.0)
             .map(|k| {
-                let (event, detail) = describe(&k.transition);
+                let (event, detail) = describe(&k.transition, &self.public);
                 Step {
                     at_ms: k.at_ms,
                     queue: queue.clone(),
@@ -113,7 +116,7 @@ impl History {
     }
 }
 
-fn describe(t: &Transition) -> (&'static str, String) {
+fn describe(t: &Transition, public: &ferry_kernel::PublicIds) -> (&'static str, String) {
     match t {
         Transition::Sent {
             deliver_at_ms,
@@ -136,7 +139,7 @@ fn describe(t: &Transition) -> (&'static str, String) {
                 "to {}, delivery {delivery_count}, lease until {lease_until_ms}",
                 session.map_or_else(
                     || "a receiver without a session".into(),
-                    |s| format!("session {s}")
+                    |s| format!("session {}", public.session(s))
                 )
             ),
         ),

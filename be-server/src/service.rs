@@ -5,8 +5,8 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use ferry_kernel::{
-    Delivery, KernelError, LeaseRef, NewMessage, QueueName, ReceiptHandle, ReceiveRequest,
-    Selector, SelectorLimits, Seq, SessionId, Wait,
+    Caller, Delivery, KernelError, LeaseId, LeaseRef, NewMessage, QueueName, ReceiptHandle,
+    ReceiveRequest, Selector, SelectorLimits, Seq, SessionId, Wait,
 };
 use ferry_proto::convert;
 use ferry_proto::pb;
@@ -46,13 +46,17 @@ impl BackendService {
                     seq: d.message.seq,
                     lease: d.lease,
                     delivery_count: d.delivery_count,
+                    tag: self.broker.handle_tag(&d.lease_ref()),
                 };
                 convert::delivery_to_pb(d, &handle)
             })
             .collect()
     }
 
-    /// Decodes receipt handles, refusing any that belong to another node or queue.
+    /// Decodes receipt handles, refusing any that belong to another node or queue. A handle
+    /// whose check value this node did not compute (made up, altered, or issued before a
+    /// restart) names no live delivery: it becomes a reference no delivery has (lease 0, count
+    /// 0), which the queue answers as stale, handle by handle.
     fn leases(&self, queue: &QueueName, handles: &[String]) -> Result<Vec<LeaseRef>, Error> {
         handles
             .iter()
@@ -60,24 +64,33 @@ impl BackendService {
                 let r = ReceiptHandle::from_str(h)?;
                 if &r.node != self.broker.node_id() {
                     return Err(Error::WrongNode {
-                        handle: h.clone(),
+                        handle: ferry_kernel::shown(h),
                         owner: r.node,
                         this: self.broker.node_id().clone(),
                     });
                 }
                 if &r.queue != queue {
                     return Err(Error::WrongQueue {
-                        handle: h.clone(),
+                        handle: ferry_kernel::shown(h),
                         handle_queue: r.queue.to_string(),
                         queue: queue.to_string(),
                     });
                 }
-                Ok(LeaseRef {
+                let lease = LeaseRef {
                     queue: r.uid,
                     seq: r.seq,
                     lease: r.lease,
                     delivery_count: r.delivery_count,
-                })
+                };
+                if self.broker.handle_tag(&lease) == r.tag {
+                    Ok(lease)
+                } else {
+                    Ok(LeaseRef {
+                        lease: LeaseId(0),
+                        delivery_count: 0,
+                        ..lease
+                    })
+                }
             })
             .collect()
     }
@@ -96,6 +109,11 @@ fn selector(text: &str) -> Result<Option<Arc<Selector>>, Error> {
         text,
         &SelectorLimits::default(),
     )?)))
+}
+
+/// The caller of a lease operation: the session the client's call named.
+fn caller(session_id: &str) -> Result<Caller, Error> {
+    Ok(Caller::Client(session(session_id)?))
 }
 
 fn session(s: &str) -> Result<Option<SessionId>, Error> {
@@ -205,6 +223,7 @@ impl pb::backend_server::Backend for BackendService {
             &name,
             self.broker.node_id().as_str(),
             &stats,
+            now_ms(),
         )))
     }
 
@@ -240,6 +259,7 @@ impl pb::backend_server::Backend for BackendService {
         };
         Ok(Response::new(pb::BackendSendResponse {
             message_ids: ids.iter().map(ToString::to_string).collect(),
+            incarnation: self.broker.incarnation(),
         }))
     }
 
@@ -276,7 +296,10 @@ impl pb::backend_server::Backend for BackendService {
         let r = req.into_inner();
         let queue = queue_name(&r.queue)?;
         let leases = self.leases(&queue, &r.receipt_handles)?;
-        let results = self.broker.ack(&queue, leases, r.defer_sync).await?;
+        let results = self
+            .broker
+            .ack(&queue, caller(&r.session_id)?, leases, r.defer_sync)
+            .await?;
         Ok(Response::new(lease_response(results, |()| 0)))
     }
 
@@ -284,18 +307,16 @@ impl pb::backend_server::Backend for BackendService {
         let r = req.into_inner();
         let queue = queue_name(&r.queue)?;
         let leases = self.leases(&queue, &r.receipt_handles)?;
-        if r.undelivered {
-            let n = leases.len();
-            self.broker.return_undelivered(&queue, leases)?;
-            return Ok(Response::new(lease_response(
-                (0..n).map(|_| Ok(())).collect(),
-                |()| 0,
-            )));
-        }
-        let results = self
-            .broker
-            .nack(&queue, leases, r.delay_ms, r.dead_letter)
-            .await?;
+        let caller = caller(&r.session_id)?;
+        let results = if r.undelivered {
+            self.broker
+                .return_undelivered(&queue, caller, leases)
+                .await?
+        } else {
+            self.broker
+                .nack(&queue, caller, leases, r.delay_ms, r.dead_letter)
+                .await?
+        };
         Ok(Response::new(lease_response(results, |()| 0)))
     }
 
@@ -306,7 +327,10 @@ impl pb::backend_server::Backend for BackendService {
         let r = req.into_inner();
         let queue = queue_name(&r.queue)?;
         let leases = self.leases(&queue, &r.receipt_handles)?;
-        let results = self.broker.extend_lease(&queue, leases, r.lease_ms).await?;
+        let results = self
+            .broker
+            .extend_lease(&queue, caller(&r.session_id)?, leases, r.lease_ms)
+            .await?;
         Ok(Response::new(lease_response(results, |t| *t)))
     }
 
@@ -366,7 +390,7 @@ impl pb::backend_server::Backend for BackendService {
             acked += leases.len() as u64;
             parts.push((queue, leases));
         }
-        self.broker.commit(session, parts).await?;
+        self.broker.commit(session, r.incarnation, parts).await?;
         Ok(Response::new(pb::BackendCountResponse { count: acked }))
     }
 

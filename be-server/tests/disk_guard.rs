@@ -6,7 +6,9 @@
 use std::sync::Arc;
 
 use ferry_be_server::{Broker, BrokerConfig, Error};
-use ferry_kernel::{NewMessage, NodeId, QueueConfig, QueueName, ReceiveRequest, SessionId, Wait};
+use ferry_kernel::{
+    Caller, NewMessage, NodeId, QueueConfig, QueueName, ReceiveRequest, SessionId, Wait,
+};
 use ferry_store::{MemoryStore, QueueStore};
 
 fn config(dir: &std::path::Path, disk_free_min_bytes: u64) -> BrokerConfig {
@@ -74,14 +76,18 @@ async fn a_short_disk_refuses_sends_but_receives_acks_and_dead_letters_go_on() {
 
     let got = b.receive(&q, receive(Some(SessionId(2)), 3)).await.unwrap();
     assert_eq!(got.len(), 3);
-    assert!(b.ack(&q, vec![got[0].lease_ref()], false).await.unwrap()[0].is_ok());
+    assert!(b
+        .ack(&q, Caller::Backend, vec![got[0].lease_ref()], false)
+        .await
+        .unwrap()[0]
+        .is_ok());
     let rejected = b
-        .nack(&q, vec![got[1].lease_ref()], None, true)
+        .nack(&q, Caller::Backend, vec![got[1].lease_ref()], None, true)
         .await
         .unwrap();
     assert!(rejected[0].is_ok());
     // A transaction that only acknowledges commits.
-    b.commit(SessionId(2), vec![(q.clone(), vec![got[2].lease_ref()])])
+    b.commit(SessionId(2), 0, vec![(q.clone(), vec![got[2].lease_ref()])])
         .await
         .unwrap();
     assert_eq!(b.stats(&q).await.unwrap().ready, 0);

@@ -7,8 +7,8 @@ use std::sync::{mpsc, Arc, Mutex};
 
 use ferry_be_server::{Broker, BrokerConfig};
 use ferry_kernel::{
-    IndexedHeader, NewMessage, NodeId, Priority, QueueConfig, QueueName, QueueUid, ReceiveRequest,
-    RecoveredMessage, Seq, SessionId, Wait,
+    Caller, IndexedHeader, NewMessage, NodeId, Priority, QueueConfig, QueueName, QueueUid,
+    ReceiveRequest, RecoveredMessage, Seq, SessionId, Wait,
 };
 use ferry_store::{MemoryStore, Page, QueueStore, RecoveredQueue, StoreError, StoreOp};
 
@@ -22,6 +22,8 @@ struct Gated {
     /// Told of each unsynced write.
     unsynced: Mutex<Option<mpsc::Sender<()>>>,
     log: Mutex<Vec<&'static str>>,
+    /// The gated write fails once released (as a full or broken disk makes it).
+    fail_gated: std::sync::atomic::AtomicBool,
 }
 
 impl QueueStore for Gated {
@@ -30,6 +32,12 @@ impl QueueStore for Gated {
         if let Some((entered, release)) = gate {
             entered.send(()).unwrap();
             release.recv().unwrap();
+            if self.fail_gated.load(Ordering::SeqCst) {
+                return Err(StoreError::Io {
+                    context: "writing a batch",
+                    message: "injected by the test".into(),
+                });
+            }
         }
         self.writes.fetch_add(1, Ordering::SeqCst);
         self.log.lock().unwrap().push("write");
@@ -185,7 +193,10 @@ async fn non_persistent_messages_never_touch_the_store() {
     };
     b.send(&q, vec![m]).await.unwrap();
     let got = b.receive(&q, one_now()).await.unwrap();
-    let results = b.ack(&q, vec![got[0].lease_ref()], false).await.unwrap();
+    let results = b
+        .ack(&q, Caller::Backend, vec![got[0].lease_ref()], false)
+        .await
+        .unwrap();
     assert!(results[0].is_ok());
     // The first send reserves a block of sequence numbers (one write); nothing else is written.
     assert_eq!(store.writes.load(Ordering::SeqCst), before + 1);
@@ -203,7 +214,14 @@ async fn a_deleted_queue_leaves_nothing_in_the_store() {
     };
     b.send(&q, vec![m]).await.unwrap();
     assert_eq!(b.delete_queue(&q).await.unwrap(), 1);
-    assert!(store.recover().unwrap().is_empty());
+    // Only its dead-letter queue, created with it, is left (a queue of its own).
+    let left: Vec<String> = store
+        .recover()
+        .unwrap()
+        .iter()
+        .map(|r| r.def.name.to_string())
+        .collect();
+    assert_eq!(left, ["q.DLQ"]);
     let err = b.send(&q, vec![NewMessage::default()]).await.unwrap_err();
     assert!(
         matches!(err, ferry_be_server::Error::QueueNotFound { .. }),
@@ -230,7 +248,7 @@ async fn a_deferred_ack_is_answered_once_a_later_synced_write_made_it_durable() 
     let got = b.receive(&q, one_now()).await.unwrap();
     let ack = {
         let (b, q, lease) = (b.clone(), q.clone(), got[0].lease_ref());
-        tokio::spawn(async move { b.ack(&q, vec![lease], true).await })
+        tokio::spawn(async move { b.ack(&q, Caller::Backend, vec![lease], true).await })
     };
     // The delete was applied without a sync of its own ...
     tokio::task::spawn_blocking(move || unsynced_rx.recv().unwrap())
@@ -243,4 +261,164 @@ async fn a_deferred_ack_is_answered_once_a_later_synced_write_made_it_durable() 
     let log = store.log.lock().unwrap().clone();
     assert_eq!(log[log.len() - 2..], ["unsynced", "write"]);
     assert_eq!(b.stats(&q).await.unwrap().leased, 0);
+}
+
+fn deduped(body: &str, dedup_id: &str) -> NewMessage {
+    NewMessage {
+        body: body.as_bytes().to_vec(),
+        persistent: true,
+        dedup_id: Some(dedup_id.into()),
+        ..Default::default()
+    }
+}
+
+// Postmortem: a send repeating a dedup id wrote nothing and its owner task answered it at once,
+// ahead of the first send's write still on its way: a kill -9 right after the repeat's OK lost a
+// confirmed message, and a failed first write left the repeat confirmed with nothing stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_that_writes_nothing_is_answered_behind_the_writes_before_it() {
+    for first_write_fails in [false, true] {
+        let store = Arc::new(Gated::default());
+        store.fail_gated.store(first_write_fails, Ordering::SeqCst);
+        let b = broker(store.clone()).await;
+        let q = QueueName::new("q").unwrap();
+        let (entered_tx, entered_rx) = mpsc::channel();
+        let (release_tx, release_rx) = mpsc::channel();
+        *store.gate.lock().unwrap() = Some((entered_tx, release_rx));
+        let first = {
+            let (b, q) = (b.clone(), q.clone());
+            tokio::spawn(async move { b.send(&q, vec![deduped("first", "k")]).await })
+        };
+        tokio::task::spawn_blocking(move || entered_rx.recv().unwrap())
+            .await
+            .unwrap();
+        // The repeat goes into the owner task's channel (one poll) ...
+        let mut repeat = Box::pin(b.send(&q, vec![deduped("again", "k")]));
+        assert!(futures::poll!(&mut repeat).is_pending());
+        // ... and is handled before this later command is answered (one channel, in order).
+        let _ = b.stats(&q).await.unwrap();
+        assert!(
+            futures::poll!(&mut repeat).is_pending(),
+            "the repeat was confirmed while the first send's write was still on its way"
+        );
+        release_tx.send(()).unwrap();
+        let first = first.await.unwrap();
+        let repeat = repeat.await;
+        if first_write_fails {
+            assert!(first.is_err());
+            assert!(
+                repeat.is_err(),
+                "the repeat of a send that failed must fail too"
+            );
+        } else {
+            assert_eq!(repeat.unwrap(), first.unwrap());
+        }
+    }
+}
+
+// Postmortem: a rejected message's dead-letter queue was created a moment after the nack was
+// answered, so a reader of <queue>.DLQ got NOT_FOUND and the message was in neither queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rejected_message_is_in_its_dead_letter_queue_when_the_reject_is_answered() {
+    let store = Arc::new(Gated::default());
+    let b = broker(store.clone()).await;
+    let q = QueueName::new("q").unwrap();
+    let dlq = QueueName::new("q.DLQ").unwrap();
+    // Created with its queue.
+    assert!(b.get_queue(&dlq).is_ok());
+    for i in 0..20 {
+        let m = NewMessage {
+            body: format!("m{i}").into_bytes(),
+            persistent: true,
+            ..Default::default()
+        };
+        let ids = b.send(&q, vec![m]).await.unwrap();
+        let got = b.receive(&q, one_now()).await.unwrap();
+        let results = b
+            .nack(
+                &q,
+                Caller::Client(None),
+                vec![got[0].lease_ref()],
+                None,
+                true,
+            )
+            .await
+            .unwrap();
+        assert!(results[0].is_ok());
+        let moved = b.receive(&dlq, one_now()).await.unwrap();
+        assert_eq!(
+            moved.len(),
+            1,
+            "round {i}: the rejected message is not in q.DLQ yet"
+        );
+        assert_eq!(
+            moved[0].message.properties.get("FerryOriginalMessageId"),
+            Some(&ferry_kernel::PropertyValue::String(ids[0].to_string()))
+        );
+        let acked = b
+            .ack(
+                &dlq,
+                Caller::Client(None),
+                vec![moved[0].lease_ref()],
+                false,
+            )
+            .await
+            .unwrap();
+        assert!(acked[0].is_ok());
+    }
+}
+
+// Postmortem: staged sends live only in the back-end's memory; a commit carried nothing naming
+// the run that staged them, so after a restart a send-only commit answered OK and published
+// nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_naming_another_run_of_the_back_end_is_refused_and_rolled_back() {
+    let store = Arc::new(Gated::default());
+    let b = broker(store.clone()).await;
+    let q = QueueName::new("q").unwrap();
+    let session = SessionId(7);
+    b.stage(&q, session, vec![deduped("staged", "t")])
+        .await
+        .unwrap();
+    let other_run = b.incarnation().wrapping_add(1).max(1);
+    let err = b
+        .commit(session, other_run, vec![(q.clone(), vec![])])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, ferry_be_server::Error::TransactionFenced { .. }),
+        "{err}"
+    );
+    assert_eq!(tonic::Status::from(err).code(), tonic::Code::Aborted);
+    // Rolled back: a commit of this run now publishes nothing.
+    b.commit(session, b.incarnation(), vec![(q.clone(), vec![])])
+        .await
+        .unwrap();
+    assert_eq!(b.stats(&q).await.unwrap().ready, 0);
+}
+
+// Postmortem: deleting a queue answered its waiting receivers with an empty OK, which reads as
+// "no message came in time".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_queue_answers_its_waiting_receivers_not_found() {
+    let store = Arc::new(Gated::default());
+    let b = broker(store.clone()).await;
+    let q = QueueName::new("q").unwrap();
+    let waiting = {
+        let (b, q) = (b.clone(), q.clone());
+        let req = ReceiveRequest {
+            wait: Wait::Forever,
+            ..one_now()
+        };
+        tokio::spawn(async move { b.receive(&q, req).await })
+    };
+    while b.stats(&q).await.unwrap().waiters == 0 {
+        tokio::task::yield_now().await;
+    }
+    b.delete_queue(&q).await.unwrap();
+    let err = waiting.await.unwrap().unwrap_err();
+    assert!(
+        matches!(err, ferry_be_server::Error::QueueNotFound { .. }),
+        "{err}"
+    );
 }

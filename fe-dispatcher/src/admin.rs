@@ -218,8 +218,8 @@ impl pb::admin_server::Admin for AdminService {
         req: Request<pb::AdminCloseConnectionRequest>,
     ) -> Reply<pb::AdminCloseConnectionResponse> {
         let id = req.into_inner().connection_id;
-        let closed = self.messaging.sessions.close_connection(&id)?;
-        tracing::info!(connection = %id, "connection closed by an administrator");
+        let closed = self.messaging.sessions.close_connection_by_public(&id)?;
+        tracing::info!(connection = %ferry_kernel::shown(&id), "connection closed by an administrator");
         let released = self.messaging.release(closed).await;
         Ok(Response::new(pb::AdminCloseConnectionResponse { released }))
     }

@@ -245,7 +245,7 @@ async fn run(
                 };
                 if matches!(kind, Kind::Stop(true)) {
                     stopped = true;
-                    give_back(&svc, std::mem::take(&mut receives.open)).await;
+                    give_back(&svc, &start.session_id, std::mem::take(&mut receives.open)).await;
                     let out = pb::ConsumeResponse { kind: Some(pb::consume_response::Kind::Stopped(pb::Stopped {})) };
                     if tx.send(Ok(out)).await.is_err() {
                         break;
@@ -264,7 +264,8 @@ async fn run(
                 }
                 let svc = svc.clone();
                 let quiet = start.quiet_acks;
-                acks.push_back(Box::pin(async move { handle(&svc, kind, quiet).await }));
+                let session_id = start.session_id.clone();
+                acks.push_back(Box::pin(async move { handle(&svc, &session_id, kind, quiet).await }));
             }
             Some(reply) = acks.next(), if !acks.is_empty() => {
                 if let Some(reply) = reply {
@@ -283,7 +284,7 @@ async fn run(
                         if tx.send(Ok(out)).await.is_err() {
                             // The client is gone: give these back now rather than at lease expiry,
                             // not counted as deliveries (nobody saw them).
-                            let _ = release(&svc, &handles).await;
+                            let _ = release(&svc, &start.session_id, &handles).await;
                             break;
                         }
                     }
@@ -301,7 +302,7 @@ async fn run(
     // and release the client wrote before the end takes effect (and is answered, if the client
     // still listens). Dropping them would leave acknowledged messages leased, to be delivered
     // again when their leases run out.
-    give_back(&svc, receives.open).await;
+    give_back(&svc, &start.session_id, receives.open).await;
     while let Some(reply) = acks.next().await {
         if let Some(reply) = reply {
             let _ = tx.send(reply).await;
@@ -312,7 +313,7 @@ async fn run(
 /// Ends the open receives. Dropping one removes its waiter at the back-end, and a back-end that
 /// answers a dropped receive takes the deliveries back; answers that already arrived but were
 /// not pushed are given back here, uncounted.
-async fn give_back(svc: &MessagingService, receives: VecDeque<Receive>) {
+async fn give_back(svc: &MessagingService, session_id: &str, receives: VecDeque<Receive>) {
     let mut handles: Vec<String> = vec![];
     for r in receives {
         let answer = match r.state {
@@ -328,15 +329,19 @@ async fn give_back(svc: &MessagingService, receives: VecDeque<Receive>) {
             );
         }
     }
-    let _ = release(svc, &handles).await;
+    let _ = release(svc, session_id, &handles).await;
 }
 
 /// Returns deliveries nobody saw: back to Ready at once, not counted as deliveries.
-async fn release(svc: &MessagingService, handles: &[String]) -> Result<Vec<String>, Status> {
+async fn release(
+    svc: &MessagingService,
+    session_id: &str,
+    handles: &[String],
+) -> Result<Vec<String>, Status> {
     if handles.is_empty() {
         return Ok(vec![]);
     }
-    svc.lease_op(handles, |be, req| async move {
+    svc.lease_op(session_id, handles, |be, req| async move {
         be.nack(Request::new(pb::BackendLeaseRequest {
             undelivered: true,
             ..req
@@ -351,6 +356,7 @@ async fn release(svc: &MessagingService, handles: &[String]) -> Result<Vec<Strin
 /// when some handles were stale (or it failed) with `quiet` true.
 async fn handle(
     svc: &MessagingService,
+    session_id: &str,
     kind: Kind,
     quiet: bool,
 ) -> Option<Result<pb::ConsumeResponse, Status>> {
@@ -370,7 +376,7 @@ async fn handle(
         ))),
         // `stop: true` is handled by the stream loop; `stop: false` asks nothing.
         Kind::Stop(_) => None,
-        Kind::Release(h) => match release(svc, &h.receipt_handles).await {
+        Kind::Release(h) => match release(svc, session_id, &h.receipt_handles).await {
             Ok(stale) => result(stale),
             Err(status) => Some(Err(status)),
         },
@@ -379,7 +385,7 @@ async fn handle(
         // The client does not wait for this answer (unless it flushes): the delete may share
         // the next synced write.
         Kind::Ack(h) => match svc
-            .lease_op(&h.receipt_handles, |be, req| async move {
+            .lease_op(session_id, &h.receipt_handles, |be, req| async move {
                 be.ack(Request::new(pb::BackendLeaseRequest {
                     defer_sync: true,
                     ..req
@@ -392,7 +398,7 @@ async fn handle(
             Err(status) => Some(Err(status)),
         },
         Kind::Nack(h) => match svc
-            .lease_op(&h.receipt_handles, |be, req| async move {
+            .lease_op(session_id, &h.receipt_handles, |be, req| async move {
                 be.nack(Request::new(req)).await
             })
             .await

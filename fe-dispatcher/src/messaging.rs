@@ -132,18 +132,20 @@ impl MessagingService {
                 Ok(r) => released += r.into_inner().count,
                 // The back-end's own lease timers return the messages if it cannot be told.
                 Err(e) => {
-                    tracing::warn!(%node, %session, error = %e, "could not release a session's leases")
+                    tracing::warn!(%node, session = %self.sessions.public_session(session), error = %e, "could not release a session's leases")
                 }
             }
         }
         released
     }
 
-    /// Applies `op` to receipt handles, grouped by owning back-end and queue. Returns the new
-    /// lease expiry of each handle (0 where not applicable) and the handles that were not live
-    /// deliveries, with why.
+    /// Applies `op` to receipt handles for the session `session_id` names (empty: none),
+    /// grouped by owning back-end and queue. Returns the new lease expiry of each handle (0 where
+    /// not applicable) and the handles that were not live deliveries of that session (or not
+    /// receipt handles at all), with why.
     pub(crate) async fn lease_op<F, Fut>(
         &self,
+        session_id: &str,
         handles: &[String],
         op: F,
     ) -> Result<(Vec<u64>, Vec<String>), Status>
@@ -152,26 +154,34 @@ impl MessagingService {
         Fut: std::future::Future<Output = Result<Response<pb::BackendLeaseResponse>, Status>>,
     {
         let mut groups: BTreeMap<(NodeId, QueueName), Vec<(usize, String)>> = BTreeMap::new();
-        for (i, h) in handles.iter().enumerate() {
-            let r = ReceiptHandle::from_str(h).map_err(Error::from)?;
-            groups
-                .entry((r.node, r.queue))
-                .or_default()
-                .push((i, h.clone()));
-        }
         let mut expires = vec![0; handles.len()];
         let mut stale = vec![];
+        for (i, h) in handles.iter().enumerate() {
+            match ReceiptHandle::from_str(h) {
+                Ok(r) => groups
+                    .entry((r.node, r.queue))
+                    .or_default()
+                    .push((i, h.clone())),
+                // Answered for this handle alone: one bad handle on a stream must not end it
+                // (and strand its deliveries until their leases run out).
+                Err(e) => stale.push(format!("{} ({e})", ferry_kernel::shown(h))),
+            }
+        }
         for ((node, queue), items) in groups {
             let be = match self.router.node(&node) {
                 Ok(be) => be.clone(),
                 Err(_) => {
-                    let handle = items.first().map(|(_, h)| h.clone()).unwrap_or_default();
+                    let handle = items
+                        .first()
+                        .map(|(_, h)| ferry_kernel::shown(h))
+                        .unwrap_or_default();
                     return Err(Error::ReceiptFromUnknownNode { handle, node }.into());
                 }
             };
             let req = pb::BackendLeaseRequest {
                 queue: queue.to_string(),
                 receipt_handles: items.iter().map(|(_, h)| h.clone()).collect(),
+                session_id: session_id.to_owned(),
                 ..Default::default()
             };
             let resp = op(be, req).await?.into_inner();
@@ -182,6 +192,8 @@ impl MessagingService {
                 if err.is_empty() {
                     expires[*i] = at;
                 } else {
+                    // A parsed handle is short (its queue name is bounded): given back whole,
+                    // so a client can match it.
                     stale.push(format!("{h} ({err})"));
                 }
             }
@@ -189,20 +201,35 @@ impl MessagingService {
         Ok((expires, stale))
     }
 
-    /// [`Self::lease_op`], failing with FAILED_PRECONDITION if any handle was stale.
-    async fn by_receipts<F, Fut>(&self, handles: Vec<String>, op: F) -> Result<Vec<u64>, Status>
+    /// [`Self::lease_op`] for a unary call: INVALID_ARGUMENT if a handle is not a receipt
+    /// handle, FAILED_PRECONDITION if any was not a live delivery of the session.
+    async fn by_receipts<F, Fut>(
+        &self,
+        session_id: &str,
+        handles: Vec<String>,
+        op: F,
+    ) -> Result<Vec<u64>, Status>
     where
         F: Fn(crate::BackendRef, pb::BackendLeaseRequest) -> Fut,
         Fut: std::future::Future<Output = Result<Response<pb::BackendLeaseResponse>, Status>>,
     {
-        let (expires, stale) = self.lease_op(&handles, op).await?;
+        for h in &handles {
+            ReceiptHandle::from_str(h).map_err(Error::from)?;
+        }
+        let (expires, stale) = self.lease_op(session_id, &handles, op).await?;
         if stale.is_empty() {
             Ok(expires)
         } else {
+            // A few are enough to say why; the answer stays small however many were named.
+            const SHOWN: usize = 5;
+            let mut detail = stale[..stale.len().min(SHOWN)].join("; ");
+            if stale.len() > SHOWN {
+                detail.push_str(&format!("; and {} more", stale.len() - SHOWN));
+            }
             Err(Error::StaleReceipts {
                 stale: stale.len(),
                 total: handles.len(),
-                detail: stale.join("; "),
+                detail,
             }
             .into())
         }
@@ -254,6 +281,7 @@ impl MessagingService {
         // is worth an operator's attention: its requester gave up or went away.
         let is_reply = queue.as_str().starts_with("tmp.")
             || r.messages.iter().any(|m| m.correlation_id.is_some());
+        let sid = session.filter(|_| transacted);
         let out = be
             .send(Request::new(pb::BackendSendRequest {
                 queue: r.queue,
@@ -276,8 +304,12 @@ impl MessagingService {
                         ..Default::default()
                     });
                 }
-            })?;
-        Ok(out.into_inner().message_ids)
+            })?
+            .into_inner();
+        if let Some(sid) = sid {
+            self.sessions.tx_staged_by(sid, out.incarnation)?;
+        }
+        Ok(out.message_ids)
     }
 
     /// The back-end wait for a receive: the asked wait, bounded by the call's deadline (less a
@@ -339,6 +371,7 @@ impl MessagingService {
         };
         let req = pb::BackendCommitRequest {
             session_id: id.to_string(),
+            incarnation: tx.incarnation,
             queues: by_queue
                 .into_iter()
                 .map(|(queue, receipt_handles)| pb::BackendTxQueue {
@@ -368,7 +401,7 @@ impl MessagingService {
         match out {
             Ok(r) => Ok(r.into_inner().count),
             Err(e) => {
-                tracing::warn!(session = %id, error = %e, "could not roll back a transaction; its leases return when they expire");
+                tracing::warn!(session = %self.sessions.public_session(id), error = %e, "could not roll back a transaction; its leases return when they expire");
                 Err(e)
             }
         }
@@ -514,7 +547,7 @@ impl pb::messaging_server::Messaging for MessagingService {
                 return Ok(Response::new(pb::AckResponse {}));
             }
         }
-        self.by_receipts(r.receipt_handles, |be, req| async move {
+        self.by_receipts(&r.session_id, r.receipt_handles, |be, req| async move {
             be.ack(Request::new(req)).await
         })
         .await?;
@@ -526,9 +559,9 @@ impl pb::messaging_server::Messaging for MessagingService {
         self.touch_session(&r.session_id, None)?;
         let (delay_ms, dead_letter) = (r.delay_ms, r.dead_letter);
         if dead_letter && !r.reason.is_empty() {
-            tracing::info!(reason = %r.reason, handles = r.receipt_handles.len(), "consumer rejected messages");
+            tracing::info!(reason = %ferry_kernel::shown(&r.reason), handles = r.receipt_handles.len(), "consumer rejected messages");
         }
-        self.by_receipts(r.receipt_handles, |be, req| async move {
+        self.by_receipts(&r.session_id, r.receipt_handles, |be, req| async move {
             be.nack(Request::new(pb::BackendLeaseRequest {
                 delay_ms,
                 dead_letter,
@@ -548,7 +581,7 @@ impl pb::messaging_server::Messaging for MessagingService {
         self.touch_session(&r.session_id, None)?;
         let lease_ms = r.lease_ms;
         let lease_expires_at_ms = self
-            .by_receipts(r.receipt_handles, |be, req| async move {
+            .by_receipts(&r.session_id, r.receipt_handles, |be, req| async move {
                 be.extend_lease(Request::new(pb::BackendLeaseRequest { lease_ms, ..req }))
                     .await
             })

@@ -34,6 +34,13 @@ struct Session {
     tx: Option<Transaction>,
 }
 
+/// The longest `client_id` a connection may give (it is shown in listings and logs).
+pub(crate) const CLIENT_ID_BYTES_MAX: usize = 256;
+
+/// The most acknowledgements one transaction holds until it commits (as many as the sends it
+/// may stage in one queue, `ferry_kernel::STAGED_MAX`).
+pub(crate) const TX_ACKS_MAX: usize = ferry_kernel::STAGED_MAX;
+
 /// What a transacted session did since its last commit or rollback.
 #[derive(Debug, Default, Clone)]
 pub(crate) struct Transaction {
@@ -42,6 +49,9 @@ pub(crate) struct Transaction {
     pub(crate) queues: BTreeSet<QueueName>,
     /// Acknowledgements held until commit.
     pub(crate) acks: Vec<String>,
+    /// The run of the back-end that staged the transaction's first sends (0: none staged yet):
+    /// the commit names it, so a back-end that restarted meanwhile (and lost them) refuses it.
+    pub(crate) incarnation: u64,
 }
 
 /// What an administrator sees of a connection.
@@ -73,6 +83,9 @@ struct State {
 pub struct Sessions {
     config: FrontendConfig,
     state: Mutex<State>,
+    /// Connections and sessions are shown (listings, logs, temporary queue names) by their
+    /// public form: their ids are what the calls acting on them carry.
+    public: ferry_kernel::PublicIds,
 }
 
 impl State {
@@ -85,7 +98,9 @@ impl State {
     fn connection_mut(&mut self, id: &str) -> Result<&mut Connection, Error> {
         self.connections
             .get_mut(id)
-            .ok_or_else(|| Error::ConnectionNotFound { id: id.into() })
+            .ok_or_else(|| Error::ConnectionNotFound {
+                id: ferry_kernel::shown(id),
+            })
     }
 }
 
@@ -94,6 +109,7 @@ impl Sessions {
         Self {
             config,
             state: Mutex::new(State::default()),
+            public: ferry_kernel::PublicIds::new((rand::random(), rand::random())),
         }
     }
 
@@ -111,6 +127,13 @@ impl Sessions {
         let lease_ms = lease_ms
             .unwrap_or(c.connection_lease_default_ms)
             .clamp(c.connection_lease_min_ms, c.connection_lease_max_ms);
+        if client_id.len() > CLIENT_ID_BYTES_MAX {
+            return Err(Error::LimitReached {
+                what: format!("client_id is {} bytes", client_id.len()),
+                limit: CLIENT_ID_BYTES_MAX,
+                limit_name: "client_id_bytes_max",
+            });
+        }
         let mut s = self.lock();
         if s.connections.len() >= c.connections_max {
             return Err(Error::LimitReached {
@@ -148,7 +171,7 @@ impl Sessions {
             .connections
             .iter()
             .map(|(id, c)| ConnectionSummary {
-                id: id.clone(),
+                id: self.public.connection(id),
                 client_id: c.client_id.clone(),
                 sessions: c.sessions.len(),
                 temporary_queues: c.temporary_queues.len(),
@@ -183,7 +206,11 @@ impl Sessions {
         let c = s.connection_mut(connection)?;
         if c.sessions.len() >= max {
             return Err(Error::LimitReached {
-                what: format!("connection {connection} has {} sessions", c.sessions.len()),
+                what: format!(
+                    "connection {} has {} sessions",
+                    self.public.connection(connection),
+                    c.sessions.len()
+                ),
                 limit: max,
                 limit_name: "sessions_per_connection_max",
             });
@@ -263,14 +290,38 @@ impl Sessions {
 
     /// Holds acknowledgements of a transacted session until it commits. Returns false (and holds
     /// nothing) if the session is not transacted.
+    /// At most [`TX_ACKS_MAX`] acknowledgements are held per transaction.
     pub(crate) fn tx_hold_acks(&self, id: SessionId, handles: &[String]) -> Result<bool, Error> {
         let mut s = self.lock();
         let sess = s.session_mut(id)?;
         let Some(tx) = sess.tx.as_mut() else {
             return Ok(false);
         };
+        if tx.acks.len() + handles.len() > TX_ACKS_MAX {
+            return Err(Error::LimitReached {
+                what: format!(
+                    "session {id} would hold {} acknowledgements in its transaction; commit more often",
+                    tx.acks.len() + handles.len()
+                ),
+                limit: TX_ACKS_MAX,
+                limit_name: "transaction_acks_max",
+            });
+        }
         tx.acks.extend(handles.iter().cloned());
         Ok(true)
+    }
+
+    /// Notes the back-end run that staged sends of the session's transaction. The first one
+    /// stays: if a later send comes back from another run, the earlier sends are gone, and the
+    /// commit naming the first run is refused.
+    pub(crate) fn tx_staged_by(&self, id: SessionId, incarnation: u64) -> Result<(), Error> {
+        let mut s = self.lock();
+        if let Some(tx) = s.session_mut(id)?.tx.as_mut() {
+            if tx.incarnation == 0 {
+                tx.incarnation = incarnation;
+            }
+        }
+        Ok(())
     }
 
     /// Ends a transacted session's transaction (for commit or rollback): returns what it did and
@@ -291,6 +342,9 @@ impl Sessions {
         if let Some(cur) = s.sessions.get_mut(&id).and_then(|sess| sess.tx.as_mut()) {
             if cur.node.is_none() {
                 cur.node = tx.node;
+            }
+            if cur.incarnation == 0 {
+                cur.incarnation = tx.incarnation;
             }
             cur.queues.extend(tx.queues);
             cur.acks.extend(tx.acks);
@@ -317,7 +371,7 @@ impl Sessions {
             .connections
             .get(connection)
             .ok_or_else(|| Error::ConnectionNotFound {
-                id: connection.into(),
+                id: ferry_kernel::shown(connection),
             })?;
         Ok(c.sessions
             .iter()
@@ -358,8 +412,27 @@ impl Sessions {
         let c = s
             .connections
             .remove(id)
-            .ok_or_else(|| Error::ConnectionNotFound { id: id.into() })?;
+            .ok_or_else(|| Error::ConnectionNotFound {
+                id: ferry_kernel::shown(id),
+            })?;
         Ok(close_locked(&mut s, c))
+    }
+
+    /// Closes a connection an administrator names by its public form (as listings show it).
+    pub(crate) fn close_connection_by_public(&self, public: &str) -> Result<Closed, Error> {
+        let id = {
+            let s = self.lock();
+            s.connections
+                .keys()
+                .find(|id| self.public.connection(id) == public)
+                .cloned()
+        };
+        self.close_connection(id.as_deref().unwrap_or(public))
+    }
+
+    /// What logs show of a session id.
+    pub(crate) fn public_session(&self, id: SessionId) -> String {
+        self.public.session(id)
     }
 
     /// Closes every connection whose lease ran out.
@@ -375,7 +448,7 @@ impl Sessions {
             .into_iter()
             .filter_map(|id| {
                 let c = s.connections.remove(&id)?;
-                tracing::info!(connection = %id, client_id = %c.client_id, "connection lease ran out; closing it");
+                tracing::info!(connection = %self.public.connection(&id), client_id = %ferry_kernel::shown(&c.client_id), "connection lease ran out; closing it");
                 Some((id, close_locked(&mut s, c)))
             })
             .collect()
@@ -393,7 +466,8 @@ impl Sessions {
         if c.temporary_queues.len() >= max {
             return Err(Error::LimitReached {
                 what: format!(
-                    "connection {connection} has {} temporary queues",
+                    "connection {} has {} temporary queues",
+                    self.public.connection(connection),
                     c.temporary_queues.len()
                 ),
                 limit: max,
@@ -401,7 +475,10 @@ impl Sessions {
             });
         }
         c.temporary_seq += 1;
-        let name = QueueName::new(format!("tmp.{node}.{connection}.{}", c.temporary_seq))?;
+        // Named by the connection's public form: everyone who receives a request sees its
+        // reply queue's name, and must not learn the connection id from it.
+        let public = self.public.connection(connection);
+        let name = QueueName::new(format!("tmp.{node}.{public}.{}", c.temporary_seq))?;
         c.temporary_queues.insert(name.clone());
         c.expires_at = Instant::now() + c.lease;
         Ok(name)
@@ -420,7 +497,7 @@ impl Sessions {
         } else {
             Err(Error::NotOwnTemporaryQueue {
                 queue: queue.to_string(),
-                connection: connection.into(),
+                connection: ferry_kernel::shown(connection),
             })
         }
     }

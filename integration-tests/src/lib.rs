@@ -100,6 +100,10 @@ impl Node {
     }
 
     fn spawn(&mut self, listen: &str) -> anyhow::Result<()> {
+        self.spawn_on(listen, "127.0.0.1:0")
+    }
+
+    fn spawn_on(&mut self, listen: &str, peer_listen: &str) -> anyhow::Result<()> {
         let (data_dir, options) = (self.data_dir.clone(), self.options.clone());
         std::fs::create_dir_all(&data_dir)?;
         let config = data_dir.join("ferry.toml");
@@ -128,7 +132,7 @@ impl Node {
             .arg("--listen")
             .arg(listen)
             .arg("--peer-listen")
-            .arg("127.0.0.1:0")
+            .arg(peer_listen)
             .arg("--data-dir")
             .arg(&data_dir)
             .env("RUST_LOG", "info,ferry=debug")
@@ -253,6 +257,14 @@ impl Node {
     pub fn restart(&mut self) -> anyhow::Result<()> {
         self.kill9();
         self.spawn("127.0.0.1:0")
+    }
+
+    /// Starts the node again on the same data directory and the same client and peer ports, so
+    /// other nodes configured with its address reach the new process.
+    pub fn restart_in_place(&mut self) -> anyhow::Result<()> {
+        self.kill9();
+        let (listen, peer_listen) = (self.addr.to_string(), self.peer_addr.to_string());
+        self.spawn_on(&listen, &peer_listen)
     }
 
     pub fn log(&self) -> String {

@@ -43,9 +43,18 @@ async fn delete_one_message_and_close_a_connection() -> anyhow::Result<()> {
         .iter()
         .find(|c| c["client_id"] == "worker")
         .expect("the worker's connection is listed");
-    assert_eq!(worker["connection_id"], conn.id());
+    // Listed by its public form: the id itself is what the worker's calls carry.
+    let listed_id = worker["connection_id"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        listed_id.starts_with('c') && listed_id.len() == 9,
+        "{listed_id}"
+    );
+    assert_ne!(listed_id, conn.id());
     assert_eq!(worker["sessions"], 1);
-    let (ok, out, err) = ferry_cli(&node, &["connections", "close", conn.id(), "-o", "json"])?;
+    let (ok, out, err) = ferry_cli(&node, &["connections", "close", &listed_id, "-o", "json"])?;
     assert!(ok, "{err}");
     let closed: serde_json::Value = serde_json::from_str(out.trim())?;
     assert_eq!(closed["released"], 1);
@@ -178,10 +187,12 @@ async fn message_history_tells_each_step() -> anyhow::Result<()> {
         "{out}"
     );
     let detail = |i: usize| steps[i]["detail"].as_str().unwrap_or_default().to_owned();
+    // The session is named by its public form, never by its id (a credential).
     assert!(
-        detail(1).contains(tx.id()) && detail(1).contains("delivery 1"),
+        detail(1).contains("to session s") && detail(1).contains("delivery 1"),
         "{out}"
     );
+    assert!(!out.contains(tx.id()), "{out}");
     assert!(
         detail(2).starts_with("rollback; redelivery delayed until"),
         "{out}"

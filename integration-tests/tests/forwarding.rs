@@ -66,7 +66,7 @@ async fn node_a_serves_a_queue_owned_by_node_b() -> anyhow::Result<()> {
         ids
     );
     assert!(
-        got[0].receipt_handle().starts_with("r1.b."),
+        got[0].receipt_handle().starts_with("r2.b."),
         "the receipt handle names the owning node"
     );
     assert_eq!(stats(&via_b, "orders").await?.leased, 2);
@@ -82,5 +82,50 @@ async fn node_a_serves_a_queue_owned_by_node_b() -> anyhow::Result<()> {
     assert_eq!(session.close().await?, 1);
     let s = stats(&via_b, "orders").await?;
     assert_eq!((s.ready, s.leased), (1, 0));
+    Ok(())
+}
+
+// Postmortem: a transaction's staged sends live only in the back-end's memory, and a commit
+// carried nothing naming the run that staged them: when the back-end restarted between the sends
+// and the commit, the commit answered OK and published nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_after_the_back_end_restarted_is_aborted_not_lost() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut b = Node::start(
+        &dir.path().join("b"),
+        NodeOptions {
+            node_id: "b".into(),
+            ..Default::default()
+        },
+    )?;
+    let extra = format!(
+        "[cluster.nodes]\nb = \"{}\"\n[cluster.placement]\norders = \"b\"\n",
+        b.peer_url()
+    );
+    let a = Node::start(
+        &dir.path().join("a"),
+        NodeOptions {
+            node_id: "a".into(),
+            extra_toml: extra,
+            ..Default::default()
+        },
+    )?;
+    let via_a = a.client().await?;
+    create_queue(&via_a, "orders").await?;
+    let conn = via_a.open_connection("t").await?;
+    let tx = conn.create_session(AckMode::Transacted).await?;
+    tx.send("orders", vec![Message::text("staged at b")])
+        .await?;
+    // B restarts (same ports) between the send and the commit: the staged send is gone.
+    b.restart_in_place()?;
+    let via_b = b.client().await?;
+    let e = tx.commit().await.unwrap_err();
+    assert_eq!(e.code(), Some(tonic::Code::Aborted), "{e}");
+    assert!(e.to_string().contains("restarted"), "{e}");
+    assert_eq!(stats(&via_b, "orders").await?.ready, 0);
+    // The session goes on: a new transaction commits.
+    tx.send("orders", vec![Message::text("again")]).await?;
+    tx.commit().await?;
+    assert_eq!(stats(&via_b, "orders").await?.ready, 1);
     Ok(())
 }

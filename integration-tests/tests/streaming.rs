@@ -571,3 +571,76 @@ async fn a_consumer_goes_on_with_one_receive_when_the_queue_refuses_a_second_wai
     consumer.close().await?;
     Ok(())
 }
+
+// Postmortem: a release (and an undelivered nack) checked nothing and answered every handle as
+// done, bogus ones included; and a malformed handle in an ack ended the whole stream, stranding
+// its deliveries until their leases ran out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_checks_each_handle_and_a_malformed_one_keeps_the_stream() -> anyhow::Result<()> {
+    let (_dir, _node, client) = memory_node(&["q"]).await?;
+    let conn = client.open_connection("t").await?;
+    let session = conn.create_session(AckMode::Individual).await?;
+    let other = conn.create_session(AckMode::Individual).await?;
+    session
+        .send("q", vec![Message::text("a"), Message::text("b")])
+        .await?;
+    // Another session's delivery, whose handle this stream will try to release.
+    let theirs = other.receive("q", ReceiveOptions::no_wait()).await?;
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let send = |kind| tx.send(pb::ConsumeRequest { kind: Some(kind) });
+    send(pb::consume_request::Kind::Start(pb::ConsumeStart {
+        session_id: session.id().into(),
+        queue: "q".into(),
+        prefetch: 1,
+        ..Default::default()
+    }))?;
+    let mut responses = client
+        .messaging()
+        .consume(tokio_stream::wrappers::UnboundedReceiverStream::new(rx))
+        .await?
+        .into_inner();
+    let mine = loop {
+        match responses.message().await?.and_then(|r| r.kind) {
+            Some(pb::consume_response::Kind::Deliveries(d)) if !d.deliveries.is_empty() => {
+                break d.deliveries[0].receipt_handle.clone()
+            }
+            Some(_) => {}
+            None => anyhow::bail!("the stream ended before a delivery"),
+        }
+    };
+    let handles = |h: Vec<String>| pb::ReceiptHandles { receipt_handles: h };
+    send(pb::consume_request::Kind::Ack(handles(vec![
+        "not a handle\n".into(),
+    ])))?;
+    send(pb::consume_request::Kind::Release(handles(vec![
+        theirs[0].receipt_handle().to_string(),
+        mine.clone(),
+    ])))?;
+    let mut answers = vec![];
+    while answers.len() < 2 {
+        match responses.message().await?.and_then(|r| r.kind) {
+            Some(pb::consume_response::Kind::AckResult(a)) => answers.push(a.stale_receipt_handles),
+            Some(pb::consume_response::Kind::Deliveries(_)) => {}
+            other => anyhow::bail!("expected two answers on a live stream, got {other:?}"),
+        }
+    }
+    assert_eq!(
+        answers[0].len(),
+        1,
+        "the malformed handle, answered alone: {answers:?}"
+    );
+    assert_eq!(
+        answers[1].len(),
+        1,
+        "only the other session's handle is refused: {answers:?}"
+    );
+    assert!(
+        answers[1][0].starts_with(theirs[0].receipt_handle()),
+        "{answers:?}"
+    );
+    // The other session still holds its delivery (its ack succeeds); nothing was lost.
+    let s = stats(&client, "q").await?;
+    assert_eq!(s.ready + s.leased, 2, "{s:?}");
+    other.ack(&theirs).await?;
+    Ok(())
+}

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use ferry_kernel::{
-    NewMessage, PropertyValue, Queue, QueueConfig, QueueName, QueueUid, ReceiveOutcome,
+    Caller, NewMessage, PropertyValue, Queue, QueueConfig, QueueName, QueueUid, ReceiveOutcome,
     ReceiveRequest, Selector, SelectorLimits, SessionId, Wait,
 };
 
@@ -60,7 +60,7 @@ fn send_receive_ack(c: &mut Criterion) {
                     panic!("nothing delivered")
                 };
                 let leases: Vec<_> = d.iter().map(|d| d.lease_ref()).collect();
-                let _ = black_box(q.ack(&leases, 1_001));
+                let _ = black_box(q.ack(Caller::Backend, &leases, 1_001));
                 q
             },
             BatchSize::SmallInput,

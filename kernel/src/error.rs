@@ -52,4 +52,13 @@ pub enum KernelError {
     },
     #[error("receipt handle for message seq {seq} is not a live delivery (lease expired, already acknowledged, or redelivered since)")]
     StaleReceipt { seq: Seq },
+    /// The delivery is live but belongs to another session (or to one, when the call named
+    /// none): only the session that received a message may acknowledge, reject, release or
+    /// extend it.
+    #[error("receipt handle for message seq {seq} is a delivery of another session{}; act on it through the session that received it", if *session_named { "" } else { " (the call named no session_id)" })]
+    NotOwner { seq: Seq, session_named: bool },
+    /// A send repeats a dedup id that another session's open transaction staged: which one
+    /// stands is decided when that transaction ends.
+    #[error("dedup id {dedup_id:?} is held by another session's open transaction; send again once it commits (then this send is its duplicate) or rolls back")]
+    DedupInTransaction { dedup_id: String },
 }

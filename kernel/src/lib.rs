@@ -9,7 +9,8 @@
 //! [`Queue::tick`] when that time comes. Operations return what happened ([`Effects`]: things to
 //! persist, deliveries for parked receivers, receivers that timed out); the kernel never calls back.
 //!
-//! This crate must not depend on tokio, tonic, prost or rocksdb (CI checks `cargo tree`).
+//! This crate must not depend on tokio, tonic, prost or rocksdb (CI checks `cargo tree`); its
+//! dependencies are pure (bytes, thiserror, siphasher).
 
 mod error;
 mod queue;
@@ -18,13 +19,15 @@ mod types;
 
 pub use error::KernelError;
 pub use queue::{
-    DeadLetter, DeadLetterCounts, DeadLetterReason, DeadLetterTarget, DedupRecord, Delivery,
-    Effects, HistoryEntry, LeaseRef, MessageState, Page, PageSource, PagedError, PersistOp, Queue,
-    QueueConfig, QueueStats, ReceiveOutcome, ReceiveRequest, RecoveredMessage, RedeliveryPolicy,
-    ReturnCause, Transition, Wait, WaiterId, SCAN_CHUNK, SCAN_LOOK_MAX, STAGED_MAX,
+    Caller, DeadLetter, DeadLetterCounts, DeadLetterReason, DeadLetterTarget, DedupRecord,
+    Delivery, Effects, HistoryEntry, LeaseRef, MessageState, Page, PageSource, PagedError,
+    PersistOp, Queue, QueueConfig, QueueStats, ReceiveOutcome, ReceiveRequest, RecoveredMessage,
+    RedeliveryPolicy, ReturnCause, Transition, Wait, WaiterId, DEDUP_IDS_MAX, DEDUP_ID_BYTES_MAX,
+    SCAN_CHUNK, SCAN_LOOK_MAX, STAGED_MAX,
 };
 pub use selector::{IndexedHeader, Selector, SelectorLimits};
+pub use types::shown;
 pub use types::{
     validate_property_name, LeaseId, Message, MessageId, NewMessage, NodeId, Priority,
-    PropertyValue, QueueName, QueueUid, ReceiptHandle, Seq, SessionId,
+    PropertyValue, PublicIds, QueueName, QueueUid, ReceiptHandle, Seq, SessionId, SHOWN_CHARS_MAX,
 };

@@ -35,11 +35,15 @@ impl QueueName {
             .find(|&(_, c)| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | ':')))
         {
             return Err(bad(format!(
-                "character {c:?} at position {i} of {name:?} is not allowed (use A-Z a-z 0-9 . _ - :)"
+                "character {c:?} at position {i} of {:?} is not allowed (use A-Z a-z 0-9 . _ - :)",
+                shown(&name)
             )));
         }
         if name.starts_with(['.', '-']) {
-            return Err(bad(format!("{name:?} must not start with '.' or '-'")));
+            return Err(bad(format!(
+                "{:?} must not start with '.' or '-'",
+                shown(&name)
+            )));
         }
         Ok(Self(name))
     }
@@ -130,7 +134,10 @@ impl FromStr for SessionId {
             .map(SessionId)
             .map_err(|_| KernelError::InvalidArgument {
                 field: "session_id",
-                reason: format!("{s:?} is not a session id (16 hex digits from CreateSession)"),
+                reason: format!(
+                    "{:?} is not a session id (16 hex digits from CreateSession)",
+                    shown(s)
+                ),
             })
     }
 }
@@ -162,7 +169,8 @@ impl MessageId {
             .ok_or_else(|| KernelError::InvalidArgument {
                 field: "message_id",
                 reason: format!(
-                    "{text:?} is not a message id (they look like ID:5c0e1f2a3b4d5e6f-42)"
+                    "{:?} is not a message id (they look like ID:5c0e1f2a3b4d5e6f-42)",
+                    shown(text)
                 ),
             })
     }
@@ -241,19 +249,22 @@ pub fn validate_property_name(name: &str) -> Result<(), KernelError> {
         None => return Err(bad("a property name is empty".into())),
         Some(c) if !(c.is_alphabetic() || c == '_' || c == '$') => {
             return Err(bad(format!(
-                "property name {name:?} must start with a letter, _ or $"
+                "property name {:?} must start with a letter, _ or $",
+                shown(name)
             )))
         }
         _ => {}
     }
     if let Some(c) = chars.find(|&c| !(c.is_alphanumeric() || c == '_' || c == '$')) {
         return Err(bad(format!(
-            "property name {name:?} contains {c:?}; use letters, digits, _ or $"
+            "property name {:?} contains {c:?}; use letters, digits, _ or $",
+            shown(name)
         )));
     }
     if name.starts_with("JMS") {
         return Err(bad(format!(
-            "property name {name:?} starts with JMS, which is reserved"
+            "property name {:?} starts with JMS, which is reserved",
+            shown(name)
         )));
     }
     Ok(())
@@ -359,10 +370,12 @@ impl Message {
 /// The token a consumer acknowledges with. It names the back-end node and the queue, so any
 /// front-end can route an ack without a lookup, and the exact delivery (queue incarnation, seq,
 /// lease, delivery count), so a stale handle never acknowledges a newer delivery of the same
-/// message, not even after a restart or a queue deleted and created again.
+/// message, not even after a restart or a queue deleted and created again. `tag` is a check
+/// value the delivering back-end computes from the rest with a secret of its own: a handle cannot
+/// be guessed from what a message id, a browse or a history shows.
 ///
-/// Text form: `r1.<node>.<uid hex>.<seq>.<lease>.<count>.<queue>` (the queue last: it may contain
-/// dots).
+/// Text form: `r2.<node>.<uid hex>.<seq>.<lease>.<count>.<tag hex>.<queue>` (the queue last: it
+/// may contain dots).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ReceiptHandle {
     pub node: NodeId,
@@ -371,14 +384,21 @@ pub struct ReceiptHandle {
     pub seq: Seq,
     pub lease: LeaseId,
     pub delivery_count: u32,
+    pub tag: u64,
 }
 
 impl fmt::Display for ReceiptHandle {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "r1.{}.{:x}.{}.{}.{}.{}",
-            self.node, self.uid.0, self.seq.0, self.lease.0, self.delivery_count, self.queue
+            "r2.{}.{:x}.{}.{}.{}.{:016x}.{}",
+            self.node,
+            self.uid.0,
+            self.seq.0,
+            self.lease.0,
+            self.delivery_count,
+            self.tag,
+            self.queue
         )
     }
 }
@@ -388,17 +408,18 @@ impl FromStr for ReceiptHandle {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let bad = || KernelError::InvalidArgument {
             field: "receipt_handle",
-            reason: format!("{s:?} is not a receipt handle from a delivery"),
+            reason: format!("{:?} is not a receipt handle from a delivery", shown(s)),
         };
-        let mut parts = s.splitn(7, '.');
-        if parts.next() != Some("r1") {
+        let mut parts = s.splitn(8, '.');
+        if parts.next() != Some("r2") {
             return Err(bad());
         }
         let node = NodeId::new(parts.next().ok_or_else(bad)?).map_err(|_| bad())?;
-        let uid = parts
-            .next()
-            .and_then(|p| u64::from_str_radix(p, 16).ok())
-            .ok_or_else(bad)?;
+        let hex = |p: Option<&str>| {
+            p.and_then(|p| u64::from_str_radix(p, 16).ok())
+                .ok_or_else(bad)
+        };
+        let uid = hex(parts.next())?;
         let mut number = || {
             parts
                 .next()
@@ -408,6 +429,7 @@ impl FromStr for ReceiptHandle {
         let seq = Seq(number()?);
         let lease = LeaseId(number()?);
         let delivery_count = u32::try_from(number()?).map_err(|_| bad())?;
+        let tag = hex(parts.next())?;
         let queue = QueueName::new(parts.next().ok_or_else(bad)?).map_err(|_| bad())?;
         Ok(Self {
             node,
@@ -416,8 +438,64 @@ impl FromStr for ReceiptHandle {
             seq,
             lease,
             delivery_count,
+            tag,
         })
     }
+}
+
+/// What listings, message history and logs show of an id that is also a credential (a session
+/// id, a connection id): a digest keyed with a secret of the showing process, so what operators
+/// see can never be used to act as that session or connection. The key is the shell's (the
+/// kernel has no random source).
+#[derive(Debug, Clone, Copy)]
+pub struct PublicIds {
+    key: (u64, u64),
+}
+
+impl PublicIds {
+    pub fn new(key: (u64, u64)) -> Self {
+        Self { key }
+    }
+
+    fn digest(&self, bytes: &[u8]) -> u32 {
+        use std::hash::Hasher as _;
+        let mut h = siphasher::sip::SipHasher24::new_with_keys(self.key.0, self.key.1);
+        h.write(bytes);
+        // The low half is enough to tell sessions apart in a listing, and says nothing more.
+        h.finish() as u32
+    }
+
+    /// `s` and 8 hex digits.
+    pub fn session(&self, id: SessionId) -> String {
+        format!("s{:08x}", self.digest(&id.0.to_be_bytes()))
+    }
+
+    /// `c` and 8 hex digits.
+    pub fn connection(&self, id: &str) -> String {
+        format!("c{:08x}", self.digest(id.as_bytes()))
+    }
+}
+
+/// The most characters of a caller's value that an error message or log line repeats.
+pub const SHOWN_CHARS_MAX: usize = 64;
+
+/// A caller's value as an error message or a log line repeats it: control characters escaped
+/// (a newline cannot forge a log line) and at most [`SHOWN_CHARS_MAX`] characters, with the
+/// full length said (a 60 MiB id cannot make a 60 MiB answer).
+pub fn shown(value: &str) -> String {
+    let mut out = String::new();
+    for (i, c) in value.chars().enumerate() {
+        if i == SHOWN_CHARS_MAX {
+            out.push_str(&format!("…({} bytes in all)", value.len()));
+            break;
+        }
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// Messages are shared between the queue, deliveries and the store without copying bodies.
@@ -428,6 +506,17 @@ mod tests {
     use super::*;
 
     #[test]
+    fn shown_values_are_short_and_single_line() {
+        assert_eq!(shown("orders"), "orders");
+        assert_eq!(shown("a\nb\x1b[31m"), "a\\nb\\u{1b}[31m");
+        let long = "x".repeat(10_000);
+        let s = shown(&long);
+        assert!(s.starts_with(&"x".repeat(SHOWN_CHARS_MAX)));
+        assert!(s.ends_with("…(10000 bytes in all)"), "{s}");
+        assert!(s.len() < 100);
+    }
+
+    #[test]
     fn receipt_handle_round_trips_with_dots_in_queue_name() {
         let h = ReceiptHandle {
             node: NodeId::new("node-1").unwrap(),
@@ -436,15 +525,19 @@ mod tests {
             seq: Seq(42),
             lease: LeaseId(7),
             delivery_count: 2,
+            tag: 0xdead_beef_0123_4567,
         };
         assert_eq!(h.to_string().parse::<ReceiptHandle>().unwrap(), h);
         assert!("r2.node.1.2.q".parse::<ReceiptHandle>().is_err());
-        assert!("r1.node.1.x.2.1.q".parse::<ReceiptHandle>().is_err());
-        assert!("r1.node.zz.1.2.1.q".parse::<ReceiptHandle>().is_err());
-        assert!("r1.node.1.1.2.99999999999.q"
+        assert!("r2.node.1.x.2.1.ff.q".parse::<ReceiptHandle>().is_err());
+        assert!("r2.node.zz.1.2.1.ff.q".parse::<ReceiptHandle>().is_err());
+        assert!("r2.node.1.1.2.99999999999.ff.q"
             .parse::<ReceiptHandle>()
             .is_err());
-        assert!("r1.node.1.1.2.1".parse::<ReceiptHandle>().is_err());
+        assert!("r2.node.1.1.2.1.ff".parse::<ReceiptHandle>().is_err());
+        assert!("r2.node.1.1.2.1.zz.q".parse::<ReceiptHandle>().is_err());
+        // The version before check values: refused, like any handle from before a restart.
+        assert!("r1.node.1.1.2.1.q".parse::<ReceiptHandle>().is_err());
     }
 
     #[test]

@@ -23,8 +23,8 @@ use std::sync::Arc;
 use support::FakeStore;
 
 use ferry_kernel::{
-    DeadLetterReason, Delivery, Effects, LeaseId, LeaseRef, MessageState, NewMessage, PagedError,
-    Priority, PropertyValue, Queue, QueueConfig, QueueName, QueueUid, ReceiveOutcome,
+    Caller, DeadLetterReason, Delivery, Effects, LeaseId, LeaseRef, MessageState, NewMessage,
+    PagedError, Priority, PropertyValue, Queue, QueueConfig, QueueName, QueueUid, ReceiveOutcome,
     ReceiveRequest, RecoveredMessage, RedeliveryPolicy, Selector, SelectorLimits, Seq, SessionId,
     Wait, WaiterId,
 };
@@ -308,7 +308,7 @@ impl Model {
     }
 
     /// A delivered message came back: dead-lettered if expired or delivered as often as allowed,
-    /// else Ready after the policy's delay (or `delay`).
+    /// else Ready after the policy's delay (or `delay`, held to the policy's 150 ms cap).
     fn give_back(&mut self, seq: u64, delay: Option<u64>, now: u64) {
         let m = self.msgs[&seq];
         let reason = if m.expires.is_some_and(|t| t <= now) {
@@ -323,7 +323,7 @@ impl Model {
             self.dead.push((seq, reason));
             return;
         }
-        let delay = delay.unwrap_or_else(|| model_delay(m.count));
+        let delay = delay.map_or_else(|| model_delay(m.count), |d| d.min(150));
         self.msgs.get_mut(&seq).unwrap().state = if delay > 0 {
             MessageState::Scheduled {
                 until_ms: now + delay,
@@ -575,7 +575,7 @@ fn run(ops: Vec<Op>, budget: Option<u64>) -> Result<(), TestCaseError> {
             }
             Op::Ack { pick } => {
                 let r = leases[pick % leases.len()];
-                let (res, fx) = q.ack(&[r], now);
+                let (res, fx) = q.ack(Caller::Backend, &[r], now);
                 m.fire(now, &mut h, &mut e);
                 let live = matches!(m.msgs.get(&r.seq.0), Some(mm) if mm.count == r.delivery_count && matches!(mm.state, MessageState::Leased { lease, .. } if lease == r.lease));
                 prop_assert_eq!(res[0].is_ok(), live);
@@ -592,7 +592,7 @@ fn run(ops: Vec<Op>, budget: Option<u64>) -> Result<(), TestCaseError> {
                 reject,
             } => {
                 let r = leases[pick % leases.len()];
-                let (res, fx) = q.nack(&[r], delay_ms.map(u64::from), reject, now);
+                let (res, fx) = q.nack(Caller::Backend, &[r], delay_ms.map(u64::from), reject, now);
                 m.fire(now, &mut h, &mut e);
                 let live = matches!(m.msgs.get(&r.seq.0), Some(mm) if mm.count == r.delivery_count && matches!(mm.state, MessageState::Leased { lease, .. } if lease == r.lease));
                 prop_assert_eq!(res[0].is_ok(), live);
@@ -607,7 +607,9 @@ fn run(ops: Vec<Op>, budget: Option<u64>) -> Result<(), TestCaseError> {
             }
             Op::Extend { pick, lease_ms } => {
                 let r = leases[pick % leases.len()];
-                let (res, fx) = q.extend_lease(&[r], Some(lease_ms.into()), now).unwrap();
+                let (res, fx) = q
+                    .extend_lease(Caller::Backend, &[r], Some(lease_ms.into()), now)
+                    .unwrap();
                 m.fire(now, &mut h, &mut e);
                 if let Some(mm) = m.msgs.get_mut(&r.seq.0) {
                     if let MessageState::Leased { lease, owner, .. } = mm.state {

@@ -11,8 +11,8 @@ mod support;
 use std::collections::BTreeMap;
 
 use ferry_kernel::{
-    Delivery, Effects, KernelError, NewMessage, PersistOp, Priority, Queue, QueueConfig, QueueName,
-    QueueUid, ReceiveOutcome, ReceiveRequest, Seq, SessionId, Wait,
+    Caller, Delivery, Effects, KernelError, NewMessage, PersistOp, Priority, Queue, QueueConfig,
+    QueueName, QueueUid, ReceiveOutcome, ReceiveRequest, Seq, SessionId, Wait,
 };
 use support::*;
 
@@ -82,7 +82,7 @@ fn a_message_brought_in_out_of_turn_is_never_brought_in_twice() {
     let d = receive(&mut q, &mut store, req(1, 1, Some("i = 40")), T0);
     assert_eq!(d.iter().map(body).collect::<Vec<_>>(), ["m40"]);
     let refs: Vec<_> = d.iter().map(Delivery::lease_ref).collect();
-    let (results, fx) = q.ack(&refs, T0);
+    let (results, fx) = q.ack(Caller::Backend, &refs, T0);
     assert!(results[0].is_ok());
     assert!(matches!(&fx.persist[..], [PersistOp::DeleteMessage(m)] if m.seq == d[0].message.seq));
     // The store still holds it: the cursor passes it without bringing it back.

@@ -33,7 +33,10 @@ pub fn property_from_pb(name: &str, v: pb::PropertyValue) -> Result<PropertyValu
         Some(Value::StringValue(s)) => Ok(PropertyValue::String(s)),
         None => Err(KernelError::InvalidArgument {
             field: "properties",
-            reason: format!("property {name:?} has no value; set one of its typed fields"),
+            reason: format!(
+                "property {:?} has no value; set one of its typed fields",
+                ferry_kernel::shown(name)
+            ),
         }),
     }
 }
@@ -244,7 +247,13 @@ pub fn queue_config_to_pb(name: &QueueName, c: &QueueConfig) -> pb::QueueConfig 
     }
 }
 
-pub fn queue_stats_to_pb(name: &QueueName, owner: &str, s: &QueueStats) -> pb::QueueStats {
+/// `now_ms`: the owning node's clock, for the oldest ready message's age.
+pub fn queue_stats_to_pb(
+    name: &QueueName,
+    owner: &str,
+    s: &QueueStats,
+    now_ms: u64,
+) -> pb::QueueStats {
     pb::QueueStats {
         name: name.to_string(),
         ready: s.ready,
@@ -265,6 +274,9 @@ pub fn queue_stats_to_pb(name: &QueueName, owner: &str, s: &QueueStats) -> pb::Q
         staged: s.staged,
         groups: s.groups,
         oldest_ready_timestamp_ms: s.oldest_ready_timestamp_ms.unwrap_or(0),
+        oldest_ready_age_ms: s
+            .oldest_ready_timestamp_ms
+            .map_or(0, |t| now_ms.saturating_sub(t)),
         paged_out: s.paged_out,
         memory_bytes: s.resident_bytes,
         memory_budget_bytes: if s.memory_budget_bytes == u64::MAX {
@@ -276,7 +288,8 @@ pub fn queue_stats_to_pb(name: &QueueName, owner: &str, s: &QueueStats) -> pb::Q
 }
 
 /// The gRPC code for a kernel refusal, the same in every service: caller mistakes are
-/// INVALID_ARGUMENT, limits RESOURCE_EXHAUSTED, a stale receipt FAILED_PRECONDITION.
+/// INVALID_ARGUMENT, limits RESOURCE_EXHAUSTED, a stale receipt FAILED_PRECONDITION, another
+/// session's delivery PERMISSION_DENIED.
 pub fn kernel_error_code(e: &KernelError) -> tonic::Code {
     match e {
         KernelError::NegativeTimeout { .. }
@@ -286,9 +299,10 @@ pub fn kernel_error_code(e: &KernelError) -> tonic::Code {
         | KernelError::MessageTooLarge { .. }
         | KernelError::TooManyWaiters { .. }
         | KernelError::QueueFull { .. } => tonic::Code::ResourceExhausted,
-        KernelError::StaleReceipt { .. } | KernelError::MessageLeased { .. } => {
-            tonic::Code::FailedPrecondition
-        }
+        KernelError::StaleReceipt { .. }
+        | KernelError::MessageLeased { .. }
+        | KernelError::DedupInTransaction { .. } => tonic::Code::FailedPrecondition,
+        KernelError::NotOwner { .. } => tonic::Code::PermissionDenied,
         KernelError::NoSuchMessage { .. } => tonic::Code::NotFound,
     }
 }

@@ -542,7 +542,18 @@ async fn bench_queue(
         .admin()
         .create_queue(pb::CreateQueueRequest {
             name: queue.clone(),
-            config: None,
+            // A queue of the run's own keeps nothing past it: no dead-letter queue is created
+            // beside it (a queue the user named keeps its own settings).
+            config: temporary.then(|| {
+                let discard = || pb::DeadLetterTarget {
+                    target: Some(pb::dead_letter_target::Target::Discard(true)),
+                };
+                pb::QueueConfig {
+                    dead_letter: Some(discard()),
+                    expiry: Some(discard()),
+                    ..Default::default()
+                }
+            }),
             if_not_exists: true,
         })
         .await

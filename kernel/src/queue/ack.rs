@@ -1,15 +1,27 @@
 //! Ack, nack and lease extension: each names one delivery by its [`LeaseRef`]. A reference to a
 //! delivery that is no longer live (acknowledged, lease expired, redelivered since) is refused and
-//! never touches a newer delivery of the same message.
+//! never touches a newer delivery of the same message; so is one to another session's delivery.
 
 use super::{DeadLetterReason, Effects, LeaseRef, MessageState, Queue, ReturnCause, Transition};
 use crate::error::KernelError;
 use crate::types::{Seq, SessionId};
 
+/// Who names a delivery in an ack, nack, release or lease extension.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Caller {
+    /// The back-end itself (a hand-off that never reached its receiver): no owner check.
+    Backend,
+    /// A client's call, with the session it named (`None`: none). It may act only on
+    /// deliveries of that session (with `None`, only on deliveries made outside any session).
+    Client(Option<SessionId>),
+}
+
 impl Queue {
-    /// Acknowledges deliveries: each live one removes its message. One result per reference.
+    /// Acknowledges deliveries: each live one of `caller` removes its message. One result per
+    /// reference.
     pub fn ack(
         &mut self,
+        caller: Caller,
         leases: &[LeaseRef],
         now_ms: u64,
     ) -> (Vec<Result<(), KernelError>>, Effects) {
@@ -18,7 +30,7 @@ impl Queue {
         let results = leases
             .iter()
             .map(|r| {
-                self.live_lease(*r)?;
+                self.live_lease_of(caller, *r)?;
                 effects.persist.extend(self.remove_entry(r.seq));
                 self.record(&mut effects, r.seq, Transition::Acked);
                 self.counters.acked_total += 1;
@@ -34,6 +46,7 @@ impl Queue {
     /// the dead-letter target with `reject`.
     pub fn nack(
         &mut self,
+        caller: Caller,
         leases: &[LeaseRef],
         delay_ms: Option<u64>,
         reject: bool,
@@ -44,7 +57,7 @@ impl Queue {
         let results = leases
             .iter()
             .map(|r| {
-                self.live_lease(*r)?;
+                self.live_lease_of(caller, *r)?;
                 if reject {
                     self.dead_letter(r.seq, DeadLetterReason::Rejected, &mut effects);
                 } else {
@@ -60,6 +73,7 @@ impl Queue {
     /// Extends live leases to `now + lease_ms`; returns each new expiry.
     pub fn extend_lease(
         &mut self,
+        caller: Caller,
         leases: &[LeaseRef],
         lease_ms: Option<u64>,
         now_ms: u64,
@@ -70,7 +84,7 @@ impl Queue {
         let results = leases
             .iter()
             .map(|r| {
-                let owner = self.live_lease(*r)?;
+                let owner = self.live_lease_of(caller, *r)?;
                 let until_ms = now_ms.saturating_add(lease_ms);
                 if let Some(e) = self.entries.get_mut(&r.seq) {
                     e.lease_ms = lease_ms;
@@ -135,6 +149,22 @@ impl Queue {
             .flatten()
             .copied()
             .collect()
+    }
+
+    /// The owner of a live delivery that `caller` may act on, or why it may not.
+    pub(crate) fn live_lease_of(
+        &self,
+        caller: Caller,
+        r: LeaseRef,
+    ) -> Result<Option<SessionId>, KernelError> {
+        let owner = self.live_lease(r)?;
+        match caller {
+            Caller::Client(session) if session != owner => Err(KernelError::NotOwner {
+                seq: r.seq,
+                session_named: session.is_some(),
+            }),
+            Caller::Client(_) | Caller::Backend => Ok(owner),
+        }
     }
 
     /// The owner of a live delivery, or why the reference is stale.

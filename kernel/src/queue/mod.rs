@@ -32,12 +32,13 @@ use crate::types::{LeaseId, Priority, QueueName, QueueUid, Seq, SessionId, Share
 /// The headers resident messages are indexed by.
 const INDEXED_HEADERS: [IndexedHeader; 2] = [IndexedHeader::CorrelationId, IndexedHeader::GroupId];
 
+pub use ack::Caller;
 pub use admin::{DeadLetterCounts, QueueStats, RecoveredMessage};
 pub use history::{HistoryEntry, ReturnCause, Transition};
 pub use paging::{Page, PageSource, PagedError, SCAN_CHUNK, SCAN_LOOK_MAX};
 pub use policy::{DeadLetterReason, DeadLetterTarget, RedeliveryPolicy};
 pub use receive::{ReceiveOutcome, ReceiveRequest, Wait, WaiterId};
-pub use send::DedupRecord;
+pub use send::{DedupRecord, DEDUP_IDS_MAX, DEDUP_ID_BYTES_MAX};
 pub use tx::STAGED_MAX;
 
 /// Per-queue settings. Every limit has its unit last in its name.
@@ -273,6 +274,9 @@ pub struct Queue {
     groups: groups::Groups,
     /// Sends of transacted sessions, invisible until commit.
     staged: HashMap<SessionId, Vec<SharedMessage>>,
+    /// Dedup ids of staged sends, with the session that staged each and its message: a
+    /// transaction holds its dedup ids until it ends (see `tx.rs`).
+    staged_dedup: HashMap<String, (SessionId, Seq)>,
     /// Producer dedup ids remembered, with the message id they produced.
     dedup: HashMap<String, (Seq, u64)>,
     dedup_expiry: BTreeSet<(u64, String)>,
@@ -317,6 +321,7 @@ impl Queue {
             rng: policy::SplitMix64::new(uid.0),
             groups: groups::Groups::default(),
             staged: HashMap::new(),
+            staged_dedup: HashMap::new(),
             dedup: HashMap::new(),
             dedup_expiry: BTreeSet::new(),
             recovered_exhausted: Vec::new(),
@@ -537,6 +542,14 @@ impl Queue {
             for m in staged {
                 assert!(m.seq < self.next_seq && !self.entries.contains_key(&m.seq));
             }
+        }
+        for (dedup_id, (session, seq)) in &self.staged_dedup {
+            assert!(
+                self.staged.get(session).is_some_and(|ms| ms
+                    .iter()
+                    .any(|m| m.seq == *seq && m.dedup_id.as_ref() == Some(dedup_id))),
+                "a staged dedup id names a staged send of its session"
+            );
         }
         assert_eq!(
             self.dedup.len(),

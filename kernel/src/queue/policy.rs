@@ -8,9 +8,15 @@ use crate::types::QueueName;
 ///
 /// The delay before redelivery `n` (1 for the first redelivery):
 /// - `n = 1`: `initial_delay_ms`;
-/// - `n ≥ 2`: `delay_ms`, or with `exponential_backoff`, `delay_ms × backoff_multiplier^(n-1)`;
+/// - `n ≥ 2` without `exponential_backoff`: `delay_ms`;
+/// - `n ≥ 2` with `exponential_backoff`, as ActiveMQ's `RedeliveryPolicy` does it, each delay
+///   the previous one times `backoff_multiplier`: `initial_delay_ms × m^(n-1)`; with no initial
+///   delay the second redelivery waits `delay_ms` and the growth starts from there
+///   (`delay_ms × m^(n-2)`);
 /// - then ± up to `collision_avoidance_percent` % of it at random;
 /// - then at most `max_delay_ms`, always (ActiveMQ lets a large initial delay escape its cap).
+///
+/// A delay a consumer names in a nack is capped by `max_delay_ms` too.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RedeliveryPolicy {
     /// Deliveries after the first before the message is dead-lettered (`max-deliveries`);
@@ -45,11 +51,16 @@ impl RedeliveryPolicy {
     /// The delay before redelivery `n` (≥ 1). `spread` in `[-1, 1]` picks where in the
     /// collision-avoidance band the delay lands.
     pub fn delay_ms(&self, n: u32, spread: f64) -> u64 {
+        let grown = |start: u64, steps: u32| {
+            let exp = i32::try_from(steps).unwrap_or(i32::MAX);
+            start as f64 * self.backoff_multiplier.powi(exp)
+        };
         let base = if n <= 1 {
             self.initial_delay_ms as f64
+        } else if self.exponential_backoff && self.initial_delay_ms > 0 {
+            grown(self.initial_delay_ms, n - 1)
         } else if self.exponential_backoff {
-            let exp = i32::try_from(n - 1).unwrap_or(i32::MAX);
-            self.delay_ms as f64 * self.backoff_multiplier.powi(exp)
+            grown(self.delay_ms, n - 2)
         } else {
             self.delay_ms as f64
         };
@@ -62,6 +73,11 @@ impl RedeliveryPolicy {
         } else {
             jittered.clamp(0.0, cap).round() as u64
         }
+    }
+
+    /// A delay a consumer asked for, held to the cap like every computed one.
+    pub fn capped_ms(&self, delay_ms: u64) -> u64 {
+        delay_ms.min(self.max_delay_ms)
     }
 
     /// Whether a message delivered `delivery_count` times may be delivered again.

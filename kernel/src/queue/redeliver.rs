@@ -11,8 +11,8 @@ use crate::types::Seq;
 impl Queue {
     /// A delivered message came back (nack, rollback, recover, session closed, lease expired).
     /// It is dead-lettered if it expired meanwhile or was delivered as often as the policy allows;
-    /// otherwise it waits the policy's delay (or `delay_ms` when the consumer named one) and is
-    /// Ready again.
+    /// otherwise it waits the policy's delay (or `delay_ms` when the consumer named one, at most
+    /// the policy's `max_delay_ms`) and is Ready again.
     pub(crate) fn return_delivered(
         &mut self,
         seq: Seq,
@@ -33,10 +33,15 @@ impl Queue {
             self.dead_letter(seq, DeadLetterReason::MaxDeliveries, effects);
             return;
         }
-        let delay = delay_ms.unwrap_or_else(|| {
-            let spread = self.rng.spread();
-            self.config.redelivery.delay_ms(count, spread)
-        });
+        let delay = match delay_ms {
+            // Whoever names a delay, the queue's cap holds: a consumer cannot park a message
+            // out of reach (a nack with u64::MAX left it scheduled for ever).
+            Some(asked) => self.config.redelivery.capped_ms(asked),
+            None => {
+                let spread = self.rng.spread();
+                self.config.redelivery.delay_ms(count, spread)
+            }
+        };
         let redeliver_at_ms = (delay > 0).then(|| now_ms.saturating_add(delay));
         let state = match redeliver_at_ms {
             Some(until_ms) => MessageState::Scheduled { until_ms },

@@ -120,32 +120,40 @@ impl Queue {
     }
 
     /// Deliveries that never reached their receiver (its client was gone when the answer was
-    /// ready): the messages return to Ready at once and the delivery does not count.
-    pub fn return_undelivered(&mut self, leases: &[LeaseRef], now_ms: u64) -> Effects {
+    /// ready, or a consumer gives back prefetched messages it never handed to its application):
+    /// the messages return to Ready at once and the delivery does not count. Each reference is
+    /// checked as an ack checks it (live, this queue, this delivery count, `caller`'s); one
+    /// result per reference.
+    pub fn return_undelivered(
+        &mut self,
+        caller: super::Caller,
+        leases: &[LeaseRef],
+        now_ms: u64,
+    ) -> (Vec<Result<(), crate::KernelError>>, Effects) {
         let mut effects = Effects::default();
         self.fire_due(now_ms, &mut effects);
-        for r in leases {
-            let Some(entry) = self.entries.get_mut(&r.seq) else {
-                continue;
-            };
-            let MessageState::Leased { lease, .. } = entry.state else {
-                continue;
-            };
-            if lease != r.lease {
-                continue;
-            }
-            entry.delivery_count = entry.delivery_count.saturating_sub(1);
-            if entry.message.persistent {
-                effects.persist.push(PersistOp::SetDeliveryCount {
-                    seq: r.seq,
-                    count: entry.delivery_count,
-                });
-            }
-            self.counters.delivered_total = self.counters.delivered_total.saturating_sub(1);
-            self.set_state(r.seq, MessageState::Ready);
-            self.record(&mut effects, r.seq, Transition::Undelivered);
-        }
+        let results = leases
+            .iter()
+            .map(|r| {
+                self.live_lease_of(caller, *r)?;
+                let entry = self
+                    .entries
+                    .get_mut(&r.seq)
+                    .expect("invariant: a live lease names an entry");
+                entry.delivery_count = entry.delivery_count.saturating_sub(1);
+                if entry.message.persistent {
+                    effects.persist.push(PersistOp::SetDeliveryCount {
+                        seq: r.seq,
+                        count: entry.delivery_count,
+                    });
+                }
+                self.counters.delivered_total = self.counters.delivered_total.saturating_sub(1);
+                self.set_state(r.seq, MessageState::Ready);
+                self.record(&mut effects, r.seq, Transition::Undelivered);
+                Ok(())
+            })
+            .collect();
         self.dispatch(now_ms, &mut effects);
-        effects
+        (results, effects)
     }
 }

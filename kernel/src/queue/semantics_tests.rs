@@ -167,7 +167,7 @@ fn a_nacked_message_waits_the_policy_delay_then_comes_back_redelivered() {
     for (n, expected_delay) in [(1, 100), (2, 200), (3, 400)] {
         let d = take(&mut q, 1, 1, now);
         assert_eq!(d[0].delivery_count, n);
-        let _ = q.nack(&[d[0].lease_ref()], None, false, now);
+        let _ = q.nack(Caller::Backend, &[d[0].lease_ref()], None, false, now);
         q.check_invariants();
         assert_eq!(
             q.state_of(d[0].message.seq),
@@ -191,7 +191,7 @@ fn a_delay_named_by_the_consumer_replaces_the_policy_delay() {
     });
     let _ = q.send(vec![msg("a")], T0).unwrap();
     let d = take(&mut q, 1, 1, T0);
-    let _ = q.nack(&[d[0].lease_ref()], Some(10), false, T0);
+    let _ = q.nack(Caller::Backend, &[d[0].lease_ref()], Some(10), false, T0);
     assert_eq!(
         q.state_of(d[0].message.seq),
         Some(MessageState::Scheduled { until_ms: T0 + 10 })
@@ -213,7 +213,7 @@ fn a_poison_message_is_dead_lettered_after_exactly_one_plus_max_redeliveries() {
     for n in 1..=3 {
         let d = take(&mut q, 1, 1, T0 + n);
         assert_eq!(d.len(), 1, "delivery {n} happens");
-        let (res, fx) = q.nack(&[d[0].lease_ref()], None, false, T0 + n);
+        let (res, fx) = q.nack(Caller::Backend, &[d[0].lease_ref()], None, false, T0 + n);
         assert!(res[0].is_ok());
         q.check_invariants();
         if n < 3 {
@@ -268,7 +268,7 @@ fn unlimited_redeliveries_never_dead_letter() {
     let _ = q.send(vec![msg("a")], T0).unwrap();
     for n in 0..50 {
         let d = take(&mut q, 1, 1, T0 + n);
-        let (_, fx) = q.nack(&[d[0].lease_ref()], None, false, T0 + n);
+        let (_, fx) = q.nack(Caller::Backend, &[d[0].lease_ref()], None, false, T0 + n);
         assert!(fx.dead_letters.is_empty());
     }
 }
@@ -281,7 +281,7 @@ fn a_rejected_message_goes_to_the_dead_letter_target_at_once() {
     });
     let _ = q.send(vec![msg("bad")], T0).unwrap();
     let d = take(&mut q, 1, 1, T0);
-    let (res, fx) = q.nack(&[d[0].lease_ref()], None, true, T0);
+    let (res, fx) = q.nack(Caller::Backend, &[d[0].lease_ref()], None, true, T0);
     assert!(res[0].is_ok());
     q.check_invariants();
     assert_eq!(fx.dead_letters[0].reason, DeadLetterReason::Rejected);
@@ -398,10 +398,10 @@ fn a_leased_message_that_expires_is_judged_when_it_comes_back() {
         Some(MessageState::Leased { .. })
     ));
     // Acknowledged late: still fine.
-    let (res, _) = q.ack(&[d[0].lease_ref()], T0 + 150);
+    let (res, _) = q.ack(Caller::Backend, &[d[0].lease_ref()], T0 + 150);
     assert!(res[0].is_ok());
     // Given back late: dead-lettered as expired, not redelivered.
-    let (res, fx) = q.nack(&[d[1].lease_ref()], None, false, T0 + 150);
+    let (res, fx) = q.nack(Caller::Backend, &[d[1].lease_ref()], None, false, T0 + 150);
     assert!(res[0].is_ok());
     q.check_invariants();
     assert_eq!(fx.dead_letters.len(), 1);
@@ -499,7 +499,7 @@ fn commit_acknowledges_held_acks_and_a_stale_one_fails_it_whole() {
     let _ = q.stage(tx, vec![msg("out")], T0).unwrap();
     // The lease of one delivery runs out before commit; the other's was extended.
     let _ = q
-        .extend_lease(&[d[0].lease_ref()], Some(120_000), T0)
+        .extend_lease(Caller::Backend, &[d[0].lease_ref()], Some(120_000), T0)
         .unwrap();
     let _ = q.tick(d[1].lease_until_ms);
     let err = q
@@ -612,7 +612,7 @@ fn a_parked_receiver_gets_a_group_the_moment_its_holder_ends() {
         panic!("b belongs to session 1's group: session 2 must wait, got {out:?}")
     };
     q.check_invariants();
-    let _ = q.ack(&[held[0].lease_ref()], T0);
+    let _ = q.ack(Caller::Backend, &[held[0].lease_ref()], T0);
     let (_, fx) = q.release_session(SessionId(1), T0 + 1);
     q.check_invariants();
     assert_eq!(fx.handed.len(), 1);
@@ -741,7 +741,7 @@ fn a_heartbeat_renews_the_sessions_leases_for_their_own_length_and_revives_none(
     assert_eq!(renewed, 1);
     assert_eq!(q.state_of(a[0].message.seq), Some(MessageState::Ready));
     // The old receipt is stale even though the session is alive.
-    let (res, _) = q.ack(&[a[0].lease_ref()], T0 + 200);
+    let (res, _) = q.ack(Caller::Backend, &[a[0].lease_ref()], T0 + 200);
     assert!(res[0].is_err());
 }
 
@@ -838,7 +838,7 @@ fn one_message_can_be_deleted_by_id_unless_a_consumer_holds_it() {
     );
     let (res, _) = q.delete_message(&ids[1], T0);
     assert!(matches!(res, Err(KernelError::NoSuchMessage { .. })));
-    let _ = q.ack(&[d[0].lease_ref()], T0);
+    let _ = q.ack(Caller::Backend, &[d[0].lease_ref()], T0);
     assert_eq!(q.stats().ready + q.stats().leased, 0);
 }
 
@@ -905,4 +905,206 @@ fn history_tells_each_step_of_a_message_that_was_rolled_back_and_redelivered() {
             (T0 + 103, Transition::Acked),
         ]
     );
+}
+
+// ---------------------------------------------------------------- hardening regressions
+
+// Postmortem: a transaction staged its sends outside the dedup index, so a repeat of a dedup id
+// in the same transaction was given a second id that commit then dropped as a duplicate.
+#[test]
+fn a_dedup_id_repeated_inside_one_transaction_returns_the_id_that_commit_publishes() {
+    let mut q = queue();
+    let (first, _) = q.stage(SessionId(1), vec![dedup("a", "k")], T0).unwrap();
+    let (again, _) = q
+        .stage(
+            SessionId(1),
+            vec![dedup("a-again", "k"), dedup("b", "k")],
+            T0,
+        )
+        .unwrap();
+    assert_eq!(again, vec![first[0].clone(), first[0].clone()]);
+    q.check_invariants();
+    q.commit(SessionId(1), &[], T0).0.unwrap();
+    q.check_invariants();
+    let got = take(&mut q, 2, 10, T0);
+    assert_eq!(got.len(), 1);
+    assert_eq!(
+        got[0].message.id, first[0],
+        "the id the sends were given is in the queue"
+    );
+}
+
+#[test]
+fn an_open_transaction_holds_its_dedup_ids_until_it_ends() {
+    let mut q = queue();
+    let (staged, _) = q.stage(SessionId(1), vec![dedup("a", "k")], T0).unwrap();
+    let refused = q.send(vec![dedup("plain", "k")], T0).unwrap_err();
+    assert!(
+        matches!(refused, KernelError::DedupInTransaction { .. }),
+        "{refused:?}"
+    );
+    let refused = q
+        .stage(SessionId(2), vec![dedup("other", "k")], T0)
+        .unwrap_err();
+    assert!(matches!(refused, KernelError::DedupInTransaction { .. }));
+    // Committed: a later send with the id is its duplicate.
+    q.commit(SessionId(1), &[], T0).0.unwrap();
+    let (later, _) = q.send(vec![dedup("plain", "k")], T0 + 1).unwrap();
+    assert_eq!(later, staged);
+    // Rolled back: the id is free again.
+    let _ = q
+        .stage(SessionId(3), vec![dedup("c", "k2")], T0 + 2)
+        .unwrap();
+    let _ = q.rollback(SessionId(3), T0 + 2);
+    let (free, _) = q.send(vec![dedup("d", "k2")], T0 + 3).unwrap();
+    assert_eq!(q.stats().ready, 2);
+    assert_ne!(free[0], staged[0]);
+    q.check_invariants();
+}
+
+// Postmortem: a nack's own delay was used as it came, so `u64::MAX` left the message
+// scheduled for ever, past the queue's maximum redelivery delay.
+#[test]
+fn a_delay_named_in_a_nack_is_held_to_the_queues_maximum() {
+    let mut q = queue_with(QueueConfig {
+        redelivery: RedeliveryPolicy {
+            max_delay_ms: 60_000,
+            ..RedeliveryPolicy::default()
+        },
+        ..QueueConfig::default()
+    });
+    let _ = q.send(vec![msg("a")], T0).unwrap();
+    let d = take(&mut q, 1, 1, T0);
+    let (res, _) = q.nack(
+        Caller::Backend,
+        &[d[0].lease_ref()],
+        Some(u64::MAX),
+        false,
+        T0,
+    );
+    res[0].clone().unwrap();
+    assert_eq!(
+        q.state_of(d[0].message.seq),
+        Some(MessageState::Scheduled {
+            until_ms: T0 + 60_000
+        })
+    );
+    let _ = q.tick(T0 + 60_000);
+    assert_eq!(take(&mut q, 1, 1, T0 + 60_000).len(), 1);
+}
+
+// Postmortem: with an initial delay, exponential back-off and no delay_ms, the second and later
+// redeliveries came after 0 ms; ActiveMQ multiplies the previous delay.
+#[test]
+fn exponential_backoff_grows_from_the_initial_delay_as_activemq_does() {
+    let p = RedeliveryPolicy {
+        exponential_backoff: true,
+        backoff_multiplier: 2.0,
+        ..policy(1_000, 0)
+    };
+    let seq: Vec<u64> = (1..=5).map(|n| p.delay_ms(n, 0.0)).collect();
+    assert_eq!(seq, [1_000, 2_000, 4_000, 8_000, 16_000]);
+    let no_initial = RedeliveryPolicy {
+        exponential_backoff: true,
+        backoff_multiplier: 2.0,
+        ..policy(0, 500)
+    };
+    let seq: Vec<u64> = (1..=5).map(|n| no_initial.delay_ms(n, 0.0)).collect();
+    assert_eq!(seq, [0, 500, 1_000, 2_000, 4_000]);
+}
+
+// Postmortem: giving back an undelivered message checked only the lease id, so a bogus or
+// stale handle was answered as done and could return a newer delivery of the same message.
+#[test]
+fn giving_back_undelivered_messages_checks_each_handle_as_an_ack_does() {
+    let mut q = queue();
+    let _ = q.send(vec![msg("a"), msg("b")], T0).unwrap();
+    let d = take(&mut q, 1, 2, T0);
+    let live = d[0].lease_ref();
+    let stale_count = LeaseRef {
+        delivery_count: 7,
+        ..d[1].lease_ref()
+    };
+    let other_queue = LeaseRef {
+        queue: QueueUid(12345),
+        ..d[1].lease_ref()
+    };
+    let (results, _) = q.return_undelivered(
+        Caller::Client(Some(SessionId(1))),
+        &[live, stale_count, other_queue, live],
+        T0,
+    );
+    assert!(results[0].is_ok());
+    for r in &results[1..] {
+        assert!(matches!(r, Err(KernelError::StaleReceipt { .. })), "{r:?}");
+    }
+    assert_eq!(q.state_of(d[0].message.seq), Some(MessageState::Ready));
+    assert!(matches!(
+        q.state_of(d[1].message.seq),
+        Some(MessageState::Leased { .. })
+    ));
+    q.check_invariants();
+}
+
+#[test]
+fn only_the_session_that_received_a_message_may_act_on_its_delivery() {
+    let mut q = queue();
+    let _ = q.send(vec![msg("a")], T0).unwrap();
+    let d = take(&mut q, 1, 1, T0);
+    let r = d[0].lease_ref();
+    for caller in [Caller::Client(Some(SessionId(2))), Caller::Client(None)] {
+        let (res, _) = q.ack(caller, &[r], T0);
+        assert!(
+            matches!(res[0], Err(KernelError::NotOwner { .. })),
+            "{res:?}"
+        );
+        let (res, _) = q.nack(caller, &[r], None, true, T0);
+        assert!(matches!(res[0], Err(KernelError::NotOwner { .. })));
+        let (res, _) = q.return_undelivered(caller, &[r], T0);
+        assert!(matches!(res[0], Err(KernelError::NotOwner { .. })));
+        let (res, _) = q.extend_lease(caller, &[r], Some(1_000), T0).unwrap();
+        assert!(matches!(res[0], Err(KernelError::NotOwner { .. })));
+    }
+    assert!(matches!(
+        q.state_of(r.seq),
+        Some(MessageState::Leased { .. })
+    ));
+    let (res, _) = q.ack(Caller::Client(Some(SessionId(1))), &[r], T0);
+    assert!(res[0].is_ok());
+    q.check_invariants();
+}
+
+#[test]
+fn dedup_ids_are_bounded_in_size_and_count() {
+    let mut q = queue();
+    let long = "k".repeat(DEDUP_ID_BYTES_MAX + 1);
+    let err = q.send(vec![dedup("a", &long)], T0).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            KernelError::OverLimit {
+                limit_name: "dedup_id_bytes_max",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    for (i, id) in ["k0", "k1", "k2"].iter().enumerate() {
+        let _ = q.send(vec![dedup("x", id)], T0 + i as u64).unwrap();
+    }
+    let mut fx = Effects::default();
+    q.forget_dedup_over(2, &mut fx);
+    assert_eq!(
+        fx.persist,
+        vec![PersistOp::DeleteDedup {
+            dedup_id: "k0".into()
+        }],
+        "the id whose window ends first goes first"
+    );
+    q.check_invariants();
+    let before = q.stats().ready;
+    let _ = q.send(vec![dedup("x", "k2")], T0 + 5).unwrap();
+    assert_eq!(q.stats().ready, before, "k2 is still remembered");
+    let _ = q.send(vec![dedup("x", "k0")], T0 + 5).unwrap();
+    assert_eq!(q.stats().ready, before + 1, "k0 was forgotten");
 }

@@ -7,6 +7,12 @@ use super::{Effects, MessageState, PersistOp, Queue, Transition, SEQ_RESERVATION
 use crate::error::KernelError;
 use crate::types::{validate_property_name, Message, MessageId, NewMessage, Seq, SharedMessage};
 
+/// The longest dedup id a send may carry (it is remembered after its message is gone).
+pub const DEDUP_ID_BYTES_MAX: usize = 256;
+
+/// The most dedup ids one queue remembers (see `Queue::forget_dedup_over`).
+pub const DEDUP_IDS_MAX: usize = 100_000;
+
 /// A producer's dedup id, remembered until `expires_ms` with the message it produced.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DedupRecord {
@@ -24,10 +30,10 @@ impl Queue {
         messages: Vec<NewMessage>,
         now_ms: u64,
     ) -> Result<(Vec<MessageId>, Effects), KernelError> {
-        self.validate_sends(&messages)?;
+        self.validate_sends(&messages, None)?;
         let mut effects = Effects::default();
         self.fire_due(now_ms, &mut effects);
-        let ids = self.accept(messages, now_ms, &mut effects, |q, m, fx| {
+        let ids = self.accept(messages, None, now_ms, &mut effects, |q, m, fx| {
             q.enqueue(m, false, now_ms, fx);
         });
         self.dispatch(now_ms, &mut effects);
@@ -35,17 +41,19 @@ impl Queue {
     }
 
     /// Stamps each message that is not a remembered duplicate and hands it to `place`, in batch
-    /// order. Returns every message's id (a duplicate's is the first send's).
+    /// order. Returns every message's id (a duplicate's is the first send's). `staging`: the
+    /// transacted session these sends are staged for (its own staged dedup ids count too).
     pub(crate) fn accept(
         &mut self,
         messages: Vec<NewMessage>,
+        staging: Option<crate::types::SessionId>,
         now_ms: u64,
         effects: &mut Effects,
         mut place: impl FnMut(&mut Self, SharedMessage, &mut Effects),
     ) -> Vec<MessageId> {
         let mut ids = Vec::with_capacity(messages.len());
         for m in messages {
-            if let Some(id) = self.dedup_hit(m.dedup_id.as_deref()) {
+            if let Some(id) = self.dedup_hit(m.dedup_id.as_deref(), staging) {
                 ids.push(id);
                 continue;
             }
@@ -72,7 +80,7 @@ impl Queue {
                 ..m
             })
             .collect();
-        let ids = self.accept(messages, now_ms, &mut effects, |q, m, fx| {
+        let ids = self.accept(messages, None, now_ms, &mut effects, |q, m, fx| {
             q.enqueue(m, false, now_ms, fx);
         });
         self.dispatch(now_ms, &mut effects);
@@ -80,8 +88,28 @@ impl Queue {
     }
 
     /// Refuses a batch with a message the queue cannot take, or one that would take the queue
-    /// over its limits (staged sends count: they will enter the queue).
-    pub(crate) fn validate_sends(&self, messages: &[NewMessage]) -> Result<(), KernelError> {
+    /// over its limits (staged sends count: they will enter the queue), or one whose dedup id
+    /// another session's open transaction holds. `staging`: the session staging the batch.
+    pub(crate) fn validate_sends(
+        &self,
+        messages: &[NewMessage],
+        staging: Option<crate::types::SessionId>,
+    ) -> Result<(), KernelError> {
+        for m in messages {
+            let Some(dedup_id) = m.dedup_id.as_deref() else {
+                continue;
+            };
+            if self.dedup.contains_key(dedup_id) {
+                continue;
+            }
+            if let Some((holder, _)) = self.staged_dedup.get(dedup_id) {
+                if Some(*holder) != staging {
+                    return Err(KernelError::DedupInTransaction {
+                        dedup_id: crate::types::shown(dedup_id),
+                    });
+                }
+            }
+        }
         let (paged_count, paged_bytes) = self.paging.paged_out();
         if let Some(limit) = self.config.max_messages {
             let value =
@@ -113,6 +141,15 @@ impl Queue {
             }
         }
         for (index, m) in messages.iter().enumerate() {
+            let dedup_bytes = m.dedup_id.as_ref().map_or(0, String::len);
+            if dedup_bytes > DEDUP_ID_BYTES_MAX {
+                return Err(KernelError::OverLimit {
+                    field: "dedup_id bytes",
+                    value: dedup_bytes as u64,
+                    limit: DEDUP_ID_BYTES_MAX as u64,
+                    limit_name: "dedup_id_bytes_max",
+                });
+            }
             let size_bytes = m.size_bytes();
             if size_bytes > self.config.max_message_size_bytes {
                 return Err(KernelError::MessageTooLarge {
@@ -128,11 +165,21 @@ impl Queue {
         Ok(())
     }
 
-    /// The message id an earlier send with this dedup id produced, if it is still remembered.
-    pub(crate) fn dedup_hit(&self, dedup_id: Option<&str>) -> Option<MessageId> {
-        self.dedup
-            .get(dedup_id?)
-            .map(|&(seq, _)| MessageId::new(self.uid, seq))
+    /// The message id an earlier send with this dedup id produced, if it is still remembered;
+    /// or, for sends `staging` in a transaction, the one it staged before with it.
+    pub(crate) fn dedup_hit(
+        &self,
+        dedup_id: Option<&str>,
+        staging: Option<crate::types::SessionId>,
+    ) -> Option<MessageId> {
+        let dedup_id = dedup_id?;
+        if let Some(&(seq, _)) = self.dedup.get(dedup_id) {
+            return Some(MessageId::new(self.uid, seq));
+        }
+        match self.staged_dedup.get(dedup_id) {
+            Some(&(holder, seq)) if Some(holder) == staging => Some(MessageId::new(self.uid, seq)),
+            _ => None,
+        }
     }
 
     /// Gives a new message its sequence number, id and times.
@@ -184,6 +231,7 @@ impl Queue {
                 };
                 self.remember_dedup(record.clone());
                 effects.persist.push(PersistOp::PutDedup(record));
+                self.forget_dedup_over(DEDUP_IDS_MAX, effects);
             }
         }
         self.counters.sent_total += 1;
@@ -202,6 +250,19 @@ impl Queue {
             self.dedup_expiry.remove(&(old, r.dedup_id.clone()));
         }
         self.dedup_expiry.insert((r.expires_ms, r.dedup_id));
+    }
+
+    /// Keeps at most `max` dedup ids: past it, those whose window ends first are forgotten
+    /// early (a fixed-size cache, as Artemis keeps its duplicate ids), so memory stays bounded
+    /// whatever the send rate times the window.
+    pub(crate) fn forget_dedup_over(&mut self, max: usize, effects: &mut Effects) {
+        while self.dedup.len() > max {
+            let Some((_, dedup_id)) = self.dedup_expiry.pop_first() else {
+                break;
+            };
+            self.dedup.remove(&dedup_id);
+            effects.persist.push(PersistOp::DeleteDedup { dedup_id });
+        }
     }
 
     /// Forgets dedup ids whose window has passed.

@@ -134,7 +134,7 @@ fn stale_receipt_never_acknowledges_a_newer_delivery() {
     let _ = send(&mut q, "m", T0);
     let old = delivered(q.receive(recv(1, Wait::NoWait), T0).unwrap().0).remove(0);
     let new = delivered(q.receive(recv(2, Wait::NoWait), T0 + 1_000).unwrap().0).remove(0);
-    let (results, fx) = q.ack(&[old.lease_ref()], T0 + 1_001);
+    let (results, fx) = q.ack(Caller::Backend, &[old.lease_ref()], T0 + 1_001);
     assert_eq!(
         results,
         vec![Err(KernelError::StaleReceipt {
@@ -146,7 +146,7 @@ fn stale_receipt_never_acknowledges_a_newer_delivery() {
         q.state_of(new.message.seq),
         Some(MessageState::Leased { .. })
     ));
-    let (results, fx) = q.ack(&[new.lease_ref()], T0 + 1_002);
+    let (results, fx) = q.ack(Caller::Backend, &[new.lease_ref()], T0 + 1_002);
     assert_eq!(results, vec![Ok(())]);
     assert_eq!(
         fx.persist,
@@ -185,7 +185,7 @@ fn undeliverable_hand_off_returns_the_message_without_counting_it() {
     let (id, deliveries) = &fx.handed[0];
     assert_eq!(*id, w);
     let leases: Vec<_> = deliveries.iter().map(Delivery::lease_ref).collect();
-    let fx = q.return_undelivered(&leases, T0 + 1);
+    let (_, fx) = q.return_undelivered(Caller::Backend, &leases, T0 + 1);
     assert_eq!(
         fx.persist,
         vec![PersistOp::SetDeliveryCount {
@@ -344,7 +344,13 @@ fn nack_with_delay_schedules_the_message() {
     let mut q = queue();
     let _ = send(&mut q, "m", T0);
     let d = delivered(q.receive(recv(1, Wait::NoWait), T0).unwrap().0);
-    let (res, _) = q.nack(&[d[0].lease_ref()], Some(200), false, T0 + 1);
+    let (res, _) = q.nack(
+        Caller::Backend,
+        &[d[0].lease_ref()],
+        Some(200),
+        false,
+        T0 + 1,
+    );
     assert_eq!(res, vec![Ok(())]);
     assert_eq!(
         q.state_of(d[0].message.seq),
@@ -361,7 +367,7 @@ fn extend_lease_keeps_the_message_leased() {
     let _ = send(&mut q, "m", T0);
     let d = delivered(q.receive(recv(1, Wait::NoWait), T0).unwrap().0);
     let (res, _) = q
-        .extend_lease(&[d[0].lease_ref()], Some(5_000), T0 + 900)
+        .extend_lease(Caller::Backend, &[d[0].lease_ref()], Some(5_000), T0 + 900)
         .unwrap();
     assert_eq!(res, vec![Ok(T0 + 5_900)]);
     let _ = q.tick(T0 + 1_000);
@@ -439,12 +445,12 @@ fn a_receipt_from_before_a_restart_does_not_match_the_redelivery() {
         (new.lease, new.message.seq),
         "same lease id and seq"
     );
-    let (res, _) = r.ack(&[old.lease_ref()], T0 + 1);
+    let (res, _) = r.ack(Caller::Backend, &[old.lease_ref()], T0 + 1);
     assert!(
         res[0].is_err(),
         "the stale receipt must not acknowledge the new delivery"
     );
-    let (res, _) = r.ack(&[new.lease_ref()], T0 + 1);
+    let (res, _) = r.ack(Caller::Backend, &[new.lease_ref()], T0 + 1);
     assert!(res[0].is_ok());
 }
 
@@ -461,7 +467,7 @@ fn a_receipt_from_a_deleted_queue_does_not_match_its_successor() {
     let _ = send(&mut q2, "b", T0);
     let new = delivered(q2.receive(recv(1, Wait::NoWait), T0).unwrap().0).remove(0);
     assert_eq!((old.lease, old.message.seq), (new.lease, new.message.seq));
-    let (res, _) = q2.ack(&[old.lease_ref()], T0 + 1);
+    let (res, _) = q2.ack(Caller::Backend, &[old.lease_ref()], T0 + 1);
     assert!(res[0].is_err());
 }
 
@@ -559,7 +565,7 @@ fn selectors_see_the_delivery_count_the_message_would_have() {
         ReceiveOutcome::Empty
     );
     let d = delivered(q.receive(recv(1, Wait::NoWait), T0).unwrap().0);
-    let _ = q.nack(&[d[0].lease_ref()], None, false, T0 + 1);
+    let _ = q.nack(Caller::Backend, &[d[0].lease_ref()], None, false, T0 + 1);
     let again = delivered(q.receive(first, T0 + 2).unwrap().0);
     assert_eq!(again[0].delivery_count, 2);
     q.check_invariants();

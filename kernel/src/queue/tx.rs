@@ -24,7 +24,7 @@ impl Queue {
         messages: Vec<NewMessage>,
         now_ms: u64,
     ) -> Result<(Vec<MessageId>, Effects), KernelError> {
-        self.validate_sends(&messages)?;
+        self.validate_sends(&messages, Some(owner))?;
         let staged = self.staged.get(&owner).map_or(0, Vec::len);
         if staged + messages.len() > STAGED_MAX {
             return Err(KernelError::OverLimit {
@@ -36,7 +36,12 @@ impl Queue {
         }
         let mut effects = Effects::default();
         self.fire_due(now_ms, &mut effects);
-        let ids = self.accept(messages, now_ms, &mut effects, |q, m, _| {
+        let ids = self.accept(messages, Some(owner), now_ms, &mut effects, |q, m, _| {
+            // The transaction holds its dedup ids until it ends: a repeat in it gets this
+            // message's id, another session's send with it is refused (see `validate_sends`).
+            if let Some(dedup_id) = m.dedup_id.clone().filter(|_| q.config.dedup_window_ms > 0) {
+                q.staged_dedup.insert(dedup_id, (owner, m.seq));
+            }
             q.staged.entry(owner).or_default().push(m);
         });
         self.dispatch(now_ms, &mut effects);
@@ -89,12 +94,9 @@ impl Queue {
                 self.counters.acked_total += 1;
             }
         }
-        for message in self.staged.remove(&owner).unwrap_or_default() {
-            // Another producer may have committed the same dedup id meanwhile: then this one is
-            // the duplicate.
-            if self.dedup_hit(message.dedup_id.as_deref()).is_some() {
-                continue;
-            }
+        for message in self.take_staged(owner) {
+            // The transaction held its dedup ids (no other send could take them meanwhile), so
+            // every id it was given is the id of a message that now enters the queue.
             self.enqueue(message, true, now_ms, &mut effects);
         }
         self.dispatch(now_ms, &mut effects);
@@ -115,7 +117,24 @@ impl Queue {
 
     /// Forgets a session's staged sends.
     pub(crate) fn drop_staged(&mut self, owner: SessionId) {
-        self.staged.remove(&owner);
+        drop(self.take_staged(owner));
+    }
+
+    /// Takes a session's staged sends out, with the dedup ids they held.
+    fn take_staged(&mut self, owner: SessionId) -> Vec<crate::types::SharedMessage> {
+        let staged = self.staged.remove(&owner).unwrap_or_default();
+        for m in &staged {
+            if let Some(dedup_id) = &m.dedup_id {
+                if self
+                    .staged_dedup
+                    .get(dedup_id)
+                    .is_some_and(|(s, _)| *s == owner)
+                {
+                    self.staged_dedup.remove(dedup_id);
+                }
+            }
+        }
+        staged
     }
 
     /// Sends staged by transacted sessions and not yet committed.

@@ -10,8 +10,8 @@ use std::convert::Infallible;
 use std::sync::Arc;
 
 use ferry_kernel::{
-    Delivery, Effects, IndexedHeader, Message, NewMessage, Page, PageSource, PagedError, PersistOp,
-    Priority, PropertyValue, Queue, QueueConfig, QueueName, QueueUid, ReceiveOutcome,
+    Caller, Delivery, Effects, IndexedHeader, Message, NewMessage, Page, PageSource, PagedError,
+    PersistOp, Priority, PropertyValue, Queue, QueueConfig, QueueName, QueueUid, ReceiveOutcome,
     ReceiveRequest, RecoveredMessage, RedeliveryPolicy, Selector, SelectorLimits, Seq, SessionId,
     Wait, WaiterId,
 };
@@ -324,7 +324,7 @@ pub fn bodies(d: &[Delivery]) -> Vec<String> {
 
 pub fn ack(q: &mut Queue, store: &mut FakeStore, d: &[Delivery], now: u64) {
     let refs: Vec<_> = d.iter().map(Delivery::lease_ref).collect();
-    let (results, fx) = q.ack(&refs, now);
+    let (results, fx) = q.ack(Caller::Backend, &refs, now);
     assert!(results.iter().all(Result::is_ok), "{results:?}");
     settle(q, store, fx, now);
 }
