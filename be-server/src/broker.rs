@@ -241,6 +241,11 @@ impl Broker {
         self.inner.config.node_memory_budget_bytes
     }
 
+    /// Whether the store failed a write and refuses every write until the node restarts.
+    pub fn store_poisoned(&self) -> bool {
+        self.inner.store.poisoned()
+    }
+
     /// The free bytes the disk guard last read and its limit; `None` when there is no guard.
     pub fn disk_free(&self) -> Option<(u64, u64)> {
         self.inner.gate.disk_free()

@@ -95,6 +95,12 @@ fn register_node_memory(r: &mut Registry, broker: &Broker, memory_bytes: u64) {
         "Bytes of messages the durable queues of this node may hold in memory together (paging.node_memory_budget_bytes)",
         broker.node_memory_budget_bytes(),
     );
+    node_gauge(
+        r,
+        "store_poisoned",
+        "1 when the store failed a write and refuses every write until the node restarts (the node is NOT_SERVING; see the log)",
+        u64::from(broker.store_poisoned()),
+    );
     if let Some((free, min)) = broker.disk_free() {
         // u64::MAX: the disk was never read successfully; no sample rather than a wrong one.
         if free != u64::MAX {

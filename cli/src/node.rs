@@ -71,6 +71,7 @@ pub async fn run(
     let reaper = tokio::spawn(frontend.reaper());
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<MessagingServer>().await;
+    let store_watch = tokio::spawn(watch_store(broker.clone(), health.clone()));
     let metrics = start_metrics(&config, &broker, &frontend).await?;
     let addresses = Addresses {
         client: listeners.client.local_addr()?,
@@ -123,6 +124,7 @@ pub async fn run(
         }
     }
     reaper.abort();
+    store_watch.abort();
     if let Some((_, task)) = metrics {
         task.abort();
     }
@@ -136,6 +138,27 @@ async fn has_begun(mut begun: watch::Receiver<bool>) {
     let _ = begun.wait_for(|begun| *begun).await;
 }
 
+/// How often the node looks whether its store failed a write.
+const STORE_WATCH_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Turns health to NOT_SERVING (the whole node and `Messaging`) once the store failed a write: it
+/// refuses every write until the node restarts, so load balancers and orchestrators must route
+/// around it. Runs until aborted at shutdown.
+async fn watch_store(broker: Broker, health: tonic_health::server::HealthReporter) {
+    let mut tick = tokio::time::interval(STORE_WATCH_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if broker.store_poisoned() {
+            health
+                .set_service_status("", tonic_health::ServingStatus::NotServing)
+                .await;
+            health.set_not_serving::<MessagingServer>().await;
+            return;
+        }
+    }
+}
+
 fn open_store(config: &Config) -> anyhow::Result<Arc<dyn QueueStore>> {
     Ok(match config.storage {
         Storage::Rocksdb => {
@@ -143,11 +166,16 @@ fn open_store(config: &Config) -> anyhow::Result<Arc<dyn QueueStore>> {
                 format!("cannot create data directory {}", config.data_dir.display())
             })?;
             let dir = config.data_dir.join("queues");
-            Arc::new(RocksStore::open(&dir).with_context(|| {
-                format!(
-                    "cannot open the queue store in {} (is another ferry server using it?)",
+            Arc::new(RocksStore::open(&dir).map_err(|e| {
+                let why = if e.to_string().contains("No space left on device") {
+                    "the disk holding it is full: free space on it, then start the node again"
+                } else {
+                    "is another ferry server using it?"
+                };
+                anyhow::Error::new(e).context(format!(
+                    "cannot open the queue store in {} ({why})",
                     dir.display()
-                )
+                ))
             })?)
         }
         Storage::Memory => Arc::new(MemoryStore::new()),

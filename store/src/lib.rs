@@ -133,6 +133,12 @@ pub trait QueueStore: Send + Sync + std::fmt::Debug + 'static {
         Ok(())
     }
 
+    /// Whether a write or sync failed: then every later write fails with
+    /// [`StoreError::Poisoned`] until the process restarts (the disk is behind memory).
+    fn poisoned(&self) -> bool {
+        false
+    }
+
     /// Reads every queue's definition, sequence reservation, per-priority counts and dedup
     /// records. No message is read.
     fn recover(&self) -> Result<Vec<RecoveredQueue>, StoreError>;

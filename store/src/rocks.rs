@@ -335,13 +335,23 @@ impl RocksStore {
         result: Result<(), rocksdb::Error>,
     ) -> Result<(), StoreError> {
         result.map_err(|e| {
-            self.poisoned.store(true, Ordering::Release);
+            if !self.poisoned.swap(true, Ordering::AcqRel) {
+                tracing::error!(
+                    error = %e,
+                    context,
+                    "the store failed a write and takes no more until the node restarts: the node stops serving (health NOT_SERVING); fix the cause (free disk space, a failing disk), then restart it; nothing confirmed is lost"
+                );
+            }
             io(context)(e)
         })
     }
 }
 
 impl QueueStore for RocksStore {
+    fn poisoned(&self) -> bool {
+        self.poisoned.load(Ordering::Acquire)
+    }
+
     fn write(&self, batches: &[Vec<StoreOp>]) -> Result<(), StoreError> {
         self.write_batches(batches, true)
     }
