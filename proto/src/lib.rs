@@ -1,5 +1,6 @@
-//! The Ferry gRPC API (`ferry.v1`): generated message and service code, and [`convert`], the one
-//! place where wire types and the kernel's domain types meet.
+//! The Ferry gRPC API (`ferry.v1`): generated message and service code, [`convert`], the one
+//! place where wire types and the kernel's domain types meet, and [`codec`], the wire codec every
+//! generated service and client uses.
 //!
 //! Depends on the kernel for domain types only; it must not depend on the store or the servers.
 
@@ -17,6 +18,7 @@ pub mod v1 {
         tonic::include_file_descriptor_set!("ferry_v1_descriptor");
 }
 
+pub mod codec;
 pub mod convert;
 
 pub use v1 as pb;
