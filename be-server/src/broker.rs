@@ -126,6 +126,7 @@ impl Broker {
                     r.dedup,
                     now,
                 );
+                q.set_pinned_budget(config.queue_memory_budget_bytes);
                 for (p, level) in r.stored.iter().enumerate() {
                     let p = ferry_kernel::Priority::new(p as u32)
                         .expect("invariant: the store keeps one level per priority");
@@ -379,6 +380,20 @@ impl Broker {
             Err(Error::QueueNotFound { .. }) => {}
             Err(e) => return Err(e),
         }
+        let owned = self
+            .inner
+            .queues
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len();
+        if owned >= self.inner.config.queues_max {
+            return Err(Error::Kernel(KernelError::OverLimit {
+                field: "queues on this node",
+                value: owned as u64 + 1,
+                limit: self.inner.config.queues_max as u64,
+                limit_name: "queues_max",
+            }));
+        }
         // 0 and u64::MAX are reserved (key-range bounds in the store).
         let uid = QueueUid(rand::random_range(1..u64::MAX));
         let def = QueueDef {
@@ -392,7 +407,10 @@ impl Broker {
                 .commit(vec![StoreOp::PutQueue(def.clone())])
                 .await?;
         }
-        let q = Queue::new(name.clone(), uid, def.config.clone());
+        let mut q = Queue::new(name.clone(), uid, def.config.clone());
+        // What cannot be paged out (non-persistent and staged messages) stops at the per-queue
+        // budget as configured, not the queue's share of the node's, which shrinks as queues come.
+        q.set_pinned_budget(self.inner.config.queue_memory_budget_bytes);
         let handle = QueueActor::spawn(q, self.setup(!temporary), vec![]);
         let owned = Owned {
             def,

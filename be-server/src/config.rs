@@ -34,6 +34,8 @@ pub struct BrokerConfig {
     pub disk_guard_dir: Option<PathBuf>,
     /// Sends to durable queues are refused while that disk has fewer free bytes (0: never).
     pub disk_free_min_bytes: u64,
+    /// Queues this back-end owns at once (dead-letter and temporary queues included).
+    pub queues_max: usize,
 }
 
 impl BrokerConfig {
@@ -51,6 +53,7 @@ impl BrokerConfig {
             node_memory_budget_bytes: 256 * 1024 * 1024,
             disk_guard_dir: None,
             disk_free_min_bytes: 64 * 1024 * 1024,
+            queues_max: 10_000,
         }
     }
 }

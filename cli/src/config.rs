@@ -54,6 +54,12 @@ pub struct Limits {
     pub connections_max: usize,
     pub sessions_per_connection_max: usize,
     pub temporary_queues_per_connection_max: usize,
+    /// Sessions this node holds at once, over all its connections.
+    pub sessions_max: usize,
+    /// Temporary queues this node holds at once, over all its connections.
+    pub temporary_queues_max: usize,
+    /// Queues this node's back-end owns at once (dead-letter and temporary queues included).
+    pub queues_max: usize,
     /// Streams (calls in progress) one client connection may have open at once: HTTP/2's
     /// `SETTINGS_MAX_CONCURRENT_STREAMS`. A client past it waits for a stream to end.
     pub grpc_max_concurrent_streams: u32,
@@ -89,6 +95,9 @@ impl Default for Limits {
             connections_max: 100_000,
             sessions_per_connection_max: 1_000,
             temporary_queues_per_connection_max: 1_000,
+            sessions_max: 100_000,
+            temporary_queues_max: 10_000,
+            queues_max: 10_000,
             grpc_max_concurrent_streams: 1_024,
             grpc_peer_max_concurrent_streams: 65_536,
             grpc_handshake_timeout_ms: 10_000,

@@ -190,6 +190,7 @@ fn broker_config(config: &Config, node_id: NodeId) -> BrokerConfig {
     broker_config.queue_memory_budget_bytes = config.paging.queue_memory_budget_bytes;
     broker_config.node_memory_budget_bytes = config.paging.node_memory_budget_bytes;
     broker_config.disk_free_min_bytes = config.disk_free_min_bytes;
+    broker_config.queues_max = l.queues_max;
     broker_config.commit_defer_max = Duration::from_micros(config.ack_sync_delay_max_us);
     broker_config.disk_guard_dir = match config.storage {
         Storage::Rocksdb => Some(config.data_dir.clone()),
@@ -232,6 +233,8 @@ fn frontend_config(l: &Limits) -> FrontendConfig {
         connections_max: l.connections_max,
         sessions_per_connection_max: l.sessions_per_connection_max,
         temporary_queues_per_connection_max: l.temporary_queues_per_connection_max,
+        sessions_max: l.sessions_max,
+        temporary_queues_max: l.temporary_queues_max,
         ..FrontendConfig::default()
     }
 }

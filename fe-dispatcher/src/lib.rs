@@ -47,6 +47,10 @@ pub struct FrontendConfig {
     pub temporary_queues_per_connection_max: usize,
     /// Connections this node holds at once.
     pub connections_max: usize,
+    /// Sessions this node holds at once, over all its connections.
+    pub sessions_max: usize,
+    /// Temporary queues this node holds at once, over all its connections.
+    pub temporary_queues_max: usize,
     /// A long-poll receive bounded by the call's deadline answers this much before it, so the
     /// empty answer reaches the client in time.
     pub deadline_margin_ms: u64,
@@ -61,6 +65,8 @@ impl Default for FrontendConfig {
             sessions_per_connection_max: 1_000,
             temporary_queues_per_connection_max: 1_000,
             connections_max: 100_000,
+            sessions_max: 100_000,
+            temporary_queues_max: 10_000,
             deadline_margin_ms: 50,
         }
     }

@@ -202,6 +202,13 @@ impl Sessions {
         ack_mode: AckMode,
     ) -> Result<SessionId, Error> {
         let mut s = self.lock();
+        if s.sessions.len() >= self.config.sessions_max {
+            return Err(Error::LimitReached {
+                what: format!("{} sessions are open on this node", s.sessions.len()),
+                limit: self.config.sessions_max,
+                limit_name: "sessions_max",
+            });
+        }
         let max = self.config.sessions_per_connection_max;
         let c = s.connection_mut(connection)?;
         if c.sessions.len() >= max {
@@ -461,6 +468,18 @@ impl Sessions {
         node: &ferry_kernel::NodeId,
     ) -> Result<QueueName, Error> {
         let mut s = self.lock();
+        let on_node: usize = s
+            .connections
+            .values()
+            .map(|c| c.temporary_queues.len())
+            .sum();
+        if on_node >= self.config.temporary_queues_max {
+            return Err(Error::LimitReached {
+                what: format!("{on_node} temporary queues are open on this node"),
+                limit: self.config.temporary_queues_max,
+                limit_name: "temporary_queues_max",
+            });
+        }
         let max = self.config.temporary_queues_per_connection_max;
         let c = s.connection_mut(connection)?;
         if c.temporary_queues.len() >= max {
@@ -516,5 +535,68 @@ fn close_locked(s: &mut State, c: Connection) -> Closed {
     Closed {
         sessions,
         temporary_queues: c.temporary_queues.into_iter().collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limited() -> Sessions {
+        Sessions::new(FrontendConfig {
+            sessions_max: 2,
+            temporary_queues_max: 1,
+            ..FrontendConfig::default()
+        })
+    }
+
+    fn limit_name(e: Error) -> &'static str {
+        match e {
+            Error::LimitReached { limit_name, .. } => limit_name,
+            other => panic!("expected a limit, got {other}"),
+        }
+    }
+
+    // Postmortem: only per-connection limits existed, so many connections together could hold
+    // connections_max × sessions_per_connection_max sessions (10^8 by default).
+    #[test]
+    fn node_wide_caps_hold_over_all_connections() {
+        let s = limited();
+        let node = NodeId::new("n").expect("a node id");
+        let (a, _) = s.open("a".into(), None).expect("open");
+        let (b, _) = s.open("b".into(), None).expect("open");
+        s.create_session(&a, AckMode::Auto).expect("first");
+        s.create_session(&b, AckMode::Auto).expect("second");
+        let e = s
+            .create_session(&b, AckMode::Auto)
+            .expect_err("over sessions_max");
+        assert_eq!(limit_name(e), "sessions_max");
+        s.add_temporary_queue(&a, &node).expect("first");
+        let e = s.add_temporary_queue(&b, &node).expect_err("over the cap");
+        assert_eq!(limit_name(e), "temporary_queues_max");
+    }
+
+    #[test]
+    fn a_client_id_is_bounded_and_ids_never_show_in_listings_or_queue_names() {
+        let s = limited();
+        let e = s
+            .open("x".repeat(CLIENT_ID_BYTES_MAX + 1), None)
+            .expect_err("too long");
+        assert_eq!(limit_name(e), "client_id_bytes_max");
+        let (id, _) = s.open("ok".into(), None).expect("open");
+        let listed = s.list();
+        assert_eq!(listed.len(), 1);
+        assert_ne!(listed[0].id, id);
+        let tmp = s
+            .add_temporary_queue(&id, &NodeId::new("n").expect("a node id"))
+            .expect("a temporary queue");
+        assert!(!tmp.as_str().contains(&id), "{tmp}");
+        assert!(
+            tmp.as_str().contains(&listed[0].id),
+            "named by the public form: {tmp}"
+        );
+        // An administrator closes it by what the listing shows.
+        assert!(s.close_connection_by_public(&listed[0].id).is_ok());
+        assert!(s.touch(&id).is_err());
     }
 }

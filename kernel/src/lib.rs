@@ -23,7 +23,7 @@ pub use queue::{
     Delivery, Effects, HistoryEntry, LeaseRef, MessageState, Page, PageSource, PagedError,
     PersistOp, Queue, QueueConfig, QueueStats, ReceiveOutcome, ReceiveRequest, RecoveredMessage,
     RedeliveryPolicy, ReturnCause, Transition, Wait, WaiterId, DEDUP_IDS_MAX, DEDUP_ID_BYTES_MAX,
-    SCAN_CHUNK, SCAN_LOOK_MAX, STAGED_MAX,
+    PROPERTIES_PER_MESSAGE_MAX, SCAN_CHUNK, SCAN_LOOK_MAX, STAGED_MAX,
 };
 pub use selector::{IndexedHeader, Selector, SelectorLimits};
 pub use types::shown;

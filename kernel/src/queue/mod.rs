@@ -38,7 +38,7 @@ pub use history::{HistoryEntry, ReturnCause, Transition};
 pub use paging::{Page, PageSource, PagedError, SCAN_CHUNK, SCAN_LOOK_MAX};
 pub use policy::{DeadLetterReason, DeadLetterTarget, RedeliveryPolicy};
 pub use receive::{ReceiveOutcome, ReceiveRequest, Wait, WaiterId};
-pub use send::{DedupRecord, DEDUP_IDS_MAX, DEDUP_ID_BYTES_MAX};
+pub use send::{DedupRecord, DEDUP_IDS_MAX, DEDUP_ID_BYTES_MAX, PROPERTIES_PER_MESSAGE_MAX};
 pub use tx::STAGED_MAX;
 
 /// Per-queue settings. Every limit has its unit last in its name.
@@ -274,6 +274,10 @@ pub struct Queue {
     groups: groups::Groups,
     /// Sends of transacted sessions, invisible until commit.
     staged: HashMap<SessionId, Vec<SharedMessage>>,
+    /// Bytes of the staged sends (they are held in memory until their transaction ends).
+    staged_bytes: u64,
+    /// The most bytes in memory past which messages that cannot be paged out are refused.
+    pinned_budget_bytes: u64,
     /// Dedup ids of staged sends, with the session that staged each and its message: a
     /// transaction holds its dedup ids until it ends (see `tx.rs`).
     staged_dedup: HashMap<String, (SessionId, Seq)>,
@@ -321,6 +325,8 @@ impl Queue {
             rng: policy::SplitMix64::new(uid.0),
             groups: groups::Groups::default(),
             staged: HashMap::new(),
+            staged_bytes: 0,
+            pinned_budget_bytes: u64::MAX,
             staged_dedup: HashMap::new(),
             dedup: HashMap::new(),
             dedup_expiry: BTreeSet::new(),
@@ -543,6 +549,15 @@ impl Queue {
                 assert!(m.seq < self.next_seq && !self.entries.contains_key(&m.seq));
             }
         }
+        assert_eq!(
+            self.staged_bytes,
+            self.staged
+                .values()
+                .flatten()
+                .map(|m| m.size_bytes())
+                .sum::<u64>(),
+            "staged bytes"
+        );
         for (dedup_id, (session, seq)) in &self.staged_dedup {
             assert!(
                 self.staged.get(session).is_some_and(|ms| ms

@@ -234,6 +234,14 @@ impl Queue {
         self.paging.budget_bytes = bytes;
     }
 
+    /// Sets the bytes in memory (resident and staged) past which a send that can only live in
+    /// memory (non-persistent, or staged in a transaction) is refused with `QueueFull`. Persistent
+    /// sends are never refused by it: past the memory budget they go to the store. No limit
+    /// until set.
+    pub fn set_pinned_budget(&mut self, bytes: u64) {
+        self.pinned_budget_bytes = bytes;
+    }
+
     /// Whether parked receivers' look into the store stopped at its limit with more to see: the
     /// shell should fill again soon even if nothing else happens.
     pub fn more_to_look_at(&self) -> bool {

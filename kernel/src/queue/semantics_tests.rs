@@ -1108,3 +1108,45 @@ fn dedup_ids_are_bounded_in_size_and_count() {
     let _ = q.send(vec![dedup("x", "k0")], T0 + 5).unwrap();
     assert_eq!(q.stats().ready, before + 1, "k0 was forgotten");
 }
+
+// Postmortem: non-persistent and staged messages ignored the memory budget (300 MB of either
+// went in unrefused), though unlike persistent ones they cannot wait in the store.
+#[test]
+fn messages_that_can_only_live_in_memory_are_refused_past_the_budget() {
+    let mut q = queue();
+    q.set_pinned_budget(1_500);
+    let body = |persistent: bool| NewMessage {
+        body: vec![7; 600],
+        persistent,
+        ..Default::default()
+    };
+    let _ = q.send(vec![body(false), body(false)], T0).unwrap();
+    let err = q.send(vec![body(false)], T0).unwrap_err();
+    assert!(
+        matches!(err, KernelError::QueueFull { .. })
+            && err.to_string().contains("queue_memory_budget_bytes"),
+        "{err}"
+    );
+    // A persistent message still goes in: it can wait in the store.
+    let _ = q.send(vec![body(true)], T0).unwrap();
+    let err = q.stage(SessionId(1), vec![body(true)], T0).unwrap_err();
+    assert!(matches!(err, KernelError::QueueFull { .. }), "{err}");
+    let many = NewMessage {
+        properties: (0..=PROPERTIES_PER_MESSAGE_MAX)
+            .map(|i| (format!("p{i}"), crate::types::PropertyValue::Int(1)))
+            .collect(),
+        ..body(true)
+    };
+    let err = q.send(vec![many], T0).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            KernelError::OverLimit {
+                limit_name: "properties_per_message_max",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    q.check_invariants();
+}

@@ -42,6 +42,7 @@ impl Queue {
             if let Some(dedup_id) = m.dedup_id.clone().filter(|_| q.config.dedup_window_ms > 0) {
                 q.staged_dedup.insert(dedup_id, (owner, m.seq));
             }
+            q.staged_bytes += m.size_bytes();
             q.staged.entry(owner).or_default().push(m);
         });
         self.dispatch(now_ms, &mut effects);
@@ -124,6 +125,7 @@ impl Queue {
     fn take_staged(&mut self, owner: SessionId) -> Vec<crate::types::SharedMessage> {
         let staged = self.staged.remove(&owner).unwrap_or_default();
         for m in &staged {
+            self.staged_bytes = self.staged_bytes.saturating_sub(m.size_bytes());
             if let Some(dedup_id) = &m.dedup_id {
                 if self
                     .staged_dedup
