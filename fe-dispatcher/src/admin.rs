@@ -42,6 +42,40 @@ impl AdminService {
     }
 }
 
+/// Listing pages: the default and the largest page size.
+const PAGE_SIZE_DEFAULT: usize = 1_000;
+const PAGE_SIZE_MAX: usize = 10_000;
+
+/// One page of `all` (sorted by `key`): the items after `token`, at most `page_size` (0: the
+/// default), and the token of the next page (empty when this is the last).
+fn page<T>(
+    all: Vec<T>,
+    key: impl Fn(&T) -> &str,
+    page_size: u32,
+    token: &str,
+) -> Result<(Vec<T>, String), Status> {
+    let size = match page_size as usize {
+        0 => PAGE_SIZE_DEFAULT,
+        n if n > PAGE_SIZE_MAX => {
+            return Err(Status::invalid_argument(format!(
+                "page_size is {n}, above the most one answer holds, {PAGE_SIZE_MAX}"
+            )))
+        }
+        n => n,
+    };
+    let mut items: Vec<T> = all
+        .into_iter()
+        .filter(|t| token.is_empty() || key(t) > token)
+        .collect();
+    let next = if items.len() > size {
+        items.truncate(size);
+        items.last().map(|t| key(t).to_owned()).unwrap_or_default()
+    } else {
+        String::new()
+    };
+    Ok((items, next))
+}
+
 type Reply<T> = Result<Response<T>, Status>;
 
 #[tonic::async_trait]
@@ -107,10 +141,14 @@ impl pb::admin_server::Admin for AdminService {
 
     async fn list_queues(
         &self,
-        _: Request<pb::ListQueuesRequest>,
+        req: Request<pb::ListQueuesRequest>,
     ) -> Reply<pb::ListQueuesResponse> {
+        let r = req.into_inner();
+        let all = self.all_queues().await?;
+        let (queues, next_page_token) = page(all, |q| &q.name, r.page_size, &r.page_token)?;
         Ok(Response::new(pb::ListQueuesResponse {
-            queues: self.all_queues().await?,
+            queues,
+            next_page_token,
         }))
     }
 
@@ -193,10 +231,11 @@ impl pb::admin_server::Admin for AdminService {
 
     async fn list_connections(
         &self,
-        _req: Request<pb::ListConnectionsRequest>,
+        req: Request<pb::ListConnectionsRequest>,
     ) -> Reply<pb::ListConnectionsResponse> {
+        let r = req.into_inner();
         let node = self.router.local_node().to_string();
-        let connections = self
+        let all: Vec<pb::ConnectionInfo> = self
             .messaging
             .sessions
             .list()
@@ -210,7 +249,12 @@ impl pb::admin_server::Admin for AdminService {
                 node: node.clone(),
             })
             .collect();
-        Ok(Response::new(pb::ListConnectionsResponse { connections }))
+        let (connections, next_page_token) =
+            page(all, |c| &c.connection_id, r.page_size, &r.page_token)?;
+        Ok(Response::new(pb::ListConnectionsResponse {
+            connections,
+            next_page_token,
+        }))
     }
 
     async fn close_connection(

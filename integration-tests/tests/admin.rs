@@ -209,3 +209,46 @@ async fn message_history_tells_each_step() -> anyhow::Result<()> {
     assert!(err.contains("no history"), "{err}");
     Ok(())
 }
+
+// Postmortem: listings came whole, so a node with many queues or connections answered one
+// unbounded message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listings_come_a_page_at_a_time_in_order() -> anyhow::Result<()> {
+    let names: Vec<String> = (0..7).map(|i| format!("page-{i}")).collect();
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let (_dir, node, client) = memory_node(&refs).await?;
+    let mut admin = client.admin();
+    let mut seen = vec![];
+    let mut page_token = String::new();
+    let mut pages = 0;
+    loop {
+        let page = admin
+            .list_queues(ferry_client::pb::ListQueuesRequest {
+                page_size: 3,
+                page_token,
+            })
+            .await?
+            .into_inner();
+        assert!(page.queues.len() <= 3);
+        seen.extend(page.queues.into_iter().map(|q| q.name));
+        pages += 1;
+        assert!(pages <= 10, "the pages never ended");
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        page_token = page.next_page_token;
+    }
+    // Every queue once, in name order (with the dead-letter queues created beside them).
+    let mut sorted = seen.clone();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!(seen, sorted);
+    for n in &names {
+        assert!(seen.contains(n), "{n} missing from {seen:?}");
+    }
+    // The command line reads every page.
+    let (ok, out, err) = ferry_cli(&node, &["queue", "list", "-o", "json"])?;
+    assert!(ok, "{err}");
+    assert_eq!(out.lines().count(), seen.len());
+    Ok(())
+}

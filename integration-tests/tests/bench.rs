@@ -74,7 +74,7 @@ async fn bench_reports_and_verifies_every_mode() -> anyhow::Result<()> {
     // Its own queues are gone afterwards.
     let queues = client
         .admin()
-        .list_queues(ferry_client::pb::ListQueuesRequest {})
+        .list_queues(ferry_client::pb::ListQueuesRequest::default())
         .await?
         .into_inner()
         .queues;
@@ -105,7 +105,7 @@ async fn rtt_times_heartbeat_round_trips_and_leaves_no_connection() -> anyhow::R
     // Its connection was closed, not left to time out.
     let open = client
         .admin()
-        .list_connections(ferry_client::pb::ListConnectionsRequest {})
+        .list_connections(ferry_client::pb::ListConnectionsRequest::default())
         .await?
         .into_inner()
         .connections;

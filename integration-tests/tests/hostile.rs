@@ -91,7 +91,7 @@ async fn every_rpc_refuses_hostile_input_with_the_right_code_and_stays_well() ->
     // What an administrator sees of the victim's connection.
     let listed = a
         .clone()
-        .list_connections(pb::ListConnectionsRequest {})
+        .list_connections(pb::ListConnectionsRequest::default())
         .await?
         .into_inner()
         .connections;
@@ -425,7 +425,11 @@ async fn every_rpc_refuses_hostile_input_with_the_right_code_and_stays_well() ->
         }),
         ("ListQueues", Code::Ok, {
             let mut a = a.clone();
-            Box::pin(async move { a.list_queues(pb::ListQueuesRequest {}).await.map(drop) })
+            Box::pin(async move {
+                a.list_queues(pb::ListQueuesRequest::default())
+                    .await
+                    .map(drop)
+            })
         }),
         ("DeleteQueue: unknown", Code::NotFound, {
             let mut a = a.clone();
@@ -466,10 +470,21 @@ async fn every_rpc_refuses_hostile_input_with_the_right_code_and_stays_well() ->
                 .map(drop)
             })
         }),
+        ("ListQueues: a page of 20 000", Code::InvalidArgument, {
+            let mut a = a.clone();
+            Box::pin(async move {
+                a.list_queues(pb::ListQueuesRequest {
+                    page_size: 20_000,
+                    page_token: String::new(),
+                })
+                .await
+                .map(drop)
+            })
+        }),
         ("ListConnections", Code::Ok, {
             let mut a = a.clone();
             Box::pin(async move {
-                a.list_connections(pb::ListConnectionsRequest {})
+                a.list_connections(pb::ListConnectionsRequest::default())
                     .await
                     .map(drop)
             })

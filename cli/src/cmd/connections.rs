@@ -21,11 +21,22 @@ pub async fn run(c: &ClientArgs, cmd: ConnectionsCommand) -> anyhow::Result<()> 
     let mut admin = connect(c).await?.admin();
     match cmd {
         ConnectionsCommand::List => {
-            let list = admin
-                .list_connections(pb::ListConnectionsRequest {})
-                .await?
-                .into_inner()
-                .connections;
+            let mut list = vec![];
+            let mut page_token = String::new();
+            loop {
+                let page = admin
+                    .list_connections(pb::ListConnectionsRequest {
+                        page_size: 0,
+                        page_token,
+                    })
+                    .await?
+                    .into_inner();
+                list.extend(page.connections);
+                if page.next_page_token.is_empty() {
+                    break;
+                }
+                page_token = page.next_page_token;
+            }
             match c.output {
                 Format::Json => {
                     for x in list {

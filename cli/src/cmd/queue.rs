@@ -315,11 +315,22 @@ pub async fn run(c: &ClientArgs, cmd: QueueCommand) -> anyhow::Result<()> {
             }
         }
         QueueCommand::List => {
-            let queues = admin
-                .list_queues(pb::ListQueuesRequest {})
-                .await?
-                .into_inner()
-                .queues;
+            let mut queues = vec![];
+            let mut page_token = String::new();
+            loop {
+                let page = admin
+                    .list_queues(pb::ListQueuesRequest {
+                        page_size: 0,
+                        page_token,
+                    })
+                    .await?
+                    .into_inner();
+                queues.extend(page.queues);
+                if page.next_page_token.is_empty() {
+                    break;
+                }
+                page_token = page.next_page_token;
+            }
             match c.output {
                 Format::Json => {
                     for q in queues {
