@@ -5,11 +5,10 @@
 use ferry_client::{AckMode, Message, ReceiveOptions};
 use ferry_integration_tests::{create_queue, stats, Node, NodeOptions};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn node_a_serves_a_queue_owned_by_node_b() -> anyhow::Result<()> {
-    let dir = tempfile::tempdir()?;
+/// Node `b` owns the queue `orders`; node `a` knows `b` (by its peer listener) and owns the rest.
+fn two_nodes(dir: &std::path::Path) -> anyhow::Result<(Node, Node)> {
     let b = Node::start(
-        &dir.path().join("b"),
+        &dir.join("b"),
         NodeOptions {
             node_id: "b".into(),
             ..Default::default()
@@ -20,13 +19,20 @@ async fn node_a_serves_a_queue_owned_by_node_b() -> anyhow::Result<()> {
         b.peer_url()
     );
     let a = Node::start(
-        &dir.path().join("a"),
+        &dir.join("a"),
         NodeOptions {
             node_id: "a".into(),
             extra_toml: extra,
             ..Default::default()
         },
     )?;
+    Ok((a, b))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_a_serves_a_queue_owned_by_node_b() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (a, b) = two_nodes(dir.path())?;
     let via_a = a.client().await?;
     let via_b = b.client().await?;
 
@@ -91,25 +97,7 @@ async fn node_a_serves_a_queue_owned_by_node_b() -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_commit_after_the_back_end_restarted_is_aborted_not_lost() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let mut b = Node::start(
-        &dir.path().join("b"),
-        NodeOptions {
-            node_id: "b".into(),
-            ..Default::default()
-        },
-    )?;
-    let extra = format!(
-        "[cluster.nodes]\nb = \"{}\"\n[cluster.placement]\norders = \"b\"\n",
-        b.peer_url()
-    );
-    let a = Node::start(
-        &dir.path().join("a"),
-        NodeOptions {
-            node_id: "a".into(),
-            extra_toml: extra,
-            ..Default::default()
-        },
-    )?;
+    let (a, mut b) = two_nodes(dir.path())?;
     let via_a = a.client().await?;
     create_queue(&via_a, "orders").await?;
     let conn = via_a.open_connection("t").await?;
