@@ -21,22 +21,20 @@ pub async fn run(c: &ClientArgs, cmd: ConnectionsCommand) -> anyhow::Result<()> 
     let mut admin = connect(c).await?.admin();
     match cmd {
         ConnectionsCommand::List => {
-            let mut list = vec![];
-            let mut page_token = String::new();
-            loop {
-                let page = admin
-                    .list_connections(pb::ListConnectionsRequest {
-                        page_size: 0,
-                        page_token,
-                    })
-                    .await?
-                    .into_inner();
-                list.extend(page.connections);
-                if page.next_page_token.is_empty() {
-                    break;
+            let list = super::all_pages(|page_token| {
+                let mut admin = admin.clone();
+                async move {
+                    let page = admin
+                        .list_connections(pb::ListConnectionsRequest {
+                            page_size: 0,
+                            page_token,
+                        })
+                        .await?
+                        .into_inner();
+                    Ok((page.connections, page.next_page_token))
                 }
-                page_token = page.next_page_token;
-            }
+            })
+            .await?;
             match c.output {
                 Format::Json => {
                     for x in list {

@@ -111,3 +111,22 @@ pub(crate) async fn connect(args: &ClientArgs) -> anyhow::Result<ferry_client::C
         anyhow::anyhow!("{e}\n  is a node running there? start one with `ferry server`, or pass --server HOST:PORT")
     })
 }
+
+/// Every page of a paged listing: `fetch(token)` answers one page and the next token (empty:
+/// the last page).
+pub(crate) async fn all_pages<T, F, Fut>(mut fetch: F) -> anyhow::Result<Vec<T>>
+where
+    F: FnMut(String) -> Fut,
+    Fut: std::future::Future<Output = Result<(Vec<T>, String), tonic::Status>>,
+{
+    let mut all = vec![];
+    let mut token = String::new();
+    loop {
+        let (items, next) = fetch(token).await?;
+        all.extend(items);
+        if next.is_empty() {
+            return Ok(all);
+        }
+        token = next;
+    }
+}

@@ -315,22 +315,20 @@ pub async fn run(c: &ClientArgs, cmd: QueueCommand) -> anyhow::Result<()> {
             }
         }
         QueueCommand::List => {
-            let mut queues = vec![];
-            let mut page_token = String::new();
-            loop {
-                let page = admin
-                    .list_queues(pb::ListQueuesRequest {
-                        page_size: 0,
-                        page_token,
-                    })
-                    .await?
-                    .into_inner();
-                queues.extend(page.queues);
-                if page.next_page_token.is_empty() {
-                    break;
+            let queues = super::all_pages(|page_token| {
+                let mut admin = admin.clone();
+                async move {
+                    let page = admin
+                        .list_queues(pb::ListQueuesRequest {
+                            page_size: 0,
+                            page_token,
+                        })
+                        .await?
+                        .into_inner();
+                    Ok((page.queues, page.next_page_token))
                 }
-                page_token = page.next_page_token;
-            }
+            })
+            .await?;
             match c.output {
                 Format::Json => {
                     for q in queues {
