@@ -206,6 +206,31 @@ async fn every_rpc_refuses_hostile_input_with_the_right_code_and_stays_well() ->
                 .map(drop)
             })
         }),
+        (
+            "Send: 100 000 properties in one message",
+            Code::ResourceExhausted,
+            {
+                let mut m = m.clone();
+                Box::pin(async move {
+                    let properties = (0..100_000)
+                        .map(|i| {
+                            let v = pb::property_value::Value::IntValue(i);
+                            (format!("p{i}"), pb::PropertyValue { value: Some(v) })
+                        })
+                        .collect();
+                    m.send(pb::SendRequest {
+                        queue: "q".into(),
+                        messages: vec![pb::OutgoingMessage {
+                            properties,
+                            ..outgoing("x")
+                        }],
+                        ..Default::default()
+                    })
+                    .await
+                    .map(drop)
+                })
+            },
+        ),
         ("Send: 8 MiB queue name", Code::InvalidArgument, {
             let (mut m, huge) = (m.clone(), huge.clone());
             Box::pin(async move {
