@@ -177,7 +177,7 @@ impl Broker {
     async fn create_missing_targets(&self) -> Result<(), Error> {
         let _admin = self.inner.admin.lock().await;
         for s in self.list_queues() {
-            if !s.temporary {
+            if targets_up_front(&s.name, s.temporary) {
                 self.create_targets(&s.name, &s.config).await?;
             }
         }
@@ -341,7 +341,7 @@ impl Broker {
         }
         validate_config(&name, &config)?;
         let _admin = self.inner.admin.lock().await;
-        if !temporary && self.owned(&name).is_err() {
+        if targets_up_front(&name, temporary) && self.owned(&name).is_err() {
             self.create_targets(&name, &config).await?;
         }
         self.create_locked(name, config, if_not_exists, temporary)
@@ -860,6 +860,13 @@ impl Broker {
             }
         }
     }
+}
+
+/// Whether a queue's dead-letter and expiry queues are created with it. Not for a temporary
+/// queue (it keeps nothing), nor for one named like a dead-letter queue (no `X.DLQ.DLQ` beside
+/// every `X.DLQ` a user creates; should it dead-letter, one is made on demand).
+fn targets_up_front(name: &QueueName, temporary: bool) -> bool {
+    !temporary && !name.as_str().ends_with(".DLQ")
 }
 
 fn summary(o: &Owned) -> QueueSummary {

@@ -324,8 +324,9 @@ async fn a_rejected_message_is_in_its_dead_letter_queue_when_the_reject_is_answe
     let b = broker(store.clone()).await;
     let q = QueueName::new("q").unwrap();
     let dlq = QueueName::new("q.DLQ").unwrap();
-    // Created with its queue.
+    // Created with its queue; a dead-letter queue gets none of its own up front.
     assert!(b.get_queue(&dlq).is_ok());
+    assert!(b.get_queue(&QueueName::new("q.DLQ.DLQ").unwrap()).is_err());
     for i in 0..20 {
         let m = NewMessage {
             body: format!("m{i}").into_bytes(),
