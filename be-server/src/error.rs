@@ -31,10 +31,7 @@ pub enum Error {
     /// restarted, they are gone, and the commit is refused (and rolled back).
     #[error("transaction of session {session} was rolled back: the back-end holding its sends restarted since they were made, and they were lost with it; send them again in a new transaction")]
     TransactionFenced { session: String },
-    /// A receipt handle whose check value does not match: it was not made by this back-end
-    /// for this delivery (guessed, altered, or from before a restart).
-    #[error("receipt handle {handle} was not issued by this node for a live delivery")]
-    ForgedHandle { handle: String },
+
     /// The disk guard (see `disk.rs`): sends are refused while free space is short.
     #[error("the disk holding the data directory has {free_bytes} bytes free, under disk_free_min_bytes = {limit_bytes}: free space or raise the limit; receives and acknowledgements still work")]
     DiskFull { free_bytes: u64, limit_bytes: u64 },
@@ -67,7 +64,6 @@ impl From<Error> for Status {
             Error::WrongNode { .. } | Error::WrongQueue { .. } => Code::FailedPrecondition,
             Error::ShuttingDown => Code::Unavailable,
             Error::TransactionFenced { .. } => Code::Aborted,
-            Error::ForgedHandle { .. } => Code::FailedPrecondition,
             Error::DiskFull { .. } => Code::ResourceExhausted,
         };
         Status::new(code, e.to_string())

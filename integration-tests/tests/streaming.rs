@@ -14,6 +14,21 @@ fn text(r: &ferry_client::Received) -> String {
     String::from_utf8_lossy(r.body()).into_owned()
 }
 
+/// The receipt handle of the first delivery a raw `Consume` stream pushes.
+async fn first_handle(
+    responses: &mut tonic::Streaming<pb::ConsumeResponse>,
+) -> anyhow::Result<String> {
+    loop {
+        match responses.message().await?.and_then(|r| r.kind) {
+            Some(pb::consume_response::Kind::Deliveries(d)) if !d.deliveries.is_empty() => {
+                return Ok(d.deliveries[0].receipt_handle.clone())
+            }
+            Some(_) => {}
+            None => anyhow::bail!("the stream ended before a delivery"),
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pipelined_sends_are_confirmed_and_stored_in_the_order_they_were_made() -> anyhow::Result<()>
 {
@@ -368,15 +383,7 @@ async fn an_ack_and_then_the_end_of_the_stream_is_applied_and_answered() -> anyh
         .consume(tokio_stream::wrappers::UnboundedReceiverStream::new(rx))
         .await?
         .into_inner();
-    let handle = loop {
-        match responses.message().await?.and_then(|r| r.kind) {
-            Some(pb::consume_response::Kind::Deliveries(d)) if !d.deliveries.is_empty() => {
-                break d.deliveries[0].receipt_handle.clone()
-            }
-            Some(_) => {}
-            None => anyhow::bail!("the stream ended before a delivery"),
-        }
-    };
+    let handle = first_handle(&mut responses).await?;
     tx.send(pb::ConsumeRequest {
         kind: Some(pb::consume_request::Kind::Ack(pb::ReceiptHandles {
             receipt_handles: vec![handle],
@@ -599,15 +606,7 @@ async fn a_release_checks_each_handle_and_a_malformed_one_keeps_the_stream() -> 
         .consume(tokio_stream::wrappers::UnboundedReceiverStream::new(rx))
         .await?
         .into_inner();
-    let mine = loop {
-        match responses.message().await?.and_then(|r| r.kind) {
-            Some(pb::consume_response::Kind::Deliveries(d)) if !d.deliveries.is_empty() => {
-                break d.deliveries[0].receipt_handle.clone()
-            }
-            Some(_) => {}
-            None => anyhow::bail!("the stream ended before a delivery"),
-        }
-    };
+    let mine = first_handle(&mut responses).await?;
     let handles = |h: Vec<String>| pb::ReceiptHandles { receipt_handles: h };
     send(pb::consume_request::Kind::Ack(handles(vec![
         "not a handle\n".into(),
