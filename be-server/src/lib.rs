@@ -15,7 +15,7 @@ mod history;
 mod service;
 
 pub use broker::{Broker, CommitCounts, QueueSummary};
-pub use clock::now_ms;
+pub use clock::{now_ms, SystemClock};
 pub use config::BrokerConfig;
 pub use dead_letter::{
     BrokerEvent, DELIVERY_COUNT_PROPERTY, ORIGINAL_MESSAGE_ID_PROPERTY, ORIGINAL_QUEUE_PROPERTY,

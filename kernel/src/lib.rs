@@ -12,11 +12,13 @@
 //! This crate must not depend on tokio, tonic, prost or rocksdb (CI checks `cargo tree`); its
 //! dependencies are pure (bytes, thiserror, siphasher).
 
+mod clock;
 mod error;
 mod queue;
 pub mod selector;
 mod types;
 
+pub use clock::{Clock, ClockRef, ManualClock};
 pub use error::KernelError;
 pub use queue::{
     Caller, DeadLetter, DeadLetterCounts, DeadLetterReason, DeadLetterTarget, DedupRecord,
