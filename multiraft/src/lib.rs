@@ -1,0 +1,56 @@
+//! Ferry's multi-group Raft engine: many Raft groups on one node (group 0 for the cluster
+//! metadata, groups 1..N for queue shards), built on tikv's `raft` crate.
+//!
+//! The core is sans-I/O. An [`Engine`] is driven by explicit inputs ([`Engine::step`],
+//! [`Engine::tick`], [`Engine::propose`], [`Engine::propose_conf_change`],
+//! [`Engine::on_persisted`]...) and every call of [`Engine::round`] returns what the shell must
+//! do: ONE [`PersistJob`] covering every group (written with one synced write), ONE encoded
+//! batch per peer node covering every group (so the wire cost grows with peers, not groups),
+//! the committed entries and installed snapshots to apply, and leader changes. Messages that
+//! must wait for durability are released only by [`Engine::on_persisted`].
+//!
+//! A round, in order (see [`Engine::round`] for the details):
+//! 1. feed inputs: `step` for each received batch, `tick` when the tick timer fires,
+//!    `propose`, `on_persisted` when the previous job's synced write returned;
+//! 2. `let round = engine.round()`;
+//! 3. send each `round.batches` entry to its node;
+//! 4. apply `round.applies` in order and add the state machine's own writes (with its applied
+//!    index) to `round.persist` with [`PersistJob::put_app`];
+//! 5. write `round.persist` with [`LogStore::write`] (synced), then call
+//!    `engine.on_persisted(job.id())`; jobs are written in the order they were made.
+//!
+//! Storage is one [`LogStore`] for every group's log, hard state, snapshot and apply state:
+//! [`RocksStore`] (a `raft` column family with group-prefixed big-endian keys) and [`MemStore`]
+//! (the same key layout in memory, modelling durability: writes not covered by a sync are lost
+//! at a simulated crash). On start, [`LogStore::load`] gives the [`Recovered`] state that
+//! [`Engine::open`] resumes from.
+//!
+//! Must not depend on: tonic, ferry-proto, tokio or any async runtime, a clock, threads or a
+//! random source. raft-rs's protobuf types (prost 0.11) stay inside this crate: between nodes
+//! travel opaque bytes ([`OutBatch`]), and the public API speaks in [`GroupId`], [`NodeId`],
+//! [`ConfChange`] and byte strings.
+
+mod codec;
+mod config;
+mod engine;
+mod error;
+mod group;
+mod group_log;
+mod ids;
+mod keys;
+mod logger;
+mod persist;
+mod round;
+mod storage;
+
+pub use codec::{decode_batch, encode_batch, BATCH_VERSION};
+pub use config::EngineConfig;
+pub use engine::{Engine, GroupStatus};
+pub use error::Error;
+pub use ids::{GroupId, LogPosition, NodeId, PersistId};
+pub use logger::raft_logger;
+pub use persist::PersistJob;
+pub use round::{Apply, ConfChange, EntryKind, OutBatch, Role, RoleChange, Round};
+pub use storage::memory::MemStore;
+pub use storage::rocks::{RocksStore, APP_CF, RAFT_CF};
+pub use storage::{KeyValue, LogStore, Recovered};

@@ -1,0 +1,64 @@
+//! The persistence job of a round: every group's Raft writes plus the application's own, for
+//! one synced write.
+
+use crate::ids::PersistId;
+use crate::keys::{KvOp, Space};
+
+/// Everything to make durable at the end of a round, for every group, as ONE atomic synced
+/// write ([`crate::LogStore::write`]).
+///
+/// The application adds its own writes with [`PersistJob::put_app`] / [`PersistJob::delete_app`]
+/// — typically the effects of the round's committed entries together with its applied index —
+/// so that its state and the engine's apply state are made durable atomically. Application keys
+/// live in their own key space (the `app` column family in RocksDB) and are read back with
+/// [`crate::LogStore::app_get`] / [`crate::LogStore::app_scan`].
+///
+/// After the write returns, the driver calls [`crate::Engine::on_persisted`] with
+/// [`PersistJob::id`]. Jobs must be written in the order of their ids.
+#[derive(Debug)]
+pub struct PersistJob {
+    pub(crate) id: PersistId,
+    pub(crate) ops: Vec<KvOp>,
+    pub(crate) must_sync: bool,
+}
+
+impl PersistJob {
+    /// The job's number, to pass to [`crate::Engine::on_persisted`] once written.
+    pub fn id(&self) -> PersistId {
+        self.id
+    }
+
+    /// Whether raft-rs requires an fsync (entries, a snapshot, or a term/vote change). When
+    /// false, only commit indexes and apply states changed; the engine still expects the write
+    /// to be durable when [`crate::Engine::on_persisted`] is called.
+    pub fn must_sync(&self) -> bool {
+        self.must_sync
+    }
+
+    /// Number of key/value operations in the job.
+    pub fn op_count(&self) -> usize {
+        self.ops.len()
+    }
+
+    /// Bytes of keys and values the job writes.
+    pub fn size_bytes(&self) -> usize {
+        self.ops.iter().map(KvOp::size_bytes).sum()
+    }
+
+    /// Adds an application key/value, written atomically with the rest of the job.
+    pub fn put_app(&mut self, key: impl Into<Vec<u8>>, value: impl Into<Vec<u8>>) {
+        self.ops.push(KvOp::Put {
+            space: Space::App,
+            key: key.into(),
+            value: value.into(),
+        });
+    }
+
+    /// Deletes an application key, atomically with the rest of the job.
+    pub fn delete_app(&mut self, key: impl Into<Vec<u8>>) {
+        self.ops.push(KvOp::Delete {
+            space: Space::App,
+            key: key.into(),
+        });
+    }
+}
