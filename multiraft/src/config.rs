@@ -21,7 +21,7 @@ pub struct EngineConfig {
     pub max_uncommitted_size_bytes: u64,
     /// Seed of the election timeout draws. raft-rs draws them from a thread-local random source;
     /// the engine overrides each draw with a hash of (seed, node, group, term, role) so that a
-    /// simulation replays exactly. Give each node a different value in production.
+    /// simulation replays exactly. Defaults to the node id.
     pub election_seed: u64,
 }
 
@@ -74,13 +74,38 @@ impl EngineConfig {
     /// The election timeout for (group, term, role): deterministic, in
     /// `[election_tick, 2 * election_tick)`.
     pub(crate) fn election_timeout_ticks(&self, group: GroupId, term: u64, role: u8) -> usize {
-        let mut h = self.election_seed ^ 0x9e37_79b9_7f4a_7c15;
+        // The seed goes through the mixer on its own: xor-ing it with the node id first made
+        // every node draw the same timeouts when the seed was the node id (the default), so the
+        // node that ticked first won every election.
+        let mut h = splitmix64(self.election_seed);
         for word in [self.node.0, group.0, term, u64::from(role)] {
             h = splitmix64(h ^ word);
         }
         let spread = self.election_tick.max(1) as u64;
         // `spread` fits in usize, so does the remainder.
         self.election_tick + (h % spread) as usize
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nodes_with_default_seeds_draw_different_election_timeouts() {
+        let configs: Vec<EngineConfig> = (1..=3).map(|n| EngineConfig::new(NodeId(n))).collect();
+        let mut first_by_node = [0usize; 3];
+        for g in 0..64 {
+            let draws: Vec<usize> = configs
+                .iter()
+                .map(|c| c.election_timeout_ticks(GroupId(g), 1, 0))
+                .collect();
+            assert!(draws.iter().all(|d| (10..20).contains(d)));
+            let min = draws.iter().min().copied().unwrap_or(0);
+            first_by_node[draws.iter().position(|d| *d == min).unwrap_or(0)] += 1;
+        }
+        // Regression: with seed == node id every node drew the same timeouts.
+        assert!(first_by_node.iter().all(|n| *n >= 10), "{first_by_node:?}");
     }
 }
 
