@@ -13,17 +13,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ferry_kernel::{
-    Caller, DeadLetter, Delivery, Effects, KernelError, LeaseRef, MessageId, MessageState,
-    NewMessage, PagedError, Queue, QueueName, QueueStats, ReceiveOutcome, ReceiveRequest,
-    RecoveredMessage, Seq, SessionId, WaiterId,
+    Caller, ClockRef, DeadLetter, Delivery, Effects, KernelError, LeaseRef, MessageId,
+    MessageState, NewMessage, PagedError, Queue, QueueName, QueueStats, ReceiveOutcome,
+    ReceiveRequest, RecoveredMessage, Seq, SessionId, WaiterId,
 };
 use ferry_store::{GroupCommit, QueueStore, StoreError, StoreOp};
 use futures::stream::{FuturesOrdered, StreamExt};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::clock::now_ms;
-use crate::dead_letter::{DeadLetterJob, Outbox};
 use crate::error::Error;
+use crate::outbox::{BrokerEvent, DeadLetterJob, Outbox, Published};
 
 type Reply<T> = oneshot::Sender<Result<T, Error>>;
 
@@ -168,6 +167,9 @@ type Answer = Box<dyn FnOnce(Result<(), StoreError>) -> Vec<LeaseRef> + Send>;
 type PendingCommit =
     Pin<Box<dyn Future<Output = (Option<Result<(), StoreError>>, Vec<Answer>, Seq)> + Send>>;
 
+/// Dead letters bound for one target queue, with the event of each.
+type Moving = (Vec<DeadLetter>, Vec<BrokerEvent>);
+
 /// How many page reads one fill of the window may make before the task serves commands again.
 const FILL_READS_MAX: usize = 16;
 
@@ -280,6 +282,7 @@ pub(crate) struct QueueActor {
     /// Every message write below this sequence number is applied (readable).
     applied: Seq,
     outbox: Outbox,
+    clock: ClockRef,
     /// The queue's name, shared with its history steps.
     name: Arc<str>,
     rx: mpsc::Receiver<Cmd>,
@@ -319,6 +322,7 @@ impl QueueActor {
             store: setup.store,
             budget: setup.budget,
             outbox: setup.outbox,
+            clock: setup.clock,
             rx,
             waiters: HashMap::new(),
             tickets: HashMap::new(),
@@ -335,7 +339,7 @@ impl QueueActor {
 
     async fn run(mut self, delayed: Vec<RecoveredMessage>) {
         if !delayed.is_empty() {
-            let fx = self.queue.pull(delayed, now_ms());
+            let fx = self.queue.pull(delayed, self.clock.now_ms());
             self.finish(fx, vec![]).await;
         }
         loop {
@@ -349,7 +353,8 @@ impl QueueActor {
             let deadline = due.map(|at| {
                 // Capped so a far-off deadline (a huge wait or delay from a client) can never
                 // overflow the timer; waking early is harmless, the kernel just re-arms.
-                let wait = Duration::from_millis(at.saturating_sub(now_ms()).min(TIMER_MAX_MS));
+                let wait =
+                    Duration::from_millis(at.saturating_sub(self.clock.now_ms()).min(TIMER_MAX_MS));
                 tokio::time::Instant::now() + wait
             });
             let timer = async {
@@ -377,7 +382,7 @@ impl QueueActor {
                     self.answer(result, answers).await;
                 }
                 () = timer => {
-                    let fx = self.queue.tick(now_ms());
+                    let fx = self.queue.tick(self.clock.now_ms());
                     self.finish(fx, vec![]).await;
                 }
             }
@@ -420,7 +425,7 @@ impl QueueActor {
     }
 
     async fn handle(&mut self, cmd: Cmd) {
-        let now = now_ms();
+        let now = self.clock.now_ms();
         match cmd {
             Cmd::Send { messages, reply } => match self.queue.send(messages, now) {
                 Ok((ids, fx)) => self.finish(fx, vec![answer(reply, ids)]).await,
@@ -628,71 +633,14 @@ impl QueueActor {
                 let _ = parked.reply.send(Ok(vec![]));
             }
         }
-        self.outbox
-            .history
-            .record(&self.name, self.queue.uid(), &fx.history);
         let mut persist = fx.persist;
-        let mut moves: HashMap<QueueName, Vec<DeadLetter>> = HashMap::new();
-        for dl in fx.dead_letters {
-            let source = self.queue.name();
-            // Temporary queues keep nothing: their dead letters are dropped (and counted).
-            let target = if self.durable {
-                dl.target.resolve(source)
-            } else {
-                None
-            };
-            let expired = dl.reason == ferry_kernel::DeadLetterReason::Expired;
-            self.outbox.event(crate::dead_letter::BrokerEvent {
-                at_ms: now_ms(),
-                kind: if expired { "expired" } else { "dead-lettered" },
-                queue: source.clone(),
-                message_id: dl.message.id.to_string(),
-                reason: match (expired, target.is_some()) {
-                    (true, true) => "moved",
-                    (true, false) => "discarded",
-                    (false, _) => dl.reason.as_str(),
-                },
-            });
-            match target {
-                Some(target) => moves.entry(target).or_default().push(dl),
-                None => {
-                    tracing::info!(
-                        queue = %source,
-                        message = %dl.message.id,
-                        reason = dl.reason.as_str(),
-                        "message discarded"
-                    );
-                    persist.extend(dl.delete);
-                }
-            }
-        }
-        if !moves.is_empty() {
-            // Moved once this queue's own writes are durable, so the move's delete of the
-            // source copy can never be overtaken by an earlier write of it.
-            let sink = self.outbox.clone();
-            let (source, uid) = (self.queue.name().clone(), self.queue.uid());
-            let jobs: Vec<DeadLetterJob> = moves
-                .into_iter()
-                .map(|(target, letters)| {
-                    let (done, moved) = oneshot::channel();
-                    self.moving.push(moved);
-                    DeadLetterJob {
-                        source: source.clone(),
-                        source_uid: uid,
-                        target,
-                        letters,
-                        done: Some(done),
-                    }
-                })
-                .collect();
-            answers.push(Box::new(move |written| {
-                if written.is_ok() {
-                    for job in jobs {
-                        sink.send(job);
-                    }
-                }
-                vec![]
-            }));
+        let (discarded, moves) = self.sort_dead_letters(fx.dead_letters, &mut persist);
+        if moves.is_empty() {
+            self.publish_when_durable(fx.history, discarded, answers);
+        } else {
+            // The command's steps describe the moves too: published once they are done.
+            self.publish_when_durable(vec![], discarded, answers);
+            self.move_when_durable(moves, fx.history, answers);
         }
         if self.durable {
             let uid = self.queue.uid();
@@ -703,6 +651,120 @@ impl QueueActor {
         } else {
             vec![]
         }
+    }
+
+    /// Splits dead letters into those discarded (their deletes join `persist`; their events
+    /// are returned) and those to move, by target queue, each with its event.
+    fn sort_dead_letters(
+        &self,
+        dead_letters: Vec<DeadLetter>,
+        persist: &mut Vec<ferry_kernel::PersistOp>,
+    ) -> (Vec<BrokerEvent>, HashMap<QueueName, Moving>) {
+        let now = self.clock.now_ms();
+        let source = self.queue.name();
+        let mut discarded = Vec::new();
+        let mut moves: HashMap<QueueName, Moving> = HashMap::new();
+        for dl in dead_letters {
+            // Temporary queues keep nothing: their dead letters are dropped (and counted).
+            let target = if self.durable {
+                dl.target.resolve(source)
+            } else {
+                None
+            };
+            let event = dead_letter_event(source, &dl, target.is_some(), now);
+            match target {
+                Some(target) => {
+                    let moving = moves.entry(target).or_default();
+                    moving.0.push(dl);
+                    moving.1.push(event);
+                }
+                None => {
+                    tracing::info!(
+                        queue = %source,
+                        message_id = %dl.message.id,
+                        reason = dl.reason.as_str(),
+                        "message discarded"
+                    );
+                    persist.extend(dl.delete);
+                    discarded.push(event);
+                }
+            }
+        }
+        (discarded, moves)
+    }
+
+    /// Hands the dead letters to the mover once this queue's own writes are durable, so the
+    /// move's delete of the source copy can never be overtaken by an earlier write of it.
+    /// `self.moving` then holds when each move is done; the mover publishes each move's events
+    /// (and the command's `history`, with the last move) once it is durable.
+    fn move_when_durable(
+        &mut self,
+        moves: HashMap<QueueName, Moving>,
+        history: Vec<ferry_kernel::HistoryEntry>,
+        answers: &mut Vec<Answer>,
+    ) {
+        let sink = self.outbox.clone();
+        let (source, uid) = (self.queue.name().clone(), self.queue.uid());
+        let mut history = Some(history);
+        let last = moves.len();
+        let jobs: Vec<DeadLetterJob> = moves
+            .into_iter()
+            .enumerate()
+            .map(|(i, (target, (letters, events)))| {
+                let (done, moved) = oneshot::channel();
+                self.moving.push(moved);
+                let history = if i + 1 == last {
+                    history.take().unwrap_or_default()
+                } else {
+                    vec![]
+                };
+                DeadLetterJob {
+                    source: source.clone(),
+                    source_uid: uid,
+                    target,
+                    letters,
+                    done: Some(done),
+                    published: Published { history, events },
+                }
+            })
+            .collect();
+        answers.push(Box::new(move |written| {
+            if written.is_ok() {
+                for job in jobs {
+                    sink.send(job);
+                }
+            }
+            vec![]
+        }));
+    }
+
+    /// History steps and events describe writes: they are published once the write is durable
+    /// (first among its answers, so a caller told "done" finds them), never if it fails.
+    fn publish_when_durable(
+        &self,
+        history: Vec<ferry_kernel::HistoryEntry>,
+        events: Vec<BrokerEvent>,
+        answers: &mut Vec<Answer>,
+    ) {
+        let history = if self.outbox.history.enabled() {
+            history
+        } else {
+            vec![]
+        };
+        if history.is_empty() && events.is_empty() {
+            return;
+        }
+        let (outbox, name, uid) = (self.outbox.clone(), self.name.clone(), self.queue.uid());
+        let published = Published { history, events };
+        answers.insert(
+            0,
+            Box::new(move |written| {
+                if written.is_ok() {
+                    outbox.publish(&name, uid, published);
+                }
+                vec![]
+            }),
+        );
     }
 
     /// Writes `ops` (if any) and answers once they are durable.
@@ -801,7 +863,7 @@ impl QueueActor {
         if !self.queue.paging_active() {
             return;
         }
-        let now = now_ms();
+        let now = self.clock.now_ms();
         let src = StoreSource::new(
             &*self.store,
             &self.queue,
@@ -939,11 +1001,27 @@ impl QueueActor {
             .flat_map(|a| a(result.clone()))
             .collect();
         if !undelivered.is_empty() {
-            let (_, fx) = self
-                .queue
-                .return_undelivered(Caller::Backend, &undelivered, now_ms());
+            let (_, fx) =
+                self.queue
+                    .return_undelivered(Caller::Backend, &undelivered, self.clock.now_ms());
             Box::pin(self.finish(fx, vec![])).await;
         }
+    }
+}
+
+/// What watchers are told of a message that left its queue as a dead letter.
+fn dead_letter_event(source: &QueueName, dl: &DeadLetter, moved: bool, now_ms: u64) -> BrokerEvent {
+    let expired = dl.reason == ferry_kernel::DeadLetterReason::Expired;
+    BrokerEvent {
+        at_ms: now_ms,
+        kind: if expired { "expired" } else { "dead-lettered" },
+        queue: source.clone(),
+        message_id: dl.message.id.to_string(),
+        reason: match (expired, moved) {
+            (true, true) => "moved",
+            (true, false) => "discarded",
+            (false, _) => dl.reason.as_str(),
+        },
     }
 }
 
@@ -1014,6 +1092,7 @@ pub(crate) struct ActorSetup {
     pub(crate) durable: bool,
     pub(crate) commit: GroupCommit,
     pub(crate) outbox: Outbox,
+    pub(crate) clock: ClockRef,
     pub(crate) store: Arc<dyn QueueStore>,
     pub(crate) budget: Arc<AtomicU64>,
     pub(crate) capacity: usize,

@@ -1,7 +1,6 @@
 //! The back-end's settings.
 
 use std::path::PathBuf;
-use std::time::Duration;
 
 use ferry_kernel::{NodeId, QueueConfig};
 
@@ -11,13 +10,6 @@ pub struct BrokerConfig {
     pub node_id: NodeId,
     /// Settings of a queue created without its own.
     pub queue_defaults: QueueConfig,
-    /// Submissions waiting for the group-commit writer.
-    pub commit_queue_depth: usize,
-    /// Submissions one synced write may carry.
-    pub commit_batch_max: usize,
-    /// How long a write nobody waits for (an acknowledgement on a `Consume` stream) may wait
-    /// for a synced write to carry it before the log is synced for it alone.
-    pub commit_defer_max: Duration,
     /// Commands waiting for one queue's owner task.
     pub queue_channel_capacity: usize,
     /// How long each step of a message's history is kept (0: no history).
@@ -43,9 +35,6 @@ impl BrokerConfig {
         Self {
             node_id,
             queue_defaults: QueueConfig::default(),
-            commit_queue_depth: 4_096,
-            commit_batch_max: 1_024,
-            commit_defer_max: Duration::from_millis(1),
             queue_channel_capacity: 1_024,
             history_retention_ms: 600_000,
             history_max_steps: 100_000,

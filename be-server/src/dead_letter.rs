@@ -8,77 +8,21 @@
 use std::sync::Weak;
 
 use ferry_kernel::{
-    DeadLetter, NewMessage, PropertyValue, QueueConfig, QueueName, QueueUid, RedeliveryPolicy,
+    DeadLetter, NewMessage, PropertyValue, QueueConfig, QueueName, RedeliveryPolicy,
 };
 use ferry_store::StoreOp;
 use tokio::sync::mpsc;
 
 use crate::actor::Cmd;
+use crate::error::Error;
+use crate::outbox::DeadLetterJob;
+use crate::queues::Queues;
 
 /// Properties a dead letter carries, besides everything the original message had.
 pub const REASON_PROPERTY: &str = "FerryDeadLetterReason";
 pub const ORIGINAL_QUEUE_PROPERTY: &str = "FerryOriginalQueue";
 pub const ORIGINAL_MESSAGE_ID_PROPERTY: &str = "FerryOriginalMessageId";
 pub const DELIVERY_COUNT_PROPERTY: &str = "FerryDeliveryCount";
-
-/// Dead letters of one source queue bound for one target queue.
-#[derive(Debug)]
-pub(crate) struct DeadLetterJob {
-    pub(crate) source: QueueName,
-    pub(crate) source_uid: QueueUid,
-    pub(crate) target: QueueName,
-    pub(crate) letters: Vec<DeadLetter>,
-    /// Told when the letters are in the target queue (durable and visible there), or why not.
-    pub(crate) done: Option<tokio::sync::oneshot::Sender<Result<(), crate::error::Error>>>,
-}
-
-/// Something that happened to a message, for operators watching (`WatchEvents`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BrokerEvent {
-    pub at_ms: u64,
-    /// `dead-lettered` or `expired`.
-    pub kind: &'static str,
-    pub queue: QueueName,
-    pub message_id: String,
-    /// `dead-lettered`: why; `expired`: `moved` or `discarded`.
-    pub reason: &'static str,
-}
-
-/// What leaves a queue's owner task for the rest of the back-end: dead letters to move, events
-/// for watchers, steps for message history. Cheap to clone.
-#[derive(Debug, Clone)]
-pub(crate) struct Outbox {
-    /// Unbounded on purpose: a job is handed over from an answer callback, which cannot wait,
-    /// and each job holds messages already out of their queue's memory, so refusing one would
-    /// strand them until a restart. Jobs come at most one per queue operation and the mover
-    /// drains them as fast as the target queues write.
-    jobs: mpsc::UnboundedSender<DeadLetterJob>,
-    events: tokio::sync::broadcast::Sender<BrokerEvent>,
-    /// Where owner tasks note each step of each message.
-    pub(crate) history: std::sync::Arc<crate::history::History>,
-}
-
-impl Outbox {
-    /// Tells watchers (if any) what happened; never blocks, drops for watchers that lag.
-    pub(crate) fn event(&self, e: BrokerEvent) {
-        let _ = self.events.send(e);
-    }
-
-    pub(crate) fn subscribe(&self) -> tokio::sync::broadcast::Receiver<BrokerEvent> {
-        self.events.subscribe()
-    }
-
-    pub(crate) fn send(&self, job: DeadLetterJob) {
-        if let Err(e) = self.jobs.send(job) {
-            let job = e.0;
-            tracing::warn!(
-                queue = %job.source,
-                messages = job.letters.len(),
-                "dead letters not moved: the node is stopping; they stay in their queue on disk and are judged again at restart"
-            );
-        }
-    }
-}
 
 /// The settings of a dead-letter queue created on demand: like its source queue, but it keeps
 /// what it is given (no redelivery limit, no further dead-lettering, room for any message its
@@ -131,23 +75,18 @@ pub(crate) fn moved_message(source: &QueueName, dl: &DeadLetter) -> NewMessage {
     }
 }
 
-/// Starts the task that moves dead letters; it ends when the broker is gone.
-pub(crate) fn start(
-    broker: Weak<crate::broker::Inner>,
-    history: std::sync::Arc<crate::history::History>,
-) -> Outbox {
-    let (tx, mut rx) = mpsc::unbounded_channel::<DeadLetterJob>();
-    let (events, _) = tokio::sync::broadcast::channel(4_096);
+/// Starts the task that moves dead letters; it ends when the registry is gone (its last
+/// owner, the broker, dropped it: the job channel closes with it).
+pub(crate) fn start(queues: Weak<Queues>, mut jobs: mpsc::UnboundedReceiver<DeadLetterJob>) {
     tokio::spawn(async move {
-        while let Some(mut job) = rx.recv().await {
-            let Some(inner) = broker.upgrade() else {
+        while let Some(mut job) = jobs.recv().await {
+            let Some(queues) = queues.upgrade() else {
                 return;
             };
-            let broker = crate::broker::Broker::from_inner(inner);
             let (source, target, count) =
                 (job.source.clone(), job.target.clone(), job.letters.len());
             let done = job.done.take();
-            let moved = move_letters(&broker, job).await;
+            let moved = move_letters(&queues, job).await;
             if let Err(e) = &moved {
                 tracing::error!(
                     queue = %source,
@@ -162,18 +101,10 @@ pub(crate) fn start(
             }
         }
     });
-    Outbox {
-        jobs: tx,
-        events,
-        history,
-    }
 }
 
-async fn move_letters(
-    broker: &crate::broker::Broker,
-    job: DeadLetterJob,
-) -> Result<(), crate::error::Error> {
-    let handle = broker.dead_letter_queue(&job.source, &job.target).await?;
+async fn move_letters(queues: &Queues, job: DeadLetterJob) -> Result<(), Error> {
+    let handle = queues.dead_letter_queue(&job.source, &job.target).await?;
     let messages = job
         .letters
         .iter()
@@ -195,10 +126,12 @@ async fn move_letters(
             reply,
         })
         .await?;
+    let name: std::sync::Arc<str> = std::sync::Arc::from(job.source.as_str());
+    queues.outbox.publish(&name, job.source_uid, job.published);
     for (dl, id) in job.letters.iter().zip(&ids) {
         tracing::info!(
             queue = %job.source,
-            message = %dl.message.id,
+            message_id = %dl.message.id,
             reason = dl.reason.as_str(),
             deliveries = dl.delivery_count,
             dead_letter_queue = %job.target,

@@ -12,15 +12,18 @@ mod dead_letter;
 mod disk;
 mod error;
 mod history;
+mod outbox;
+mod queues;
 mod service;
+mod tx;
 
 pub use broker::{Broker, CommitCounts, QueueSummary};
 pub use clock::{now_ms, SystemClock};
 pub use config::BrokerConfig;
 pub use dead_letter::{
-    BrokerEvent, DELIVERY_COUNT_PROPERTY, ORIGINAL_MESSAGE_ID_PROPERTY, ORIGINAL_QUEUE_PROPERTY,
-    REASON_PROPERTY,
+    DELIVERY_COUNT_PROPERTY, ORIGINAL_MESSAGE_ID_PROPERTY, ORIGINAL_QUEUE_PROPERTY, REASON_PROPERTY,
 };
 pub use error::Error;
 pub use history::{History, Step};
+pub use outbox::BrokerEvent;
 pub use service::BackendService;

@@ -13,7 +13,6 @@ use ferry_proto::pb;
 use tonic::{Request, Response, Status};
 
 use crate::broker::{Broker, QueueSummary};
-use crate::clock::now_ms;
 use crate::error::Error;
 
 /// See the module docs.
@@ -223,7 +222,7 @@ impl pb::backend_server::Backend for BackendService {
             &name,
             self.broker.node_id().as_str(),
             &stats,
-            now_ms(),
+            self.broker.clock().now_ms(),
         )))
     }
 
@@ -273,7 +272,7 @@ impl pb::backend_server::Backend for BackendService {
         let wait = match r.wait_ms {
             None => Wait::Forever,
             Some(0) => Wait::NoWait,
-            Some(ms) => Wait::Until(now_ms().saturating_add(ms)),
+            Some(ms) => Wait::Until(self.broker.clock().now_ms().saturating_add(ms)),
         };
         let mut max_messages = r.max_messages.max(1);
         if r.clamp_max_messages {
@@ -423,6 +422,7 @@ impl pb::backend_server::Backend for BackendService {
     ) -> Reply<Self::WatchEventsStream> {
         use tokio_stream::StreamExt as _;
         let node = self.broker.node_id().to_string();
+        let clock = self.broker.clock().clone();
         let events = tokio_stream::wrappers::BroadcastStream::new(self.broker.subscribe_events())
             .map(move |e| {
                 Ok(match e {
@@ -438,7 +438,7 @@ impl pb::backend_server::Backend for BackendService {
                     // A watcher that falls behind is told how much it missed.
                     Err(tokio_stream::wrappers::errors::BroadcastStreamRecvError::Lagged(n)) => {
                         pb::Event {
-                            at_ms: now_ms(),
+                            at_ms: clock.now_ms(),
                             kind: "events-lost".into(),
                             value: n,
                             node: node.clone(),

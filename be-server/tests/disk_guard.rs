@@ -5,17 +5,24 @@
 
 use std::sync::Arc;
 
-use ferry_be_server::{Broker, BrokerConfig, Error};
+use ferry_be_server::{Broker, BrokerConfig, Error, SystemClock};
 use ferry_kernel::{
     Caller, NewMessage, NodeId, QueueConfig, QueueName, ReceiveRequest, SessionId, Wait,
 };
-use ferry_store::{MemoryStore, QueueStore};
+use ferry_store::{CommitSettings, CommitWriter, MemoryStore, QueueStore};
 
 fn config(dir: &std::path::Path, disk_free_min_bytes: u64) -> BrokerConfig {
     let mut c = BrokerConfig::new(NodeId::new("n").unwrap());
     c.disk_guard_dir = Some(dir.to_path_buf());
     c.disk_free_min_bytes = disk_free_min_bytes;
     c
+}
+
+async fn open(config: BrokerConfig, store: Arc<dyn QueueStore>) -> Broker {
+    let writer = CommitWriter::start(store.clone(), CommitSettings::default()).unwrap();
+    Broker::open(config, store, writer.handle(), Arc::new(SystemClock))
+        .await
+        .unwrap()
 }
 
 fn message() -> NewMessage {
@@ -51,9 +58,7 @@ async fn a_short_disk_refuses_sends_but_receives_acks_and_dead_letters_go_on() {
     let dir = tempfile::tempdir().unwrap();
     let store: Arc<dyn QueueStore> = Arc::new(MemoryStore::new());
     let q = QueueName::new("orders").unwrap();
-    let b = Broker::open(config(dir.path(), 0), store.clone())
-        .await
-        .unwrap();
+    let b = open(config(dir.path(), 0), store.clone()).await;
     b.create_queue(q.clone(), QueueConfig::default(), false, false)
         .await
         .unwrap();
@@ -63,9 +68,7 @@ async fn a_short_disk_refuses_sends_but_receives_acks_and_dead_letters_go_on() {
     b.shutdown().await;
 
     // No disk has u64::MAX bytes free.
-    let b = Broker::open(config(dir.path(), u64::MAX), store)
-        .await
-        .unwrap();
+    let b = open(config(dir.path(), u64::MAX), store).await;
     let err = b.send(&q, vec![message()]).await.unwrap_err();
     assert!(is_disk_full(&err), "{err}");
     let err = b

@@ -5,12 +5,15 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 
-use ferry_be_server::{Broker, BrokerConfig};
+use ferry_be_server::{Broker, BrokerConfig, SystemClock};
 use ferry_kernel::{
     Caller, IndexedHeader, NewMessage, NodeId, Priority, QueueConfig, QueueName, QueueUid,
     ReceiveRequest, RecoveredMessage, Seq, SessionId, Wait,
 };
-use ferry_store::{MemoryStore, Page, QueueStore, RecoveredQueue, StoreError, StoreOp};
+use ferry_store::{
+    CommitSettings, CommitWriter, MemoryStore, Page, QueueStore, RecoveredQueue, StoreError,
+    StoreOp,
+};
 
 /// A store whose writes block while the gate is armed, and that counts writes (synced and not)
 /// and logs which kind each was.
@@ -115,7 +118,18 @@ async fn broker(store: Arc<Gated>) -> Broker {
 }
 
 async fn broker_with(store: Arc<Gated>, config: BrokerConfig) -> Broker {
-    let b = Broker::open(config, store).await.unwrap();
+    broker_with_settings(store, config, CommitSettings::default()).await
+}
+
+async fn broker_with_settings(
+    store: Arc<Gated>,
+    config: BrokerConfig,
+    settings: CommitSettings,
+) -> Broker {
+    let writer = CommitWriter::start(store.clone(), settings).unwrap();
+    let b = Broker::open(config, store, writer.handle(), Arc::new(SystemClock))
+        .await
+        .unwrap();
     b.create_queue(
         QueueName::new("q").unwrap(),
         QueueConfig::default(),
@@ -234,10 +248,13 @@ async fn a_deferred_ack_is_answered_once_a_later_synced_write_made_it_durable() 
     let store = Arc::new(Gated::default());
     let (unsynced_tx, unsynced_rx) = mpsc::channel();
     *store.unsynced.lock().unwrap() = Some(unsynced_tx);
-    let mut config = BrokerConfig::new(NodeId::new("n").unwrap());
-    // Longer than the test: only a synced write can answer the ack.
-    config.commit_defer_max = std::time::Duration::from_secs(3_600);
-    let b = Arc::new(broker_with(store.clone(), config).await);
+    let config = BrokerConfig::new(NodeId::new("n").unwrap());
+    let settings = CommitSettings {
+        // Longer than the test: only a synced write can answer the ack.
+        defer_max: std::time::Duration::from_secs(3_600),
+        ..CommitSettings::default()
+    };
+    let b = Arc::new(broker_with_settings(store.clone(), config, settings).await);
     let q = QueueName::new("q").unwrap();
     let persistent = || NewMessage {
         body: b"x".to_vec(),
@@ -422,4 +439,60 @@ async fn deleting_a_queue_answers_its_waiting_receivers_not_found() {
         matches!(err, ferry_be_server::Error::QueueNotFound { .. }),
         "{err}"
     );
+}
+
+/// Postmortem: events and history steps were published when the owner task decided, before the
+/// write they describe was durable; a watcher could see a dead letter that a crash then undid.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_and_history_are_published_only_once_their_write_is_durable() {
+    let store = Arc::new(Gated::default());
+    let b = broker(store.clone()).await;
+    let q = QueueName::new("q").unwrap();
+    let m = NewMessage {
+        body: b"x".to_vec(),
+        persistent: true,
+        ..Default::default()
+    };
+    let id = b.send(&q, vec![m]).await.unwrap()[0].to_string();
+    let got = b.receive(&q, one_now()).await.unwrap();
+    let steps_before = b.message_history(&id).len();
+    assert!(
+        steps_before >= 2,
+        "sent and delivered: {steps_before} steps"
+    );
+    let mut events = b.subscribe_events();
+
+    let (entered_tx, entered_rx) = mpsc::channel();
+    let (release_tx, release_rx) = mpsc::channel();
+    *store.gate.lock().unwrap() = Some((entered_tx, release_rx));
+    let reject = {
+        let (b, q, lease) = (b.clone(), q.clone(), got[0].lease_ref());
+        tokio::spawn(async move { b.nack(&q, Caller::Backend, vec![lease], None, true).await })
+    };
+    tokio::task::spawn_blocking(move || entered_rx.recv().unwrap())
+        .await
+        .unwrap();
+    for _ in 0..100 {
+        tokio::task::yield_now().await;
+    }
+    assert!(
+        matches!(
+            events.try_recv(),
+            Err(tokio::sync::broadcast::error::TryRecvError::Empty)
+        ),
+        "an event was published before its write was durable"
+    );
+    assert_eq!(
+        b.message_history(&id).len(),
+        steps_before,
+        "a history step was kept before its write was durable"
+    );
+    release_tx.send(()).unwrap();
+    reject.await.unwrap().unwrap()[0].as_ref().unwrap();
+    let event = events.recv().await.unwrap();
+    assert_eq!(
+        (event.kind, event.message_id.as_str()),
+        ("dead-lettered", id.as_str())
+    );
+    assert!(b.message_history(&id).len() > steps_before);
 }

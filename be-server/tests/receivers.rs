@@ -4,9 +4,9 @@
 
 use std::sync::Arc;
 
-use ferry_be_server::{Broker, BrokerConfig};
+use ferry_be_server::{Broker, BrokerConfig, SystemClock};
 use ferry_kernel::{NodeId, QueueConfig, QueueName, ReceiveRequest, Wait};
-use ferry_store::MemoryStore;
+use ferry_store::{CommitSettings, CommitWriter, MemoryStore, QueueStore};
 
 fn forever() -> ReceiveRequest {
     ReceiveRequest {
@@ -20,9 +20,13 @@ fn forever() -> ReceiveRequest {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn receives_tagged_with_one_consumer_count_as_one_waiting_receiver() {
+    let store: Arc<dyn QueueStore> = Arc::new(MemoryStore::new());
+    let writer = CommitWriter::start(store.clone(), CommitSettings::default()).unwrap();
     let b = Broker::open(
         BrokerConfig::new(NodeId::new("n").unwrap()),
-        Arc::new(MemoryStore::new()),
+        store,
+        writer.handle(),
+        Arc::new(SystemClock),
     )
     .await
     .unwrap();

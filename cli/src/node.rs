@@ -11,14 +11,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use ferry_be_server::{BackendService, Broker, BrokerConfig};
+use ferry_be_server::{BackendService, Broker, BrokerConfig, SystemClock};
 use ferry_cluster::Membership;
 use ferry_fe_dispatcher::{
     BackendRef, Frontend, FrontendConfig, MessagingService, RemoteBackend, Router,
 };
-use ferry_kernel::{NodeId, QueueConfig};
+use ferry_kernel::{ClockRef, NodeId, QueueConfig};
 use ferry_proto::pb;
-use ferry_store::{MemoryStore, QueueStore, RocksStore};
+use ferry_store::{CommitSettings, CommitWriter, MemoryStore, QueueStore, RocksStore};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tonic::transport::Server;
@@ -60,7 +60,17 @@ pub async fn run(
     let membership = config.cluster.validate(&node_id)?;
     let store = open_store(&config)?;
     let started = std::time::Instant::now();
-    let broker = Broker::open(broker_config(&config, node_id.clone()), store).await?;
+    // One group-commit writer per node: the back-end is handed it (the Raft groups of the node
+    // will share it), and the node stops it last, once nothing writes any more.
+    let writer = CommitWriter::start(Arc::clone(&store), commit_settings(&config))?;
+    let clock: ClockRef = Arc::new(SystemClock);
+    let broker = Broker::open(
+        broker_config(&config, node_id.clone()),
+        store,
+        writer.handle(),
+        clock,
+    )
+    .await?;
     tracing::info!(
         elapsed_ms = started.elapsed().as_millis() as u64,
         "back-end ready"
@@ -129,6 +139,11 @@ pub async fn run(
         task.abort();
     }
     broker.shutdown().await;
+    // Every queue has finished its writes: close the store (RocksDB must be closed before the
+    // process exits).
+    if !writer.stop().await {
+        tracing::error!("the group-commit writer did not stop cleanly");
+    }
     tracing::info!("stopped");
     Ok(())
 }
@@ -182,6 +197,13 @@ fn open_store(config: &Config) -> anyhow::Result<Arc<dyn QueueStore>> {
     })
 }
 
+fn commit_settings(config: &Config) -> CommitSettings {
+    CommitSettings {
+        defer_max: Duration::from_micros(config.ack_sync_delay_max_us),
+        ..CommitSettings::default()
+    }
+}
+
 fn broker_config(config: &Config, node_id: NodeId) -> BrokerConfig {
     let l = &config.limits;
     let mut broker_config = BrokerConfig::new(node_id);
@@ -191,7 +213,6 @@ fn broker_config(config: &Config, node_id: NodeId) -> BrokerConfig {
     broker_config.node_memory_budget_bytes = config.paging.node_memory_budget_bytes;
     broker_config.disk_free_min_bytes = config.disk_free_min_bytes;
     broker_config.queues_max = l.queues_max;
-    broker_config.commit_defer_max = Duration::from_micros(config.ack_sync_delay_max_us);
     broker_config.disk_guard_dir = match config.storage {
         Storage::Rocksdb => Some(config.data_dir.clone()),
         Storage::Memory => None,

@@ -209,6 +209,75 @@ impl GroupCommit {
     }
 }
 
+/// How the group-commit writer batches (see [`GroupCommit::start`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CommitSettings {
+    /// Submissions waiting for the writer.
+    pub queue_depth: usize,
+    /// Submissions one synced write may carry.
+    pub batch_submissions_max: usize,
+    /// How long a write nobody waits for may wait for a synced write to carry it before the log
+    /// is synced for it alone.
+    pub defer_max: Duration,
+}
+
+impl Default for CommitSettings {
+    fn default() -> Self {
+        Self {
+            queue_depth: 4_096,
+            batch_submissions_max: 1_024,
+            defer_max: Duration::from_millis(1),
+        }
+    }
+}
+
+/// The group-commit writer of a node, owned by whoever started it (the node): it hands out
+/// [`GroupCommit`] handles to everything that writes (the back-end today; every Raft group of
+/// the node later), and at the end closes the store and joins its thread.
+#[derive(Debug)]
+pub struct CommitWriter {
+    commit: GroupCommit,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl CommitWriter {
+    /// Starts the writer thread on `store`.
+    pub fn start(store: Arc<dyn QueueStore>, settings: CommitSettings) -> Result<Self, StoreError> {
+        let (commit, thread) = GroupCommit::start(
+            store,
+            settings.queue_depth,
+            settings.batch_submissions_max,
+            settings.defer_max,
+        )
+        .map_err(|e| StoreError::Io {
+            context: "starting the group-commit writer thread",
+            message: e.to_string(),
+        })?;
+        Ok(Self {
+            commit,
+            thread: Some(thread),
+        })
+    }
+
+    /// A handle to submit writes with.
+    pub fn handle(&self) -> GroupCommit {
+        self.commit.clone()
+    }
+
+    /// Finishes everything submitted so far, closes the store and waits for the thread to end.
+    /// Returns whether it ended cleanly. Call it once every writer has stopped submitting.
+    pub async fn stop(mut self) -> bool {
+        self.commit.close().await;
+        let Some(thread) = self.thread.take() else {
+            return true;
+        };
+        matches!(
+            tokio::task::spawn_blocking(move || thread.join()).await,
+            Ok(Ok(()))
+        )
+    }
+}
+
 type Done = oneshot::Sender<Result<(), StoreError>>;
 
 struct Writer {

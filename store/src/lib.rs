@@ -26,7 +26,10 @@ use ferry_kernel::{
     RecoveredMessage, Seq,
 };
 
-pub use group_commit::{Buckets, BucketsSnapshot, CommitTicket, GroupCommit, GroupCommitStats};
+pub use group_commit::{
+    Buckets, BucketsSnapshot, CommitSettings, CommitTicket, CommitWriter, GroupCommit,
+    GroupCommitStats,
+};
 pub use memory::MemoryStore;
 #[doc(hidden)]
 pub use rocks::write_pre_paging_database;

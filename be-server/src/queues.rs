@@ -1,0 +1,428 @@
+//! The registry of the queues this back-end owns: creating, recovering, finding, deleting and
+//! stopping them, each with its owner task (`actor.rs`). The broker (`broker.rs`) and the
+//! dead-letter mover (`dead_letter.rs`) both use it; it uses neither.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
+
+use ferry_kernel::{ClockRef, KernelError, Queue, QueueConfig, QueueName, QueueUid};
+use ferry_store::{GroupCommit, QueueDef, QueueStore, RecoveredQueue, StoreOp};
+
+use crate::actor::{ActorSetup, QueueActor, QueueHandle};
+use crate::config::{queue_budget, BrokerConfig};
+use crate::dead_letter::dead_letter_queue_config;
+use crate::error::Error;
+use crate::outbox::Outbox;
+
+/// What a listing shows of a queue.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QueueSummary {
+    pub name: QueueName,
+    pub config: QueueConfig,
+    pub temporary: bool,
+}
+
+/// A queue this back-end owns.
+#[derive(Debug, Clone)]
+pub(crate) struct Owned {
+    pub(crate) def: QueueDef,
+    pub(crate) temporary: bool,
+    pub(crate) handle: QueueHandle,
+}
+
+/// See the module docs.
+#[derive(Debug)]
+pub(crate) struct Queues {
+    pub(crate) config: BrokerConfig,
+    pub(crate) commit: GroupCommit,
+    pub(crate) outbox: Outbox,
+    pub(crate) clock: ClockRef,
+    /// Read by the queues' paging.
+    pub(crate) store: Arc<dyn QueueStore>,
+    /// Each durable queue's memory budget (see `BrokerConfig::node_memory_budget_bytes`).
+    budget: Arc<AtomicU64>,
+    map: RwLock<HashMap<QueueName, Owned>>,
+    /// Create and delete are rare; one at a time keeps the map and the store in step.
+    admin: tokio::sync::Mutex<()>,
+    /// Set by [`Queues::stop_all`]: every call fails with UNAVAILABLE from then on.
+    stopping: AtomicBool,
+}
+
+/// A queue read back from the store, with its delayed messages (kept in memory).
+pub(crate) type Recovered = (RecoveredQueue, Vec<ferry_kernel::RecoveredMessage>);
+
+impl Queues {
+    /// The registry of the queues recovered from the store, each with its owner task started.
+    pub(crate) fn recover(
+        config: BrokerConfig,
+        commit: GroupCommit,
+        outbox: Outbox,
+        clock: ClockRef,
+        store: Arc<dyn QueueStore>,
+        recovered: Vec<Recovered>,
+    ) -> Self {
+        let budget = Arc::new(AtomicU64::new(queue_budget(&config, recovered.len())));
+        let this = Self {
+            config,
+            commit,
+            outbox,
+            clock,
+            store,
+            budget,
+            map: RwLock::new(HashMap::new()),
+            admin: tokio::sync::Mutex::new(()),
+            stopping: false.into(),
+        };
+        let now = this.clock.now_ms();
+        let mut messages = 0u64;
+        let mut map = HashMap::new();
+        for (r, delayed) in recovered {
+            let mut q = Queue::recover(
+                r.def.name.clone(),
+                r.def.uid,
+                r.def.config.clone(),
+                r.seq_reserved_until,
+                vec![],
+                r.dedup,
+                now,
+            );
+            q.set_pinned_budget(this.config.queue_memory_budget_bytes);
+            for (p, level) in r.stored.iter().enumerate() {
+                let p = ferry_kernel::Priority::new(p as u32)
+                    .expect("invariant: the store keeps one level per priority");
+                q.restore_paged_out(p, level.count, level.bytes);
+                messages += level.count;
+            }
+            let handle = QueueActor::spawn(q, this.setup(true), delayed);
+            let owned = Owned {
+                def: r.def,
+                temporary: false,
+                handle,
+            };
+            map.insert(owned.def.name.clone(), owned);
+        }
+        tracing::info!(queues = map.len(), messages, "recovered queues");
+        *this.map.write().unwrap_or_else(PoisonError::into_inner) = map;
+        this
+    }
+
+    /// Queues recovered from a store written before dead-letter queues were created with their
+    /// queue get theirs now (see [`Queues::create`]).
+    pub(crate) async fn create_missing_targets(&self) -> Result<(), Error> {
+        let _admin = self.admin.lock().await;
+        for s in self.list() {
+            if targets_up_front(&s.name, s.temporary) {
+                self.create_targets(&s.name, &s.config).await?;
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn owned(&self, queue: &QueueName) -> Result<Owned, Error> {
+        if self.stopping.load(Ordering::Acquire) {
+            return Err(Error::ShuttingDown);
+        }
+        let map = self.map.read().unwrap_or_else(PoisonError::into_inner);
+        map.get(queue).cloned().ok_or_else(|| Error::QueueNotFound {
+            queue: queue.to_string(),
+        })
+    }
+
+    pub(crate) fn handle(&self, queue: &QueueName) -> Result<QueueHandle, Error> {
+        self.owned(queue).map(|o| o.handle)
+    }
+
+    fn setup(&self, durable: bool) -> ActorSetup {
+        ActorSetup {
+            durable,
+            commit: self.commit.clone(),
+            outbox: self.outbox.clone(),
+            clock: Arc::clone(&self.clock),
+            store: Arc::clone(&self.store),
+            budget: Arc::clone(&self.budget),
+            capacity: self.config.queue_channel_capacity,
+        }
+    }
+
+    /// Gives each durable queue its share of the node's memory budget.
+    fn share_budget(&self) {
+        let durable = self
+            .map
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+            .filter(|o| !o.temporary)
+            .count();
+        self.budget
+            .store(queue_budget(&self.config, durable), Ordering::Relaxed);
+    }
+
+    /// Creates a queue. With `if_not_exists`, an existing queue is returned as it is (`false`).
+    /// A durable queue's dead-letter and expiry queues are created with it (when they do not
+    /// exist yet), so a message moved there is readable the moment its move is answered.
+    pub(crate) async fn create(
+        &self,
+        name: QueueName,
+        config: QueueConfig,
+        if_not_exists: bool,
+        temporary: bool,
+    ) -> Result<(QueueSummary, bool), Error> {
+        let mut config = config;
+        if temporary {
+            // A temporary queue keeps nothing: not even its dead letters.
+            config.dead_letter = ferry_kernel::DeadLetterTarget::Discard;
+            config.expiry = ferry_kernel::DeadLetterTarget::Discard;
+        }
+        validate_config(&name, &config)?;
+        let _admin = self.admin.lock().await;
+        if targets_up_front(&name, temporary) && self.owned(&name).is_err() {
+            self.create_targets(&name, &config).await?;
+        }
+        self.create_locked(name, config, if_not_exists, temporary)
+            .await
+    }
+
+    /// Creates the dead-letter and expiry queues of `source` that do not exist. Holds `admin`.
+    async fn create_targets(&self, source: &QueueName, config: &QueueConfig) -> Result<(), Error> {
+        for target in [&config.dead_letter, &config.expiry] {
+            let Some(target) = target.resolve(source) else {
+                continue;
+            };
+            if self.owned(&target).is_err() {
+                let dlq = dead_letter_queue_config(config);
+                self.create_locked(target, dlq, true, false).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// [`Queues::create`] once the `admin` lock is held.
+    async fn create_locked(
+        &self,
+        name: QueueName,
+        config: QueueConfig,
+        if_not_exists: bool,
+        temporary: bool,
+    ) -> Result<(QueueSummary, bool), Error> {
+        match self.owned(&name) {
+            Ok(existing) if if_not_exists => return Ok((summary(&existing), false)),
+            Ok(_) => {
+                return Err(Error::QueueExists {
+                    queue: name.to_string(),
+                })
+            }
+            Err(Error::QueueNotFound { .. }) => {}
+            Err(e) => return Err(e),
+        }
+        let owned = self
+            .map
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len();
+        if owned >= self.config.queues_max {
+            return Err(Error::Kernel(KernelError::OverLimit {
+                field: "queues on this node",
+                value: owned as u64 + 1,
+                limit: self.config.queues_max as u64,
+                limit_name: "queues_max",
+            }));
+        }
+        // 0 and u64::MAX are reserved (key-range bounds in the store).
+        let uid = QueueUid(rand::random_range(1..u64::MAX));
+        let def = QueueDef {
+            name: name.clone(),
+            uid,
+            config,
+        };
+        if !temporary {
+            self.commit
+                .commit(vec![StoreOp::PutQueue(def.clone())])
+                .await?;
+        }
+        let mut q = Queue::new(name.clone(), uid, def.config.clone());
+        // What cannot be paged out (non-persistent and staged messages) stops at the per-queue
+        // budget as configured, not the queue's share of the node's, which shrinks as queues come.
+        q.set_pinned_budget(self.config.queue_memory_budget_bytes);
+        let handle = QueueActor::spawn(q, self.setup(!temporary), vec![]);
+        let owned = Owned {
+            def,
+            temporary,
+            handle,
+        };
+        let s = summary(&owned);
+        self.map
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(name, owned);
+        self.share_budget();
+        tracing::info!(queue = %s.name, temporary, "queue created");
+        Ok((s, true))
+    }
+
+    /// The dead-letter queue `target` of `source`, created on demand with settings derived from
+    /// the source's.
+    pub(crate) async fn dead_letter_queue(
+        &self,
+        source: &QueueName,
+        target: &QueueName,
+    ) -> Result<QueueHandle, Error> {
+        if let Ok(h) = self.handle(target) {
+            return Ok(h);
+        }
+        let config = self
+            .owned(source)
+            .map(|o| dead_letter_queue_config(&o.def.config))
+            .unwrap_or_else(|_| dead_letter_queue_config(&self.config.queue_defaults));
+        self.create(target.clone(), config, true, false).await?;
+        self.handle(target)
+    }
+
+    pub(crate) fn get(&self, name: &QueueName) -> Result<QueueSummary, Error> {
+        self.owned(name).map(|o| summary(&o))
+    }
+
+    /// Every queue, in name order.
+    pub(crate) fn list(&self) -> Vec<QueueSummary> {
+        let map = self.map.read().unwrap_or_else(PoisonError::into_inner);
+        let mut all: Vec<_> = map.values().map(summary).collect();
+        all.sort_by(|a, b| a.name.cmp(&b.name));
+        all
+    }
+
+    /// Deletes a queue and its messages; parked receivers are answered NOT_FOUND. Returns how
+    /// many messages it held.
+    pub(crate) async fn delete(&self, name: &QueueName) -> Result<u64, Error> {
+        let _admin = self.admin.lock().await;
+        let owned = self.owned(name)?;
+        // Stop the owner task first (its submitted writes finish), then delete what it left on
+        // disk: no write for this queue can land after the range delete.
+        self.map
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(name);
+        let held = owned.handle.stop(true).await;
+        self.share_budget();
+        if !owned.temporary {
+            self.commit
+                .commit(vec![StoreOp::DeleteQueue(owned.def.uid)])
+                .await?;
+        }
+        tracing::info!(queue = %name, messages = held, "queue deleted");
+        Ok(held)
+    }
+
+    /// Stops every queue: calls fail with UNAVAILABLE from now on, parked receivers are
+    /// answered empty, writes already submitted finish.
+    pub(crate) async fn stop_all(&self) {
+        self.stopping.store(true, Ordering::Release);
+        let all: Vec<_> = {
+            let mut map = self.map.write().unwrap_or_else(PoisonError::into_inner);
+            map.drain().map(|(_, o)| o.handle).collect()
+        };
+        for h in all {
+            h.stop(false).await;
+        }
+    }
+}
+
+/// Whether a queue's dead-letter and expiry queues are created with it. Not for a temporary
+/// queue (it keeps nothing), nor for one named like a dead-letter queue (no `X.DLQ.DLQ` beside
+/// every `X.DLQ` a user creates; should it dead-letter, one is made on demand).
+fn targets_up_front(name: &QueueName, temporary: bool) -> bool {
+    !temporary && !name.as_str().ends_with(".DLQ")
+}
+
+fn summary(o: &Owned) -> QueueSummary {
+    QueueSummary {
+        name: o.def.name.clone(),
+        config: o.def.config.clone(),
+        temporary: o.temporary,
+    }
+}
+
+fn validate_config(name: &QueueName, c: &QueueConfig) -> Result<(), Error> {
+    if let Err((field, reason)) = c.redelivery.validate() {
+        return Err(Error::Kernel(KernelError::InvalidArgument {
+            field,
+            reason,
+        }));
+    }
+    for (field, target) in [
+        ("dead_letter_queue", &c.dead_letter),
+        ("expiry_queue", &c.expiry),
+    ] {
+        match target {
+            ferry_kernel::DeadLetterTarget::Default if target.resolve(name).is_none() => {
+                return Err(Error::Kernel(KernelError::InvalidArgument {
+                    field,
+                    reason: format!(
+                        "the default {name}.DLQ is not a valid queue name (names are at most {} bytes); name another queue or discard",
+                        QueueName::LEN_MAX
+                    ),
+                }));
+            }
+            ferry_kernel::DeadLetterTarget::Queue(q) if q == name => {
+                return Err(Error::Kernel(KernelError::InvalidArgument {
+                    field,
+                    reason: format!("{name} cannot be its own dead-letter queue"),
+                }));
+            }
+            _ => {}
+        }
+    }
+    let bad = |field: &'static str, reason: &str| {
+        Err(Error::Kernel(KernelError::InvalidArgument {
+            field,
+            reason: reason.into(),
+        }))
+    };
+    if c.default_lease_ms == 0 || c.default_lease_ms > c.lease_max_ms {
+        return bad(
+            "default_lease_ms",
+            "must be at least 1 and at most lease_max_ms",
+        );
+    }
+    if c.receive_batch_max == 0 {
+        return bad("receive_batch_max", "must be at least 1");
+    }
+    if c.max_message_size_bytes == 0 {
+        return bad("max_message_size_bytes", "must be at least 1");
+    }
+    // Every setting that sizes memory or time has a ceiling: a queue created with u64::MAX
+    // must not hold a lease, a dedup id or a parked receiver for ever.
+    const WEEK_MS: u64 = 7 * 24 * 3_600_000;
+    let ceilings: [(&'static str, u64, u64); 7] = [
+        ("lease_max_ms", c.lease_max_ms, WEEK_MS),
+        ("dedup_window_ms", c.dedup_window_ms, WEEK_MS),
+        (
+            "redelivery.max_delay_ms",
+            c.redelivery.max_delay_ms,
+            WEEK_MS,
+        ),
+        ("receive_batch_max", u64::from(c.receive_batch_max), 10_000),
+        ("waiters_max", c.waiters_max as u64, 100_000),
+        (
+            "max_message_size_bytes",
+            c.max_message_size_bytes,
+            MESSAGE_SIZE_BYTES_CEILING,
+        ),
+        (
+            "redelivery.max_redeliveries",
+            u64::from(c.redelivery.max_redeliveries.unwrap_or(0)),
+            1_000_000,
+        ),
+    ];
+    for (field, value, ceiling) in ceilings {
+        if value > ceiling {
+            return Err(Error::Kernel(KernelError::InvalidArgument {
+                field,
+                reason: format!("is {value}, above the most this node allows, {ceiling}"),
+            }));
+        }
+    }
+    Ok(())
+}
+
+/// The largest `max_message_size_bytes` a queue may have (64 MiB).
+pub const MESSAGE_SIZE_BYTES_CEILING: u64 = 64 * 1024 * 1024;
