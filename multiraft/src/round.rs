@@ -20,7 +20,9 @@ pub struct Round {
     pub persist: Option<PersistJob>,
     /// At most one batch per destination node, with messages of every group.
     pub batches: Vec<OutBatch>,
-    /// Committed entries and installed snapshots, in order per group, to apply.
+    /// Committed entries and installed snapshots, in order per group, to apply. Whenever
+    /// this is not empty, `persist` is `Some` (it records the new applied indexes), so the
+    /// application's writes for them can join it.
     pub applies: Vec<Apply>,
     /// Role or leader changes seen this round.
     pub role_changes: Vec<RoleChange>,
