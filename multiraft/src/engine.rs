@@ -18,6 +18,9 @@ use crate::persist::PersistJob;
 use crate::round::{ConfChange, HeldMessage, Role, Round, RoundCx};
 use crate::storage::Recovered;
 
+/// Most unknown groups remembered between two [`Engine::take_unknown_groups`] calls.
+const UNKNOWN_GROUPS_MAX: usize = 1024;
+
 /// A snapshot of one group's state on this node.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GroupStatus {
@@ -176,7 +179,9 @@ impl Engine {
         }
         for (group, message) in messages {
             let Some(g) = self.groups.get_mut(&group) else {
-                self.unknown_groups.insert(group);
+                if self.unknown_groups.len() < UNKNOWN_GROUPS_MAX {
+                    self.unknown_groups.insert(group);
+                }
                 continue;
             };
             if g.snapshot_pending.is_some() && message.get_msg_type() == MessageType::MsgTimeoutNow
@@ -490,5 +495,85 @@ impl Engine {
             ops: std::mem::take(&mut cx.ops),
             must_sync: cx.must_sync,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codec::encode_batch;
+    use crate::group_log::encode;
+
+    fn engine(node: u64) -> Engine {
+        let mut engine =
+            Engine::open(EngineConfig::new(NodeId(node)), Recovered::default()).expect("engine");
+        engine
+            .bootstrap_group(GroupId(1), &[NodeId(1), NodeId(2)])
+            .expect("bootstrap");
+        engine
+    }
+
+    fn heartbeat(from: u64, to: u64) -> Vec<u8> {
+        let mut m = Message::default();
+        m.set_msg_type(MessageType::MsgHeartbeat);
+        m.from = from;
+        m.to = to;
+        m.term = 1;
+        encode(&m)
+    }
+
+    #[test]
+    fn a_batch_with_garbage_or_misaddressed_messages_is_refused_whole() {
+        let mut e = engine(1);
+        let good = heartbeat(2, 1);
+        let garbage = [0xffu8, 0xff, 0xff];
+        let batch = encode_batch([(GroupId(1), &good[..]), (GroupId(1), &garbage[..])]);
+        assert!(matches!(
+            e.step(NodeId(2), &batch),
+            Err(Error::BadMessage { .. })
+        ));
+        let forged = heartbeat(3, 1);
+        let batch = encode_batch([(GroupId(1), &forged[..])]);
+        assert!(matches!(
+            e.step(NodeId(2), &batch),
+            Err(Error::BadMessage { .. })
+        ));
+        let elsewhere = heartbeat(2, 9);
+        let batch = encode_batch([(GroupId(1), &elsewhere[..])]);
+        assert!(matches!(
+            e.step(NodeId(2), &batch),
+            Err(Error::BadMessage { .. })
+        ));
+        assert!(matches!(
+            e.step(NodeId(2), &[7, 1]),
+            Err(Error::BadBatch { .. })
+        ));
+        let batch = encode_batch([(GroupId(1), &good[..])]);
+        e.step(NodeId(2), &batch).expect("a well-formed batch");
+    }
+
+    #[test]
+    fn messages_for_unknown_groups_are_dropped_and_listed() {
+        let mut e = engine(1);
+        let m = heartbeat(2, 1);
+        let batch = encode_batch([(GroupId(40), &m[..]), (GroupId(41), &m[..])]);
+        e.step(NodeId(2), &batch).expect("dropped, not refused");
+        assert_eq!(e.take_unknown_groups(), vec![GroupId(40), GroupId(41)]);
+        assert!(e.take_unknown_groups().is_empty());
+    }
+
+    #[test]
+    fn a_follower_is_told_who_leads() {
+        let mut e = engine(2);
+        let batch = encode_batch([(GroupId(1), &heartbeat(1, 2)[..])]);
+        e.step(NodeId(1), &batch).expect("step");
+        match e.propose(GroupId(1), b"x".to_vec()) {
+            Err(Error::NotLeader { leader, .. }) => assert_eq!(leader, Some(NodeId(1))),
+            other => panic!("expected NotLeader, got {other:?}"),
+        }
+        assert!(matches!(
+            e.propose(GroupId(9), vec![]),
+            Err(Error::GroupNotFound { .. })
+        ));
     }
 }
