@@ -15,9 +15,16 @@
 //! 2. `let round = engine.round()`;
 //! 3. send each `round.batches` entry to its node;
 //! 4. apply `round.applies` in order and add the state machine's own writes (with its applied
-//!    index) to `round.persist` with [`PersistJob::put_app`];
+//!    index) to `round.persist` with [`PersistJob::put_app`]; note `round.role_changes`;
 //! 5. write `round.persist` with [`LogStore::write`] (synced), then call
-//!    `engine.on_persisted(job.id())`; jobs are written in the order they were made.
+//!    `engine.on_persisted(job.id())`; jobs are written in the order they were made (a
+//!    writer thread may lag behind the rounds: that is the async-ready flow);
+//! 6. for each group in `round.snapshot_requests`, and whenever the log grows long, call
+//!    [`Engine::compact`] with the state machine's state at its applied index.
+//!
+//! raft-rs runs with `check_quorum`, `pre_vote` and `skip_bcast_commit` on. Its
+//! `batch_append` is off: in raft-rs 0.7 it can make a follower acknowledge an entry it does
+//! not have (see `config.rs`); the engine's one batch per peer per round does that job.
 //!
 //! Storage is one [`LogStore`] for every group's log, hard state, snapshot and apply state:
 //! [`RocksStore`] (a `raft` column family with group-prefixed big-endian keys) and [`MemStore`]
