@@ -13,9 +13,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ferry_kernel::{
-    Caller, ClockRef, DeadLetter, Delivery, Effects, KernelError, LeaseRef, MessageId,
-    MessageState, NewMessage, PagedError, Queue, QueueName, QueueStats, ReceiveOutcome,
-    ReceiveRequest, RecoveredMessage, Seq, SessionId, WaiterId,
+    Caller, ClockRef, DeadLetter, Delivery, Effects, LeaseRef, MessageId, MessageState, NewMessage,
+    PagedError, Queue, QueueName, ReceiveOutcome, ReceiveRequest, RecoveredMessage, Seq, SessionId,
+    WaiterId,
 };
 use ferry_store::{GroupCommit, QueueStore, StoreError, StoreOp};
 use futures::stream::{FuturesOrdered, StreamExt};
@@ -24,141 +24,18 @@ use tokio::sync::{mpsc, oneshot};
 use crate::error::Error;
 use crate::outbox::{BrokerEvent, DeadLetterJob, Outbox, Published};
 
+mod answers;
+mod handle;
+mod store_source;
+
+use answers::{answer, answer_after_moves, deliver, Answer};
+pub(crate) use handle::{Browsed, Cmd, LeaseResults, QueueHandle, TxDecision};
+use store_source::StoreSource;
+
 type Reply<T> = oneshot::Sender<Result<T, Error>>;
 
 /// The longest a queue's timer sleeps before looking again (one hour).
 const TIMER_MAX_MS: u64 = 3_600_000;
-pub(crate) type LeaseResults<T> = Vec<Result<T, KernelError>>;
-/// Browsed messages with their state and delivery count, and where to resume (`None`: done).
-pub(crate) type Browsed = (
-    Vec<(Arc<ferry_kernel::Message>, MessageState, u32)>,
-    Option<ferry_kernel::Seq>,
-);
-
-pub(crate) enum Cmd {
-    Send {
-        messages: Vec<NewMessage>,
-        reply: Reply<Vec<MessageId>>,
-    },
-    /// Sends of a transacted session: staged until it commits.
-    Stage {
-        session: SessionId,
-        messages: Vec<NewMessage>,
-        reply: Reply<Vec<MessageId>>,
-    },
-    /// Dead letters moved here from another queue, with the durable deletes from their source
-    /// queue: both are written in one batch.
-    AcceptDeadLetters {
-        messages: Vec<NewMessage>,
-        source_deletes: Vec<StoreOp>,
-        reply: Reply<Vec<MessageId>>,
-    },
-    /// First phase of a commit: may the session's transaction commit here? If so, the task
-    /// answers and then waits for the decision, touching nothing else until it comes, so the
-    /// answer stays true.
-    TxPrepare {
-        session: SessionId,
-        acks: Vec<LeaseRef>,
-        reply: Reply<()>,
-        decision: oneshot::Receiver<TxDecision>,
-    },
-    /// Drops the session's staged sends and gives back what it received.
-    Rollback {
-        session: SessionId,
-        reply: Reply<u64>,
-    },
-    Receive {
-        req: ReceiveRequest,
-        ticket: u64,
-        /// Receives with the same nonzero tag come from one consumer: counted once.
-        consumer: u64,
-        reply: Reply<Vec<Delivery>>,
-    },
-    CancelReceive {
-        ticket: u64,
-    },
-    /// Deliveries that never reached their consumer: those that reached the caller's side after
-    /// it stopped waiting (`Caller::Backend`, no answer), or prefetched messages a consumer gives
-    /// back unseen (answered per lease).
-    ReturnUndelivered {
-        caller: Caller,
-        leases: Vec<LeaseRef>,
-        reply: Option<Reply<LeaseResults<()>>>,
-    },
-    Ack {
-        caller: Caller,
-        leases: Vec<LeaseRef>,
-        /// Nobody waits for the answer: the write may be deferred (see `GroupCommit`).
-        defer_sync: bool,
-        reply: Reply<LeaseResults<()>>,
-    },
-    /// Answered once the write is durable and, for messages it dead-letters, once they are in
-    /// their dead-letter queue.
-    Nack {
-        caller: Caller,
-        leases: Vec<LeaseRef>,
-        delay_ms: Option<u64>,
-        /// Straight to the dead-letter target.
-        reject: bool,
-        reply: Reply<LeaseResults<()>>,
-    },
-    Extend {
-        caller: Caller,
-        leases: Vec<LeaseRef>,
-        lease_ms: Option<u64>,
-        reply: Reply<LeaseResults<u64>>,
-    },
-    /// A session is alive: renew its delivery leases.
-    RenewSession {
-        session: SessionId,
-        reply: Reply<u64>,
-    },
-    /// A session ended (`recover: false`) or is recovering (`true`).
-    ReleaseSession {
-        session: SessionId,
-        recover: bool,
-        reply: Reply<u64>,
-    },
-    Browse {
-        after: Option<ferry_kernel::Seq>,
-        max: usize,
-        selector: Option<Arc<ferry_kernel::Selector>>,
-        reply: Reply<Browsed>,
-    },
-    Purge {
-        reply: Reply<u64>,
-    },
-    DeleteMessage {
-        id: MessageId,
-        reply: Reply<()>,
-    },
-    Stats {
-        reply: Reply<QueueStats>,
-    },
-    /// Ends the task; pending writes finish first. Parked receivers are answered NOT_FOUND
-    /// when the queue is `deleted`, else (the node is stopping) empty.
-    Stop {
-        deleted: bool,
-        reply: oneshot::Sender<u64>,
-    },
-}
-
-/// The second phase of a commit (see [`Cmd::TxPrepare`]).
-pub(crate) enum TxDecision {
-    /// Apply the transaction and hand over its writes; they are written in one batch with the
-    /// other queues' writes, and `durable` says when that batch is on disk.
-    Commit {
-        ops: oneshot::Sender<Vec<StoreOp>>,
-        /// The batch is queued for writing (after every write this queue submitted before).
-        submitted: oneshot::Receiver<()>,
-        durable: oneshot::Receiver<Result<(), StoreError>>,
-    },
-    Abort,
-}
-
-/// Sends a caller its answer once the write it depends on is done. Returns the leases of
-/// deliveries that could not be handed over (the receiver was gone or the write failed).
-type Answer = Box<dyn FnOnce(Result<(), StoreError>) -> Vec<LeaseRef> + Send>;
 
 /// A write on its way: its result, the answers waiting for it, and the queue's next sequence
 /// number when it was submitted (every message write below it is in this write or an earlier one).
@@ -172,102 +49,6 @@ type Moving = (Vec<DeadLetter>, Vec<BrokerEvent>);
 
 /// How many page reads one fill of the window may make before the task serves commands again.
 const FILL_READS_MAX: usize = 16;
-
-/// A cheap handle to a queue's owner task.
-#[derive(Debug, Clone)]
-pub(crate) struct QueueHandle {
-    tx: mpsc::Sender<Cmd>,
-    tickets: Arc<AtomicU64>,
-}
-
-impl QueueHandle {
-    pub(crate) async fn call<T>(&self, make: impl FnOnce(Reply<T>) -> Cmd) -> Result<T, Error> {
-        let (tx, rx) = oneshot::channel();
-        self.tx
-            .send(make(tx))
-            .await
-            .map_err(|_| Error::ShuttingDown)?;
-        rx.await.map_err(|_| Error::ShuttingDown)?
-    }
-
-    /// Receives; if the caller stops waiting (its future is dropped: client cancelled or went
-    /// away), the parked receiver is removed from the queue at once.
-    pub(crate) async fn receive(
-        &self,
-        req: ReceiveRequest,
-        consumer: u64,
-    ) -> Result<Vec<Delivery>, Error> {
-        let ticket = self.tickets.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = oneshot::channel();
-        self.tx
-            .send(Cmd::Receive {
-                req,
-                ticket,
-                consumer,
-                reply: tx,
-            })
-            .await
-            .map_err(|_| Error::ShuttingDown)?;
-        let mut guard = CancelOnDrop {
-            tx: self.tx.clone(),
-            ticket,
-            rx: Some(rx),
-        };
-        let rx = guard.rx.as_mut().expect("invariant: set just above");
-        let out = rx.await.map_err(|_| Error::ShuttingDown);
-        guard.rx = None;
-        out?
-    }
-
-    pub(crate) async fn stop(&self, deleted: bool) -> u64 {
-        let (tx, rx) = oneshot::channel();
-        if self
-            .tx
-            .send(Cmd::Stop { deleted, reply: tx })
-            .await
-            .is_err()
-        {
-            return 0;
-        }
-        rx.await.unwrap_or(0)
-    }
-}
-
-/// Armed while a receive waits for its answer. Dropped armed (the caller stopped waiting), it
-/// removes the parked receiver, or, if the answer already arrived, gives its deliveries back.
-struct CancelOnDrop {
-    tx: mpsc::Sender<Cmd>,
-    ticket: u64,
-    rx: Option<oneshot::Receiver<Result<Vec<Delivery>, Error>>>,
-}
-
-impl Drop for CancelOnDrop {
-    fn drop(&mut self) {
-        let Some(mut rx) = self.rx.take() else { return };
-        // After close() the owner task can no longer hand us anything: its send fails and it
-        // returns the messages itself. Whatever was sent before is still readable here.
-        rx.close();
-        let cmd = match rx.try_recv() {
-            Ok(Ok(deliveries)) if !deliveries.is_empty() => Cmd::ReturnUndelivered {
-                caller: Caller::Backend,
-                leases: deliveries.iter().map(Delivery::lease_ref).collect(),
-                reply: None,
-            },
-            _ => Cmd::CancelReceive {
-                ticket: self.ticket,
-            },
-        };
-        if let Err(mpsc::error::TrySendError::Full(cmd)) = self.tx.try_send(cmd) {
-            // The queue is busy; deliver the command without blocking the dropping thread.
-            if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                let tx = self.tx.clone();
-                rt.spawn(async move {
-                    let _ = tx.send(cmd).await;
-                });
-            }
-        }
-    }
-}
 
 pub(crate) struct QueueActor {
     queue: Queue,
@@ -331,10 +112,7 @@ impl QueueActor {
             moving: Vec::new(),
         };
         tokio::spawn(actor.run(delayed));
-        QueueHandle {
-            tx,
-            tickets: Arc::new(AtomicU64::new(1)),
-        }
+        QueueHandle::new(tx)
     }
 
     async fn run(mut self, delayed: Vec<RecoveredMessage>) {
@@ -444,11 +222,8 @@ impl QueueActor {
                 source_deletes,
                 reply,
             } => {
-                let (ids, fx) = self.queue.send_moved(messages, now);
-                let mut answers = vec![answer(reply, ids)];
-                let mut ops = self.collect(fx, &mut answers);
-                ops.extend(source_deletes);
-                self.submit(ops, answers).await;
+                self.on_accept_dead_letters(messages, source_deletes, reply, now)
+                    .await;
             }
             Cmd::TxPrepare {
                 session,
@@ -465,31 +240,7 @@ impl QueueActor {
                 ticket,
                 consumer,
                 reply,
-            } => match self.receive(req, now) {
-                Ok((ReceiveOutcome::Delivered(d), fx)) => {
-                    self.finish(fx, vec![deliver(reply, d)]).await;
-                }
-                Ok((ReceiveOutcome::Empty, fx)) => {
-                    let _ = reply.send(Ok(vec![]));
-                    self.finish(fx, vec![]).await;
-                }
-                Ok((ReceiveOutcome::Parked(id), fx)) => {
-                    self.waiters.insert(
-                        id,
-                        Parked {
-                            ticket,
-                            consumer,
-                            reply,
-                        },
-                    );
-                    self.tickets.insert(ticket, id);
-                    self.finish(fx, vec![]).await;
-                }
-                Ok((ReceiveOutcome::NeedStore, _)) => {
-                    unreachable!("receive_paged answers from the store")
-                }
-                Err(e) => drop(reply.send(Err(e))),
-            },
+            } => self.on_receive(req, ticket, consumer, reply, now).await,
             Cmd::CancelReceive { ticket } => {
                 if let Some(id) = self.tickets.remove(&ticket) {
                     self.queue.cancel_waiter(id);
@@ -510,14 +261,7 @@ impl QueueActor {
                 leases,
                 defer_sync,
                 reply,
-            } => {
-                let (results, fx) = self.queue.ack(caller, &leases, now);
-                // Deferred only when the answer is all that waits: a hand-off or a dead letter
-                // the ack's time passing produced goes out as soon as it is durable.
-                let defer = defer_sync && fx.handed.is_empty() && fx.dead_letters.is_empty();
-                self.finish_with(fx, vec![answer(reply, results)], defer)
-                    .await;
-            }
+            } => self.on_ack(caller, leases, defer_sync, reply, now).await,
             Cmd::Nack {
                 caller,
                 leases,
@@ -525,13 +269,8 @@ impl QueueActor {
                 reject,
                 reply,
             } => {
-                let (results, fx) = self.queue.nack(caller, &leases, delay_ms, reject, now);
-                let mut answers = vec![];
-                let ops = self.collect(fx, &mut answers);
-                // A rejected message is answered for once it is where the answer says it went.
-                let moving = std::mem::take(&mut self.moving);
-                answers.push(answer_after_moves(reply, results, moving));
-                self.submit(ops, answers).await;
+                self.on_nack(caller, leases, delay_ms, reject, reply, now)
+                    .await;
             }
             Cmd::Extend {
                 caller,
@@ -566,18 +305,7 @@ impl QueueActor {
             } => {
                 let _ = reply.send(self.browse(after, max, selector.as_deref()));
             }
-            Cmd::DeleteMessage { id, reply } => {
-                let fx = self.pull_by_id(&id, now);
-                self.finish(fx, vec![]).await;
-                let (result, fx) = self.queue.delete_message(&id, now);
-                match result {
-                    Ok(()) => self.finish(fx, vec![answer(reply, ())]).await,
-                    Err(e) => {
-                        let _ = reply.send(Err(e.into()));
-                        self.finish(fx, vec![]).await;
-                    }
-                }
-            }
+            Cmd::DeleteMessage { id, reply } => self.on_delete_message(&id, reply, now).await,
             Cmd::Purge { reply } => {
                 let (n, fx) = self.queue.purge(now);
                 self.finish(fx, vec![answer(reply, n)]).await;
@@ -589,6 +317,104 @@ impl QueueActor {
             }
             Cmd::Stop { .. } => unreachable!("handled in run"),
         }
+    }
+
+    async fn on_receive(
+        &mut self,
+        req: ReceiveRequest,
+        ticket: u64,
+        consumer: u64,
+        reply: Reply<Vec<Delivery>>,
+        now: u64,
+    ) {
+        match self.receive(req, now) {
+            Ok((ReceiveOutcome::Delivered(d), fx)) => {
+                self.finish(fx, vec![deliver(reply, d)]).await;
+            }
+            Ok((ReceiveOutcome::Empty, fx)) => {
+                let _ = reply.send(Ok(vec![]));
+                self.finish(fx, vec![]).await;
+            }
+            Ok((ReceiveOutcome::Parked(id), fx)) => {
+                self.waiters.insert(
+                    id,
+                    Parked {
+                        ticket,
+                        consumer,
+                        reply,
+                    },
+                );
+                self.tickets.insert(ticket, id);
+                self.finish(fx, vec![]).await;
+            }
+            Ok((ReceiveOutcome::NeedStore, _)) => {
+                unreachable!("receive_paged answers from the store")
+            }
+            Err(e) => drop(reply.send(Err(e))),
+        }
+    }
+
+    async fn on_ack(
+        &mut self,
+        caller: Caller,
+        leases: Vec<LeaseRef>,
+        defer_sync: bool,
+        reply: Reply<LeaseResults<()>>,
+        now: u64,
+    ) {
+        let (results, fx) = self.queue.ack(caller, &leases, now);
+        // Deferred only when the answer is all that waits: a hand-off or a dead letter the
+        // ack's time passing produced goes out as soon as it is durable.
+        let defer = defer_sync && fx.handed.is_empty() && fx.dead_letters.is_empty();
+        self.finish_with(fx, vec![answer(reply, results)], defer)
+            .await;
+    }
+
+    async fn on_nack(
+        &mut self,
+        caller: Caller,
+        leases: Vec<LeaseRef>,
+        delay_ms: Option<u64>,
+        reject: bool,
+        reply: Reply<LeaseResults<()>>,
+        now: u64,
+    ) {
+        let (results, fx) = self.queue.nack(caller, &leases, delay_ms, reject, now);
+        let mut answers = vec![];
+        let ops = self.collect(fx, &mut answers);
+        // A rejected message is answered for once it is where the answer says it went.
+        let moving = std::mem::take(&mut self.moving);
+        answers.push(answer_after_moves(reply, results, moving));
+        self.submit(ops, answers).await;
+    }
+
+    /// Deletes one message by id: it is brought into memory first if it is paged out.
+    async fn on_delete_message(&mut self, id: &MessageId, reply: Reply<()>, now: u64) {
+        let fx = self.pull_by_id(id, now);
+        self.finish(fx, vec![]).await;
+        let (result, fx) = self.queue.delete_message(id, now);
+        match result {
+            Ok(()) => self.finish(fx, vec![answer(reply, ())]).await,
+            Err(e) => {
+                let _ = reply.send(Err(e.into()));
+                self.finish(fx, vec![]).await;
+            }
+        }
+    }
+
+    /// Dead letters moved here, written in one batch with their deletes from the source queue.
+    async fn on_accept_dead_letters(
+        &mut self,
+        messages: Vec<NewMessage>,
+        source_deletes: Vec<StoreOp>,
+        reply: Reply<Vec<MessageId>>,
+        now: u64,
+    ) {
+        let (ids, fx) = self.queue.send_moved(messages, now);
+        let mut answers = vec![answer(reply, ids)];
+        let mut ops = self.collect(fx, &mut answers);
+        ops.extend(source_deletes);
+        self.submit(ops, answers).await;
     }
 
     /// Receivers waiting: parked receives, those of one consumer counted once.
@@ -1025,60 +851,6 @@ fn dead_letter_event(source: &QueueName, dl: &DeadLetter, moved: bool, now_ms: u
     }
 }
 
-fn answer<T: Send + 'static>(reply: Reply<T>, value: T) -> Answer {
-    Box::new(move |written| {
-        let _ = reply.send(written.map(|()| value).map_err(Error::from));
-        vec![]
-    })
-}
-
-/// Answers once the write is durable and every dead letter of the command is in its dead-letter
-/// queue (a failed move fails the answer: the message stays in its queue on disk and is judged
-/// again at restart).
-fn answer_after_moves<T: Send + 'static>(
-    reply: Reply<T>,
-    value: T,
-    moving: Vec<oneshot::Receiver<Result<(), Error>>>,
-) -> Answer {
-    if moving.is_empty() {
-        return answer(reply, value);
-    }
-    Box::new(move |written| {
-        match written {
-            Err(e) => drop(reply.send(Err(e.into()))),
-            // Ends when the moves end: each job is answered or dropped (which ends it too).
-            Ok(()) => drop(tokio::spawn(async move {
-                for moved in moving {
-                    match moved.await {
-                        Ok(Ok(())) => {}
-                        Ok(Err(e)) => return drop(reply.send(Err(e))),
-                        Err(_) => return drop(reply.send(Err(Error::ShuttingDown))),
-                    }
-                }
-                let _ = reply.send(Ok(value));
-            })),
-        }
-        vec![]
-    })
-}
-
-fn deliver(reply: Reply<Vec<Delivery>>, deliveries: Vec<Delivery>) -> Answer {
-    Box::new(move |written| {
-        let leases: Vec<LeaseRef> = deliveries.iter().map(Delivery::lease_ref).collect();
-        match written {
-            Ok(()) => match reply.send(Ok(deliveries)) {
-                Ok(()) => vec![],
-                // The receiver is gone: these messages never reached anyone.
-                Err(_) => leases,
-            },
-            Err(e) => {
-                let _ = reply.send(Err(e.into()));
-                leases
-            }
-        }
-    })
-}
-
 fn min_seq(a: Option<Seq>, b: Option<Seq>) -> Option<Seq> {
     match (a, b) {
         (Some(a), Some(b)) => Some(a.min(b)),
@@ -1096,72 +868,4 @@ pub(crate) struct ActorSetup {
     pub(crate) store: Arc<dyn QueueStore>,
     pub(crate) budget: Arc<AtomicU64>,
     pub(crate) capacity: usize,
-}
-
-/// The store as a queue's paging may read it: only what is applied, so a read can never step
-/// over a message whose write is still on its way.
-struct StoreSource<'a> {
-    store: &'a dyn QueueStore,
-    uid: ferry_kernel::QueueUid,
-    upto: Seq,
-    settled: bool,
-}
-
-impl<'a> StoreSource<'a> {
-    /// `settled`: no write of the queue is on its way; else every message write below `applied`
-    /// is done.
-    fn new(store: &'a dyn QueueStore, queue: &Queue, settled: bool, applied: Seq) -> Self {
-        Self {
-            store,
-            uid: queue.uid(),
-            upto: if settled { Seq(u64::MAX) } else { applied },
-            settled,
-        }
-    }
-}
-
-impl ferry_kernel::PageSource for StoreSource<'_> {
-    type Error = StoreError;
-
-    fn read_page(
-        &self,
-        p: ferry_kernel::Priority,
-        from: Seq,
-        max_count: usize,
-        max_bytes: u64,
-    ) -> Result<ferry_kernel::Page, StoreError> {
-        let page = self
-            .store
-            .read_page(self.uid, p, from, self.upto, max_count, max_bytes)?;
-        Ok(ferry_kernel::Page {
-            messages: page.messages,
-            next: page.next,
-            end: page.end,
-        })
-    }
-
-    fn settled(&self) -> bool {
-        self.settled
-    }
-
-    fn find_by_header(
-        &self,
-        header: ferry_kernel::IndexedHeader,
-        value: &str,
-        max: usize,
-    ) -> Result<Vec<(ferry_kernel::Priority, Seq)>, StoreError> {
-        self.store.find_by_header(self.uid, header, value, max)
-    }
-
-    fn read_messages(
-        &self,
-        keys: &[(ferry_kernel::Priority, Seq)],
-    ) -> Result<Vec<RecoveredMessage>, StoreError> {
-        Ok(self
-            .store
-            .read_messages(self.uid, keys)?
-            .into_iter()
-            .filter(|m| m.message.seq < self.upto)
-            .collect())
-    }
 }
