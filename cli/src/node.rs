@@ -67,7 +67,11 @@ pub async fn run(
     );
     let backend = BackendService::new(broker.clone());
     let router = router(node_id.clone(), &backend, membership)?;
-    let frontend = Arc::new(Frontend::new(frontend_config(&config.limits), router));
+    let frontend = Arc::new(Frontend::new(
+        frontend_config(&config.limits),
+        router,
+        Arc::new(ferry_be_server::SystemClock),
+    ));
     let reaper = tokio::spawn(frontend.reaper());
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<MessagingServer>().await;

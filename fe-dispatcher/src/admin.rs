@@ -302,9 +302,12 @@ impl pb::admin_server::Admin for AdminService {
             rate_per_sec: r.rate_per_sec,
             max_messages: r.max_messages,
         };
-        let task = self
-            .movers
-            .start(self.router.clone(), spec, stats.ready + stats.scheduled);
+        let task = self.movers.start(
+            self.router.clone(),
+            self.messaging.clock.clone(),
+            spec,
+            stats.ready + stats.scheduled,
+        );
         Ok(Response::new(task.info()))
     }
 
@@ -325,7 +328,12 @@ impl pb::admin_server::Admin for AdminService {
         req: Request<pb::WatchEventsRequest>,
     ) -> Reply<Self::WatchEventsStream> {
         let local = self.messaging.events.subscribe();
-        let stream = crate::events::watch(self.router.clone(), local, req.into_inner()).await?;
+        let stream = crate::events::watch(
+            self.router.clone(),
+            self.messaging.clock.clone(),
+            local,
+            req.into_inner(),
+        ).await?;
         Ok(Response::new(stream))
     }
 

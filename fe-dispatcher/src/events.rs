@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use ferry_kernel::ClockRef;
 use ferry_proto::{pb, EventStream};
 use futures::stream::{SelectAll, StreamExt};
 use tokio::sync::{broadcast, mpsc};
@@ -29,6 +30,7 @@ struct Thresholds {
 
 pub(crate) async fn watch(
     router: Arc<Router>,
+    clock: ClockRef,
     mut local: broadcast::Receiver<pb::Event>,
     req: pb::WatchEventsRequest,
 ) -> Result<EventStream, Status> {
@@ -76,7 +78,7 @@ pub(crate) async fn watch(
                 e = local.recv() => match e {
                     Ok(e) => vec![e],
                     Err(broadcast::error::RecvError::Lagged(n)) => vec![pb::Event {
-                        at_ms: crate::now_ms(),
+                        at_ms: clock.now_ms(),
                         kind: "events-lost".into(),
                         value: n,
                         node: node.clone(),
@@ -85,7 +87,7 @@ pub(crate) async fn watch(
                     Err(broadcast::error::RecvError::Closed) => return,
                 },
                 _ = tick.tick(), if t.depth_high > 0 || t.age_high_ms > 0 => {
-                    check(&router, only.as_deref(), t, &mut crossed, &node).await
+                    check(&router, only.as_deref(), t, &mut crossed, &node, clock.now_ms()).await
                 }
             };
             for e in out {
@@ -101,15 +103,16 @@ pub(crate) async fn watch(
     Ok(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx)))
 }
 
-/// Reads every queue's depth and oldest ready age; returns the crossings since the last check.
+/// Reads every queue's depth and oldest ready age (`now`: wall time, ms); returns the crossings
+/// since the last check.
 async fn check(
     router: &Router,
     only: Option<&str>,
     t: Thresholds,
     crossed: &mut HashMap<String, Crossed>,
     node: &str,
+    now: u64,
 ) -> Vec<pb::Event> {
-    let now = crate::now_ms();
     let mut out = vec![];
     for (_, be) in router.all() {
         let Ok(queues) = be

@@ -23,6 +23,8 @@ mod sessions;
 use std::sync::Arc;
 use std::time::Duration;
 
+use ferry_kernel::ClockRef;
+
 pub use admin::AdminService;
 pub use error::Error;
 pub use messaging::MessagingService;
@@ -99,11 +101,14 @@ impl StopHandle {
 }
 
 impl Frontend {
-    pub fn new(config: FrontendConfig, router: Router) -> Self {
+    /// `clock` is the wall clock the front-end stamps events and message expiries with (the
+    /// system clock in a node, a `ManualClock` in tests). Connection leases and deadlines run on
+    /// tokio's monotonic clock instead, so tests can pause and step it.
+    pub fn new(config: FrontendConfig, router: Router, clock: ClockRef) -> Self {
         let router = Arc::new(router);
         let sessions = Arc::new(Sessions::new(config.clone()));
         let (stop, stopping) = tokio::sync::watch::channel(false);
-        let messaging = MessagingService::new(config, router.clone(), sessions, stopping);
+        let messaging = MessagingService::new(config, router.clone(), sessions, stopping, clock);
         let admin = AdminService::new(router, messaging.clone());
         Self {
             messaging,
@@ -127,11 +132,4 @@ impl Frontend {
     pub fn client_counts(&self) -> (usize, usize) {
         self.messaging.sessions.counts()
     }
-}
-
-/// Milliseconds since the Unix epoch.
-pub(crate) fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }

@@ -6,7 +6,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_kernel::{NodeId, QueueName, ReceiptHandle, SessionId};
+use ferry_kernel::{ClockRef, NodeId, QueueName, ReceiptHandle, SessionId};
 use ferry_proto::pb;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -26,6 +26,8 @@ pub struct MessagingService {
     pub(crate) stopping: tokio::sync::watch::Receiver<bool>,
     /// What this front-end saw that operators watch for (sends to a reply queue that is gone).
     pub(crate) events: tokio::sync::broadcast::Sender<pb::Event>,
+    /// Wall time, for event stamps and lease expiries shown to clients.
+    pub(crate) clock: ClockRef,
 }
 
 pub(crate) fn queue_name(name: &str) -> Result<QueueName, Status> {
@@ -44,6 +46,7 @@ impl MessagingService {
         router: Arc<Router>,
         sessions: Arc<Sessions>,
         stopping: tokio::sync::watch::Receiver<bool>,
+        clock: ClockRef,
     ) -> Self {
         Self {
             config,
@@ -51,6 +54,7 @@ impl MessagingService {
             sessions,
             stopping,
             events: tokio::sync::broadcast::channel(1_024).0,
+            clock,
         }
     }
 
@@ -297,7 +301,7 @@ impl MessagingService {
             .inspect_err(|e| {
                 if is_reply && e.code() == tonic::Code::NotFound {
                     let _ = self.events.send(pb::Event {
-                        at_ms: crate::now_ms(),
+                        at_ms: self.clock.now_ms(),
                         kind: "reply-queue-missing".into(),
                         queue: queue.to_string(),
                         node: self.router.local_node().to_string(),
@@ -432,7 +436,8 @@ impl pb::messaging_server::Messaging for MessagingService {
             self.renew_session_queues(session, queues).await;
         }
         let left = at.saturating_duration_since(tokio::time::Instant::now());
-        let lease_expires_at_ms = crate::now_ms() + u64::try_from(left.as_millis()).unwrap_or(0);
+        let lease_expires_at_ms =
+            self.clock.now_ms() + u64::try_from(left.as_millis()).unwrap_or(0);
         Ok(Response::new(pb::HeartbeatResponse {
             lease_expires_at_ms,
         }))

@@ -5,7 +5,10 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use ferry_kernel::ClockRef;
+use tokio::time::Instant;
 
 use ferry_kernel::QueueName;
 use ferry_proto::pb;
@@ -73,7 +76,13 @@ impl Movers {
             .cloned()
     }
 
-    pub(crate) fn start(&self, router: Arc<Router>, spec: MoveSpec, at_start: u64) -> Arc<Task> {
+    pub(crate) fn start(
+        &self,
+        router: Arc<Router>,
+        clock: ClockRef,
+        spec: MoveSpec,
+        at_start: u64,
+    ) -> Arc<Task> {
         let task = Arc::new(Task {
             id: format!("move-{:016x}", rand::random::<u64>()),
             from: spec.from.clone(),
@@ -88,7 +97,7 @@ impl Movers {
             .insert(task.id.clone(), task.clone());
         let t = task.clone();
         tokio::spawn(async move {
-            let result = run(&router, &spec, &t)
+            let result = run(&router, &clock, &spec, &t)
                 .await
                 .map_err(|s| s.message().to_owned());
             match &result {
@@ -105,7 +114,7 @@ impl Movers {
     }
 }
 
-async fn run(router: &Router, spec: &MoveSpec, task: &Task) -> Result<(), Status> {
+async fn run(router: &Router, clock: &ClockRef, spec: &MoveSpec, task: &Task) -> Result<(), Status> {
     let source = router.for_queue(&spec.from)?.clone();
     let target = router.for_queue(&spec.to)?.clone();
     let started = Instant::now();
@@ -148,7 +157,7 @@ async fn run(router: &Router, spec: &MoveSpec, task: &Task) -> Result<(), Status
             return Ok(());
         }
         let handles: Vec<String> = got.iter().map(|d| d.receipt_handle.clone()).collect();
-        let now = crate::now_ms();
+        let now = clock.now_ms();
         let messages = got
             .iter()
             .filter_map(|d| d.message.as_ref())
