@@ -6,30 +6,32 @@ use std::sync::Arc;
 use ferry_proto::pb;
 use tonic::{Request, Response, Status};
 
-use crate::messaging::queue_name;
+use crate::dispatch::{queue_name, Dispatch};
 use crate::router::Router;
 
 /// See the module docs.
 #[derive(Debug, Clone)]
 pub struct AdminService {
-    router: Arc<Router>,
-    /// This node's client-facing service: its connections, and how to close one.
-    messaging: crate::messaging::MessagingService,
+    /// The front-end's core: the router, this node's connections and how to close one.
+    core: Arc<Dispatch>,
     movers: crate::mover::Movers,
 }
 
 impl AdminService {
-    pub(crate) fn new(router: Arc<Router>, messaging: crate::messaging::MessagingService) -> Self {
+    pub(crate) fn new(core: Arc<Dispatch>) -> Self {
         Self {
-            router,
-            messaging,
+            core,
             movers: crate::mover::Movers::default(),
         }
     }
 
+    fn router(&self) -> &Arc<Router> {
+        &self.core.router
+    }
+
     async fn all_queues(&self) -> Result<Vec<pb::QueueInfo>, Status> {
         let mut all = vec![];
-        for (_, be) in self.router.all() {
+        for (_, be) in self.router().all() {
             all.extend(
                 be.list_queues(Request::new(pb::BackendListQueuesRequest {}))
                     .await?
@@ -92,7 +94,7 @@ impl pb::admin_server::Admin for AdminService {
             ));
         }
         // Dead letters move within one back-end: their target must live where the queue does.
-        let owner = self.router.owner_of(&name);
+        let owner = self.router().owner_of(&name);
         let cfg = r.config.clone().unwrap_or_default();
         for (field, target) in [("dead_letter", &cfg.dead_letter), ("expiry", &cfg.expiry)] {
             use pb::dead_letter_target::Target;
@@ -101,14 +103,14 @@ impl pb::admin_server::Admin for AdminService {
                 Some(Target::Discard(true)) => continue,
                 _ => queue_name(&format!("{name}.DLQ"))?,
             };
-            let target_owner = self.router.owner_of(&target);
+            let target_owner = self.router().owner_of(&target);
             if target_owner != owner {
                 return Err(Status::invalid_argument(format!(
                     "{field}: queue {target} lives on node {target_owner} but {name} on {owner}; a dead-letter queue must live on its queue's node (fix cluster.placement or name another queue)"
                 )));
             }
         }
-        let be = self.router.for_queue(&name)?;
+        let be = self.router().for_queue(&name)?;
         // Tell "created" from "already there" by asking first; create is idempotent either way.
         let existed = be
             .get_queue(Request::new(pb::BackendQueueRequest {
@@ -131,7 +133,7 @@ impl pb::admin_server::Admin for AdminService {
 
     async fn get_queue(&self, req: Request<pb::GetQueueRequest>) -> Reply<pb::GetQueueResponse> {
         let name = req.into_inner().name;
-        let be = self.router.for_queue(&queue_name(&name)?)?;
+        let be = self.router().for_queue(&queue_name(&name)?)?;
         let info = be
             .get_queue(Request::new(pb::BackendQueueRequest { name }))
             .await?
@@ -157,7 +159,7 @@ impl pb::admin_server::Admin for AdminService {
         req: Request<pb::DeleteQueueRequest>,
     ) -> Reply<pb::DeleteQueueResponse> {
         let name = req.into_inner().name;
-        let be = self.router.for_queue(&queue_name(&name)?)?;
+        let be = self.router().for_queue(&queue_name(&name)?)?;
         let n = be
             .delete_queue(Request::new(pb::BackendQueueRequest { name }))
             .await?
@@ -173,7 +175,7 @@ impl pb::admin_server::Admin for AdminService {
         req: Request<pb::PurgeQueueRequest>,
     ) -> Reply<pb::PurgeQueueResponse> {
         let name = req.into_inner().name;
-        let be = self.router.for_queue(&queue_name(&name)?)?;
+        let be = self.router().for_queue(&queue_name(&name)?)?;
         let n = be
             .purge_queue(Request::new(pb::BackendQueueRequest { name }))
             .await?
@@ -199,7 +201,7 @@ impl pb::admin_server::Admin for AdminService {
         };
         let mut queues = vec![];
         for name in names {
-            let be = self.router.for_queue(&queue_name(&name)?)?;
+            let be = self.router().for_queue(&queue_name(&name)?)?;
             match be
                 .get_queue_stats(Request::new(pb::BackendQueueRequest { name }))
                 .await
@@ -219,7 +221,7 @@ impl pb::admin_server::Admin for AdminService {
     ) -> Reply<pb::DeleteMessageResponse> {
         let r = req.into_inner();
         let queue = queue_name(&r.queue)?;
-        self.router
+        self.router()
             .for_queue(&queue)?
             .delete_message(Request::new(pb::BackendDeleteMessageRequest {
                 queue: r.queue,
@@ -234,9 +236,9 @@ impl pb::admin_server::Admin for AdminService {
         req: Request<pb::ListConnectionsRequest>,
     ) -> Reply<pb::ListConnectionsResponse> {
         let r = req.into_inner();
-        let node = self.router.local_node().to_string();
+        let node = self.router().local_node().to_string();
         let all: Vec<pb::ConnectionInfo> = self
-            .messaging
+            .core
             .sessions
             .list()
             .into_iter()
@@ -262,9 +264,9 @@ impl pb::admin_server::Admin for AdminService {
         req: Request<pb::AdminCloseConnectionRequest>,
     ) -> Reply<pb::AdminCloseConnectionResponse> {
         let id = req.into_inner().connection_id;
-        let closed = self.messaging.sessions.close_connection_by_public(&id)?;
+        let closed = self.core.sessions.close_connection_by_public(&id)?;
         tracing::info!(connection = %ferry_kernel::shown(&id), "connection closed by an administrator");
-        let released = self.messaging.release(closed).await;
+        let released = self.core.release(closed).await;
         Ok(Response::new(pb::AdminCloseConnectionResponse { released }))
     }
 
@@ -281,14 +283,14 @@ impl pb::admin_server::Admin for AdminService {
             ferry_kernel::Selector::parse(&r.selector, &ferry_kernel::SelectorLimits::default())
                 .map_err(crate::error::Error::from)?;
         }
-        let source = self.router.for_queue(&from)?;
+        let source = self.router().for_queue(&from)?;
         let stats = source
             .get_queue_stats(Request::new(pb::BackendQueueRequest {
                 name: from.to_string(),
             }))
             .await?
             .into_inner();
-        self.router
+        self.router()
             .for_queue(&to)?
             .get_queue(Request::new(pb::BackendQueueRequest {
                 name: to.to_string(),
@@ -303,8 +305,8 @@ impl pb::admin_server::Admin for AdminService {
             max_messages: r.max_messages,
         };
         let task = self.movers.start(
-            self.router.clone(),
-            self.messaging.clock.clone(),
+            self.router().clone(),
+            self.core.clock.clone(),
             spec,
             stats.ready + stats.scheduled,
         );
@@ -327,10 +329,10 @@ impl pb::admin_server::Admin for AdminService {
         &self,
         req: Request<pb::WatchEventsRequest>,
     ) -> Reply<Self::WatchEventsStream> {
-        let local = self.messaging.events.subscribe();
+        let local = self.core.events.subscribe();
         let stream = crate::events::watch(
-            self.router.clone(),
-            self.messaging.clock.clone(),
+            self.router().clone(),
+            self.core.clock.clone(),
             local,
             req.into_inner(),
         ).await?;
@@ -346,7 +348,7 @@ impl pb::admin_server::Admin for AdminService {
         // A message's steps are on the back-end of its queue, and of its dead-letter queue or a
         // queue it was moved to: ask them all.
         let mut steps = vec![];
-        for (_, be) in self.router.all() {
+        for (_, be) in self.router().all() {
             steps.extend(
                 be.get_message_history(Request::new(r.clone()))
                     .await?

@@ -23,6 +23,7 @@
 //! receive is an extra: if it fails (the queue's waiter limit, say) the stream goes on with one.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::task::Poll;
 
 use std::future::Future;
@@ -35,8 +36,8 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::dispatch::{queue_name, Dispatch};
 use crate::error::Error;
-use crate::messaging::{queue_name, MessagingService};
 use crate::BackendRef;
 
 pub type ConsumeStream =
@@ -160,7 +161,7 @@ impl Receives {
 }
 
 pub(crate) async fn start(
-    svc: MessagingService,
+    svc: Arc<Dispatch>,
     mut inbound: Streaming<pb::ConsumeRequest>,
 ) -> Result<ConsumeStream, Status> {
     let first = inbound.message().await?.ok_or(Error::ConsumeNotStarted)?;
@@ -194,118 +195,187 @@ pub(crate) async fn start(
     Ok(Box::pin(ReceiverStream::new(rx)))
 }
 
+/// Whether a Consume stream goes on after an event.
+enum Next {
+    Continue,
+    End,
+}
+
+/// One Consume stream's state, driven by [`run`].
+struct Stream {
+    svc: Arc<Dispatch>,
+    be: BackendRef,
+    start: pb::ConsumeStart,
+    tx: mpsc::Sender<Result<pb::ConsumeResponse, Status>>,
+    credits: u64,
+    /// Tags this stream's receives at the back-end, so its two count as one consumer there.
+    consumer: u64,
+    receives: Receives,
+    /// Acks, nacks and releases under way: they run while deliveries keep flowing, and their
+    /// answers go out in the order they were asked.
+    acks: FuturesOrdered<AckAnswer>,
+    /// The client asked for nothing more (`stop`).
+    stopped: bool,
+}
+
 async fn run(
-    svc: MessagingService,
+    svc: Arc<Dispatch>,
     be: BackendRef,
     start: pb::ConsumeStart,
     mut inbound: Streaming<pb::ConsumeRequest>,
     tx: mpsc::Sender<Result<pb::ConsumeResponse, Status>>,
     receives_max: usize,
 ) {
-    let mut credits = u64::from(start.prefetch);
-    // Tags this stream's receives at the back-end, so its two count as one consumer there.
-    let consumer: u64 = rand::random::<u64>().max(1);
-    let mut receives = Receives::new(receives_max);
-    // Acks, nacks and releases under way: they run while deliveries keep flowing, and their
-    // answers go out in the order they were asked.
-    let mut acks: FuturesOrdered<AckAnswer> = FuturesOrdered::new();
-    // The client asked for nothing more (`stop`).
-    let mut stopped = false;
     let mut stopping = svc.stopping.clone();
+    let mut s = Stream {
+        credits: u64::from(start.prefetch),
+        consumer: rand::random::<u64>().max(1),
+        receives: Receives::new(receives_max),
+        acks: FuturesOrdered::new(),
+        stopped: false,
+        svc,
+        be,
+        start,
+        tx,
+    };
     loop {
         // Traffic on the stream keeps the connection alive; a session that is gone ends it.
-        if let Err(status) = svc.touch_session(&start.session_id, None) {
-            let _ = tx.send(Err(status)).await;
+        if let Err(status) = s.svc.touch_session(&s.start.session_id, None) {
+            let _ = s.tx.send(Err(status)).await;
             break;
         }
-        while let Some(ask) = receives.next_ask(credits).filter(|_| !stopped) {
+        s.open_receives();
+        let next = tokio::select! {
+            msg = inbound.message() => match msg {
+                Ok(Some(pb::ConsumeRequest { kind: Some(kind) })) => s.on_request(kind).await,
+                Ok(Some(_)) => Next::Continue,
+                // The client ended its side (or went away): finish below.
+                Ok(None) | Err(_) => Next::End,
+            },
+            Some(reply) = s.acks.next(), if !s.acks.is_empty() => match reply {
+                Some(reply) => s.push(reply).await,
+                None => Next::Continue,
+            },
+            res = s.receives.next(), if !s.receives.is_empty() => s.on_deliveries(res).await,
+            () = s.tx.closed() => Next::End,
+            () = crate::stopped(&mut stopping) => Next::End,
+        };
+        if let Next::End = next {
+            break;
+        }
+    }
+    s.finish().await;
+}
+
+impl Stream {
+    /// Opens receives while the credit allows (and the client has not stopped).
+    fn open_receives(&mut self) {
+        while let Some(ask) = self
+            .receives
+            .next_ask(self.credits)
+            .filter(|_| !self.stopped)
+        {
             let req = pb::BackendReceiveRequest {
-                queue: start.queue.clone(),
-                session_id: start.session_id.clone(),
-                selector: start.selector.clone(),
+                queue: self.start.queue.clone(),
+                session_id: self.start.session_id.clone(),
+                selector: self.start.selector.clone(),
                 max_messages: u32::try_from(ask).unwrap_or(1),
                 wait_ms: None,
-                lease_ms: start.lease_ms,
+                lease_ms: self.start.lease_ms,
                 clamp_max_messages: true,
-                consumer,
+                consumer: self.consumer,
             };
-            let be = be.clone();
-            receives.open(
+            let be = self.be.clone();
+            self.receives.open(
                 ask,
                 Box::pin(async move { be.receive(Request::new(req)).await }),
             );
         }
-        tokio::select! {
-            msg = inbound.message() => {
-                let kind = match msg {
-                    Ok(Some(pb::ConsumeRequest { kind: Some(kind) })) => kind,
-                    Ok(Some(_)) => continue,
-                    // The client ended its side (or went away): finish below.
-                    Ok(None) | Err(_) => break,
-                };
-                if matches!(kind, Kind::Stop(true)) {
-                    stopped = true;
-                    give_back(&svc, &start.session_id, std::mem::take(&mut receives.open)).await;
-                    let out = pb::ConsumeResponse { kind: Some(pb::consume_response::Kind::Stopped(pb::Stopped {})) };
-                    if tx.send(Ok(out)).await.is_err() {
-                        break;
-                    }
-                    continue;
-                }
-                if let Kind::Credit(n) = kind {
-                    credits = credits.saturating_add(u64::from(n));
-                    continue;
-                }
-                if let Kind::Flush(token) = kind {
-                    // Answered after everything queued before it (the answers go out in order).
-                    let out = pb::ConsumeResponse { kind: Some(pb::consume_response::Kind::Flushed(token)) };
-                    acks.push_back(Box::pin(std::future::ready(Some(Ok(out)))));
-                    continue;
-                }
-                let svc = svc.clone();
-                let quiet = start.quiet_acks;
-                let session_id = start.session_id.clone();
-                acks.push_back(Box::pin(async move { handle(&svc, &session_id, kind, quiet).await }));
-            }
-            Some(reply) = acks.next(), if !acks.is_empty() => {
-                if let Some(reply) = reply {
-                    if tx.send(reply).await.is_err() {
-                        break;
-                    }
-                }
-            }
-            res = receives.next(), if !receives.is_empty() => {
-                match res {
-                    Ok(r) => {
-                        let deliveries = r.into_inner().deliveries;
-                        credits = credits.saturating_sub(deliveries.len() as u64);
-                        let handles: Vec<String> = deliveries.iter().map(|d| d.receipt_handle.clone()).collect();
-                        let out = pb::ConsumeResponse { kind: Some(pb::consume_response::Kind::Deliveries(pb::Deliveries { deliveries })) };
-                        if tx.send(Ok(out)).await.is_err() {
-                            // The client is gone: give these back now rather than at lease expiry,
-                            // not counted as deliveries (nobody saw them).
-                            let _ = release(&svc, &start.session_id, &handles).await;
-                            break;
-                        }
-                    }
-                    Err(status) => {
-                        let _ = tx.send(Err(status)).await;
-                        break;
-                    }
-                }
-            }
-            () = tx.closed() => break,
-            () = crate::stopped(&mut stopping) => break,
+    }
+
+    /// Sends one answer to the client; ends the stream if the client is gone.
+    async fn push(&mut self, reply: Result<pb::ConsumeResponse, Status>) -> Next {
+        match self.tx.send(reply).await {
+            Ok(()) => Next::Continue,
+            Err(_) => Next::End,
         }
     }
-    // However the stream ends: the open receive gives back what it holds, and every ack, nack
-    // and release the client wrote before the end takes effect (and is answered, if the client
-    // still listens). Dropping them would leave acknowledged messages leased, to be delivered
-    // again when their leases run out.
-    give_back(&svc, &start.session_id, receives.open).await;
-    while let Some(reply) = acks.next().await {
-        if let Some(reply) = reply {
-            let _ = tx.send(reply).await;
+
+    /// One request the client wrote after `start`.
+    async fn on_request(&mut self, kind: Kind) -> Next {
+        match kind {
+            Kind::Stop(true) => {
+                self.stopped = true;
+                let open = std::mem::take(&mut self.receives.open);
+                give_back(&self.svc, &self.start.session_id, open).await;
+                let out = pb::ConsumeResponse {
+                    kind: Some(pb::consume_response::Kind::Stopped(pb::Stopped {})),
+                };
+                self.push(Ok(out)).await
+            }
+            Kind::Credit(n) => {
+                self.credits = self.credits.saturating_add(u64::from(n));
+                Next::Continue
+            }
+            Kind::Flush(token) => {
+                // Answered after everything queued before it (the answers go out in order).
+                let out = pb::ConsumeResponse {
+                    kind: Some(pb::consume_response::Kind::Flushed(token)),
+                };
+                self.acks
+                    .push_back(Box::pin(std::future::ready(Some(Ok(out)))));
+                Next::Continue
+            }
+            kind => {
+                let svc = self.svc.clone();
+                let quiet = self.start.quiet_acks;
+                let session_id = self.start.session_id.clone();
+                self.acks.push_back(Box::pin(async move {
+                    handle(&svc, &session_id, kind, quiet).await
+                }));
+                Next::Continue
+            }
+        }
+    }
+
+    /// The oldest open receive answered: push its deliveries.
+    async fn on_deliveries(&mut self, res: Answer) -> Next {
+        let deliveries = match res {
+            Ok(r) => r.into_inner().deliveries,
+            Err(status) => {
+                let _ = self.tx.send(Err(status)).await;
+                return Next::End;
+            }
+        };
+        self.credits = self.credits.saturating_sub(deliveries.len() as u64);
+        let handles: Vec<String> = deliveries
+            .iter()
+            .map(|d| d.receipt_handle.clone())
+            .collect();
+        let out = pb::ConsumeResponse {
+            kind: Some(pb::consume_response::Kind::Deliveries(pb::Deliveries {
+                deliveries,
+            })),
+        };
+        if self.tx.send(Ok(out)).await.is_err() {
+            // The client is gone: give these back now rather than at lease expiry, not counted
+            // as deliveries (nobody saw them).
+            let _ = release(&self.svc, &self.start.session_id, &handles).await;
+            return Next::End;
+        }
+        Next::Continue
+    }
+
+    /// However the stream ends: the open receive gives back what it holds, and every ack, nack
+    /// and release the client wrote before the end takes effect (and is answered, if the client
+    /// still listens). Dropping them would leave acknowledged messages leased, to be delivered
+    /// again when their leases run out.
+    async fn finish(mut self) {
+        give_back(&self.svc, &self.start.session_id, self.receives.open).await;
+        while let Some(reply) = self.acks.next().await {
+            if let Some(reply) = reply {
+                let _ = self.tx.send(reply).await;
+            }
         }
     }
 }
@@ -313,7 +383,7 @@ async fn run(
 /// Ends the open receives. Dropping one removes its waiter at the back-end, and a back-end that
 /// answers a dropped receive takes the deliveries back; answers that already arrived but were
 /// not pushed are given back here, uncounted.
-async fn give_back(svc: &MessagingService, session_id: &str, receives: VecDeque<Receive>) {
+async fn give_back(svc: &Dispatch, session_id: &str, receives: VecDeque<Receive>) {
     let mut handles: Vec<String> = vec![];
     for r in receives {
         let answer = match r.state {
@@ -334,7 +404,7 @@ async fn give_back(svc: &MessagingService, session_id: &str, receives: VecDeque<
 
 /// Returns deliveries nobody saw: back to Ready at once, not counted as deliveries.
 async fn release(
-    svc: &MessagingService,
+    svc: &Dispatch,
     session_id: &str,
     handles: &[String],
 ) -> Result<Vec<String>, Status> {
@@ -355,7 +425,7 @@ async fn release(
 /// Applies an ack, nack or release; its answer, if it gets one: always with `quiet` false, only
 /// when some handles were stale (or it failed) with `quiet` true.
 async fn handle(
-    svc: &MessagingService,
+    svc: &Dispatch,
     session_id: &str,
     kind: Kind,
     quiet: bool,

@@ -11,6 +11,7 @@
 mod admin;
 mod consume;
 mod deadline;
+mod dispatch;
 mod error;
 mod events;
 mod messaging;
@@ -79,8 +80,12 @@ impl Default for FrontendConfig {
 pub struct Frontend {
     pub messaging: MessagingService,
     pub admin: AdminService,
+    core: Arc<dispatch::Dispatch>,
     stop: StopHandle,
 }
+
+/// How often the reaper looks for connections whose lease ran out.
+const REAP_PERIOD: Duration = Duration::from_millis(250);
 
 /// Completes once the node is stopping.
 pub(crate) async fn stopped(rx: &mut tokio::sync::watch::Receiver<bool>) {
@@ -105,23 +110,25 @@ impl Frontend {
     /// system clock in a node, a `ManualClock` in tests). Connection leases and deadlines run on
     /// tokio's monotonic clock instead, so tests can pause and step it.
     pub fn new(config: FrontendConfig, router: Router, clock: ClockRef) -> Self {
-        let router = Arc::new(router);
-        let sessions = Arc::new(Sessions::new(config.clone()));
         let (stop, stopping) = tokio::sync::watch::channel(false);
-        let messaging = MessagingService::new(config, router.clone(), sessions, stopping, clock);
-        let admin = AdminService::new(router, messaging.clone());
+        let core = Arc::new(dispatch::Dispatch::new(
+            config,
+            Arc::new(router),
+            stopping,
+            clock,
+        ));
         Self {
-            messaging,
-            admin,
+            messaging: MessagingService::new(core.clone()),
+            admin: AdminService::new(core.clone()),
+            core,
             stop: StopHandle(Arc::new(stop)),
         }
     }
 
     /// Closes connections whose lease ran out; run it until the node stops.
     pub fn reaper(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
-        self.messaging
-            .clone()
-            .reap_expired_connections(Duration::from_millis(250))
+        let core = self.core.clone();
+        async move { core.reap_expired_connections(REAP_PERIOD).await }
     }
 
     pub fn stop_handle(&self) -> StopHandle {
@@ -130,6 +137,6 @@ impl Frontend {
 
     /// Open client connections and sessions on this front-end.
     pub fn client_counts(&self) -> (usize, usize) {
-        self.messaging.sessions.counts()
+        self.core.sessions.counts()
     }
 }

@@ -15,6 +15,7 @@ use ferry_proto::pb;
 use tonic::{Request, Status};
 
 use crate::router::Router;
+use crate::BackendRef;
 
 /// Messages per receive while moving.
 const BATCH: u64 = 100;
@@ -114,6 +115,9 @@ impl Movers {
     }
 }
 
+/// Lease of the messages a move has received and not yet acknowledged at the source.
+const MOVE_LEASE_MS: u64 = 60_000;
+
 async fn run(router: &Router, clock: &ClockRef, spec: &MoveSpec, task: &Task) -> Result<(), Status> {
     let source = router.for_queue(&spec.from)?.clone();
     let target = router.for_queue(&spec.to)?.clone();
@@ -139,58 +143,74 @@ async fn run(router: &Router, clock: &ClockRef, spec: &MoveSpec, task: &Task) ->
                 tokio::time::sleep(wait).await;
             }
         }
-        let got = source
-            .receive(Request::new(pb::BackendReceiveRequest {
-                queue: spec.from.to_string(),
-                session_id: String::new(),
-                selector: spec.selector.clone(),
-                max_messages: u32::try_from(batch).unwrap_or(u32::MAX),
-                wait_ms: Some(0),
-                lease_ms: Some(60_000),
-                clamp_max_messages: true,
-                consumer: 0,
-            }))
-            .await?
-            .into_inner()
-            .deliveries;
-        if got.is_empty() {
+        let n = move_batch(&source, &target, clock, spec, batch).await?;
+        if n == 0 {
             return Ok(());
         }
-        let handles: Vec<String> = got.iter().map(|d| d.receipt_handle.clone()).collect();
-        let now = clock.now_ms();
-        let messages = got
-            .iter()
-            .filter_map(|d| d.message.as_ref())
-            .map(|m| outgoing(m, now))
-            .collect();
-        let sent = target
-            .send(Request::new(pb::BackendSendRequest {
-                queue: spec.to.to_string(),
-                messages,
+        task.moved.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+/// Moves up to `batch` messages: receive at the source, send to the target, then acknowledge at
+/// the source. Returns how many moved (0: the source has no more).
+async fn move_batch(
+    source: &BackendRef,
+    target: &BackendRef,
+    clock: &ClockRef,
+    spec: &MoveSpec,
+    batch: u64,
+) -> Result<u64, Status> {
+    let got = source
+        .receive(Request::new(pb::BackendReceiveRequest {
+            queue: spec.from.to_string(),
+            session_id: String::new(),
+            selector: spec.selector.clone(),
+            max_messages: u32::try_from(batch).unwrap_or(u32::MAX),
+            wait_ms: Some(0),
+            lease_ms: Some(MOVE_LEASE_MS),
+            clamp_max_messages: true,
+            consumer: 0,
+        }))
+        .await?
+        .into_inner()
+        .deliveries;
+    if got.is_empty() {
+        return Ok(0);
+    }
+    let handles: Vec<String> = got.iter().map(|d| d.receipt_handle.clone()).collect();
+    let now = clock.now_ms();
+    let messages = got
+        .iter()
+        .filter_map(|d| d.message.as_ref())
+        .map(|m| outgoing(m, now))
+        .collect();
+    let sent = target
+        .send(Request::new(pb::BackendSendRequest {
+            queue: spec.to.to_string(),
+            messages,
+            ..Default::default()
+        }))
+        .await;
+    if let Err(e) = sent {
+        // Back at once, not counted as a delivery: nobody consumed them.
+        let _ = source
+            .nack(Request::new(pb::BackendLeaseRequest {
+                queue: spec.from.to_string(),
+                receipt_handles: handles,
+                undelivered: true,
                 ..Default::default()
             }))
             .await;
-        if let Err(e) = sent {
-            // Back at once, not counted as a delivery: nobody consumed them.
-            let _ = source
-                .nack(Request::new(pb::BackendLeaseRequest {
-                    queue: spec.from.to_string(),
-                    receipt_handles: handles,
-                    undelivered: true,
-                    ..Default::default()
-                }))
-                .await;
-            return Err(e);
-        }
-        source
-            .ack(Request::new(pb::BackendLeaseRequest {
-                queue: spec.from.to_string(),
-                receipt_handles: handles,
-                ..Default::default()
-            }))
-            .await?;
-        task.moved.fetch_add(got.len() as u64, Ordering::Relaxed);
+        return Err(e);
     }
+    source
+        .ack(Request::new(pb::BackendLeaseRequest {
+            queue: spec.from.to_string(),
+            receipt_handles: handles,
+            ..Default::default()
+        }))
+        .await?;
+    Ok(got.len() as u64)
 }
 
 /// The message as its producer would send it again: same body, properties and headers, the

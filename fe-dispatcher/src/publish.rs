@@ -14,13 +14,14 @@
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 
 use ferry_proto::pb;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Status, Streaming};
 
-use crate::messaging::MessagingService;
+use crate::dispatch::Dispatch;
 
 pub type PublishStream =
     Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::PublishResponse, Status>> + Send>>;
@@ -42,7 +43,7 @@ const QUEUED_BYTES_MAX: usize = 16 * 1024 * 1024;
 type Inflight = Pin<Box<dyn Future<Output = Vec<pb::PublishConfirm>> + Send>>;
 
 pub(crate) fn start(
-    svc: MessagingService,
+    svc: Arc<Dispatch>,
     inbound: Streaming<pb::PublishRequest>,
 ) -> PublishStream {
     let (tx, rx) = mpsc::channel(16);
@@ -51,7 +52,7 @@ pub(crate) fn start(
 }
 
 async fn run(
-    svc: MessagingService,
+    svc: Arc<Dispatch>,
     mut inbound: Streaming<pb::PublishRequest>,
     tx: mpsc::Sender<Result<pb::PublishResponse, Status>>,
 ) {
@@ -159,7 +160,7 @@ fn send_request(r: pb::PublishRequest) -> pb::SendRequest {
 }
 
 async fn send_run(
-    svc: &MessagingService,
+    svc: &Dispatch,
     run: Vec<(u64, pb::PublishRequest)>,
 ) -> Vec<pb::PublishConfirm> {
     if run.len() == 1 {
