@@ -34,11 +34,11 @@ use ferry_proto::pb::consume_request::Kind;
 use futures::stream::{FuturesOrdered, StreamExt};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::{Request, Response, Status, Streaming};
+use tonic::{Request, Status, Streaming};
 
 use crate::dispatch::{queue_name, Dispatch};
 use crate::error::Error;
-use crate::BackendRef;
+use ferry_kernel::QueueName;
 
 pub type ConsumeStream =
     Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::ConsumeResponse, Status>> + Send>>;
@@ -51,7 +51,7 @@ const RECEIVES_LOCAL: usize = 2;
 /// An ack, nack or release under way, and what it answers on the stream (if anything).
 type AckAnswer = Pin<Box<dyn Future<Output = Option<Result<pb::ConsumeResponse, Status>>> + Send>>;
 
-type Answer = Result<Response<pb::BackendReceiveResponse>, Status>;
+type Answer = Result<pb::BackendReceiveResponse, Status>;
 type Inflight = Pin<Box<dyn Future<Output = Answer> + Send>>;
 
 /// One receive open at the back-end, for `asked` messages.
@@ -71,6 +71,8 @@ struct Receives {
     open: VecDeque<Receive>,
     /// How many may be open at once.
     max: usize,
+    /// An extra receive failed: this stream keeps one from then on.
+    extra_failed: bool,
 }
 
 impl Receives {
@@ -78,7 +80,13 @@ impl Receives {
         Self {
             open: VecDeque::new(),
             max: max.max(1),
+            extra_failed: false,
         }
+    }
+
+    /// How many may be open at once from now on (one, once an extra one failed).
+    fn set_max(&mut self, max: usize) {
+        self.max = if self.extra_failed { 1 } else { max.max(1) };
     }
 
     fn asked(&self) -> u64 {
@@ -134,6 +142,7 @@ impl Receives {
                     tracing::debug!(error = %status, "a Consume stream's extra receive failed; going on with one");
                 }
                 self.max = 1;
+                self.extra_failed = true;
             }
             if !matches!(
                 self.open.front(),
@@ -183,15 +192,8 @@ pub(crate) async fn start(
             .into());
         }
     }
-    let be = svc.router.for_queue(&queue)?.clone();
     let (tx, rx) = mpsc::channel(16);
-    // Two receives only where they park in the order asked (see the module docs).
-    let receives_max = if svc.router.owner_of(&queue) == svc.router.local_node() {
-        RECEIVES_LOCAL
-    } else {
-        1
-    };
-    tokio::spawn(run(svc, be, start, inbound, tx, receives_max));
+    tokio::spawn(run(svc, queue, start, inbound, tx));
     Ok(Box::pin(ReceiverStream::new(rx)))
 }
 
@@ -204,7 +206,7 @@ enum Next {
 /// One Consume stream's state, driven by [`run`].
 struct Stream {
     svc: Arc<Dispatch>,
-    be: BackendRef,
+    queue: QueueName,
     start: pb::ConsumeStart,
     tx: mpsc::Sender<Result<pb::ConsumeResponse, Status>>,
     credits: u64,
@@ -220,21 +222,20 @@ struct Stream {
 
 async fn run(
     svc: Arc<Dispatch>,
-    be: BackendRef,
+    queue: QueueName,
     start: pb::ConsumeStart,
     mut inbound: Streaming<pb::ConsumeRequest>,
     tx: mpsc::Sender<Result<pb::ConsumeResponse, Status>>,
-    receives_max: usize,
 ) {
     let mut stopping = svc.stopping.clone();
     let mut s = Stream {
         credits: u64::from(start.prefetch),
         consumer: rand::random::<u64>().max(1),
-        receives: Receives::new(receives_max),
+        receives: Receives::new(1),
         acks: FuturesOrdered::new(),
         stopped: false,
         svc,
-        be,
+        queue,
         start,
         tx,
     };
@@ -268,8 +269,13 @@ async fn run(
 }
 
 impl Stream {
-    /// Opens receives while the credit allows (and the client has not stopped).
+    /// Opens receives while the credit allows (and the client has not stopped). Each is routed
+    /// to the queue's owner when it opens; two are open only while that owner is this node
+    /// (see the module docs).
     fn open_receives(&mut self) {
+        let local = self.svc.router.is_local(&self.queue);
+        self.receives
+            .set_max(if local { RECEIVES_LOCAL } else { 1 });
         while let Some(ask) = self
             .receives
             .next_ask(self.credits)
@@ -284,12 +290,21 @@ impl Stream {
                 lease_ms: self.start.lease_ms,
                 clamp_max_messages: true,
                 consumer: self.consumer,
+                placement_epoch: 0,
             };
-            let be = self.be.clone();
-            self.receives.open(
-                ask,
-                Box::pin(async move { be.receive(Request::new(req)).await }),
-            );
+            let (svc, queue) = (self.svc.clone(), self.queue.clone());
+            let receive = async move {
+                svc.router
+                    .call(&queue, |be, placement_epoch| {
+                        let req = pb::BackendReceiveRequest {
+                            placement_epoch,
+                            ..req.clone()
+                        };
+                        async move { be.receive(Request::new(req)).await }
+                    })
+                    .await
+            };
+            self.receives.open(ask, Box::pin(receive));
         }
     }
 
@@ -341,7 +356,7 @@ impl Stream {
     /// The oldest open receive answered: push its deliveries.
     async fn on_deliveries(&mut self, res: Answer) -> Next {
         let deliveries = match res {
-            Ok(r) => r.into_inner().deliveries,
+            Ok(r) => r.deliveries,
             Err(status) => {
                 let _ = self.tx.send(Err(status)).await;
                 return Next::End;
@@ -391,12 +406,7 @@ async fn give_back(svc: &Dispatch, session_id: &str, receives: VecDeque<Receive>
             ReceiveState::Waiting(f) => futures::FutureExt::now_or_never(f),
         };
         if let Some(Ok(r)) = answer {
-            handles.extend(
-                r.into_inner()
-                    .deliveries
-                    .iter()
-                    .map(|d| d.receipt_handle.clone()),
-            );
+            handles.extend(r.deliveries.iter().map(|d| d.receipt_handle.clone()));
         }
     }
     let _ = release(svc, session_id, &handles).await;
@@ -478,3 +488,4 @@ async fn handle(
         },
     }
 }
+

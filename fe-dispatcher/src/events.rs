@@ -50,7 +50,7 @@ pub(crate) async fn watch(
     };
     // Subscribe before answering, so nothing that happens after the call returns is missed.
     let mut sources: SelectAll<EventStream> = SelectAll::new();
-    for (node, be) in router.all() {
+    for (node, be) in router.nodes() {
         match be
             .watch_events(Request::new(pb::BackendWatchEventsRequest {}))
             .await
@@ -147,7 +147,7 @@ async fn check(
     now: u64,
 ) -> Vec<pb::Event> {
     let mut out = vec![];
-    for (_, be) in router.all() {
+    for (_, be) in router.nodes() {
         let Ok(queues) = be
             .list_queues(Request::new(pb::BackendListQueuesRequest {}))
             .await
@@ -161,6 +161,8 @@ async fn check(
             let Ok(s) = be
                 .get_queue_stats(Request::new(pb::BackendQueueRequest {
                     name: q.name.clone(),
+                    // Asked of the node that listed it, whoever the owner is by now.
+                    placement_epoch: 0,
                 }))
                 .await
             else {

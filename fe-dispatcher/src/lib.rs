@@ -30,7 +30,9 @@ pub use admin::AdminService;
 pub use error::Error;
 pub use messaging::MessagingService;
 pub use remote::RemoteBackend;
-pub use router::Router;
+pub use router::{
+    Owner, Placement, Router, EPOCH_UNKNOWN, NOT_OWNER_RETRIES_MAX, REFRESH_WAIT_MAX, STATIC_EPOCH,
+};
 pub use sessions::Sessions;
 
 /// A back-end, local or remote.

@@ -35,7 +35,10 @@ impl pb::messaging_server::Messaging for MessagingService {
     }
 
     async fn heartbeat(&self, req: Request<pb::HeartbeatRequest>) -> Reply<pb::HeartbeatResponse> {
-        self.core.heartbeat(req.into_inner()).await.map(Response::new)
+        self.core
+            .heartbeat(req.into_inner())
+            .await
+            .map(Response::new)
     }
 
     async fn close_connection(
@@ -52,7 +55,9 @@ impl pb::messaging_server::Messaging for MessagingService {
         &self,
         req: Request<pb::CreateSessionRequest>,
     ) -> Reply<pb::CreateSessionResponse> {
-        self.core.create_session(req.into_inner()).map(Response::new)
+        self.core
+            .create_session(req.into_inner())
+            .map(Response::new)
     }
 
     async fn close_session(
@@ -127,7 +132,10 @@ impl pb::messaging_server::Messaging for MessagingService {
     }
 
     async fn rollback(&self, req: Request<pb::RollbackRequest>) -> Reply<pb::RollbackResponse> {
-        self.core.rollback(req.into_inner()).await.map(Response::new)
+        self.core
+            .rollback(req.into_inner())
+            .await
+            .map(Response::new)
     }
 
     async fn create_temporary_queue(

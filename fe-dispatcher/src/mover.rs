@@ -15,7 +15,6 @@ use ferry_proto::pb;
 use tonic::{Request, Status};
 
 use crate::router::Router;
-use crate::BackendRef;
 
 /// Messages per receive while moving.
 const BATCH: u64 = 100;
@@ -118,9 +117,12 @@ impl Movers {
 /// Lease of the messages a move has received and not yet acknowledged at the source.
 const MOVE_LEASE_MS: u64 = 60_000;
 
-async fn run(router: &Router, clock: &ClockRef, spec: &MoveSpec, task: &Task) -> Result<(), Status> {
-    let source = router.for_queue(&spec.from)?.clone();
-    let target = router.for_queue(&spec.to)?.clone();
+async fn run(
+    router: &Router,
+    clock: &ClockRef,
+    spec: &MoveSpec,
+    task: &Task,
+) -> Result<(), Status> {
     let started = Instant::now();
     loop {
         let moved = task.moved.load(Ordering::Relaxed);
@@ -143,7 +145,7 @@ async fn run(router: &Router, clock: &ClockRef, spec: &MoveSpec, task: &Task) ->
                 tokio::time::sleep(wait).await;
             }
         }
-        let n = move_batch(&source, &target, clock, spec, batch).await?;
+        let n = move_batch(router, clock, spec, batch).await?;
         if n == 0 {
             return Ok(());
         }
@@ -152,64 +154,76 @@ async fn run(router: &Router, clock: &ClockRef, spec: &MoveSpec, task: &Task) ->
 }
 
 /// Moves up to `batch` messages: receive at the source, send to the target, then acknowledge at
-/// the source. Returns how many moved (0: the source has no more).
+/// the source, each call routed to its queue's owner at the time. Returns how many moved (0:
+/// the source has no more).
 async fn move_batch(
-    source: &BackendRef,
-    target: &BackendRef,
+    router: &Router,
     clock: &ClockRef,
     spec: &MoveSpec,
     batch: u64,
 ) -> Result<u64, Status> {
-    let got = source
-        .receive(Request::new(pb::BackendReceiveRequest {
-            queue: spec.from.to_string(),
-            session_id: String::new(),
-            selector: spec.selector.clone(),
-            max_messages: u32::try_from(batch).unwrap_or(u32::MAX),
-            wait_ms: Some(0),
-            lease_ms: Some(MOVE_LEASE_MS),
-            clamp_max_messages: true,
-            consumer: 0,
-        }))
+    let from = spec.from.to_string();
+    let got = router
+        .call(&spec.from, |be, placement_epoch| {
+            let req = pb::BackendReceiveRequest {
+                queue: from.clone(),
+                session_id: String::new(),
+                selector: spec.selector.clone(),
+                max_messages: u32::try_from(batch).unwrap_or(u32::MAX),
+                wait_ms: Some(0),
+                lease_ms: Some(MOVE_LEASE_MS),
+                clamp_max_messages: true,
+                consumer: 0,
+                placement_epoch,
+            };
+            async move { be.receive(Request::new(req)).await }
+        })
         .await?
-        .into_inner()
         .deliveries;
     if got.is_empty() {
         return Ok(0);
     }
     let handles: Vec<String> = got.iter().map(|d| d.receipt_handle.clone()).collect();
     let now = clock.now_ms();
-    let messages = got
+    let messages: Vec<pb::OutgoingMessage> = got
         .iter()
         .filter_map(|d| d.message.as_ref())
         .map(|m| outgoing(m, now))
         .collect();
-    let sent = target
-        .send(Request::new(pb::BackendSendRequest {
-            queue: spec.to.to_string(),
-            messages,
-            ..Default::default()
-        }))
-        .await;
-    if let Err(e) = sent {
-        // Back at once, not counted as a delivery: nobody consumed them.
-        let _ = source
-            .nack(Request::new(pb::BackendLeaseRequest {
-                queue: spec.from.to_string(),
-                receipt_handles: handles,
-                undelivered: true,
+    let sent = router
+        .call(&spec.to, |be, placement_epoch| {
+            let req = pb::BackendSendRequest {
+                queue: spec.to.to_string(),
+                messages: messages.clone(),
+                placement_epoch,
                 ..Default::default()
-            }))
-            .await;
-        return Err(e);
-    }
-    source
-        .ack(Request::new(pb::BackendLeaseRequest {
-            queue: spec.from.to_string(),
-            receipt_handles: handles,
-            ..Default::default()
-        }))
-        .await?;
+            };
+            async move { be.send(Request::new(req)).await }
+        })
+        .await;
+    // At the source: acknowledged once sent; back at once if not, not counted as a delivery
+    // (nobody consumed them).
+    let undelivered = sent.is_err();
+    let settled = router
+        .call(&spec.from, |be, placement_epoch| {
+            let req = pb::BackendLeaseRequest {
+                queue: from.clone(),
+                receipt_handles: handles.clone(),
+                undelivered,
+                placement_epoch,
+                ..Default::default()
+            };
+            async move {
+                if undelivered {
+                    be.nack(Request::new(req)).await
+                } else {
+                    be.ack(Request::new(req)).await
+                }
+            }
+        })
+        .await;
+    sent?;
+    settled?;
     Ok(got.len() as u64)
 }
 

@@ -42,10 +42,7 @@ const QUEUED_BYTES_MAX: usize = 16 * 1024 * 1024;
 
 type Inflight = Pin<Box<dyn Future<Output = Vec<pb::PublishConfirm>> + Send>>;
 
-pub(crate) fn start(
-    svc: Arc<Dispatch>,
-    inbound: Streaming<pb::PublishRequest>,
-) -> PublishStream {
+pub(crate) fn start(svc: Arc<Dispatch>, inbound: Streaming<pb::PublishRequest>) -> PublishStream {
     let (tx, rx) = mpsc::channel(16);
     tokio::spawn(run(svc, inbound, tx));
     Box::pin(ReceiverStream::new(rx))
@@ -159,10 +156,7 @@ fn send_request(r: pb::PublishRequest) -> pb::SendRequest {
     }
 }
 
-async fn send_run(
-    svc: &Dispatch,
-    run: Vec<(u64, pb::PublishRequest)>,
-) -> Vec<pb::PublishConfirm> {
+async fn send_run(svc: &Dispatch, run: Vec<(u64, pb::PublishRequest)>) -> Vec<pb::PublishConfirm> {
     if run.len() == 1 {
         let (sequence, r) = run.into_iter().next().expect("one request");
         return vec![confirm(sequence, svc.send_messages(send_request(r)).await)];

@@ -1,10 +1,9 @@
 //! Connections and sessions: open, heartbeat, close, recover; and telling the back-ends that a
 //! session ended (its leases return at once) or is alive (its leases are renewed).
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
-use ferry_kernel::{NodeId, QueueName, SessionId};
+use ferry_kernel::{QueueName, SessionId};
 use ferry_proto::pb;
 use tonic::{Request, Status};
 
@@ -124,13 +123,18 @@ impl Dispatch {
             released += self.release_session_queues(session, queues, false).await;
         }
         for q in closed.temporary_queues {
-            if let Ok(be) = self.router.for_queue(&q) {
-                let req = pb::BackendQueueRequest {
-                    name: q.to_string(),
-                };
-                if let Err(e) = be.delete_queue(Request::new(req)).await {
-                    tracing::warn!(queue = %q, error = %e, "could not delete a temporary queue");
-                }
+            let deleted = self
+                .router
+                .call(&q, |be, placement_epoch| {
+                    let req = pb::BackendQueueRequest {
+                        name: q.to_string(),
+                        placement_epoch,
+                    };
+                    async move { be.delete_queue(Request::new(req)).await }
+                })
+                .await;
+            if let Err(e) = deleted {
+                tracing::warn!(queue = %q, error = %e, "could not delete a temporary queue");
             }
         }
         released
@@ -159,27 +163,28 @@ impl Dispatch {
         recover: bool,
         renew: bool,
     ) -> u64 {
-        // One call per owning back-end.
-        let mut by_node: BTreeMap<NodeId, Vec<String>> = BTreeMap::new();
-        for q in queues {
-            by_node
-                .entry(self.router.owner_of(&q).clone())
-                .or_default()
-                .push(q.to_string());
-        }
+        let session_id = session.to_string();
+        let answers = self
+            .router
+            .call_each(queues, |be, queues| {
+                let (queues, placement_epochs) = queues
+                    .into_iter()
+                    .map(|(q, epoch)| (q.to_string(), epoch))
+                    .unzip();
+                let req = pb::BackendReleaseSessionRequest {
+                    session_id: session_id.clone(),
+                    queues,
+                    recover,
+                    renew,
+                    placement_epochs,
+                };
+                async move { be.release_session(Request::new(req)).await }
+            })
+            .await;
         let mut released = 0;
-        for (node, queues) in by_node {
-            let Ok(be) = self.router.node(&node) else {
-                continue;
-            };
-            let req = pb::BackendReleaseSessionRequest {
-                session_id: session.to_string(),
-                queues,
-                recover,
-                renew,
-            };
-            match be.release_session(Request::new(req)).await {
-                Ok(r) => released += r.into_inner().count,
+        for (node, answer) in answers {
+            match answer {
+                Ok(r) => released += r.count,
                 // The back-end's own lease timers return the messages if it cannot be told.
                 Err(e) => {
                     tracing::warn!(%node, session = %self.sessions.public_session(session), error = %e, "could not release a session's leases")

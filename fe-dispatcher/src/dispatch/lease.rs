@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::str::FromStr;
 
-use ferry_kernel::{NodeId, QueueName, ReceiptHandle};
+use ferry_kernel::{QueueName, ReceiptHandle};
 use ferry_proto::pb;
 use tonic::{Request, Response, Status};
 
@@ -70,9 +70,10 @@ impl Dispatch {
         })
     }
 
-    /// Applies `op` to receipt handles for the session `session_id` names (empty: none),
-    /// grouped by owning back-end and queue. Returns the new lease expiry of each handle (0 where
-    /// not applicable) and the handles that were not live deliveries of that session (or not
+    /// Applies `op` to receipt handles for the session `session_id` names (empty: none), one
+    /// call per queue, routed by the queue each handle names (never by the node written in it:
+    /// the queue may have moved since). Returns the new lease expiry of each handle (0 where not
+    /// applicable) and the handles that were not live deliveries of that session (or not
     /// receipt handles at all), with why.
     pub(crate) async fn lease_op<F, Fut>(
         &self,
@@ -84,38 +85,32 @@ impl Dispatch {
         F: Fn(BackendRef, pb::BackendLeaseRequest) -> Fut,
         Fut: Future<Output = Result<Response<pb::BackendLeaseResponse>, Status>>,
     {
-        let mut groups: BTreeMap<(NodeId, QueueName), Vec<(usize, String)>> = BTreeMap::new();
+        let mut groups: BTreeMap<QueueName, Vec<(usize, String)>> = BTreeMap::new();
         let mut expires = vec![0; handles.len()];
         let mut stale = vec![];
         for (i, h) in handles.iter().enumerate() {
             match ReceiptHandle::from_str(h) {
-                Ok(r) => groups
-                    .entry((r.node, r.queue))
-                    .or_default()
-                    .push((i, h.clone())),
+                Ok(r) => groups.entry(r.queue).or_default().push((i, h.clone())),
                 // Answered for this handle alone: one bad handle on a stream must not end it
                 // (and strand its deliveries until their leases run out).
                 Err(e) => stale.push(format!("{} ({e})", ferry_kernel::shown(h))),
             }
         }
-        for ((node, queue), items) in groups {
-            let be = match self.router.node(&node) {
-                Ok(be) => be.clone(),
-                Err(_) => {
-                    let handle = items
-                        .first()
-                        .map(|(_, h)| ferry_kernel::shown(h))
-                        .unwrap_or_default();
-                    return Err(Error::ReceiptFromUnknownNode { handle, node }.into());
-                }
-            };
-            let req = pb::BackendLeaseRequest {
-                queue: queue.to_string(),
-                receipt_handles: items.iter().map(|(_, h)| h.clone()).collect(),
-                session_id: session_id.to_owned(),
-                ..Default::default()
-            };
-            let resp = op(be, req).await?.into_inner();
+        for (queue, items) in groups {
+            let receipt_handles: Vec<String> = items.iter().map(|(_, h)| h.clone()).collect();
+            let resp = self
+                .router
+                .call(&queue, |be, placement_epoch| {
+                    let req = pb::BackendLeaseRequest {
+                        queue: queue.to_string(),
+                        receipt_handles: receipt_handles.clone(),
+                        session_id: session_id.to_owned(),
+                        placement_epoch,
+                        ..Default::default()
+                    };
+                    op(be, req)
+                })
+                .await?;
             for ((i, h), (err, at)) in items
                 .iter()
                 .zip(resp.errors.iter().zip(resp.lease_expires_at_ms))

@@ -18,14 +18,20 @@ impl Dispatch {
         let name = self
             .sessions
             .add_temporary_queue(&connection, self.router.local_node())?;
-        // Temporary queues live on this node's back-end: the requester is here.
-        let be = self.router.local()?;
-        let create = pb::BackendCreateQueueRequest {
-            name: name.to_string(),
-            temporary: true,
-            ..Default::default()
-        };
-        if let Err(e) = be.create_queue(Request::new(create)).await {
+        // Named after this node, so placement puts it here: the requester is here.
+        let created = self
+            .router
+            .call(&name, |be, placement_epoch| {
+                let create = pb::BackendCreateQueueRequest {
+                    name: name.to_string(),
+                    temporary: true,
+                    placement_epoch,
+                    ..Default::default()
+                };
+                async move { be.create_queue(Request::new(create)).await }
+            })
+            .await;
+        if let Err(e) = created {
             let _ = self.sessions.remove_temporary_queue(&connection, &name);
             return Err(e);
         }
@@ -42,8 +48,13 @@ impl Dispatch {
         self.sessions
             .remove_temporary_queue(&r.connection_id, &queue)?;
         self.router
-            .local()?
-            .delete_queue(Request::new(pb::BackendQueueRequest { name: r.queue }))
+            .call(&queue, |be, placement_epoch| {
+                let req = pb::BackendQueueRequest {
+                    name: r.queue.clone(),
+                    placement_epoch,
+                };
+                async move { be.delete_queue(Request::new(req)).await }
+            })
             .await?;
         Ok(pb::DeleteTemporaryQueueResponse {})
     }
@@ -64,16 +75,19 @@ impl Dispatch {
         } else {
             r.max_messages.min(BROWSE_PAGE_MAX)
         };
-        let be = self.router.for_queue(&queue)?;
-        let out = be
-            .browse(Request::new(pb::BackendBrowseRequest {
-                queue: r.queue,
-                max_messages,
-                after_seq,
-                selector: r.selector,
-            }))
-            .await?
-            .into_inner();
+        let out = self
+            .router
+            .call(&queue, |be, placement_epoch| {
+                let req = pb::BackendBrowseRequest {
+                    queue: r.queue.clone(),
+                    max_messages,
+                    after_seq,
+                    selector: r.selector.clone(),
+                    placement_epoch,
+                };
+                async move { be.browse(Request::new(req)).await }
+            })
+            .await?;
         let next_page_token = match out.resume_after_seq {
             0 => String::new(),
             seq => seq.to_string(),

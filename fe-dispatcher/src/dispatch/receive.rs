@@ -20,25 +20,31 @@ impl Dispatch {
         let wait_ms = self.backend_wait(r.wait_ms, deadline)?;
         if let Some(sid) = self.touch_session(&r.session_id, Some(&queue))? {
             self.sessions
-                .tx_touch(sid, &queue, self.router.owner_of(&queue))?;
+                .tx_touch(sid, &queue, &self.router.owner_of(&queue).node)?;
         }
-        let be = self.router.for_queue(&queue)?;
-        let mut fwd = Request::new(pb::BackendReceiveRequest {
-            queue: r.queue,
-            session_id: r.session_id,
-            selector: r.selector,
-            max_messages: r.max_messages,
-            wait_ms,
-            lease_ms: r.lease_ms,
-            clamp_max_messages: false,
-            consumer: 0,
-        });
-        if let Some(d) = deadline {
-            fwd.set_timeout(d);
-        }
+        let until = deadline.map(|d| tokio::time::Instant::now() + d);
+        let receive = self
+            .router
+            .call_until(&queue, until, |be, placement_epoch| {
+                let mut fwd = Request::new(pb::BackendReceiveRequest {
+                    queue: r.queue.clone(),
+                    session_id: r.session_id.clone(),
+                    selector: r.selector.clone(),
+                    max_messages: r.max_messages,
+                    wait_ms,
+                    lease_ms: r.lease_ms,
+                    clamp_max_messages: false,
+                    consumer: 0,
+                    placement_epoch,
+                });
+                if let Some(until) = until {
+                    fwd.set_timeout(until.saturating_duration_since(tokio::time::Instant::now()));
+                }
+                async move { be.receive(fwd).await }
+            });
         let mut stopping = self.stopping.clone();
         let deliveries = tokio::select! {
-            out = be.receive(fwd) => out?.into_inner().deliveries,
+            out = receive => out?.deliveries,
             // The node is stopping: a long poll ends empty (dropping the receive removes it).
             () = crate::stopped(&mut stopping) => vec![],
         };

@@ -20,34 +20,39 @@ impl Dispatch {
         let transacted = match session {
             Some(sid) => self
                 .sessions
-                .tx_touch(sid, &queue, self.router.owner_of(&queue))?,
+                .tx_touch(sid, &queue, &self.router.owner_of(&queue).node)?,
             None => false,
         };
         self.check_reply_queues(&r.messages).await?;
-        let be = self.router.for_queue(&queue)?;
         // A reply (it carries a correlation id, or goes to a temporary queue) whose queue is gone
         // is worth an operator's attention: its requester gave up or went away.
         let is_reply = queue.as_str().starts_with("tmp.")
             || r.messages.iter().any(|m| m.correlation_id.is_some());
         let sid = session.filter(|_| transacted);
-        let out = be
-            .send(Request::new(pb::BackendSendRequest {
-                queue: r.queue,
-                messages: r.messages,
-                session_id: if transacted {
-                    r.session_id
-                } else {
-                    String::new()
-                },
-                transacted,
-            }))
+        let session_id = if transacted {
+            r.session_id
+        } else {
+            String::new()
+        };
+        // Each try sends its own copy: a try answered "not the owner" consumed its request.
+        let out = self
+            .router
+            .call(&queue, |be, placement_epoch| {
+                let req = pb::BackendSendRequest {
+                    queue: r.queue.clone(),
+                    messages: r.messages.clone(),
+                    session_id: session_id.clone(),
+                    transacted,
+                    placement_epoch,
+                };
+                async move { be.send(Request::new(req)).await }
+            })
             .await
             .inspect_err(|e| {
                 if is_reply && e.code() == tonic::Code::NotFound {
                     self.reply_queue_missing(&queue);
                 }
-            })?
-            .into_inner();
+            })?;
         if let Some(sid) = sid {
             self.sessions.tx_staged_by(sid, out.incarnation)?;
         }
@@ -64,12 +69,16 @@ impl Dispatch {
             }
             let reply_to = QueueName::new(m.reply_to.as_str())
                 .map_err(|e| Status::invalid_argument(format!("reply_to: {e}")))?;
-            let be = self.router.for_queue(&reply_to)?;
-            be.get_queue(Request::new(pb::BackendQueueRequest {
-                name: reply_to.to_string(),
-            }))
-            .await
-            .map_err(|e| Status::new(e.code(), format!("reply_to: {}", e.message())))?;
+            self.router
+                .call(&reply_to, |be, placement_epoch| {
+                    let req = pb::BackendQueueRequest {
+                        name: reply_to.to_string(),
+                        placement_epoch,
+                    };
+                    async move { be.get_queue(Request::new(req)).await }
+                })
+                .await
+                .map_err(|e| Status::new(e.code(), format!("reply_to: {}", e.message())))?;
             checked.push(&m.reply_to);
         }
         Ok(())

@@ -55,63 +55,97 @@ impl Dispatch {
         })
     }
 
-    /// Commits a transaction at its back-end: its staged sends and held acknowledgements (which
-    /// must all belong to that back-end), at once.
+    /// Commits a transaction at its back-end: its staged sends and held acknowledgements (whose
+    /// queues must all live on that back-end), at once.
     async fn commit_tx(&self, id: SessionId, tx: &Transaction) -> Result<(), Status> {
         let mut by_queue: BTreeMap<QueueName, Vec<String>> =
             tx.queues.iter().map(|q| (q.clone(), vec![])).collect();
-        let mut node = tx.node.clone();
         for h in &tx.acks {
             let r = ReceiptHandle::from_str(h).map_err(Error::from)?;
-            match &node {
-                Some(n) if *n != r.node => {
-                    return Err(Error::TransactionSpansBackends {
-                        session: id.to_string(),
-                        first: n.clone(),
-                        queue: r.queue.to_string(),
-                        second: r.node,
-                    }
-                    .into())
-                }
-                Some(_) => {}
-                None => node = Some(r.node.clone()),
-            }
             by_queue.entry(r.queue).or_default().push(h.clone());
         }
-        let Some(node) = node else {
+        let Some(first) = by_queue.keys().next().cloned() else {
             return Ok(()); // nothing was done in this transaction
         };
-        let req = pb::BackendCommitRequest {
-            session_id: id.to_string(),
-            incarnation: tx.incarnation,
-            queues: by_queue
-                .into_iter()
-                .map(|(queue, receipt_handles)| pb::BackendTxQueue {
-                    queue: queue.to_string(),
-                    receipt_handles,
-                })
-                .collect(),
-        };
-        self.router.node(&node)?.commit(Request::new(req)).await?;
+        // One call, to the owner of the first queue; each try checks that the others live there
+        // too, in the placement it is made with.
+        self.router
+            .call(&first, |be, _| {
+                let req = self.commit_request(id, tx, &first, &by_queue);
+                async move { be.commit(Request::new(req?)).await }
+            })
+            .await?;
         Ok(())
     }
 
-    /// Rolls back a transaction at its back-end. Returns how many messages come back.
-    async fn rollback_tx(&self, id: SessionId, tx: &Transaction) -> Result<u64, Status> {
-        let Some(node) = &tx.node else {
-            return Ok(0);
-        };
-        let req = pb::BackendRollbackRequest {
+    /// The commit of `tx` at the owner of `first`, each queue with its placement epoch; fails
+    /// if a queue lives elsewhere.
+    fn commit_request(
+        &self,
+        id: SessionId,
+        tx: &Transaction,
+        first: &QueueName,
+        by_queue: &BTreeMap<QueueName, Vec<String>>,
+    ) -> Result<pb::BackendCommitRequest, Status> {
+        let placement = self.router.placement();
+        let node = placement.owner_of(first).node;
+        let mut queues = Vec::with_capacity(by_queue.len());
+        for (queue, receipt_handles) in by_queue {
+            let owner = placement.owner_of(queue);
+            if owner.node != node {
+                return Err(Error::TransactionSpansBackends {
+                    session: id.to_string(),
+                    first: node,
+                    queue: queue.to_string(),
+                    second: owner.node,
+                }
+                .into());
+            }
+            queues.push(pb::BackendTxQueue {
+                queue: queue.to_string(),
+                receipt_handles: receipt_handles.clone(),
+                placement_epoch: owner.epoch,
+            });
+        }
+        Ok(pb::BackendCommitRequest {
             session_id: id.to_string(),
-            queues: tx.queues.iter().map(ToString::to_string).collect(),
-        };
-        let out = self.router.node(node)?.rollback(Request::new(req)).await;
-        match out {
-            Ok(r) => Ok(r.into_inner().count),
-            Err(e) => {
-                tracing::warn!(session = %self.sessions.public_session(id), error = %e, "could not roll back a transaction; its leases return when they expire");
-                Err(e)
+            incarnation: tx.incarnation,
+            queues,
+        })
+    }
+
+    /// Rolls back a transaction at the back-ends of its queues. Returns how many messages come
+    /// back.
+    async fn rollback_tx(&self, id: SessionId, tx: &Transaction) -> Result<u64, Status> {
+        if tx.node.is_none() {
+            return Ok(0);
+        }
+        let session_id = id.to_string();
+        let answers = self
+            .router
+            .call_each(tx.queues.iter().cloned().collect(), |be, queues| {
+                let (queues, placement_epochs) = queues
+                    .into_iter()
+                    .map(|(q, epoch)| (q.to_string(), epoch))
+                    .unzip();
+                let req = pb::BackendRollbackRequest {
+                    session_id: session_id.clone(),
+                    queues,
+                    placement_epochs,
+                };
+                async move { be.rollback(Request::new(req)).await }
+            })
+            .await;
+        let mut count = 0;
+        for (_, answer) in answers {
+            match answer {
+                Ok(r) => count += r.count,
+                Err(e) => {
+                    tracing::warn!(session = %self.sessions.public_session(id), error = %e, "could not roll back a transaction; its leases return when they expire");
+                    return Err(e);
+                }
             }
         }
+        Ok(count)
     }
 }
