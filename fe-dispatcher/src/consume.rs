@@ -489,3 +489,87 @@ async fn handle(
     }
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::FutureExt;
+    use tokio::sync::oneshot;
+
+    /// A receive whose answer the test gives by hand.
+    fn receive() -> (oneshot::Sender<Answer>, Inflight) {
+        let (tx, rx) = oneshot::channel();
+        let f = async move {
+            rx.await
+                .unwrap_or_else(|_| Err(Status::cancelled("test dropped it")))
+        };
+        (tx, Box::pin(f))
+    }
+
+    fn answer(n: usize) -> Answer {
+        Ok(pb::BackendReceiveResponse {
+            deliveries: vec![pb::Delivery::default(); n],
+        })
+    }
+
+    fn count(a: Answer) -> usize {
+        a.expect("an answer").deliveries.len()
+    }
+
+    #[test]
+    fn credit_is_shared_between_two_receives_and_never_overasked() {
+        let mut r = Receives::new(2);
+        assert_eq!(r.next_ask(0), None, "no credit, no receive");
+        assert_eq!(r.next_ask(9), Some(5), "the first takes a share");
+        r.open(5, receive().1);
+        assert_eq!(r.next_ask(9), Some(4), "the second the rest");
+        r.open(4, receive().1);
+        assert_eq!(r.next_ask(100), None, "two at most");
+        let mut one = Receives::new(1);
+        assert_eq!(one.next_ask(5_000), Some(BATCH_MAX), "bounded by the batch");
+        one.open(BATCH_MAX, receive().1);
+        assert_eq!(one.next_ask(5_000), None);
+    }
+
+    #[test]
+    fn answers_are_pushed_in_the_order_asked() {
+        let mut r = Receives::new(2);
+        let (first, f) = receive();
+        r.open(1, f);
+        let (second, f) = receive();
+        r.open(1, f);
+        second.send(answer(2)).expect("listening");
+        assert!(r.next().now_or_never().is_none(), "the older one first");
+        first.send(answer(1)).expect("listening");
+        assert_eq!(r.next().now_or_never().map(count), Some(1));
+        assert_eq!(r.next().now_or_never().map(count), Some(2));
+        assert!(r.is_empty());
+    }
+
+    #[test]
+    fn a_failed_extra_receive_leaves_the_stream_with_one_for_good() {
+        let mut r = Receives::new(2);
+        let (first, f) = receive();
+        r.open(1, f);
+        let (second, f) = receive();
+        r.open(1, f);
+        second
+            .send(Err(Status::resource_exhausted("waiters_per_queue_max")))
+            .expect("listening");
+        assert!(r.next().now_or_never().is_none(), "the first still waits");
+        assert_eq!(r.open.len(), 1, "the failed one is dropped");
+        r.set_max(RECEIVES_LOCAL);
+        assert_eq!(r.next_ask(10), None, "no second one again");
+        first.send(answer(3)).expect("listening");
+        assert_eq!(r.next().now_or_never().map(count), Some(3));
+        assert_eq!(r.next_ask(10), Some(10), "one receive, the whole credit");
+    }
+
+    #[test]
+    fn a_remote_owner_gets_one_receive() {
+        let mut r = Receives::new(RECEIVES_LOCAL);
+        r.set_max(1);
+        assert_eq!(r.next_ask(10), Some(10));
+        r.open(10, receive().1);
+        assert_eq!(r.next_ask(20), None);
+    }
+}

@@ -14,6 +14,8 @@ mod deadline;
 mod dispatch;
 mod error;
 mod events;
+#[cfg(test)]
+mod fake;
 mod messaging;
 mod mover;
 mod publish;

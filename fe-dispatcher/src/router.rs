@@ -345,3 +345,285 @@ fn unsettled(queue: &QueueName, last: &Status) -> Status {
     )
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fake::{Call, FakeBackend};
+    use ferry_proto::{not_owner_status, pb};
+    use tonic::Request;
+
+    fn node(n: &str) -> NodeId {
+        NodeId::new(n).expect("a node id")
+    }
+
+    fn queue(q: &str) -> QueueName {
+        QueueName::new(q).expect("a queue name")
+    }
+
+    /// Nodes a (this one) and b, each with a fake back-end; `orders` placed on b at epoch 1.
+    fn two_nodes() -> (Placement, Arc<FakeBackend>, Arc<FakeBackend>) {
+        let (a, b) = (FakeBackend::new(), FakeBackend::new());
+        let placement = Placement::new(node("a"), a.backend())
+            .with_node(node("b"), b.backend())
+            .with_queue(
+                queue("orders"),
+                Owner {
+                    node: node("b"),
+                    epoch: STATIC_EPOCH,
+                },
+            );
+        (placement, a, b)
+    }
+
+    fn not_owner(q: &str, owner: &str, epoch: u64) -> Status {
+        not_owner_status(pb::NotOwner {
+            queue: q.into(),
+            owner_node: owner.into(),
+            epoch,
+        })
+    }
+
+    async fn get_queue(router: &Router, q: &str) -> Result<pb::QueueInfo, Status> {
+        let q = queue(q);
+        router
+            .call(&q, |be, placement_epoch| {
+                let req = pb::BackendQueueRequest {
+                    name: q.to_string(),
+                    placement_epoch,
+                };
+                async move { be.get_queue(Request::new(req)).await }
+            })
+            .await
+    }
+
+    fn call(method: &'static str, q: &str, epoch: u64) -> Call {
+        Call {
+            method,
+            queues: vec![q.into()],
+            epochs: vec![epoch],
+        }
+    }
+
+    #[test]
+    fn placement_rules_place_every_queue() {
+        let (p, _, _) = two_nodes();
+        let owner = |n: &str, epoch| Owner {
+            node: node(n),
+            epoch,
+        };
+        assert_eq!(p.owner_of(&queue("orders")), owner("b", STATIC_EPOCH));
+        // A dead-letter queue lives with its queue, at its epoch.
+        assert_eq!(p.owner_of(&queue("orders.DLQ")), owner("b", STATIC_EPOCH));
+        // A temporary queue lives on the node in its name, whatever else is placed.
+        assert_eq!(p.owner_of(&queue("tmp.b.x1.1")), owner("b", EPOCH_UNKNOWN));
+        assert_eq!(p.owner_of(&queue("tmp.a.x1.1")), owner("a", EPOCH_UNKNOWN));
+        // One naming a node that is not in the cluster, and any unplaced queue: this node.
+        assert_eq!(p.owner_of(&queue("tmp.z.x1.1")), owner("a", EPOCH_UNKNOWN));
+        assert_eq!(p.owner_of(&queue("invoices")), owner("a", EPOCH_UNKNOWN));
+        assert_eq!(
+            p.owner_of(&queue("invoices.DLQ")),
+            owner("a", EPOCH_UNKNOWN)
+        );
+        let nodes: Vec<NodeId> = p.nodes().into_iter().map(|(n, _)| n).collect();
+        assert_eq!(nodes, vec![node("a"), node("b")], "this node first");
+    }
+
+    #[tokio::test]
+    async fn a_call_goes_to_the_owner_with_its_epoch() {
+        let (p, a, b) = two_nodes();
+        let (router, _tx) = Router::fixed(p);
+        get_queue(&router, "orders").await.expect("answered");
+        get_queue(&router, "invoices").await.expect("answered");
+        assert_eq!(b.calls(), vec![call("get_queue", "orders", STATIC_EPOCH)]);
+        assert_eq!(
+            a.calls(),
+            vec![call("get_queue", "invoices", EPOCH_UNKNOWN)]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_new_placement_takes_effect_for_the_next_call() {
+        let (p, a, b) = two_nodes();
+        let (router, tx) = Router::fixed(p.clone());
+        get_queue(&router, "orders").await.expect("answered");
+        let moved = p.with_queue(
+            queue("orders"),
+            Owner {
+                node: node("a"),
+                epoch: 2,
+            },
+        );
+        tx.send(Arc::new(moved)).expect("the router listens");
+        get_queue(&router, "orders").await.expect("answered");
+        assert_eq!(b.calls(), vec![call("get_queue", "orders", 1)]);
+        assert_eq!(a.calls(), vec![call("get_queue", "orders", 2)]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn not_the_owner_waits_for_the_new_placement_and_calls_the_new_owner() {
+        let (p, a, b) = two_nodes();
+        let (router, tx) = Router::fixed(p.clone());
+        // b answers "not the owner" once, and the new placement is published as it does.
+        b.script([not_owner("orders", "a", 2)]);
+        let moved = p.with_queue(
+            queue("orders"),
+            Owner {
+                node: node("a"),
+                epoch: 2,
+            },
+        );
+        b.on_scripted(move || {
+            tx.send(Arc::new(moved)).expect("the router listens");
+        });
+        let started = Instant::now();
+        get_queue(&router, "orders").await.expect("answered by a");
+        assert_eq!(b.calls(), vec![call("get_queue", "orders", 1)]);
+        assert_eq!(a.calls(), vec![call("get_queue", "orders", 2)]);
+        // It went on as soon as the placement changed, not after the refresh bound.
+        assert_eq!(started.elapsed(), Duration::ZERO);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn not_the_owner_without_a_new_placement_retries_after_the_refresh_bound() {
+        let (p, _, b) = two_nodes();
+        let (router, _tx) = Router::fixed(p);
+        b.script([not_owner("orders", "", 0)]);
+        let started = Instant::now();
+        get_queue(&router, "orders")
+            .await
+            .expect("answered on the retry");
+        assert_eq!(b.calls().len(), 2);
+        assert_eq!(started.elapsed(), REFRESH_WAIT_MAX);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_owner_that_keeps_saying_not_owner_fails_naming_the_queue() {
+        let (p, _, b) = two_nodes();
+        let (router, _tx) = Router::fixed(p);
+        b.always(not_owner("orders", "c", 9));
+        let started = Instant::now();
+        let e = get_queue(&router, "orders")
+            .await
+            .expect_err("never settles");
+        assert_eq!(e.code(), Code::FailedPrecondition);
+        assert!(e.message().contains("queue orders"), "{e:?}");
+        // The last answer's detail is passed on, for a client that reads it.
+        assert_eq!(
+            ferry_proto::not_owner_of(&e).map(|n| n.owner_node),
+            Some("c".to_owned())
+        );
+        let tries = usize::try_from(NOT_OWNER_RETRIES_MAX).expect("small") + 1;
+        assert_eq!(b.calls().len(), tries);
+        assert_eq!(started.elapsed(), REFRESH_WAIT_MAX * NOT_OWNER_RETRIES_MAX);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_refresh_wait_ends_at_the_call_deadline() {
+        let (p, _, b) = two_nodes();
+        let (router, _tx) = Router::fixed(p);
+        b.script([not_owner("orders", "", 0)]);
+        let started = Instant::now();
+        let deadline = started + Duration::from_millis(40);
+        let q = queue("orders");
+        router
+            .call_until(&q, Some(deadline), |be, placement_epoch| {
+                let req = pb::BackendQueueRequest {
+                    name: "orders".into(),
+                    placement_epoch,
+                };
+                async move { be.get_queue(Request::new(req)).await }
+            })
+            .await
+            .expect("answered on the retry");
+        assert_eq!(started.elapsed(), Duration::from_millis(40));
+    }
+
+    #[tokio::test]
+    async fn an_owner_missing_from_the_node_list_is_unavailable_naming_it() {
+        let (p, a, _) = two_nodes();
+        let p = p.with_queue(
+            queue("lost"),
+            Owner {
+                node: node("c"),
+                epoch: 1,
+            },
+        );
+        let (router, _tx) = Router::fixed(p);
+        let e = get_queue(&router, "lost").await.expect_err("no route");
+        assert_eq!(e.code(), Code::Unavailable);
+        assert!(e.message().contains("node c"), "{e:?}");
+        assert!(a.calls().is_empty(), "never sent elsewhere");
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_owner_is_unavailable_naming_it() {
+        let (p, a, b) = two_nodes();
+        let (router, _tx) = Router::fixed(p);
+        b.always(Status::unavailable("tcp connect error"));
+        let e = get_queue(&router, "orders").await.expect_err("unreachable");
+        assert_eq!(e.code(), Code::Unavailable);
+        assert_eq!(e.message(), "node b: tcp connect error");
+        assert_eq!(b.calls().len(), 1, "not retried");
+        // Other errors, and this node's own, pass through as they are.
+        a.always(Status::unavailable("the node is stopping"));
+        let e = get_queue(&router, "invoices").await.expect_err("stopping");
+        assert_eq!(e.message(), "the node is stopping");
+        b.always(Status::not_found("queue orders does not exist"));
+        let e = get_queue(&router, "orders").await.expect_err("missing");
+        assert_eq!(e.code(), Code::NotFound);
+        assert_eq!(e.message(), "queue orders does not exist");
+    }
+
+    async fn release(router: &Router, queues: &[&str]) -> Vec<(NodeId, Result<u64, Status>)> {
+        let queues = queues.iter().map(|q| queue(q)).collect();
+        router
+            .call_each(queues, |be, queues| {
+                let (queues, placement_epochs) =
+                    queues.into_iter().map(|(q, e)| (q.to_string(), e)).unzip();
+                let req = pb::BackendReleaseSessionRequest {
+                    queues,
+                    placement_epochs,
+                    ..Default::default()
+                };
+                async move { be.release_session(Request::new(req)).await }
+            })
+            .await
+            .into_iter()
+            .map(|(n, r)| (n, r.map(|c| c.count)))
+            .collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_call_naming_several_queues_goes_to_each_owner_and_regroups_after_not_owner() {
+        let (p, a, b) = two_nodes();
+        let (router, tx) = Router::fixed(p.clone());
+        b.script([not_owner("orders", "a", 2)]);
+        let moved = p.with_queue(
+            queue("orders"),
+            Owner {
+                node: node("a"),
+                epoch: 2,
+            },
+        );
+        b.on_scripted(move || {
+            tx.send(Arc::new(moved)).expect("the router listens");
+        });
+        let answers = release(&router, &["invoices", "orders"]).await;
+        let nodes: Vec<&NodeId> = answers.iter().map(|(n, _)| n).collect();
+        assert_eq!(nodes, vec![&node("a"), &node("a")]);
+        assert!(answers.iter().all(|(_, r)| r.is_ok()), "{answers:?}");
+        let release_call = |queues: Vec<&str>, epochs| Call {
+            method: "release_session",
+            queues: queues.into_iter().map(String::from).collect(),
+            epochs,
+        };
+        assert_eq!(b.calls(), vec![release_call(vec!["orders"], vec![1])]);
+        assert_eq!(
+            a.calls(),
+            vec![
+                release_call(vec!["invoices"], vec![0]),
+                release_call(vec!["orders"], vec![2]),
+            ]
+        );
+    }
+}

@@ -75,3 +75,6 @@ pub(crate) fn session_id(id: &str) -> Result<SessionId, Status> {
 fn count_u32(n: u64) -> u32 {
     u32::try_from(n).unwrap_or(u32::MAX)
 }
+
+#[cfg(test)]
+mod tests;
