@@ -28,6 +28,8 @@ pub(crate) struct FakeBackend {
     on_scripted: Mutex<Option<Hook>>,
     /// Answer every call with this, after the script.
     always: Mutex<Option<Status>>,
+    /// How many messages each `send` carried.
+    sent: Mutex<Vec<usize>>,
 }
 
 impl std::fmt::Debug for FakeBackend {
@@ -62,6 +64,11 @@ impl FakeBackend {
     /// Every call is answered with `status` (after the script).
     pub(crate) fn always(&self, status: Status) {
         *lock(&self.always) = Some(status);
+    }
+
+    /// How many messages each `send` carried, in order.
+    pub(crate) fn sent(&self) -> Vec<usize> {
+        lock(&self.sent).clone()
     }
 
     pub(crate) fn calls(&self) -> Vec<Call> {
@@ -134,6 +141,7 @@ impl pb::backend_server::Backend for FakeBackend {
     }
     async fn send(&self, r: Request<pb::BackendSendRequest>) -> Reply<pb::BackendSendResponse> {
         let r = r.into_inner();
+        lock(&self.sent).push(r.messages.len());
         self.answer("send", vec![r.queue], vec![r.placement_epoch])
     }
     async fn receive(

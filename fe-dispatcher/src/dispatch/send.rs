@@ -5,6 +5,7 @@ use ferry_proto::pb;
 use tonic::{Request, Status};
 
 use super::{queue_name, Dispatch};
+use crate::router::EPOCH_UNKNOWN;
 
 impl Dispatch {
     pub(crate) async fn send(&self, r: pb::SendRequest) -> Result<pb::SendResponse, Status> {
@@ -34,18 +35,19 @@ impl Dispatch {
         } else {
             String::new()
         };
-        // Each try sends its own copy: a try answered "not the owner" consumed its request.
+        let mut messages = Some(r.messages);
         let out = self
             .router
             .call(&queue, |be, placement_epoch| {
-                let req = pb::BackendSendRequest {
+                let messages = messages_for_try(&mut messages, placement_epoch);
+                let req = messages.map(|messages| pb::BackendSendRequest {
                     queue: r.queue.clone(),
-                    messages: r.messages.clone(),
+                    messages,
                     session_id: session_id.clone(),
                     transacted,
                     placement_epoch,
-                };
-                async move { be.send(Request::new(req)).await }
+                });
+                async move { be.send(Request::new(req?)).await }
             })
             .await
             .inspect_err(|e| {
@@ -95,4 +97,24 @@ impl Dispatch {
             ..Default::default()
         });
     }
+}
+
+/// The messages one try of a send carries. A try at a known placement epoch may be answered
+/// "not the owner", having consumed its request, so it sends a copy and keeps the messages for
+/// the next try. A try at [`EPOCH_UNKNOWN`] is never answered so (the back-end skips the
+/// check), so it sends them as they are: a send to an unplaced queue copies nothing.
+fn messages_for_try(
+    messages: &mut Option<Vec<pb::OutgoingMessage>>,
+    placement_epoch: u64,
+) -> Result<Vec<pb::OutgoingMessage>, Status> {
+    let taken = if placement_epoch == EPOCH_UNKNOWN {
+        messages.take()
+    } else {
+        messages.clone()
+    };
+    taken.ok_or_else(|| {
+        Status::unavailable(
+            "a back-end answered \"not the owner\" to a send at placement epoch 0, which it must not check; the send was not stored",
+        )
+    })
 }

@@ -114,6 +114,30 @@ async fn sends_and_receives_carry_the_placement_epoch() {
     assert_eq!(f.a.calls(), vec![call("receive", "scratch", EPOCH_UNKNOWN)]);
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_send_carries_its_messages_on_every_try() {
+    let f = fixture();
+    let send = |q: &str, n: usize| pb::SendRequest {
+        queue: q.into(),
+        messages: vec![pb::OutgoingMessage::default(); n],
+        ..Default::default()
+    };
+    // At epoch 0 the messages go as they are (nothing kept for a retry).
+    f.core.send(send("scratch", 2)).await.expect("sent");
+    assert_eq!(f.a.sent(), vec![2]);
+    // At a known epoch a copy goes, so the retry after "not the owner" has them all.
+    f.b.script([ferry_proto::not_owner_status(pb::NotOwner {
+        queue: "invoices".into(),
+        owner_node: String::new(),
+        epoch: 0,
+    })]);
+    f.core
+        .send(send("invoices", 3))
+        .await
+        .expect("sent on the retry");
+    assert_eq!(f.b.sent(), vec![3, 3]);
+}
+
 #[tokio::test]
 async fn a_temporary_queue_is_created_on_this_node_and_named_after_it() {
     let f = fixture();
