@@ -14,7 +14,8 @@ use anyhow::Context as _;
 use ferry_be_server::{BackendService, Broker, BrokerConfig, SystemClock};
 use ferry_cluster::Membership;
 use ferry_fe_dispatcher::{
-    BackendRef, Frontend, FrontendConfig, MessagingService, RemoteBackend, Router,
+    BackendRef, Frontend, FrontendConfig, MessagingService, Owner, Placement, RemoteBackend,
+    Router, STATIC_EPOCH,
 };
 use ferry_kernel::{ClockRef, NodeId, QueueConfig};
 use ferry_proto::pb;
@@ -76,8 +77,14 @@ pub async fn run(
         "back-end ready"
     );
     let backend = BackendService::new(broker.clone());
-    let router = router(node_id.clone(), &backend, membership)?;
-    let frontend = Arc::new(Frontend::new(frontend_config(&config.limits), router));
+    // The node keeps the sender: the Raft metadata group will publish new placements on it.
+    let (_placement_tx, placement_rx) =
+        watch::channel(Arc::new(placement(node_id.clone(), &backend, membership)?));
+    let frontend = Arc::new(Frontend::new(
+        frontend_config(&config.limits),
+        Router::new(placement_rx),
+        Arc::new(ferry_be_server::SystemClock),
+    ));
     let reaper = tokio::spawn(frontend.reaper());
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<MessagingServer>().await;
@@ -228,24 +235,29 @@ fn broker_config(config: &Config, node_id: NodeId) -> BrokerConfig {
     broker_config
 }
 
-/// This node's back-end in-process; every other node's at the peer listener `cluster.nodes`
-/// names.
-fn router(
+/// The first placement, from static configuration: this node's back-end in-process, every other
+/// node's at the peer listener `cluster.nodes` names, each queue of `cluster.placement` at
+/// epoch 1.
+fn placement(
     node_id: NodeId,
     backend: &BackendService,
     membership: Membership,
-) -> anyhow::Result<Router> {
+) -> anyhow::Result<Placement> {
     let local: BackendRef = Arc::new(backend.clone());
-    let mut router = Router::new(node_id, local);
+    let mut placement = Placement::new(node_id, local);
     for (node, url) in &membership.nodes {
         let remote =
             RemoteBackend::new(url).with_context(|| format!("cluster.nodes.{node} = {url:?}"))?;
-        router = router.with_node(node.clone(), Arc::new(remote));
+        placement = placement.with_node(node.clone(), Arc::new(remote));
     }
     for (queue, node) in membership.placement {
-        router = router.with_placement(queue, node);
+        let owner = Owner {
+            node,
+            epoch: STATIC_EPOCH,
+        };
+        placement = placement.with_queue(queue, owner);
     }
-    Ok(router)
+    Ok(placement)
 }
 
 fn frontend_config(l: &Limits) -> FrontendConfig {

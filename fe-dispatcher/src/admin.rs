@@ -1,35 +1,60 @@
 //! The client-facing `Admin` service: each call goes to the back-end that owns the queue; listings
 //! ask every back-end.
 
+use std::future::Future;
 use std::sync::Arc;
+
+use ferry_kernel::QueueName;
 
 use ferry_proto::pb;
 use tonic::{Request, Response, Status};
 
-use crate::messaging::queue_name;
+use crate::dispatch::{queue_name, Dispatch};
 use crate::router::Router;
+use crate::BackendRef;
 
 /// See the module docs.
 #[derive(Debug, Clone)]
 pub struct AdminService {
-    router: Arc<Router>,
-    /// This node's client-facing service: its connections, and how to close one.
-    messaging: crate::messaging::MessagingService,
+    /// The front-end's core: the router, this node's connections and how to close one.
+    core: Arc<Dispatch>,
     movers: crate::mover::Movers,
 }
 
 impl AdminService {
-    pub(crate) fn new(router: Arc<Router>, messaging: crate::messaging::MessagingService) -> Self {
+    pub(crate) fn new(core: Arc<Dispatch>) -> Self {
         Self {
-            router,
-            messaging,
+            core,
             movers: crate::mover::Movers::default(),
         }
     }
 
+    fn router(&self) -> &Arc<Router> {
+        &self.core.router
+    }
+
+    /// A call naming one queue, to its owner (see [`Router::call`]).
+    async fn queue_call<T, F, Fut>(&self, queue: &QueueName, f: F) -> Result<T, Status>
+    where
+        F: Fn(BackendRef, pb::BackendQueueRequest) -> Fut,
+        Fut: Future<Output = Result<Response<T>, Status>>,
+    {
+        self.router()
+            .call(queue, |be, placement_epoch| {
+                let req = pb::BackendQueueRequest {
+                    name: queue.to_string(),
+                    placement_epoch,
+                };
+                f(be, req)
+            })
+            .await
+    }
+
+    /// Every queue of every node, by name. Asks each node for what it holds, not a queue's
+    /// owner.
     async fn all_queues(&self) -> Result<Vec<pb::QueueInfo>, Status> {
         let mut all = vec![];
-        for (_, be) in self.router.all() {
+        for (_, be) in self.router().nodes() {
             all.extend(
                 be.list_queues(Request::new(pb::BackendListQueuesRequest {}))
                     .await?
@@ -92,7 +117,7 @@ impl pb::admin_server::Admin for AdminService {
             ));
         }
         // Dead letters move within one back-end: their target must live where the queue does.
-        let owner = self.router.owner_of(&name);
+        let owner = self.router().owner_of(&name).node;
         let cfg = r.config.clone().unwrap_or_default();
         for (field, target) in [("dead_letter", &cfg.dead_letter), ("expiry", &cfg.expiry)] {
             use pb::dead_letter_target::Target;
@@ -101,28 +126,33 @@ impl pb::admin_server::Admin for AdminService {
                 Some(Target::Discard(true)) => continue,
                 _ => queue_name(&format!("{name}.DLQ"))?,
             };
-            let target_owner = self.router.owner_of(&target);
+            let target_owner = self.router().owner_of(&target).node;
             if target_owner != owner {
                 return Err(Status::invalid_argument(format!(
                     "{field}: queue {target} lives on node {target_owner} but {name} on {owner}; a dead-letter queue must live on its queue's node (fix cluster.placement or name another queue)"
                 )));
             }
         }
-        let be = self.router.for_queue(&name)?;
         // Tell "created" from "already there" by asking first; create is idempotent either way.
-        let existed = be
-            .get_queue(Request::new(pb::BackendQueueRequest {
-                name: r.name.clone(),
-            }))
+        let existed = self
+            .queue_call(&name, |be, req| async move {
+                be.get_queue(Request::new(req)).await
+            })
             .await
             .is_ok();
-        let create = pb::BackendCreateQueueRequest {
-            name: r.name,
-            config: r.config,
-            if_not_exists: r.if_not_exists,
-            temporary: false,
-        };
-        let info = be.create_queue(Request::new(create)).await?.into_inner();
+        let info = self
+            .router()
+            .call(&name, |be, placement_epoch| {
+                let create = pb::BackendCreateQueueRequest {
+                    name: r.name.clone(),
+                    config: r.config.clone(),
+                    if_not_exists: r.if_not_exists,
+                    temporary: false,
+                    placement_epoch,
+                };
+                async move { be.create_queue(Request::new(create)).await }
+            })
+            .await?;
         Ok(Response::new(pb::CreateQueueResponse {
             queue: Some(info),
             created: !existed,
@@ -131,11 +161,11 @@ impl pb::admin_server::Admin for AdminService {
 
     async fn get_queue(&self, req: Request<pb::GetQueueRequest>) -> Reply<pb::GetQueueResponse> {
         let name = req.into_inner().name;
-        let be = self.router.for_queue(&queue_name(&name)?)?;
-        let info = be
-            .get_queue(Request::new(pb::BackendQueueRequest { name }))
-            .await?
-            .into_inner();
+        let info = self
+            .queue_call(&queue_name(&name)?, |be, req| async move {
+                be.get_queue(Request::new(req)).await
+            })
+            .await?;
         Ok(Response::new(pb::GetQueueResponse { queue: Some(info) }))
     }
 
@@ -157,11 +187,11 @@ impl pb::admin_server::Admin for AdminService {
         req: Request<pb::DeleteQueueRequest>,
     ) -> Reply<pb::DeleteQueueResponse> {
         let name = req.into_inner().name;
-        let be = self.router.for_queue(&queue_name(&name)?)?;
-        let n = be
-            .delete_queue(Request::new(pb::BackendQueueRequest { name }))
+        let n = self
+            .queue_call(&queue_name(&name)?, |be, req| async move {
+                be.delete_queue(Request::new(req)).await
+            })
             .await?
-            .into_inner()
             .count;
         Ok(Response::new(pb::DeleteQueueResponse {
             deleted_messages: n,
@@ -173,11 +203,11 @@ impl pb::admin_server::Admin for AdminService {
         req: Request<pb::PurgeQueueRequest>,
     ) -> Reply<pb::PurgeQueueResponse> {
         let name = req.into_inner().name;
-        let be = self.router.for_queue(&queue_name(&name)?)?;
-        let n = be
-            .purge_queue(Request::new(pb::BackendQueueRequest { name }))
+        let n = self
+            .queue_call(&queue_name(&name)?, |be, req| async move {
+                be.purge_queue(Request::new(req)).await
+            })
             .await?
-            .into_inner()
             .count;
         Ok(Response::new(pb::PurgeQueueResponse { purged: n }))
     }
@@ -199,12 +229,13 @@ impl pb::admin_server::Admin for AdminService {
         };
         let mut queues = vec![];
         for name in names {
-            let be = self.router.for_queue(&queue_name(&name)?)?;
-            match be
-                .get_queue_stats(Request::new(pb::BackendQueueRequest { name }))
-                .await
-            {
-                Ok(s) => queues.push(s.into_inner()),
+            let stats = self
+                .queue_call(&queue_name(&name)?, |be, req| async move {
+                    be.get_queue_stats(Request::new(req)).await
+                })
+                .await;
+            match stats {
+                Ok(s) => queues.push(s),
                 // Deleted between the listing and now: leave it out of "every queue".
                 Err(e) if listing && e.code() == tonic::Code::NotFound => {}
                 Err(e) => return Err(e),
@@ -219,12 +250,15 @@ impl pb::admin_server::Admin for AdminService {
     ) -> Reply<pb::DeleteMessageResponse> {
         let r = req.into_inner();
         let queue = queue_name(&r.queue)?;
-        self.router
-            .for_queue(&queue)?
-            .delete_message(Request::new(pb::BackendDeleteMessageRequest {
-                queue: r.queue,
-                message_id: r.message_id,
-            }))
+        self.router()
+            .call(&queue, |be, placement_epoch| {
+                let req = pb::BackendDeleteMessageRequest {
+                    queue: r.queue.clone(),
+                    message_id: r.message_id.clone(),
+                    placement_epoch,
+                };
+                async move { be.delete_message(Request::new(req)).await }
+            })
             .await?;
         Ok(Response::new(pb::DeleteMessageResponse {}))
     }
@@ -234,9 +268,9 @@ impl pb::admin_server::Admin for AdminService {
         req: Request<pb::ListConnectionsRequest>,
     ) -> Reply<pb::ListConnectionsResponse> {
         let r = req.into_inner();
-        let node = self.router.local_node().to_string();
+        let node = self.router().local_node().to_string();
         let all: Vec<pb::ConnectionInfo> = self
-            .messaging
+            .core
             .sessions
             .list()
             .into_iter()
@@ -262,9 +296,9 @@ impl pb::admin_server::Admin for AdminService {
         req: Request<pb::AdminCloseConnectionRequest>,
     ) -> Reply<pb::AdminCloseConnectionResponse> {
         let id = req.into_inner().connection_id;
-        let closed = self.messaging.sessions.close_connection_by_public(&id)?;
+        let closed = self.core.sessions.close_connection_by_public(&id)?;
         tracing::info!(connection = %ferry_kernel::shown(&id), "connection closed by an administrator");
-        let released = self.messaging.release(closed).await;
+        let released = self.core.release(closed).await;
         Ok(Response::new(pb::AdminCloseConnectionResponse { released }))
     }
 
@@ -281,20 +315,16 @@ impl pb::admin_server::Admin for AdminService {
             ferry_kernel::Selector::parse(&r.selector, &ferry_kernel::SelectorLimits::default())
                 .map_err(crate::error::Error::from)?;
         }
-        let source = self.router.for_queue(&from)?;
-        let stats = source
-            .get_queue_stats(Request::new(pb::BackendQueueRequest {
-                name: from.to_string(),
-            }))
-            .await?
-            .into_inner();
-        self.router
-            .for_queue(&to)?
-            .get_queue(Request::new(pb::BackendQueueRequest {
-                name: to.to_string(),
-            }))
-            .await
-            .map_err(|e| Status::new(e.code(), format!("to_queue: {}", e.message())))?;
+        let stats = self
+            .queue_call(&from, |be, req| async move {
+                be.get_queue_stats(Request::new(req)).await
+            })
+            .await?;
+        self.queue_call(&to, |be, req| async move {
+            be.get_queue(Request::new(req)).await
+        })
+        .await
+        .map_err(|e| Status::new(e.code(), format!("to_queue: {}", e.message())))?;
         let spec = crate::mover::MoveSpec {
             from,
             to,
@@ -302,9 +332,12 @@ impl pb::admin_server::Admin for AdminService {
             rate_per_sec: r.rate_per_sec,
             max_messages: r.max_messages,
         };
-        let task = self
-            .movers
-            .start(self.router.clone(), spec, stats.ready + stats.scheduled);
+        let task = self.movers.start(
+            self.router().clone(),
+            self.core.clock.clone(),
+            spec,
+            stats.ready + stats.scheduled,
+        );
         Ok(Response::new(task.info()))
     }
 
@@ -324,8 +357,14 @@ impl pb::admin_server::Admin for AdminService {
         &self,
         req: Request<pb::WatchEventsRequest>,
     ) -> Reply<Self::WatchEventsStream> {
-        let local = self.messaging.events.subscribe();
-        let stream = crate::events::watch(self.router.clone(), local, req.into_inner()).await?;
+        let local = self.core.events.subscribe();
+        let stream = crate::events::watch(
+            self.router().clone(),
+            self.core.clock.clone(),
+            local,
+            req.into_inner(),
+        )
+        .await?;
         Ok(Response::new(stream))
     }
 
@@ -338,7 +377,7 @@ impl pb::admin_server::Admin for AdminService {
         // A message's steps are on the back-end of its queue, and of its dead-letter queue or a
         // queue it was moved to: ask them all.
         let mut steps = vec![];
-        for (_, be) in self.router.all() {
+        for (_, be) in self.router().nodes() {
             steps.extend(
                 be.get_message_history(Request::new(r.clone()))
                     .await?

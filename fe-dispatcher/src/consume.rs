@@ -23,6 +23,7 @@
 //! receive is an extra: if it fails (the queue's waiter limit, say) the stream goes on with one.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::task::Poll;
 
 use std::future::Future;
@@ -33,11 +34,11 @@ use ferry_proto::pb::consume_request::Kind;
 use futures::stream::{FuturesOrdered, StreamExt};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::{Request, Response, Status, Streaming};
+use tonic::{Request, Status, Streaming};
 
+use crate::dispatch::{queue_name, Dispatch};
 use crate::error::Error;
-use crate::messaging::{queue_name, MessagingService};
-use crate::BackendRef;
+use ferry_kernel::QueueName;
 
 pub type ConsumeStream =
     Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::ConsumeResponse, Status>> + Send>>;
@@ -50,7 +51,7 @@ const RECEIVES_LOCAL: usize = 2;
 /// An ack, nack or release under way, and what it answers on the stream (if anything).
 type AckAnswer = Pin<Box<dyn Future<Output = Option<Result<pb::ConsumeResponse, Status>>> + Send>>;
 
-type Answer = Result<Response<pb::BackendReceiveResponse>, Status>;
+type Answer = Result<pb::BackendReceiveResponse, Status>;
 type Inflight = Pin<Box<dyn Future<Output = Answer> + Send>>;
 
 /// One receive open at the back-end, for `asked` messages.
@@ -70,6 +71,8 @@ struct Receives {
     open: VecDeque<Receive>,
     /// How many may be open at once.
     max: usize,
+    /// An extra receive failed: this stream keeps one from then on.
+    extra_failed: bool,
 }
 
 impl Receives {
@@ -77,7 +80,13 @@ impl Receives {
         Self {
             open: VecDeque::new(),
             max: max.max(1),
+            extra_failed: false,
         }
+    }
+
+    /// How many may be open at once from now on (one, once an extra one failed).
+    fn set_max(&mut self, max: usize) {
+        self.max = if self.extra_failed { 1 } else { max.max(1) };
     }
 
     fn asked(&self) -> u64 {
@@ -133,6 +142,7 @@ impl Receives {
                     tracing::debug!(error = %status, "a Consume stream's extra receive failed; going on with one");
                 }
                 self.max = 1;
+                self.extra_failed = true;
             }
             if !matches!(
                 self.open.front(),
@@ -160,7 +170,7 @@ impl Receives {
 }
 
 pub(crate) async fn start(
-    svc: MessagingService,
+    svc: Arc<Dispatch>,
     mut inbound: Streaming<pb::ConsumeRequest>,
 ) -> Result<ConsumeStream, Status> {
     let first = inbound.message().await?.ok_or(Error::ConsumeNotStarted)?;
@@ -182,130 +192,205 @@ pub(crate) async fn start(
             .into());
         }
     }
-    let be = svc.router.for_queue(&queue)?.clone();
     let (tx, rx) = mpsc::channel(16);
-    // Two receives only where they park in the order asked (see the module docs).
-    let receives_max = if svc.router.owner_of(&queue) == svc.router.local_node() {
-        RECEIVES_LOCAL
-    } else {
-        1
-    };
-    tokio::spawn(run(svc, be, start, inbound, tx, receives_max));
+    tokio::spawn(run(svc, queue, start, inbound, tx));
     Ok(Box::pin(ReceiverStream::new(rx)))
 }
 
+/// Whether a Consume stream goes on after an event.
+enum Next {
+    Continue,
+    End,
+}
+
+/// One Consume stream's state, driven by [`run`].
+struct Stream {
+    svc: Arc<Dispatch>,
+    queue: QueueName,
+    start: pb::ConsumeStart,
+    tx: mpsc::Sender<Result<pb::ConsumeResponse, Status>>,
+    credits: u64,
+    /// Tags this stream's receives at the back-end, so its two count as one consumer there.
+    consumer: u64,
+    receives: Receives,
+    /// Acks, nacks and releases under way: they run while deliveries keep flowing, and their
+    /// answers go out in the order they were asked.
+    acks: FuturesOrdered<AckAnswer>,
+    /// The client asked for nothing more (`stop`).
+    stopped: bool,
+}
+
 async fn run(
-    svc: MessagingService,
-    be: BackendRef,
+    svc: Arc<Dispatch>,
+    queue: QueueName,
     start: pb::ConsumeStart,
     mut inbound: Streaming<pb::ConsumeRequest>,
     tx: mpsc::Sender<Result<pb::ConsumeResponse, Status>>,
-    receives_max: usize,
 ) {
-    let mut credits = u64::from(start.prefetch);
-    // Tags this stream's receives at the back-end, so its two count as one consumer there.
-    let consumer: u64 = rand::random::<u64>().max(1);
-    let mut receives = Receives::new(receives_max);
-    // Acks, nacks and releases under way: they run while deliveries keep flowing, and their
-    // answers go out in the order they were asked.
-    let mut acks: FuturesOrdered<AckAnswer> = FuturesOrdered::new();
-    // The client asked for nothing more (`stop`).
-    let mut stopped = false;
     let mut stopping = svc.stopping.clone();
+    let mut s = Stream {
+        credits: u64::from(start.prefetch),
+        consumer: rand::random::<u64>().max(1),
+        receives: Receives::new(1),
+        acks: FuturesOrdered::new(),
+        stopped: false,
+        svc,
+        queue,
+        start,
+        tx,
+    };
     loop {
         // Traffic on the stream keeps the connection alive; a session that is gone ends it.
-        if let Err(status) = svc.touch_session(&start.session_id, None) {
-            let _ = tx.send(Err(status)).await;
+        if let Err(status) = s.svc.touch_session(&s.start.session_id, None) {
+            let _ = s.tx.send(Err(status)).await;
             break;
         }
-        while let Some(ask) = receives.next_ask(credits).filter(|_| !stopped) {
-            let req = pb::BackendReceiveRequest {
-                queue: start.queue.clone(),
-                session_id: start.session_id.clone(),
-                selector: start.selector.clone(),
-                max_messages: u32::try_from(ask).unwrap_or(1),
-                wait_ms: None,
-                lease_ms: start.lease_ms,
-                clamp_max_messages: true,
-                consumer,
-            };
-            let be = be.clone();
-            receives.open(
-                ask,
-                Box::pin(async move { be.receive(Request::new(req)).await }),
-            );
-        }
-        tokio::select! {
-            msg = inbound.message() => {
-                let kind = match msg {
-                    Ok(Some(pb::ConsumeRequest { kind: Some(kind) })) => kind,
-                    Ok(Some(_)) => continue,
-                    // The client ended its side (or went away): finish below.
-                    Ok(None) | Err(_) => break,
-                };
-                if matches!(kind, Kind::Stop(true)) {
-                    stopped = true;
-                    give_back(&svc, &start.session_id, std::mem::take(&mut receives.open)).await;
-                    let out = pb::ConsumeResponse { kind: Some(pb::consume_response::Kind::Stopped(pb::Stopped {})) };
-                    if tx.send(Ok(out)).await.is_err() {
-                        break;
-                    }
-                    continue;
-                }
-                if let Kind::Credit(n) = kind {
-                    credits = credits.saturating_add(u64::from(n));
-                    continue;
-                }
-                if let Kind::Flush(token) = kind {
-                    // Answered after everything queued before it (the answers go out in order).
-                    let out = pb::ConsumeResponse { kind: Some(pb::consume_response::Kind::Flushed(token)) };
-                    acks.push_back(Box::pin(std::future::ready(Some(Ok(out)))));
-                    continue;
-                }
-                let svc = svc.clone();
-                let quiet = start.quiet_acks;
-                let session_id = start.session_id.clone();
-                acks.push_back(Box::pin(async move { handle(&svc, &session_id, kind, quiet).await }));
-            }
-            Some(reply) = acks.next(), if !acks.is_empty() => {
-                if let Some(reply) = reply {
-                    if tx.send(reply).await.is_err() {
-                        break;
-                    }
-                }
-            }
-            res = receives.next(), if !receives.is_empty() => {
-                match res {
-                    Ok(r) => {
-                        let deliveries = r.into_inner().deliveries;
-                        credits = credits.saturating_sub(deliveries.len() as u64);
-                        let handles: Vec<String> = deliveries.iter().map(|d| d.receipt_handle.clone()).collect();
-                        let out = pb::ConsumeResponse { kind: Some(pb::consume_response::Kind::Deliveries(pb::Deliveries { deliveries })) };
-                        if tx.send(Ok(out)).await.is_err() {
-                            // The client is gone: give these back now rather than at lease expiry,
-                            // not counted as deliveries (nobody saw them).
-                            let _ = release(&svc, &start.session_id, &handles).await;
-                            break;
-                        }
-                    }
-                    Err(status) => {
-                        let _ = tx.send(Err(status)).await;
-                        break;
-                    }
-                }
-            }
-            () = tx.closed() => break,
-            () = crate::stopped(&mut stopping) => break,
+        s.open_receives();
+        let next = tokio::select! {
+            msg = inbound.message() => match msg {
+                Ok(Some(pb::ConsumeRequest { kind: Some(kind) })) => s.on_request(kind).await,
+                Ok(Some(_)) => Next::Continue,
+                // The client ended its side (or went away): finish below.
+                Ok(None) | Err(_) => Next::End,
+            },
+            Some(reply) = s.acks.next(), if !s.acks.is_empty() => match reply {
+                Some(reply) => s.push(reply).await,
+                None => Next::Continue,
+            },
+            res = s.receives.next(), if !s.receives.is_empty() => s.on_deliveries(res).await,
+            () = s.tx.closed() => Next::End,
+            () = crate::stopped(&mut stopping) => Next::End,
+        };
+        if let Next::End = next {
+            break;
         }
     }
-    // However the stream ends: the open receive gives back what it holds, and every ack, nack
-    // and release the client wrote before the end takes effect (and is answered, if the client
-    // still listens). Dropping them would leave acknowledged messages leased, to be delivered
-    // again when their leases run out.
-    give_back(&svc, &start.session_id, receives.open).await;
-    while let Some(reply) = acks.next().await {
-        if let Some(reply) = reply {
-            let _ = tx.send(reply).await;
+    s.finish().await;
+}
+
+impl Stream {
+    /// Opens receives while the credit allows (and the client has not stopped). Each is routed
+    /// to the queue's owner when it opens; two are open only while that owner is this node
+    /// (see the module docs).
+    fn open_receives(&mut self) {
+        let local = self.svc.router.is_local(&self.queue);
+        self.receives
+            .set_max(if local { RECEIVES_LOCAL } else { 1 });
+        while let Some(ask) = self
+            .receives
+            .next_ask(self.credits)
+            .filter(|_| !self.stopped)
+        {
+            let req = pb::BackendReceiveRequest {
+                queue: self.start.queue.clone(),
+                session_id: self.start.session_id.clone(),
+                selector: self.start.selector.clone(),
+                max_messages: u32::try_from(ask).unwrap_or(1),
+                wait_ms: None,
+                lease_ms: self.start.lease_ms,
+                clamp_max_messages: true,
+                consumer: self.consumer,
+                placement_epoch: 0,
+            };
+            let (svc, queue) = (self.svc.clone(), self.queue.clone());
+            let receive = async move {
+                svc.router
+                    .call(&queue, |be, placement_epoch| {
+                        let req = pb::BackendReceiveRequest {
+                            placement_epoch,
+                            ..req.clone()
+                        };
+                        async move { be.receive(Request::new(req)).await }
+                    })
+                    .await
+            };
+            self.receives.open(ask, Box::pin(receive));
+        }
+    }
+
+    /// Sends one answer to the client; ends the stream if the client is gone.
+    async fn push(&mut self, reply: Result<pb::ConsumeResponse, Status>) -> Next {
+        match self.tx.send(reply).await {
+            Ok(()) => Next::Continue,
+            Err(_) => Next::End,
+        }
+    }
+
+    /// One request the client wrote after `start`.
+    async fn on_request(&mut self, kind: Kind) -> Next {
+        match kind {
+            Kind::Stop(true) => {
+                self.stopped = true;
+                let open = std::mem::take(&mut self.receives.open);
+                give_back(&self.svc, &self.start.session_id, open).await;
+                let out = pb::ConsumeResponse {
+                    kind: Some(pb::consume_response::Kind::Stopped(pb::Stopped {})),
+                };
+                self.push(Ok(out)).await
+            }
+            Kind::Credit(n) => {
+                self.credits = self.credits.saturating_add(u64::from(n));
+                Next::Continue
+            }
+            Kind::Flush(token) => {
+                // Answered after everything queued before it (the answers go out in order).
+                let out = pb::ConsumeResponse {
+                    kind: Some(pb::consume_response::Kind::Flushed(token)),
+                };
+                self.acks
+                    .push_back(Box::pin(std::future::ready(Some(Ok(out)))));
+                Next::Continue
+            }
+            kind => {
+                let svc = self.svc.clone();
+                let quiet = self.start.quiet_acks;
+                let session_id = self.start.session_id.clone();
+                self.acks.push_back(Box::pin(async move {
+                    handle(&svc, &session_id, kind, quiet).await
+                }));
+                Next::Continue
+            }
+        }
+    }
+
+    /// The oldest open receive answered: push its deliveries.
+    async fn on_deliveries(&mut self, res: Answer) -> Next {
+        let deliveries = match res {
+            Ok(r) => r.deliveries,
+            Err(status) => {
+                let _ = self.tx.send(Err(status)).await;
+                return Next::End;
+            }
+        };
+        self.credits = self.credits.saturating_sub(deliveries.len() as u64);
+        let handles: Vec<String> = deliveries
+            .iter()
+            .map(|d| d.receipt_handle.clone())
+            .collect();
+        let out = pb::ConsumeResponse {
+            kind: Some(pb::consume_response::Kind::Deliveries(pb::Deliveries {
+                deliveries,
+            })),
+        };
+        if self.tx.send(Ok(out)).await.is_err() {
+            // The client is gone: give these back now rather than at lease expiry, not counted
+            // as deliveries (nobody saw them).
+            let _ = release(&self.svc, &self.start.session_id, &handles).await;
+            return Next::End;
+        }
+        Next::Continue
+    }
+
+    /// However the stream ends: the open receive gives back what it holds, and every ack, nack
+    /// and release the client wrote before the end takes effect (and is answered, if the client
+    /// still listens). Dropping them would leave acknowledged messages leased, to be delivered
+    /// again when their leases run out.
+    async fn finish(mut self) {
+        give_back(&self.svc, &self.start.session_id, self.receives.open).await;
+        while let Some(reply) = self.acks.next().await {
+            if let Some(reply) = reply {
+                let _ = self.tx.send(reply).await;
+            }
         }
     }
 }
@@ -313,7 +398,7 @@ async fn run(
 /// Ends the open receives. Dropping one removes its waiter at the back-end, and a back-end that
 /// answers a dropped receive takes the deliveries back; answers that already arrived but were
 /// not pushed are given back here, uncounted.
-async fn give_back(svc: &MessagingService, session_id: &str, receives: VecDeque<Receive>) {
+async fn give_back(svc: &Dispatch, session_id: &str, receives: VecDeque<Receive>) {
     let mut handles: Vec<String> = vec![];
     for r in receives {
         let answer = match r.state {
@@ -321,12 +406,7 @@ async fn give_back(svc: &MessagingService, session_id: &str, receives: VecDeque<
             ReceiveState::Waiting(f) => futures::FutureExt::now_or_never(f),
         };
         if let Some(Ok(r)) = answer {
-            handles.extend(
-                r.into_inner()
-                    .deliveries
-                    .iter()
-                    .map(|d| d.receipt_handle.clone()),
-            );
+            handles.extend(r.deliveries.iter().map(|d| d.receipt_handle.clone()));
         }
     }
     let _ = release(svc, session_id, &handles).await;
@@ -334,7 +414,7 @@ async fn give_back(svc: &MessagingService, session_id: &str, receives: VecDeque<
 
 /// Returns deliveries nobody saw: back to Ready at once, not counted as deliveries.
 async fn release(
-    svc: &MessagingService,
+    svc: &Dispatch,
     session_id: &str,
     handles: &[String],
 ) -> Result<Vec<String>, Status> {
@@ -355,7 +435,7 @@ async fn release(
 /// Applies an ack, nack or release; its answer, if it gets one: always with `quiet` false, only
 /// when some handles were stale (or it failed) with `quiet` true.
 async fn handle(
-    svc: &MessagingService,
+    svc: &Dispatch,
     session_id: &str,
     kind: Kind,
     quiet: bool,
@@ -406,5 +486,90 @@ async fn handle(
             Ok((_, stale)) => result(stale),
             Err(status) => Some(Err(status)),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::FutureExt;
+    use tokio::sync::oneshot;
+
+    /// A receive whose answer the test gives by hand.
+    fn receive() -> (oneshot::Sender<Answer>, Inflight) {
+        let (tx, rx) = oneshot::channel();
+        let f = async move {
+            rx.await
+                .unwrap_or_else(|_| Err(Status::cancelled("test dropped it")))
+        };
+        (tx, Box::pin(f))
+    }
+
+    fn answer(n: usize) -> Answer {
+        Ok(pb::BackendReceiveResponse {
+            deliveries: vec![pb::Delivery::default(); n],
+        })
+    }
+
+    fn count(a: Answer) -> usize {
+        a.expect("an answer").deliveries.len()
+    }
+
+    #[test]
+    fn credit_is_shared_between_two_receives_and_never_overasked() {
+        let mut r = Receives::new(2);
+        assert_eq!(r.next_ask(0), None, "no credit, no receive");
+        assert_eq!(r.next_ask(9), Some(5), "the first takes a share");
+        r.open(5, receive().1);
+        assert_eq!(r.next_ask(9), Some(4), "the second the rest");
+        r.open(4, receive().1);
+        assert_eq!(r.next_ask(100), None, "two at most");
+        let mut one = Receives::new(1);
+        assert_eq!(one.next_ask(5_000), Some(BATCH_MAX), "bounded by the batch");
+        one.open(BATCH_MAX, receive().1);
+        assert_eq!(one.next_ask(5_000), None);
+    }
+
+    #[test]
+    fn answers_are_pushed_in_the_order_asked() {
+        let mut r = Receives::new(2);
+        let (first, f) = receive();
+        r.open(1, f);
+        let (second, f) = receive();
+        r.open(1, f);
+        second.send(answer(2)).expect("listening");
+        assert!(r.next().now_or_never().is_none(), "the older one first");
+        first.send(answer(1)).expect("listening");
+        assert_eq!(r.next().now_or_never().map(count), Some(1));
+        assert_eq!(r.next().now_or_never().map(count), Some(2));
+        assert!(r.is_empty());
+    }
+
+    #[test]
+    fn a_failed_extra_receive_leaves_the_stream_with_one_for_good() {
+        let mut r = Receives::new(2);
+        let (first, f) = receive();
+        r.open(1, f);
+        let (second, f) = receive();
+        r.open(1, f);
+        second
+            .send(Err(Status::resource_exhausted("waiters_per_queue_max")))
+            .expect("listening");
+        assert!(r.next().now_or_never().is_none(), "the first still waits");
+        assert_eq!(r.open.len(), 1, "the failed one is dropped");
+        r.set_max(RECEIVES_LOCAL);
+        assert_eq!(r.next_ask(10), None, "no second one again");
+        first.send(answer(3)).expect("listening");
+        assert_eq!(r.next().now_or_never().map(count), Some(3));
+        assert_eq!(r.next_ask(10), Some(10), "one receive, the whole credit");
+    }
+
+    #[test]
+    fn a_remote_owner_gets_one_receive() {
+        let mut r = Receives::new(RECEIVES_LOCAL);
+        r.set_max(1);
+        assert_eq!(r.next_ask(10), Some(10));
+        r.open(10, receive().1);
+        assert_eq!(r.next_ask(20), None);
     }
 }

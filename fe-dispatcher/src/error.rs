@@ -14,8 +14,12 @@ pub enum Error {
     NegativeWait { wait_ms: i64 },
     #[error("no route to node {node}: it is not in this node's cluster configuration")]
     UnknownNode { node: NodeId },
-    #[error("receipt handle {handle:?} names node {node}, which is not in this cluster")]
-    ReceiptFromUnknownNode { handle: String, node: NodeId },
+    #[error("queue {queue} is moving between nodes: its owner answered \"not the owner\" {tries} times ({last}); try again")]
+    OwnerUnsettled {
+        queue: String,
+        tries: u32,
+        last: String,
+    },
     #[error("{what}: this node allows {limit} ({limit_name})")]
     LimitReached {
         what: String,
@@ -54,7 +58,7 @@ impl From<Error> for Status {
             Error::ConnectionNotFound { .. } | Error::SessionNotFound { .. } => Code::NotFound,
             Error::NegativeWait { .. } | Error::ConsumeNotStarted => Code::InvalidArgument,
             Error::UnknownNode { .. } => Code::Unavailable,
-            Error::ReceiptFromUnknownNode { .. } => Code::FailedPrecondition,
+            Error::OwnerUnsettled { .. } => Code::FailedPrecondition,
             Error::LimitReached { .. } => Code::ResourceExhausted,
             Error::RolledBack { .. } => Code::Aborted,
             Error::NotTransacted { .. }

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use ferry_kernel::ClockRef;
 use ferry_proto::{pb, EventStream};
 use futures::stream::{SelectAll, StreamExt};
 use tokio::sync::{broadcast, mpsc};
@@ -29,7 +30,8 @@ struct Thresholds {
 
 pub(crate) async fn watch(
     router: Arc<Router>,
-    mut local: broadcast::Receiver<pb::Event>,
+    clock: ClockRef,
+    local: broadcast::Receiver<pb::Event>,
     req: pb::WatchEventsRequest,
 ) -> Result<EventStream, Status> {
     let depth_low = req.depth_low.unwrap_or(req.depth_high / 2);
@@ -48,7 +50,7 @@ pub(crate) async fn watch(
     };
     // Subscribe before answering, so nothing that happens after the call returns is missed.
     let mut sources: SelectAll<EventStream> = SelectAll::new();
-    for (node, be) in router.all() {
+    for (node, be) in router.nodes() {
         match be
             .watch_events(Request::new(pb::BackendWatchEventsRequest {}))
             .await
@@ -57,9 +59,42 @@ pub(crate) async fn watch(
             Err(e) => tracing::warn!(%node, error = %e, "cannot watch a back-end's events"),
         }
     }
-    let node = router.local_node().to_string();
-    let (tx, rx) = mpsc::channel::<Result<pb::Event, Status>>(1_024);
-    tokio::spawn(async move {
+    let (tx, rx) = mpsc::channel::<Result<pb::Event, Status>>(EVENTS_QUEUED_MAX);
+    let watcher = Watcher {
+        node: router.local_node().to_string(),
+        router,
+        clock,
+        only,
+        thresholds: t,
+    };
+    tokio::spawn(watcher.run(sources, local, every, tx));
+    Ok(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx)))
+}
+
+/// Events queued for one watcher before the sources wait for it.
+const EVENTS_QUEUED_MAX: usize = 1_024;
+
+/// One watcher's settings, for its task.
+struct Watcher {
+    router: Arc<Router>,
+    clock: ClockRef,
+    /// This node, as events name it.
+    node: String,
+    /// Only this queue's events.
+    only: Option<String>,
+    thresholds: Thresholds,
+}
+
+impl Watcher {
+    /// Forwards events to `tx` until the watcher goes away (or this node's bus closes).
+    async fn run(
+        self,
+        mut sources: SelectAll<EventStream>,
+        mut local: broadcast::Receiver<pb::Event>,
+        every: Duration,
+        tx: mpsc::Sender<Result<pb::Event, Status>>,
+    ) {
+        let t = self.thresholds;
         let mut crossed: HashMap<String, Crossed> = HashMap::new();
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -76,20 +111,21 @@ pub(crate) async fn watch(
                 e = local.recv() => match e {
                     Ok(e) => vec![e],
                     Err(broadcast::error::RecvError::Lagged(n)) => vec![pb::Event {
-                        at_ms: crate::now_ms(),
+                        at_ms: self.clock.now_ms(),
                         kind: "events-lost".into(),
                         value: n,
-                        node: node.clone(),
+                        node: self.node.clone(),
                         ..Default::default()
                     }],
                     Err(broadcast::error::RecvError::Closed) => return,
                 },
                 _ = tick.tick(), if t.depth_high > 0 || t.age_high_ms > 0 => {
-                    check(&router, only.as_deref(), t, &mut crossed, &node).await
+                    let now = self.clock.now_ms();
+                    check(&self.router, self.only.as_deref(), t, &mut crossed, &self.node, now).await
                 }
             };
             for e in out {
-                if only.as_ref().is_some_and(|q| *q != e.queue) {
+                if self.only.as_ref().is_some_and(|q| *q != e.queue) {
                     continue;
                 }
                 if tx.send(Ok(e)).await.is_err() {
@@ -97,21 +133,21 @@ pub(crate) async fn watch(
                 }
             }
         }
-    });
-    Ok(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx)))
+    }
 }
 
-/// Reads every queue's depth and oldest ready age; returns the crossings since the last check.
+/// Reads every queue's depth and oldest ready age (`now`: wall time, ms); returns the crossings
+/// since the last check.
 async fn check(
     router: &Router,
     only: Option<&str>,
     t: Thresholds,
     crossed: &mut HashMap<String, Crossed>,
     node: &str,
+    now: u64,
 ) -> Vec<pb::Event> {
-    let now = crate::now_ms();
     let mut out = vec![];
-    for (_, be) in router.all() {
+    for (_, be) in router.nodes() {
         let Ok(queues) = be
             .list_queues(Request::new(pb::BackendListQueuesRequest {}))
             .await
@@ -125,6 +161,8 @@ async fn check(
             let Ok(s) = be
                 .get_queue_stats(Request::new(pb::BackendQueueRequest {
                     name: q.name.clone(),
+                    // Asked of the node that listed it, whoever the owner is by now.
+                    placement_epoch: 0,
                 }))
                 .await
             else {

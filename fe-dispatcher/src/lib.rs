@@ -11,8 +11,11 @@
 mod admin;
 mod consume;
 mod deadline;
+mod dispatch;
 mod error;
 mod events;
+#[cfg(test)]
+mod fake;
 mod messaging;
 mod mover;
 mod publish;
@@ -23,11 +26,15 @@ mod sessions;
 use std::sync::Arc;
 use std::time::Duration;
 
+use ferry_kernel::ClockRef;
+
 pub use admin::AdminService;
 pub use error::Error;
 pub use messaging::MessagingService;
 pub use remote::RemoteBackend;
-pub use router::Router;
+pub use router::{
+    Owner, Placement, Router, EPOCH_UNKNOWN, NOT_OWNER_RETRIES_MAX, REFRESH_WAIT_MAX, STATIC_EPOCH,
+};
 pub use sessions::Sessions;
 
 /// A back-end, local or remote.
@@ -77,8 +84,12 @@ impl Default for FrontendConfig {
 pub struct Frontend {
     pub messaging: MessagingService,
     pub admin: AdminService,
+    core: Arc<dispatch::Dispatch>,
     stop: StopHandle,
 }
+
+/// How often the reaper looks for connections whose lease ran out.
+const REAP_PERIOD: Duration = Duration::from_millis(250);
 
 /// Completes once the node is stopping.
 pub(crate) async fn stopped(rx: &mut tokio::sync::watch::Receiver<bool>) {
@@ -99,24 +110,29 @@ impl StopHandle {
 }
 
 impl Frontend {
-    pub fn new(config: FrontendConfig, router: Router) -> Self {
-        let router = Arc::new(router);
-        let sessions = Arc::new(Sessions::new(config.clone()));
+    /// `clock` is the wall clock the front-end stamps events and message expiries with (the
+    /// system clock in a node, a `ManualClock` in tests). Connection leases and deadlines run on
+    /// tokio's monotonic clock instead, so tests can pause and step it.
+    pub fn new(config: FrontendConfig, router: Router, clock: ClockRef) -> Self {
         let (stop, stopping) = tokio::sync::watch::channel(false);
-        let messaging = MessagingService::new(config, router.clone(), sessions, stopping);
-        let admin = AdminService::new(router, messaging.clone());
+        let core = Arc::new(dispatch::Dispatch::new(
+            config,
+            Arc::new(router),
+            stopping,
+            clock,
+        ));
         Self {
-            messaging,
-            admin,
+            messaging: MessagingService::new(core.clone()),
+            admin: AdminService::new(core.clone()),
+            core,
             stop: StopHandle(Arc::new(stop)),
         }
     }
 
     /// Closes connections whose lease ran out; run it until the node stops.
     pub fn reaper(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
-        self.messaging
-            .clone()
-            .reap_expired_connections(Duration::from_millis(250))
+        let core = self.core.clone();
+        async move { core.reap_expired_connections(REAP_PERIOD).await }
     }
 
     pub fn stop_handle(&self) -> StopHandle {
@@ -125,13 +141,6 @@ impl Frontend {
 
     /// Open client connections and sessions on this front-end.
     pub fn client_counts(&self) -> (usize, usize) {
-        self.messaging.sessions.counts()
+        self.core.sessions.counts()
     }
-}
-
-/// Milliseconds since the Unix epoch.
-pub(crate) fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }

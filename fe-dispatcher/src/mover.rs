@@ -5,7 +5,10 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use ferry_kernel::ClockRef;
+use tokio::time::Instant;
 
 use ferry_kernel::QueueName;
 use ferry_proto::pb;
@@ -73,7 +76,13 @@ impl Movers {
             .cloned()
     }
 
-    pub(crate) fn start(&self, router: Arc<Router>, spec: MoveSpec, at_start: u64) -> Arc<Task> {
+    pub(crate) fn start(
+        &self,
+        router: Arc<Router>,
+        clock: ClockRef,
+        spec: MoveSpec,
+        at_start: u64,
+    ) -> Arc<Task> {
         let task = Arc::new(Task {
             id: format!("move-{:016x}", rand::random::<u64>()),
             from: spec.from.clone(),
@@ -88,7 +97,7 @@ impl Movers {
             .insert(task.id.clone(), task.clone());
         let t = task.clone();
         tokio::spawn(async move {
-            let result = run(&router, &spec, &t)
+            let result = run(&router, &clock, &spec, &t)
                 .await
                 .map_err(|s| s.message().to_owned());
             match &result {
@@ -105,9 +114,15 @@ impl Movers {
     }
 }
 
-async fn run(router: &Router, spec: &MoveSpec, task: &Task) -> Result<(), Status> {
-    let source = router.for_queue(&spec.from)?.clone();
-    let target = router.for_queue(&spec.to)?.clone();
+/// Lease of the messages a move has received and not yet acknowledged at the source.
+const MOVE_LEASE_MS: u64 = 60_000;
+
+async fn run(
+    router: &Router,
+    clock: &ClockRef,
+    spec: &MoveSpec,
+    task: &Task,
+) -> Result<(), Status> {
     let started = Instant::now();
     loop {
         let moved = task.moved.load(Ordering::Relaxed);
@@ -130,58 +145,86 @@ async fn run(router: &Router, spec: &MoveSpec, task: &Task) -> Result<(), Status
                 tokio::time::sleep(wait).await;
             }
         }
-        let got = source
-            .receive(Request::new(pb::BackendReceiveRequest {
-                queue: spec.from.to_string(),
+        let n = move_batch(router, clock, spec, batch).await?;
+        if n == 0 {
+            return Ok(());
+        }
+        task.moved.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+/// Moves up to `batch` messages: receive at the source, send to the target, then acknowledge at
+/// the source, each call routed to its queue's owner at the time. Returns how many moved (0:
+/// the source has no more).
+async fn move_batch(
+    router: &Router,
+    clock: &ClockRef,
+    spec: &MoveSpec,
+    batch: u64,
+) -> Result<u64, Status> {
+    let from = spec.from.to_string();
+    let got = router
+        .call(&spec.from, |be, placement_epoch| {
+            let req = pb::BackendReceiveRequest {
+                queue: from.clone(),
                 session_id: String::new(),
                 selector: spec.selector.clone(),
                 max_messages: u32::try_from(batch).unwrap_or(u32::MAX),
                 wait_ms: Some(0),
-                lease_ms: Some(60_000),
+                lease_ms: Some(MOVE_LEASE_MS),
                 clamp_max_messages: true,
                 consumer: 0,
-            }))
-            .await?
-            .into_inner()
-            .deliveries;
-        if got.is_empty() {
-            return Ok(());
-        }
-        let handles: Vec<String> = got.iter().map(|d| d.receipt_handle.clone()).collect();
-        let now = crate::now_ms();
-        let messages = got
-            .iter()
-            .filter_map(|d| d.message.as_ref())
-            .map(|m| outgoing(m, now))
-            .collect();
-        let sent = target
-            .send(Request::new(pb::BackendSendRequest {
-                queue: spec.to.to_string(),
-                messages,
-                ..Default::default()
-            }))
-            .await;
-        if let Err(e) = sent {
-            // Back at once, not counted as a delivery: nobody consumed them.
-            let _ = source
-                .nack(Request::new(pb::BackendLeaseRequest {
-                    queue: spec.from.to_string(),
-                    receipt_handles: handles,
-                    undelivered: true,
-                    ..Default::default()
-                }))
-                .await;
-            return Err(e);
-        }
-        source
-            .ack(Request::new(pb::BackendLeaseRequest {
-                queue: spec.from.to_string(),
-                receipt_handles: handles,
-                ..Default::default()
-            }))
-            .await?;
-        task.moved.fetch_add(got.len() as u64, Ordering::Relaxed);
+                placement_epoch,
+            };
+            async move { be.receive(Request::new(req)).await }
+        })
+        .await?
+        .deliveries;
+    if got.is_empty() {
+        return Ok(0);
     }
+    let handles: Vec<String> = got.iter().map(|d| d.receipt_handle.clone()).collect();
+    let now = clock.now_ms();
+    let messages: Vec<pb::OutgoingMessage> = got
+        .iter()
+        .filter_map(|d| d.message.as_ref())
+        .map(|m| outgoing(m, now))
+        .collect();
+    let sent = router
+        .call(&spec.to, |be, placement_epoch| {
+            let req = pb::BackendSendRequest {
+                queue: spec.to.to_string(),
+                messages: messages.clone(),
+                placement_epoch,
+                ..Default::default()
+            };
+            async move { be.send(Request::new(req)).await }
+        })
+        .await;
+    // At the source: acknowledged once sent; back at once if not, not counted as a delivery
+    // (nobody consumed them).
+    let undelivered = sent.is_err();
+    let settled = router
+        .call(&spec.from, |be, placement_epoch| {
+            let req = pb::BackendLeaseRequest {
+                queue: from.clone(),
+                receipt_handles: handles.clone(),
+                undelivered,
+                placement_epoch,
+                ..Default::default()
+            };
+            async move {
+                if undelivered {
+                    be.nack(Request::new(req)).await
+                } else {
+                    be.ack(Request::new(req)).await
+                }
+            }
+        })
+        .await;
+    sent?;
+    settled?;
+    Ok(got.len() as u64)
 }
 
 /// The message as its producer would send it again: same body, properties and headers, the

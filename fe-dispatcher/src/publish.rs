@@ -14,13 +14,14 @@
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 
 use ferry_proto::pb;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Status, Streaming};
 
-use crate::messaging::MessagingService;
+use crate::dispatch::Dispatch;
 
 pub type PublishStream =
     Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::PublishResponse, Status>> + Send>>;
@@ -41,17 +42,14 @@ const QUEUED_BYTES_MAX: usize = 16 * 1024 * 1024;
 
 type Inflight = Pin<Box<dyn Future<Output = Vec<pb::PublishConfirm>> + Send>>;
 
-pub(crate) fn start(
-    svc: MessagingService,
-    inbound: Streaming<pb::PublishRequest>,
-) -> PublishStream {
+pub(crate) fn start(svc: Arc<Dispatch>, inbound: Streaming<pb::PublishRequest>) -> PublishStream {
     let (tx, rx) = mpsc::channel(16);
     tokio::spawn(run(svc, inbound, tx));
     Box::pin(ReceiverStream::new(rx))
 }
 
 async fn run(
-    svc: MessagingService,
+    svc: Arc<Dispatch>,
     mut inbound: Streaming<pb::PublishRequest>,
     tx: mpsc::Sender<Result<pb::PublishResponse, Status>>,
 ) {
@@ -158,10 +156,7 @@ fn send_request(r: pb::PublishRequest) -> pb::SendRequest {
     }
 }
 
-async fn send_run(
-    svc: &MessagingService,
-    run: Vec<(u64, pb::PublishRequest)>,
-) -> Vec<pb::PublishConfirm> {
+async fn send_run(svc: &Dispatch, run: Vec<(u64, pb::PublishRequest)>) -> Vec<pb::PublishConfirm> {
     if run.len() == 1 {
         let (sequence, r) = run.into_iter().next().expect("one request");
         return vec![confirm(sequence, svc.send_messages(send_request(r)).await)];

@@ -1,53 +1,91 @@
-//! Which back-end owns a queue. Placement is static configuration for now (a queue named in the
-//! placement map lives on that node, every other queue on this node); the Raft metadata group
-//! will make it dynamic without changing this interface.
+//! Which node owns a queue, and the one way the front-end calls it.
+//!
+//! [`Placement`] is a snapshot: the nodes with their back-ends, each placed queue's [`Owner`]
+//! (node and placement epoch), and the rules for queues without an entry. The [`Router`] reads
+//! the newest snapshot from a `watch` channel whose sender the node keeps: static configuration
+//! gives the first snapshot (epoch 1 for every placed queue), and the Raft metadata group will
+//! publish the next ones without changing this interface.
+//!
+//! Every front-end call that names a queue goes through [`Router::call`] (or
+//! [`Router::call_each`] for a call naming several): it resolves the owner in the snapshot at
+//! the moment of the call, hands the back-end the placement epoch it routed by, and when the
+//! back-end answers "not the owner" (`FAILED_PRECONDITION` with a `ferry.v1.NotOwner` detail,
+//! see `ferry_proto::not_owner_of`) waits briefly for a newer snapshot and tries again, a
+//! bounded number of times. Nothing keeps an owner across calls: a receipt handle is routed by
+//! its queue, not by the node written in it.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
 
 use ferry_kernel::{NodeId, QueueName};
+use ferry_proto::not_owner_of;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tonic::{Code, Response, Status};
 
 use crate::error::Error;
 use crate::BackendRef;
 
-/// See the module docs.
-#[derive(Clone)]
-pub struct Router {
-    local_node: NodeId,
-    backends: HashMap<NodeId, BackendRef>,
-    placement: HashMap<QueueName, NodeId>,
+/// The placement epoch of every queue the static configuration places.
+pub const STATIC_EPOCH: u64 = 1;
+/// The placement epoch sent for a queue placed by a rule, not by an entry: the back-end skips
+/// its ownership check.
+pub const EPOCH_UNKNOWN: u64 = 0;
+/// Tries after a "not the owner" answer, before the call fails with FAILED_PRECONDITION.
+pub const NOT_OWNER_RETRIES_MAX: u32 = 3;
+/// The longest a call waits for a newer placement after a "not the owner" answer (less if its
+/// deadline is nearer) before it tries again anyway.
+pub const REFRESH_WAIT_MAX: Duration = Duration::from_millis(500);
+
+/// Where a queue lives: a node, and the placement epoch of that decision (a fencing token: it
+/// grows each time the queue changes owner; [`EPOCH_UNKNOWN`] for a queue placed by a rule).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Owner {
+    pub node: NodeId,
+    pub epoch: u64,
 }
 
-impl std::fmt::Debug for Router {
+/// One snapshot of placement; see the module docs.
+#[derive(Clone)]
+pub struct Placement {
+    local_node: NodeId,
+    nodes: BTreeMap<NodeId, BackendRef>,
+    queues: HashMap<QueueName, Owner>,
+}
+
+impl std::fmt::Debug for Placement {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Router")
+        f.debug_struct("Placement")
             .field("local_node", &self.local_node)
-            .field("nodes", &self.backends.keys().collect::<Vec<_>>())
-            .field("placement", &self.placement)
+            .field("nodes", &self.nodes.keys().collect::<Vec<_>>())
+            .field("queues", &self.queues)
             .finish()
     }
 }
 
-impl Router {
-    /// A router whose every queue lives on the local back-end.
+impl Placement {
+    /// A placement with one node, this one, where every queue lives.
     pub fn new(local_node: NodeId, local: BackendRef) -> Self {
-        let mut backends = HashMap::new();
-        backends.insert(local_node.clone(), local);
+        let mut nodes = BTreeMap::new();
+        nodes.insert(local_node.clone(), local);
         Self {
             local_node,
-            backends,
-            placement: HashMap::new(),
+            nodes,
+            queues: HashMap::new(),
         }
     }
 
-    /// Adds another node's back-end.
+    /// Adds another node and its back-end.
     pub fn with_node(mut self, node: NodeId, backend: BackendRef) -> Self {
-        self.backends.insert(node, backend);
+        self.nodes.insert(node, backend);
         self
     }
 
-    /// Places a queue on a node.
-    pub fn with_placement(mut self, queue: QueueName, node: NodeId) -> Self {
-        self.placement.insert(queue, node);
+    /// Places a queue.
+    pub fn with_queue(mut self, queue: QueueName, owner: Owner) -> Self {
+        self.queues.insert(queue, owner);
         self
     }
 
@@ -55,27 +93,27 @@ impl Router {
         &self.local_node
     }
 
-    pub fn local(&self) -> Result<&BackendRef, Error> {
-        self.node(&self.local_node)
-    }
-
-    /// The node that owns `queue`. A temporary queue (`tmp.<node>.<connection>.<n>`) lives on
-    /// the node that created it; `<queue>.DLQ` lives with `<queue>`.
-    pub fn owner_of(&self, queue: &QueueName) -> &NodeId {
+    /// The owner of `queue`. Its entry if it has one; else, by rule: a temporary queue
+    /// (`tmp.<node>.<connection>.<n>`) lives on the node in its name, `<queue>.DLQ` with
+    /// `<queue>`, and any other queue on this node (for now: the metadata group will give every
+    /// queue an entry).
+    pub fn owner_of(&self, queue: &QueueName) -> Owner {
         if let Some(node) = queue
             .as_str()
             .strip_prefix("tmp.")
             .and_then(|rest| rest.split('.').next())
         {
-            if let Some((id, _)) = self.backends.get_key_value(node) {
-                return id;
+            if let Some((node, _)) = self.nodes.get_key_value(node) {
+                return Owner {
+                    node: node.clone(),
+                    epoch: EPOCH_UNKNOWN,
+                };
             }
         }
-        if let Some(node) = self.placement.get(queue) {
-            return node;
+        if let Some(owner) = self.queues.get(queue) {
+            return owner.clone();
         }
-        // A dead-letter queue is created on demand next to its queue: `<queue>.DLQ` lives where
-        // `<queue>` does unless placed explicitly.
+        // A dead-letter queue is created on demand next to its queue.
         if let Some(base) = queue
             .as_str()
             .strip_suffix(".DLQ")
@@ -83,24 +121,509 @@ impl Router {
         {
             return self.owner_of(&base);
         }
-        &self.local_node
+        Owner {
+            node: self.local_node.clone(),
+            epoch: EPOCH_UNKNOWN,
+        }
     }
 
-    /// The back-end that owns `queue`.
-    pub fn for_queue(&self, queue: &QueueName) -> Result<&BackendRef, Error> {
-        self.node(self.owner_of(queue))
-    }
-
-    pub fn node(&self, node: &NodeId) -> Result<&BackendRef, Error> {
-        self.backends
+    /// The back-end of `node`; UNAVAILABLE naming it if this placement has none.
+    pub fn backend(&self, node: &NodeId) -> Result<&BackendRef, Error> {
+        self.nodes
             .get(node)
             .ok_or_else(|| Error::UnknownNode { node: node.clone() })
     }
 
-    /// Every back-end, this node's first.
-    pub fn all(&self) -> Vec<(&NodeId, &BackendRef)> {
-        let mut all: Vec<_> = self.backends.iter().collect();
-        all.sort_by_key(|(n, _)| (*n != &self.local_node, (*n).clone()));
+    /// Every node with its back-end, this node's first.
+    pub fn nodes(&self) -> Vec<(NodeId, BackendRef)> {
+        let mut all: Vec<_> = self
+            .nodes
+            .iter()
+            .map(|(n, be)| (n.clone(), be.clone()))
+            .collect();
+        all.sort_by_key(|(n, _)| (*n != self.local_node, n.clone()));
         all
+    }
+}
+
+/// See the module docs. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Router {
+    local_node: NodeId,
+    placement: watch::Receiver<Arc<Placement>>,
+}
+
+/// The queues of one call to one node, each with the epoch it was routed by.
+pub type QueueEpochs = Vec<(QueueName, u64)>;
+
+impl Router {
+    /// A router that follows the snapshots published on `placement`.
+    pub fn new(placement: watch::Receiver<Arc<Placement>>) -> Self {
+        let local_node = placement.borrow().local_node.clone();
+        Self {
+            local_node,
+            placement,
+        }
+    }
+
+    /// A router over one placement that never changes (tests, single-node tools). The returned
+    /// sender publishes new snapshots; dropping it freezes the placement.
+    pub fn fixed(placement: Placement) -> (Self, watch::Sender<Arc<Placement>>) {
+        let (tx, rx) = watch::channel(Arc::new(placement));
+        (Self::new(rx), tx)
+    }
+
+    pub fn local_node(&self) -> &NodeId {
+        &self.local_node
+    }
+
+    /// The newest snapshot.
+    pub fn placement(&self) -> Arc<Placement> {
+        self.placement.borrow().clone()
+    }
+
+    /// The owner of `queue` in the newest snapshot.
+    pub fn owner_of(&self, queue: &QueueName) -> Owner {
+        self.placement.borrow().owner_of(queue)
+    }
+
+    /// Whether `queue` lives on this node now.
+    pub fn is_local(&self, queue: &QueueName) -> bool {
+        self.owner_of(queue).node == self.local_node
+    }
+
+    /// Every node with its back-end, this node's first (listings, events, history: calls that
+    /// ask every node rather than a queue's owner).
+    pub fn nodes(&self) -> Vec<(NodeId, BackendRef)> {
+        self.placement.borrow().nodes()
+    }
+
+    /// Calls the owner of `queue`: `f(backend, placement epoch)` makes the call. See the
+    /// module docs; fails with UNAVAILABLE naming the node if the owner cannot be reached, and
+    /// with FAILED_PRECONDITION naming the queue if the owner keeps saying it is not.
+    pub async fn call<T, F, Fut>(&self, queue: &QueueName, f: F) -> Result<T, Status>
+    where
+        F: FnMut(BackendRef, u64) -> Fut,
+        Fut: Future<Output = Result<Response<T>, Status>>,
+    {
+        self.call_until(queue, None, f).await
+    }
+
+    /// [`Self::call`] for a call with a deadline: waits for a newer placement no longer than it.
+    pub async fn call_until<T, F, Fut>(
+        &self,
+        queue: &QueueName,
+        deadline: Option<Instant>,
+        mut f: F,
+    ) -> Result<T, Status>
+    where
+        F: FnMut(BackendRef, u64) -> Fut,
+        Fut: Future<Output = Result<Response<T>, Status>>,
+    {
+        let mut retries = 0;
+        loop {
+            let placement = self.placement();
+            let owner = placement.owner_of(queue);
+            let be = placement.backend(&owner.node)?.clone();
+            let status = match f(be, owner.epoch).await {
+                Ok(answer) => return Ok(answer.into_inner()),
+                Err(status) => status,
+            };
+            if not_owner_of(&status).is_none() {
+                return Err(self.named(status, &owner.node));
+            }
+            if retries == NOT_OWNER_RETRIES_MAX {
+                return Err(unsettled(queue, &status));
+            }
+            retries += 1;
+            let used = [(queue.clone(), owner)];
+            self.refresh(&used, deadline).await;
+        }
+    }
+
+    /// Calls the owners of `queues`, one call per owning node: `f(backend, its queues with
+    /// their epochs)`. A node that answers "not the owner" has its queues routed again after a
+    /// refresh, as [`Self::call`] does. Returns each call's node and answer.
+    pub async fn call_each<T, F, Fut>(
+        &self,
+        queues: Vec<QueueName>,
+        mut f: F,
+    ) -> Vec<(NodeId, Result<T, Status>)>
+    where
+        F: FnMut(BackendRef, QueueEpochs) -> Fut,
+        Fut: Future<Output = Result<Response<T>, Status>>,
+    {
+        let mut out = vec![];
+        let mut pending = queues;
+        let mut retries = 0;
+        while !pending.is_empty() {
+            let placement = self.placement();
+            let mut by_node: BTreeMap<NodeId, QueueEpochs> = BTreeMap::new();
+            for q in pending.drain(..) {
+                let owner = placement.owner_of(&q);
+                by_node
+                    .entry(owner.node)
+                    .or_default()
+                    .push((q, owner.epoch));
+            }
+            let mut again: Vec<(QueueName, Owner)> = vec![];
+            for (node, queues) in by_node {
+                let be = match placement.backend(&node) {
+                    Ok(be) => be.clone(),
+                    Err(e) => {
+                        out.push((node, Err(e.into())));
+                        continue;
+                    }
+                };
+                let result = f(be, queues.clone()).await;
+                match result {
+                    Ok(answer) => out.push((node, Ok(answer.into_inner()))),
+                    Err(status) if not_owner_of(&status).is_some() => {
+                        if retries == NOT_OWNER_RETRIES_MAX {
+                            let first = &queues[0].0;
+                            out.push((node, Err(unsettled(first, &status))));
+                        } else {
+                            again.extend(queues.into_iter().map(|(q, epoch)| {
+                                let owner = Owner {
+                                    node: node.clone(),
+                                    epoch,
+                                };
+                                (q, owner)
+                            }));
+                        }
+                    }
+                    Err(status) => {
+                        let status = self.named(status, &node);
+                        out.push((node, Err(status)));
+                    }
+                }
+            }
+            if !again.is_empty() {
+                retries += 1;
+                self.refresh(&again, None).await;
+                pending = again.into_iter().map(|(q, _)| q).collect();
+            }
+        }
+        out
+    }
+
+    /// Waits until the placement of any of `used` changed from the owner it was routed to, at
+    /// most [`REFRESH_WAIT_MAX`] and not past `deadline`.
+    async fn refresh(&self, used: &[(QueueName, Owner)], deadline: Option<Instant>) {
+        let mut placement = self.placement.clone();
+        let changed = placement.wait_for(|p| used.iter().any(|(q, o)| p.owner_of(q) != *o));
+        let limit = Instant::now() + REFRESH_WAIT_MAX;
+        let limit = deadline.map_or(limit, |d| d.min(limit));
+        // Timed out, or no sender publishes any more: try again with what there is.
+        let _ = tokio::time::timeout_at(limit, changed).await;
+    }
+
+    /// An error from `node`'s back-end, as the caller sees it: an UNAVAILABLE from another node
+    /// says which node could not answer.
+    fn named(&self, status: Status, node: &NodeId) -> Status {
+        if status.code() != Code::Unavailable || *node == self.local_node {
+            return status;
+        }
+        let message = format!("node {node}: {}", status.message());
+        Status::with_details(status.code(), message, status.details().to_vec().into())
+    }
+}
+
+/// The answer when a queue's owner kept saying it was not the owner: FAILED_PRECONDITION naming
+/// the queue, with the last answer's detail.
+fn unsettled(queue: &QueueName, last: &Status) -> Status {
+    let status: Status = Error::OwnerUnsettled {
+        queue: queue.to_string(),
+        tries: NOT_OWNER_RETRIES_MAX + 1,
+        last: last.message().to_owned(),
+    }
+    .into();
+    Status::with_details(
+        status.code(),
+        status.message(),
+        last.details().to_vec().into(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fake::{Call, FakeBackend};
+    use ferry_proto::{not_owner_status, pb};
+    use tonic::Request;
+
+    fn node(n: &str) -> NodeId {
+        NodeId::new(n).expect("a node id")
+    }
+
+    fn queue(q: &str) -> QueueName {
+        QueueName::new(q).expect("a queue name")
+    }
+
+    /// Nodes a (this one) and b, each with a fake back-end; `orders` placed on b at epoch 1.
+    fn two_nodes() -> (Placement, Arc<FakeBackend>, Arc<FakeBackend>) {
+        let (a, b) = (FakeBackend::new(), FakeBackend::new());
+        let placement = Placement::new(node("a"), a.backend())
+            .with_node(node("b"), b.backend())
+            .with_queue(
+                queue("orders"),
+                Owner {
+                    node: node("b"),
+                    epoch: STATIC_EPOCH,
+                },
+            );
+        (placement, a, b)
+    }
+
+    fn not_owner(q: &str, owner: &str, epoch: u64) -> Status {
+        not_owner_status(pb::NotOwner {
+            queue: q.into(),
+            owner_node: owner.into(),
+            epoch,
+        })
+    }
+
+    async fn get_queue(router: &Router, q: &str) -> Result<pb::QueueInfo, Status> {
+        let q = queue(q);
+        router
+            .call(&q, |be, placement_epoch| {
+                let req = pb::BackendQueueRequest {
+                    name: q.to_string(),
+                    placement_epoch,
+                };
+                async move { be.get_queue(Request::new(req)).await }
+            })
+            .await
+    }
+
+    fn call(method: &'static str, q: &str, epoch: u64) -> Call {
+        Call {
+            method,
+            queues: vec![q.into()],
+            epochs: vec![epoch],
+        }
+    }
+
+    #[test]
+    fn placement_rules_place_every_queue() {
+        let (p, _, _) = two_nodes();
+        let owner = |n: &str, epoch| Owner {
+            node: node(n),
+            epoch,
+        };
+        assert_eq!(p.owner_of(&queue("orders")), owner("b", STATIC_EPOCH));
+        // A dead-letter queue lives with its queue, at its epoch.
+        assert_eq!(p.owner_of(&queue("orders.DLQ")), owner("b", STATIC_EPOCH));
+        // A temporary queue lives on the node in its name, whatever else is placed.
+        assert_eq!(p.owner_of(&queue("tmp.b.x1.1")), owner("b", EPOCH_UNKNOWN));
+        assert_eq!(p.owner_of(&queue("tmp.a.x1.1")), owner("a", EPOCH_UNKNOWN));
+        // One naming a node that is not in the cluster, and any unplaced queue: this node.
+        assert_eq!(p.owner_of(&queue("tmp.z.x1.1")), owner("a", EPOCH_UNKNOWN));
+        assert_eq!(p.owner_of(&queue("invoices")), owner("a", EPOCH_UNKNOWN));
+        assert_eq!(
+            p.owner_of(&queue("invoices.DLQ")),
+            owner("a", EPOCH_UNKNOWN)
+        );
+        let nodes: Vec<NodeId> = p.nodes().into_iter().map(|(n, _)| n).collect();
+        assert_eq!(nodes, vec![node("a"), node("b")], "this node first");
+    }
+
+    #[tokio::test]
+    async fn a_call_goes_to_the_owner_with_its_epoch() {
+        let (p, a, b) = two_nodes();
+        let (router, _tx) = Router::fixed(p);
+        get_queue(&router, "orders").await.expect("answered");
+        get_queue(&router, "invoices").await.expect("answered");
+        assert_eq!(b.calls(), vec![call("get_queue", "orders", STATIC_EPOCH)]);
+        assert_eq!(
+            a.calls(),
+            vec![call("get_queue", "invoices", EPOCH_UNKNOWN)]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_new_placement_takes_effect_for_the_next_call() {
+        let (p, a, b) = two_nodes();
+        let (router, tx) = Router::fixed(p.clone());
+        get_queue(&router, "orders").await.expect("answered");
+        let moved = p.with_queue(
+            queue("orders"),
+            Owner {
+                node: node("a"),
+                epoch: 2,
+            },
+        );
+        tx.send(Arc::new(moved)).expect("the router listens");
+        get_queue(&router, "orders").await.expect("answered");
+        assert_eq!(b.calls(), vec![call("get_queue", "orders", 1)]);
+        assert_eq!(a.calls(), vec![call("get_queue", "orders", 2)]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn not_the_owner_waits_for_the_new_placement_and_calls_the_new_owner() {
+        let (p, a, b) = two_nodes();
+        let (router, tx) = Router::fixed(p.clone());
+        // b answers "not the owner" once, and the new placement is published as it does.
+        b.script([not_owner("orders", "a", 2)]);
+        let moved = p.with_queue(
+            queue("orders"),
+            Owner {
+                node: node("a"),
+                epoch: 2,
+            },
+        );
+        b.on_scripted(move || {
+            tx.send(Arc::new(moved)).expect("the router listens");
+        });
+        let started = Instant::now();
+        get_queue(&router, "orders").await.expect("answered by a");
+        assert_eq!(b.calls(), vec![call("get_queue", "orders", 1)]);
+        assert_eq!(a.calls(), vec![call("get_queue", "orders", 2)]);
+        // It went on as soon as the placement changed, not after the refresh bound.
+        assert_eq!(started.elapsed(), Duration::ZERO);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn not_the_owner_without_a_new_placement_retries_after_the_refresh_bound() {
+        let (p, _, b) = two_nodes();
+        let (router, _tx) = Router::fixed(p);
+        b.script([not_owner("orders", "", 0)]);
+        let started = Instant::now();
+        get_queue(&router, "orders")
+            .await
+            .expect("answered on the retry");
+        assert_eq!(b.calls().len(), 2);
+        assert_eq!(started.elapsed(), REFRESH_WAIT_MAX);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_owner_that_keeps_saying_not_owner_fails_naming_the_queue() {
+        let (p, _, b) = two_nodes();
+        let (router, _tx) = Router::fixed(p);
+        b.always(not_owner("orders", "c", 9));
+        let started = Instant::now();
+        let e = get_queue(&router, "orders")
+            .await
+            .expect_err("never settles");
+        assert_eq!(e.code(), Code::FailedPrecondition);
+        assert!(e.message().contains("queue orders"), "{e:?}");
+        // The last answer's detail is passed on, for a client that reads it.
+        assert_eq!(
+            ferry_proto::not_owner_of(&e).map(|n| n.owner_node),
+            Some("c".to_owned())
+        );
+        let tries = usize::try_from(NOT_OWNER_RETRIES_MAX).expect("small") + 1;
+        assert_eq!(b.calls().len(), tries);
+        assert_eq!(started.elapsed(), REFRESH_WAIT_MAX * NOT_OWNER_RETRIES_MAX);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_refresh_wait_ends_at_the_call_deadline() {
+        let (p, _, b) = two_nodes();
+        let (router, _tx) = Router::fixed(p);
+        b.script([not_owner("orders", "", 0)]);
+        let started = Instant::now();
+        let deadline = started + Duration::from_millis(40);
+        let q = queue("orders");
+        router
+            .call_until(&q, Some(deadline), |be, placement_epoch| {
+                let req = pb::BackendQueueRequest {
+                    name: "orders".into(),
+                    placement_epoch,
+                };
+                async move { be.get_queue(Request::new(req)).await }
+            })
+            .await
+            .expect("answered on the retry");
+        assert_eq!(started.elapsed(), Duration::from_millis(40));
+    }
+
+    #[tokio::test]
+    async fn an_owner_missing_from_the_node_list_is_unavailable_naming_it() {
+        let (p, a, _) = two_nodes();
+        let p = p.with_queue(
+            queue("lost"),
+            Owner {
+                node: node("c"),
+                epoch: 1,
+            },
+        );
+        let (router, _tx) = Router::fixed(p);
+        let e = get_queue(&router, "lost").await.expect_err("no route");
+        assert_eq!(e.code(), Code::Unavailable);
+        assert!(e.message().contains("node c"), "{e:?}");
+        assert!(a.calls().is_empty(), "never sent elsewhere");
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_owner_is_unavailable_naming_it() {
+        let (p, a, b) = two_nodes();
+        let (router, _tx) = Router::fixed(p);
+        b.always(Status::unavailable("tcp connect error"));
+        let e = get_queue(&router, "orders").await.expect_err("unreachable");
+        assert_eq!(e.code(), Code::Unavailable);
+        assert_eq!(e.message(), "node b: tcp connect error");
+        assert_eq!(b.calls().len(), 1, "not retried");
+        // Other errors, and this node's own, pass through as they are.
+        a.always(Status::unavailable("the node is stopping"));
+        let e = get_queue(&router, "invoices").await.expect_err("stopping");
+        assert_eq!(e.message(), "the node is stopping");
+        b.always(Status::not_found("queue orders does not exist"));
+        let e = get_queue(&router, "orders").await.expect_err("missing");
+        assert_eq!(e.code(), Code::NotFound);
+        assert_eq!(e.message(), "queue orders does not exist");
+    }
+
+    async fn release(router: &Router, queues: &[&str]) -> Vec<(NodeId, Result<u64, Status>)> {
+        let queues = queues.iter().map(|q| queue(q)).collect();
+        router
+            .call_each(queues, |be, queues| {
+                let (queues, placement_epochs) =
+                    queues.into_iter().map(|(q, e)| (q.to_string(), e)).unzip();
+                let req = pb::BackendReleaseSessionRequest {
+                    queues,
+                    placement_epochs,
+                    ..Default::default()
+                };
+                async move { be.release_session(Request::new(req)).await }
+            })
+            .await
+            .into_iter()
+            .map(|(n, r)| (n, r.map(|c| c.count)))
+            .collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_call_naming_several_queues_goes_to_each_owner_and_regroups_after_not_owner() {
+        let (p, a, b) = two_nodes();
+        let (router, tx) = Router::fixed(p.clone());
+        b.script([not_owner("orders", "a", 2)]);
+        let moved = p.with_queue(
+            queue("orders"),
+            Owner {
+                node: node("a"),
+                epoch: 2,
+            },
+        );
+        b.on_scripted(move || {
+            tx.send(Arc::new(moved)).expect("the router listens");
+        });
+        let answers = release(&router, &["invoices", "orders"]).await;
+        let nodes: Vec<&NodeId> = answers.iter().map(|(n, _)| n).collect();
+        assert_eq!(nodes, vec![&node("a"), &node("a")]);
+        assert!(answers.iter().all(|(_, r)| r.is_ok()), "{answers:?}");
+        let release_call = |queues: Vec<&str>, epochs| Call {
+            method: "release_session",
+            queues: queues.into_iter().map(String::from).collect(),
+            epochs,
+        };
+        assert_eq!(b.calls(), vec![release_call(vec!["orders"], vec![1])]);
+        assert_eq!(
+            a.calls(),
+            vec![
+                release_call(vec!["invoices"], vec![0]),
+                release_call(vec!["orders"], vec![2]),
+            ]
+        );
     }
 }

@@ -1,6 +1,6 @@
 //! The Ferry gRPC API (`ferry.v1`): generated message and service code, [`convert`], the one
-//! place where wire types and the kernel's domain types meet, and [`codec`], the wire codec every
-//! generated service and client uses.
+//! place where wire types and the kernel's domain types meet, [`codec`], the wire codec every
+//! generated service and client uses, and [`not_owner`], the structured "not the owner" error.
 //!
 //! Depends on the kernel for domain types only; it must not depend on the store or the servers.
 
@@ -20,6 +20,9 @@ pub mod v1 {
 
 pub mod codec;
 pub mod convert;
+pub mod not_owner;
+
+pub use not_owner::{not_owner_of, not_owner_status, NOT_OWNER_TYPE_URL};
 
 pub use v1 as pb;
 

@@ -1,0 +1,253 @@
+//! The core's commands against fake back-ends, under a paused tokio clock and a manual wall
+//! clock.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferry_kernel::{LeaseId, ManualClock, NodeId, QueueName, QueueUid, ReceiptHandle, Seq};
+use ferry_proto::pb;
+use tokio::sync::watch;
+
+use super::Dispatch;
+use crate::fake::{Call, FakeBackend};
+use crate::router::{Owner, Placement, Router, EPOCH_UNKNOWN, STATIC_EPOCH};
+use crate::FrontendConfig;
+
+const WALL_START_MS: u64 = 1_700_000_000_000;
+
+struct Fixture {
+    core: Dispatch,
+    clock: Arc<ManualClock>,
+    a: Arc<FakeBackend>,
+    b: Arc<FakeBackend>,
+    _placement: watch::Sender<Arc<Placement>>,
+    _stop: watch::Sender<bool>,
+}
+
+fn node(n: &str) -> NodeId {
+    NodeId::new(n).expect("a node id")
+}
+
+fn queue(q: &str) -> QueueName {
+    QueueName::new(q).expect("a queue name")
+}
+
+/// This node a, another node b; `orders` placed on a, `invoices` on b (epoch 1).
+fn fixture() -> Fixture {
+    let (a, b) = (FakeBackend::new(), FakeBackend::new());
+    let placed = |n: &str| Owner {
+        node: node(n),
+        epoch: STATIC_EPOCH,
+    };
+    let placement = Placement::new(node("a"), a.backend())
+        .with_node(node("b"), b.backend())
+        .with_queue(queue("orders"), placed("a"))
+        .with_queue(queue("invoices"), placed("b"));
+    let (router, placement_tx) = Router::fixed(placement);
+    let (stop_tx, stopping) = watch::channel(false);
+    let clock = ManualClock::new(WALL_START_MS);
+    let config = FrontendConfig {
+        connection_lease_min_ms: 1_000,
+        ..FrontendConfig::default()
+    };
+    let core = Dispatch::new(config, Arc::new(router), stopping, clock.clone());
+    Fixture {
+        core,
+        clock,
+        a,
+        b,
+        _placement: placement_tx,
+        _stop: stop_tx,
+    }
+}
+
+fn handle(node_in_handle: &str, q: &str) -> String {
+    ReceiptHandle {
+        node: node(node_in_handle),
+        queue: queue(q),
+        uid: QueueUid(7),
+        seq: Seq(1),
+        lease: LeaseId(1),
+        delivery_count: 1,
+        tag: 0xabc,
+    }
+    .to_string()
+}
+
+fn call(method: &'static str, q: &str, epoch: u64) -> Call {
+    Call {
+        method,
+        queues: vec![q.into()],
+        epochs: vec![epoch],
+    }
+}
+
+#[tokio::test]
+async fn an_ack_is_routed_by_the_queue_of_its_handle_not_the_node_in_it() {
+    let f = fixture();
+    // The handle says b, but orders lives on a now (it moved since the delivery).
+    let r = pb::AckRequest {
+        receipt_handles: vec![handle("b", "orders"), handle("a", "invoices")],
+        ..Default::default()
+    };
+    f.core.ack(r).await.expect("acknowledged");
+    assert_eq!(f.a.calls(), vec![call("ack", "orders", STATIC_EPOCH)]);
+    assert_eq!(f.b.calls(), vec![call("ack", "invoices", STATIC_EPOCH)]);
+}
+
+#[tokio::test]
+async fn sends_and_receives_carry_the_placement_epoch() {
+    let f = fixture();
+    let send = pb::SendRequest {
+        queue: "invoices".into(),
+        messages: vec![pb::OutgoingMessage::default()],
+        ..Default::default()
+    };
+    f.core.send(send).await.expect("sent");
+    let receive = pb::ReceiveRequest {
+        queue: "scratch".into(),
+        wait_ms: Some(0),
+        ..Default::default()
+    };
+    f.core.receive(receive, None).await.expect("received");
+    assert_eq!(f.b.calls(), vec![call("send", "invoices", STATIC_EPOCH)]);
+    assert_eq!(f.a.calls(), vec![call("receive", "scratch", EPOCH_UNKNOWN)]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_send_carries_its_messages_on_every_try() {
+    let f = fixture();
+    let send = |q: &str, n: usize| pb::SendRequest {
+        queue: q.into(),
+        messages: vec![pb::OutgoingMessage::default(); n],
+        ..Default::default()
+    };
+    // At epoch 0 the messages go as they are (nothing kept for a retry).
+    f.core.send(send("scratch", 2)).await.expect("sent");
+    assert_eq!(f.a.sent(), vec![2]);
+    // At a known epoch a copy goes, so the retry after "not the owner" has them all.
+    f.b.script([ferry_proto::not_owner_status(pb::NotOwner {
+        queue: "invoices".into(),
+        owner_node: String::new(),
+        epoch: 0,
+    })]);
+    f.core
+        .send(send("invoices", 3))
+        .await
+        .expect("sent on the retry");
+    assert_eq!(f.b.sent(), vec![3, 3]);
+}
+
+#[tokio::test]
+async fn a_temporary_queue_is_created_on_this_node_and_named_after_it() {
+    let f = fixture();
+    let (connection_id, _) = f.core.sessions.open("c".into(), None).expect("open");
+    let r = pb::CreateTemporaryQueueRequest { connection_id };
+    let name = f
+        .core
+        .create_temporary_queue(r)
+        .await
+        .expect("created")
+        .queue;
+    assert!(name.starts_with("tmp.a."), "{name}");
+    assert_eq!(
+        f.a.calls(),
+        vec![call("create_queue", &name, EPOCH_UNKNOWN)]
+    );
+    assert!(f.b.calls().is_empty());
+}
+
+#[tokio::test]
+async fn a_transaction_commits_at_the_owner_of_its_queues_with_their_epochs() {
+    let f = fixture();
+    let (connection_id, _) = f.core.sessions.open("c".into(), None).expect("open");
+    let session = f
+        .core
+        .create_session(pb::CreateSessionRequest {
+            connection_id,
+            ack_mode: pb::AckMode::Transacted as i32,
+        })
+        .expect("a session")
+        .session_id;
+    let send = |q: &str| pb::SendRequest {
+        session_id: session.clone(),
+        queue: q.into(),
+        messages: vec![pb::OutgoingMessage::default()],
+    };
+    f.core.send(send("invoices")).await.expect("staged");
+    // A queue on another back-end cannot join the transaction.
+    let e = f
+        .core
+        .send(send("orders"))
+        .await
+        .expect_err("spans back-ends");
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition);
+    let commit = pb::CommitRequest {
+        session_id: session.clone(),
+        receipt_handles: vec![handle("a", "invoices")],
+    };
+    f.core.commit(commit).await.expect("committed");
+    let calls = f.b.calls();
+    assert_eq!(calls.len(), 2, "{calls:?}");
+    assert_eq!(calls[1], call("commit", "invoices", STATIC_EPOCH));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_heartbeat_answers_its_lease_expiry_in_wall_time_of_the_injected_clock() {
+    let f = fixture();
+    let (connection_id, lease_ms) = f.core.sessions.open("c".into(), Some(5_000)).expect("open");
+    assert_eq!(lease_ms, 5_000);
+    f.clock.advance_ms(1_234);
+    let r = pb::HeartbeatRequest { connection_id };
+    let answer = f.core.heartbeat(r).await.expect("alive");
+    assert_eq!(answer.lease_expires_at_ms, WALL_START_MS + 1_234 + 5_000);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_connection_lease_runs_out_after_its_length_unless_renewed() {
+    let f = fixture();
+    let sessions = &f.core.sessions;
+    let (id, _) = sessions.open("c".into(), Some(2_000)).expect("open");
+    tokio::time::advance(Duration::from_millis(1_500)).await;
+    // Any call naming the connection renews it for its whole length.
+    sessions.touch(&id).expect("still open");
+    tokio::time::advance(Duration::from_millis(1_999)).await;
+    assert!(sessions
+        .close_expired(tokio::time::Instant::now())
+        .is_empty());
+    tokio::time::advance(Duration::from_millis(1)).await;
+    let closed = sessions.close_expired(tokio::time::Instant::now());
+    assert_eq!(closed.len(), 1);
+    assert_eq!(closed[0].0, id);
+    assert!(sessions.touch(&id).is_err(), "gone once closed");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lost_connection_releases_its_sessions_leases_at_each_owner() {
+    let f = fixture();
+    let (connection_id, _) = f.core.sessions.open("c".into(), Some(1_000)).expect("open");
+    let session_id = f
+        .core
+        .create_session(pb::CreateSessionRequest {
+            connection_id: connection_id.clone(),
+            ack_mode: pb::AckMode::Client as i32,
+        })
+        .expect("a session")
+        .session_id;
+    for q in ["orders", "invoices"] {
+        let r = pb::ReceiveRequest {
+            session_id: session_id.clone(),
+            queue: q.into(),
+            wait_ms: Some(0),
+            ..Default::default()
+        };
+        f.core.receive(r, None).await.expect("received");
+    }
+    tokio::time::advance(Duration::from_millis(1_000)).await;
+    for (_, closed) in f.core.sessions.close_expired(tokio::time::Instant::now()) {
+        f.core.release(closed).await;
+    }
+    let release = |q: &str| call("release_session", q, STATIC_EPOCH);
+    assert_eq!(f.a.calls()[1], release("orders"));
+    assert_eq!(f.b.calls()[1], release("invoices"));
+}

@@ -1,0 +1,225 @@
+//! A fake back-end for unit tests: records every call (method, queues, placement epochs) and
+//! answers from a script first (errors such as "not the owner"), then with an empty success.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use ferry_proto::{pb, EventStream};
+use tonic::{Request, Response, Status};
+
+use crate::BackendRef;
+
+/// One call a fake back-end received.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Call {
+    pub(crate) method: &'static str,
+    pub(crate) queues: Vec<String>,
+    pub(crate) epochs: Vec<u64>,
+}
+
+type Hook = Box<dyn FnOnce() + Send>;
+
+/// See the module docs.
+#[derive(Default)]
+pub(crate) struct FakeBackend {
+    calls: Mutex<Vec<Call>>,
+    script: Mutex<VecDeque<Status>>,
+    /// Run once, when the first scripted answer is given (before the caller sees it).
+    on_scripted: Mutex<Option<Hook>>,
+    /// Answer every call with this, after the script.
+    always: Mutex<Option<Status>>,
+    /// How many messages each `send` carried.
+    sent: Mutex<Vec<usize>>,
+}
+
+impl std::fmt::Debug for FakeBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FakeBackend").finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl FakeBackend {
+    pub(crate) fn new() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+
+    pub(crate) fn backend(self: &Arc<Self>) -> BackendRef {
+        self.clone()
+    }
+
+    /// The next calls are answered with these, in order.
+    pub(crate) fn script(&self, answers: impl IntoIterator<Item = Status>) {
+        lock(&self.script).extend(answers);
+    }
+
+    /// Runs `hook` when the first scripted answer is given.
+    pub(crate) fn on_scripted(&self, hook: impl FnOnce() + Send + 'static) {
+        *lock(&self.on_scripted) = Some(Box::new(hook));
+    }
+
+    /// Every call is answered with `status` (after the script).
+    pub(crate) fn always(&self, status: Status) {
+        *lock(&self.always) = Some(status);
+    }
+
+    /// How many messages each `send` carried, in order.
+    pub(crate) fn sent(&self) -> Vec<usize> {
+        lock(&self.sent).clone()
+    }
+
+    pub(crate) fn calls(&self) -> Vec<Call> {
+        lock(&self.calls).clone()
+    }
+
+    fn answer<T: Default>(
+        &self,
+        method: &'static str,
+        queues: Vec<String>,
+        epochs: Vec<u64>,
+    ) -> Result<Response<T>, Status> {
+        lock(&self.calls).push(Call {
+            method,
+            queues,
+            epochs,
+        });
+        let scripted = lock(&self.script).pop_front();
+        if let Some(status) = scripted {
+            if let Some(hook) = lock(&self.on_scripted).take() {
+                hook();
+            }
+            return Err(status);
+        }
+        if let Some(status) = lock(&self.always).clone() {
+            return Err(status);
+        }
+        Ok(Response::new(T::default()))
+    }
+}
+
+type Reply<T> = Result<Response<T>, Status>;
+
+#[tonic::async_trait]
+impl pb::backend_server::Backend for FakeBackend {
+    async fn create_queue(
+        &self,
+        r: Request<pb::BackendCreateQueueRequest>,
+    ) -> Reply<pb::QueueInfo> {
+        let r = r.into_inner();
+        self.answer("create_queue", vec![r.name], vec![r.placement_epoch])
+    }
+    async fn get_queue(&self, r: Request<pb::BackendQueueRequest>) -> Reply<pb::QueueInfo> {
+        let r = r.into_inner();
+        self.answer("get_queue", vec![r.name], vec![r.placement_epoch])
+    }
+    async fn list_queues(
+        &self,
+        _: Request<pb::BackendListQueuesRequest>,
+    ) -> Reply<pb::BackendListQueuesResponse> {
+        self.answer("list_queues", vec![], vec![])
+    }
+    async fn delete_queue(
+        &self,
+        r: Request<pb::BackendQueueRequest>,
+    ) -> Reply<pb::BackendCountResponse> {
+        let r = r.into_inner();
+        self.answer("delete_queue", vec![r.name], vec![r.placement_epoch])
+    }
+    async fn purge_queue(
+        &self,
+        r: Request<pb::BackendQueueRequest>,
+    ) -> Reply<pb::BackendCountResponse> {
+        let r = r.into_inner();
+        self.answer("purge_queue", vec![r.name], vec![r.placement_epoch])
+    }
+    async fn get_queue_stats(&self, r: Request<pb::BackendQueueRequest>) -> Reply<pb::QueueStats> {
+        let r = r.into_inner();
+        self.answer("get_queue_stats", vec![r.name], vec![r.placement_epoch])
+    }
+    async fn send(&self, r: Request<pb::BackendSendRequest>) -> Reply<pb::BackendSendResponse> {
+        let r = r.into_inner();
+        lock(&self.sent).push(r.messages.len());
+        self.answer("send", vec![r.queue], vec![r.placement_epoch])
+    }
+    async fn receive(
+        &self,
+        r: Request<pb::BackendReceiveRequest>,
+    ) -> Reply<pb::BackendReceiveResponse> {
+        let r = r.into_inner();
+        self.answer("receive", vec![r.queue], vec![r.placement_epoch])
+    }
+    async fn ack(&self, r: Request<pb::BackendLeaseRequest>) -> Reply<pb::BackendLeaseResponse> {
+        let r = r.into_inner();
+        self.answer("ack", vec![r.queue], vec![r.placement_epoch])
+    }
+    async fn nack(&self, r: Request<pb::BackendLeaseRequest>) -> Reply<pb::BackendLeaseResponse> {
+        let r = r.into_inner();
+        self.answer("nack", vec![r.queue], vec![r.placement_epoch])
+    }
+    async fn extend_lease(
+        &self,
+        r: Request<pb::BackendLeaseRequest>,
+    ) -> Reply<pb::BackendLeaseResponse> {
+        let r = r.into_inner();
+        self.answer("extend_lease", vec![r.queue], vec![r.placement_epoch])
+    }
+    async fn release_session(
+        &self,
+        r: Request<pb::BackendReleaseSessionRequest>,
+    ) -> Reply<pb::BackendCountResponse> {
+        let r = r.into_inner();
+        self.answer("release_session", r.queues, r.placement_epochs)
+    }
+    async fn browse(
+        &self,
+        r: Request<pb::BackendBrowseRequest>,
+    ) -> Reply<pb::BackendBrowseResponse> {
+        let r = r.into_inner();
+        self.answer("browse", vec![r.queue], vec![r.placement_epoch])
+    }
+    async fn commit(
+        &self,
+        r: Request<pb::BackendCommitRequest>,
+    ) -> Reply<pb::BackendCountResponse> {
+        let r = r.into_inner();
+        let (queues, epochs) = r
+            .queues
+            .into_iter()
+            .map(|q| (q.queue, q.placement_epoch))
+            .unzip();
+        self.answer("commit", queues, epochs)
+    }
+    async fn rollback(
+        &self,
+        r: Request<pb::BackendRollbackRequest>,
+    ) -> Reply<pb::BackendCountResponse> {
+        let r = r.into_inner();
+        self.answer("rollback", r.queues, r.placement_epochs)
+    }
+    async fn delete_message(
+        &self,
+        r: Request<pb::BackendDeleteMessageRequest>,
+    ) -> Reply<pb::BackendCountResponse> {
+        let r = r.into_inner();
+        self.answer("delete_message", vec![r.queue], vec![r.placement_epoch])
+    }
+
+    type WatchEventsStream = EventStream;
+
+    async fn watch_events(
+        &self,
+        _: Request<pb::BackendWatchEventsRequest>,
+    ) -> Reply<Self::WatchEventsStream> {
+        Ok(Response::new(Box::pin(tokio_stream::empty())))
+    }
+
+    async fn get_message_history(
+        &self,
+        _: Request<pb::GetMessageHistoryRequest>,
+    ) -> Reply<pb::GetMessageHistoryResponse> {
+        self.answer("get_message_history", vec![], vec![])
+    }
+}
