@@ -167,6 +167,19 @@ impl Broker {
         &self.inner.queues.config.queue_defaults
     }
 
+    /// Refuses a call routed by a placement epoch at which this back-end does not own `queue`
+    /// ([`Error::NotOwner`], answered FAILED_PRECONDITION with a `ferry.v1.NotOwner` detail);
+    /// 0 checks nothing.
+    pub fn check_placement(&self, queue: &QueueName, epoch: u64) -> Result<(), Error> {
+        self.inner.queues.check_placement(queue, epoch)
+    }
+
+    /// Records the placement epoch at which this back-end owns `queue` from now on; calls
+    /// routed by any other epoch are refused. Returns whether the queue is here.
+    pub fn set_placement_epoch(&self, queue: &QueueName, epoch: u64) -> bool {
+        self.inner.queues.set_placement_epoch(queue, epoch)
+    }
+
     pub(crate) fn handle(&self, queue: &QueueName) -> Result<QueueHandle, Error> {
         self.inner.queues.handle(queue)
     }

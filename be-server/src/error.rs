@@ -32,6 +32,17 @@ pub enum Error {
     #[error("transaction of session {session} was rolled back: the back-end holding its sends restarted since they were made, and they were lost with it; send them again in a new transaction")]
     TransactionFenced { session: String },
 
+    /// The request was routed by a placement epoch at which this back-end does not own the
+    /// queue: the caller's placement is older or newer than this back-end's. Answered with a
+    /// structured `ferry.v1.NotOwner` detail (see `ferry_proto::not_owner`).
+    #[error("this back-end owns queue {queue:?} at placement epoch {epoch}, not at {asked}")]
+    NotOwner {
+        queue: String,
+        owner: NodeId,
+        epoch: u64,
+        asked: u64,
+    },
+
     /// The disk guard (see `disk.rs`): sends are refused while free space is short.
     #[error("the disk holding the data directory has {free_bytes} bytes free, under disk_free_min_bytes = {limit_bytes}: free space or raise the limit; receives and acknowledgements still work")]
     DiskFull { free_bytes: u64, limit_bytes: u64 },
@@ -51,6 +62,19 @@ impl From<Error> for Status {
                 ));
             }
         }
+        if let Error::NotOwner {
+            queue,
+            owner,
+            epoch,
+            ..
+        } = e
+        {
+            return ferry_proto::not_owner_status(ferry_proto::pb::NotOwner {
+                queue,
+                owner_node: owner.to_string(),
+                epoch,
+            });
+        }
         let code = match &e {
             Error::QueueNotFound { .. } => Code::NotFound,
             Error::QueueExists { .. } => Code::AlreadyExists,
@@ -61,7 +85,9 @@ impl From<Error> for Status {
                 }
                 StoreError::Corrupt { .. } => Code::DataLoss,
             },
-            Error::WrongNode { .. } | Error::WrongQueue { .. } => Code::FailedPrecondition,
+            Error::WrongNode { .. } | Error::WrongQueue { .. } | Error::NotOwner { .. } => {
+                Code::FailedPrecondition
+            }
             Error::ShuttingDown => Code::Unavailable,
             Error::TransactionFenced { .. } => Code::Aborted,
             Error::DiskFull { .. } => Code::ResourceExhausted,

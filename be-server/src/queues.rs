@@ -29,7 +29,14 @@ pub(crate) struct Owned {
     pub(crate) def: QueueDef,
     pub(crate) temporary: bool,
     pub(crate) handle: QueueHandle,
+    /// The placement epoch at which this back-end owns the queue (see
+    /// [`Queues::check_placement`]).
+    pub(crate) epoch: u64,
 }
+
+/// The placement epoch of a queue placed by static configuration, as the front-end's first
+/// placement snapshot numbers it; the metadata group moves it on with every change of owner.
+pub const STATIC_PLACEMENT_EPOCH: u64 = 1;
 
 /// See the module docs.
 #[derive(Debug)]
@@ -99,6 +106,7 @@ impl Queues {
                 def: r.def,
                 temporary: false,
                 handle,
+                epoch: STATIC_PLACEMENT_EPOCH,
             };
             map.insert(owned.def.name.clone(), owned);
         }
@@ -127,6 +135,39 @@ impl Queues {
         map.get(queue).cloned().ok_or_else(|| Error::QueueNotFound {
             queue: queue.to_string(),
         })
+    }
+
+    /// Refuses a call routed by placement epoch `asked` unless this back-end owns `queue` at
+    /// that epoch. 0: the caller does not know (a temporary queue, a queue with no placement
+    /// entry); nothing is checked. A queue this back-end does not have is left to the call
+    /// itself (NOT_FOUND).
+    pub(crate) fn check_placement(&self, queue: &QueueName, asked: u64) -> Result<(), Error> {
+        if asked == 0 {
+            return Ok(());
+        }
+        let map = self.map.read().unwrap_or_else(PoisonError::into_inner);
+        match map.get(queue) {
+            Some(o) if o.epoch != asked => Err(Error::NotOwner {
+                queue: queue.to_string(),
+                owner: self.config.node_id.clone(),
+                epoch: o.epoch,
+                asked,
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Records the placement epoch at which this back-end owns `queue` (the metadata group
+    /// calls it when a placement change is committed). Returns whether the queue is here.
+    pub(crate) fn set_placement_epoch(&self, queue: &QueueName, epoch: u64) -> bool {
+        let mut map = self.map.write().unwrap_or_else(PoisonError::into_inner);
+        match map.get_mut(queue) {
+            Some(o) => {
+                o.epoch = epoch;
+                true
+            }
+            None => false,
+        }
     }
 
     pub(crate) fn handle(&self, queue: &QueueName) -> Result<QueueHandle, Error> {
@@ -249,6 +290,7 @@ impl Queues {
             def,
             temporary,
             handle,
+            epoch: STATIC_PLACEMENT_EPOCH,
         };
         let s = summary(&owned);
         self.map

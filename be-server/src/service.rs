@@ -56,6 +56,23 @@ impl BackendService {
     /// whose check value this node did not compute (made up, altered, or issued before a
     /// restart) names no live delivery: it becomes a reference no delivery has (lease 0, count
     /// 0), which the queue answers as stale, handle by handle.
+    /// The queue a single-queue request names, if this back-end owns it at the request's
+    /// placement epoch.
+    fn placed(&self, r: &pb::BackendQueueRequest) -> Result<QueueName, Error> {
+        let name = queue_name(&r.name)?;
+        self.broker.check_placement(&name, r.placement_epoch)?;
+        Ok(name)
+    }
+
+    /// Checks each queue of a call naming several against its epoch (missing: 0, unchecked).
+    fn check_placements(&self, queues: &[QueueName], epochs: &[u64]) -> Result<(), Error> {
+        for (i, q) in queues.iter().enumerate() {
+            self.broker
+                .check_placement(q, epochs.get(i).copied().unwrap_or(0))?;
+        }
+        Ok(())
+    }
+
     fn leases(&self, queue: &QueueName, handles: &[String]) -> Result<Vec<LeaseRef>, Error> {
         handles
             .iter()
@@ -167,6 +184,7 @@ impl pb::backend_server::Backend for BackendService {
     ) -> Reply<pb::QueueInfo> {
         let r = req.into_inner();
         let name = queue_name(&r.name)?;
+        self.broker.check_placement(&name, r.placement_epoch)?;
         let config = convert::queue_config_from_pb(r.config, self.broker.queue_defaults())
             .map_err(Error::from)?;
         let (s, _) = self
@@ -177,7 +195,7 @@ impl pb::backend_server::Backend for BackendService {
     }
 
     async fn get_queue(&self, req: Request<pb::BackendQueueRequest>) -> Reply<pb::QueueInfo> {
-        let name = queue_name(&req.into_inner().name)?;
+        let name = self.placed(&req.into_inner())?;
         Ok(Response::new(self.info(&self.broker.get_queue(&name)?)))
     }
 
@@ -198,7 +216,7 @@ impl pb::backend_server::Backend for BackendService {
         &self,
         req: Request<pb::BackendQueueRequest>,
     ) -> Reply<pb::BackendCountResponse> {
-        let name = queue_name(&req.into_inner().name)?;
+        let name = self.placed(&req.into_inner())?;
         let count = self.broker.delete_queue(&name).await?;
         Ok(Response::new(pb::BackendCountResponse { count }))
     }
@@ -207,7 +225,7 @@ impl pb::backend_server::Backend for BackendService {
         &self,
         req: Request<pb::BackendQueueRequest>,
     ) -> Reply<pb::BackendCountResponse> {
-        let name = queue_name(&req.into_inner().name)?;
+        let name = self.placed(&req.into_inner())?;
         let count = self.broker.purge(&name).await?;
         Ok(Response::new(pb::BackendCountResponse { count }))
     }
@@ -216,7 +234,7 @@ impl pb::backend_server::Backend for BackendService {
         &self,
         req: Request<pb::BackendQueueRequest>,
     ) -> Reply<pb::QueueStats> {
-        let name = queue_name(&req.into_inner().name)?;
+        let name = self.placed(&req.into_inner())?;
         let stats = self.broker.stats(&name).await?;
         Ok(Response::new(convert::queue_stats_to_pb(
             &name,
@@ -229,6 +247,7 @@ impl pb::backend_server::Backend for BackendService {
     async fn send(&self, req: Request<pb::BackendSendRequest>) -> Reply<pb::BackendSendResponse> {
         let r = req.into_inner();
         let queue = queue_name(&r.queue)?;
+        self.broker.check_placement(&queue, r.placement_epoch)?;
         let messages = r
             .messages
             .into_iter()
@@ -268,6 +287,7 @@ impl pb::backend_server::Backend for BackendService {
     ) -> Reply<pb::BackendReceiveResponse> {
         let r = req.into_inner();
         let queue = queue_name(&r.queue)?;
+        self.broker.check_placement(&queue, r.placement_epoch)?;
         let selector = selector(&r.selector)?;
         let wait = match r.wait_ms {
             None => Wait::Forever,
@@ -294,6 +314,7 @@ impl pb::backend_server::Backend for BackendService {
     async fn ack(&self, req: Request<pb::BackendLeaseRequest>) -> Reply<pb::BackendLeaseResponse> {
         let r = req.into_inner();
         let queue = queue_name(&r.queue)?;
+        self.broker.check_placement(&queue, r.placement_epoch)?;
         let leases = self.leases(&queue, &r.receipt_handles)?;
         let results = self
             .broker
@@ -305,6 +326,7 @@ impl pb::backend_server::Backend for BackendService {
     async fn nack(&self, req: Request<pb::BackendLeaseRequest>) -> Reply<pb::BackendLeaseResponse> {
         let r = req.into_inner();
         let queue = queue_name(&r.queue)?;
+        self.broker.check_placement(&queue, r.placement_epoch)?;
         let leases = self.leases(&queue, &r.receipt_handles)?;
         let caller = caller(&r.session_id)?;
         let results = if r.undelivered {
@@ -325,6 +347,7 @@ impl pb::backend_server::Backend for BackendService {
     ) -> Reply<pb::BackendLeaseResponse> {
         let r = req.into_inner();
         let queue = queue_name(&r.queue)?;
+        self.broker.check_placement(&queue, r.placement_epoch)?;
         let leases = self.leases(&queue, &r.receipt_handles)?;
         let results = self
             .broker
@@ -339,6 +362,7 @@ impl pb::backend_server::Backend for BackendService {
     ) -> Reply<pb::BackendCountResponse> {
         let r = req.into_inner();
         let (session, queues) = session_and_queues(&r.session_id, &r.queues)?;
+        self.check_placements(&queues, &r.placement_epochs)?;
         let count = if r.renew {
             self.broker.renew_session(session, &queues).await?
         } else {
@@ -355,6 +379,7 @@ impl pb::backend_server::Backend for BackendService {
     ) -> Reply<pb::BackendBrowseResponse> {
         let r = req.into_inner();
         let queue = queue_name(&r.queue)?;
+        self.broker.check_placement(&queue, r.placement_epoch)?;
         let after = (r.after_seq > 0).then_some(Seq(r.after_seq));
         let max = r.max_messages.clamp(1, 1_000) as usize;
         let selector = selector(&r.selector)?;
@@ -385,6 +410,7 @@ impl pb::backend_server::Backend for BackendService {
         let mut acked = 0u64;
         for q in r.queues {
             let queue = queue_name(&q.queue)?;
+            self.broker.check_placement(&queue, q.placement_epoch)?;
             let leases = self.leases(&queue, &q.receipt_handles)?;
             acked += leases.len() as u64;
             parts.push((queue, leases));
@@ -399,6 +425,7 @@ impl pb::backend_server::Backend for BackendService {
     ) -> Reply<pb::BackendCountResponse> {
         let r = req.into_inner();
         let (session, queues) = session_and_queues(&r.session_id, &r.queues)?;
+        self.check_placements(&queues, &r.placement_epochs)?;
         let count = self.broker.rollback(session, &queues).await?;
         Ok(Response::new(pb::BackendCountResponse { count }))
     }
@@ -409,6 +436,7 @@ impl pb::backend_server::Backend for BackendService {
     ) -> Reply<pb::BackendCountResponse> {
         let r = req.into_inner();
         let queue = queue_name(&r.queue)?;
+        self.broker.check_placement(&queue, r.placement_epoch)?;
         let id = ferry_kernel::MessageId::parse(&r.message_id).map_err(Error::from)?;
         self.broker.delete_message(&queue, id).await?;
         Ok(Response::new(pb::BackendCountResponse { count: 1 }))

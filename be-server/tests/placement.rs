@@ -1,0 +1,106 @@
+//! Fencing by placement: a back-end answers for a queue only at the placement epoch it owns it
+//! at; any other epoch is refused with a structured "not the owner" detail.
+
+#![allow(clippy::unwrap_used)]
+
+use std::sync::Arc;
+
+use ferry_be_server::{BackendService, Broker, BrokerConfig, SystemClock, STATIC_PLACEMENT_EPOCH};
+use ferry_kernel::{NodeId, QueueConfig, QueueName};
+use ferry_proto::pb;
+use ferry_proto::pb::backend_server::Backend as _;
+use ferry_store::{CommitSettings, CommitWriter, MemoryStore, QueueStore};
+use tonic::{Code, Request};
+
+async fn backend() -> (Broker, BackendService) {
+    let store: Arc<dyn QueueStore> = Arc::new(MemoryStore::new());
+    let writer = CommitWriter::start(store.clone(), CommitSettings::default()).unwrap();
+    let b = Broker::open(
+        BrokerConfig::new(NodeId::new("n1").unwrap()),
+        store,
+        writer.handle(),
+        Arc::new(SystemClock),
+    )
+    .await
+    .unwrap();
+    b.create_queue(
+        QueueName::new("q").unwrap(),
+        QueueConfig::default(),
+        false,
+        false,
+    )
+    .await
+    .unwrap();
+    (b.clone(), BackendService::new(b))
+}
+
+fn stats(epoch: u64) -> Request<pb::BackendQueueRequest> {
+    Request::new(pb::BackendQueueRequest {
+        name: "q".into(),
+        placement_epoch: epoch,
+    })
+}
+
+fn send(epoch: u64) -> Request<pb::BackendSendRequest> {
+    Request::new(pb::BackendSendRequest {
+        queue: "q".into(),
+        messages: vec![pb::OutgoingMessage {
+            body: b"x".to_vec().into(),
+            ..Default::default()
+        }],
+        placement_epoch: epoch,
+        ..Default::default()
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_routed_by_another_epoch_is_refused_with_the_owner_and_its_epoch() {
+    let (_, be) = backend().await;
+    // Unknown epoch (0) and the epoch the queue is owned at are served.
+    be.get_queue_stats(stats(0)).await.unwrap();
+    be.get_queue_stats(stats(STATIC_PLACEMENT_EPOCH))
+        .await
+        .unwrap();
+    be.send(send(STATIC_PLACEMENT_EPOCH)).await.unwrap();
+
+    let refused = be.send(send(7)).await.unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused}");
+    let detail = ferry_proto::not_owner_of(&refused).expect("a NotOwner detail");
+    assert_eq!(
+        (
+            detail.queue.as_str(),
+            detail.owner_node.as_str(),
+            detail.epoch
+        ),
+        ("q", "n1", STATIC_PLACEMENT_EPOCH)
+    );
+    // Nothing was stored by the refused send.
+    let s = be.get_queue_stats(stats(0)).await.unwrap().into_inner();
+    assert_eq!(s.ready, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn once_the_epoch_moves_on_calls_routed_by_the_former_one_are_fenced() {
+    let (broker, be) = backend().await;
+    assert!(broker.set_placement_epoch(&QueueName::new("q").unwrap(), 2));
+    let fenced = be
+        .get_queue_stats(stats(STATIC_PLACEMENT_EPOCH))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        ferry_proto::not_owner_of(&fenced).map(|n| n.epoch),
+        Some(2),
+        "{fenced}"
+    );
+    be.get_queue_stats(stats(2)).await.unwrap();
+    // A queue this back-end does not have is NOT_FOUND, whatever the epoch.
+    let missing = be
+        .get_queue_stats(Request::new(pb::BackendQueueRequest {
+            name: "nope".into(),
+            placement_epoch: 2,
+        }))
+        .await
+        .unwrap_err();
+    assert_eq!(missing.code(), Code::NotFound);
+    assert!(!broker.set_placement_epoch(&QueueName::new("nope").unwrap(), 3));
+}
