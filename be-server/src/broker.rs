@@ -199,9 +199,8 @@ impl Broker {
         Ok((owned.handle, !owned.temporary))
     }
 
-    /// Creates a queue. With `if_not_exists`, an existing queue is returned as it is (`false`).
-    /// A durable queue's dead-letter and expiry queues are created with it (when they do not
-    /// exist yet), so a message moved there is readable the moment its move is answered.
+    /// Creates a queue, and with a durable one its dead-letter and expiry queues when missing.
+    /// With `if_not_exists`, an existing queue is returned as it is (`false`).
     pub async fn create_queue(
         &self,
         name: QueueName,
