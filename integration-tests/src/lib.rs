@@ -14,6 +14,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use ferry_client::Client;
 
+pub mod chaos;
+
 /// Path of the `ferry` binary under test.
 pub fn ferry_bin() -> PathBuf {
     if let Some(p) = std::env::var_os("FERRY_BIN") {
