@@ -35,7 +35,9 @@ fn only(h: &Synthetic, options: &CheckOptions, kind: AnomalyKind, n: u64) {
 #[test]
 fn a_clean_history_is_valid_and_counted() {
     let mut h = Synthetic::new();
-    h.send_ok(Q, v(0, 0)).send_ok(Q, v(0, 1)).send_ok(Q, v(1, 0));
+    h.send_ok(Q, v(0, 0))
+        .send_ok(Q, v(0, 1))
+        .send_ok(Q, v(1, 0));
     // An unknown send that made it (recovered) and one that did not.
     h.send(Q, v(1, 1), unknown()).send(Q, v(1, 2), None);
     h.send(
@@ -45,7 +47,9 @@ fn a_clean_history_is_valid_and_counted() {
             error: "refused".into(),
         }),
     );
-    h.consume(Q, v(0, 0)).consume(Q, v(0, 1)).consume(Q, v(1, 1));
+    h.consume(Q, v(0, 0))
+        .consume(Q, v(0, 1))
+        .consume(Q, v(1, 1));
     // Delivered, the ack's outcome unknown, redelivered flagged, acknowledged.
     let d = h.deliver(Q, Some(v(1, 0)), "ID:p1-0", 1, false);
     h.ack(&[d], unknown());
@@ -64,7 +68,10 @@ fn a_clean_history_is_valid_and_counted() {
         ),
         (6, 3, 2, 1, 4, 1)
     );
-    assert_eq!((verdict.duplicated_flagged, verdict.duplicated_unflagged), (1, 0));
+    assert_eq!(
+        (verdict.duplicated_flagged, verdict.duplicated_unflagged),
+        (1, 0)
+    );
 }
 
 #[test]
@@ -96,9 +103,17 @@ fn a_second_delivery_that_looks_new_is_an_unflagged_duplicate() {
     h.ack(&[first], unknown());
     let again = h.deliver(Q, Some(v(0, 0)), "ID:p0-0", 1, false);
     h.ack(&[again], Some(Outcome::Ok));
-    only(&h, &CheckOptions::default(), AnomalyKind::UnflaggedDuplicate, 1);
+    only(
+        &h,
+        &CheckOptions::default(),
+        AnomalyKind::UnflaggedDuplicate,
+        1,
+    );
     let verdict = check(&h.history(), &CheckOptions::default());
-    assert_eq!((verdict.duplicated_flagged, verdict.duplicated_unflagged), (0, 1));
+    assert_eq!(
+        (verdict.duplicated_flagged, verdict.duplicated_unflagged),
+        (0, 1)
+    );
 }
 
 #[test]
@@ -109,7 +124,12 @@ fn a_value_stored_twice_is_an_unflagged_duplicate() {
     h.consume(Q, v(0, 0));
     let copy = h.deliver(Q, Some(v(0, 0)), "ID:copy", 1, false);
     h.ack(&[copy], unknown());
-    only(&h, &CheckOptions::default(), AnomalyKind::UnflaggedDuplicate, 1);
+    only(
+        &h,
+        &CheckOptions::default(),
+        AnomalyKind::UnflaggedDuplicate,
+        1,
+    );
     // Both copies acknowledged with success: consumed twice, too.
     h.ack(&[copy], Some(Outcome::Ok));
     let verdict = check(&h.history(), &CheckOptions::default());
@@ -123,11 +143,19 @@ fn a_flagged_redelivery_is_a_duplicate_but_no_anomaly() {
     // The first delivery went to a consumer that died: only the flagged one is seen... twice.
     let a = h.deliver(Q, Some(v(0, 0)), "ID:p0-0", 2, true);
     let b = h.deliver(Q, Some(v(0, 0)), "ID:p0-0", 3, true);
-    h.ack(&[a], Some(Outcome::Fail { error: "stale".into() }));
+    h.ack(
+        &[a],
+        Some(Outcome::Fail {
+            error: "stale".into(),
+        }),
+    );
     h.ack(&[b], Some(Outcome::Ok));
     let verdict = check(&h.history(), &CheckOptions::default());
     assert!(verdict.is_valid(), "{verdict:#?}");
-    assert_eq!((verdict.duplicated_flagged, verdict.duplicated_unflagged), (1, 0));
+    assert_eq!(
+        (verdict.duplicated_flagged, verdict.duplicated_unflagged),
+        (1, 0)
+    );
 }
 
 #[test]
@@ -135,7 +163,12 @@ fn a_delivery_never_acknowledged_is_stranded() {
     let mut h = Synthetic::new();
     h.send_ok(Q, v(0, 0));
     let d = h.deliver(Q, Some(v(0, 0)), "ID:p0-0", 1, false);
-    h.ack(&[d], Some(Outcome::Fail { error: "stale".into() }));
+    h.ack(
+        &[d],
+        Some(Outcome::Fail {
+            error: "stale".into(),
+        }),
+    );
     only(&h, &CheckOptions::default(), AnomalyKind::Stranded, 1);
 }
 
@@ -157,8 +190,18 @@ fn a_delivery_requested_after_a_successful_ack_is_reported() {
     h.ack(&[a], Some(Outcome::Ok));
     // Delivered again after the ack was confirmed; its own ack failed, so not acked twice.
     let b = h.deliver(Q, Some(v(0, 0)), "ID:p0-0", 2, true);
-    h.ack(&[b], Some(Outcome::Fail { error: "stale".into() }));
-    only(&h, &CheckOptions::default(), AnomalyKind::DeliveredAfterAck, 1);
+    h.ack(
+        &[b],
+        Some(Outcome::Fail {
+            error: "stale".into(),
+        }),
+    );
+    only(
+        &h,
+        &CheckOptions::default(),
+        AnomalyKind::DeliveredAfterAck,
+        1,
+    );
 }
 
 #[test]
@@ -172,7 +215,12 @@ fn a_send_that_failed_for_sure_and_was_delivered_is_reported() {
         }),
     );
     h.consume(Q, v(0, 0));
-    only(&h, &CheckOptions::default(), AnomalyKind::FailedButReceived, 1);
+    only(
+        &h,
+        &CheckOptions::default(),
+        AnomalyKind::FailedButReceived,
+        1,
+    );
 }
 
 #[test]
@@ -241,7 +289,10 @@ fn poison_messages_dead_lettered_after_exactly_max_deliveries_are_valid() {
     poisoned(&mut h, v(0, 1), &[1, 2, 3], Some(3));
     let verdict = check(&h.history(), &poison_options(true));
     assert!(verdict.is_valid(), "{verdict:#?}");
-    assert_eq!(verdict.duplicated_unflagged, 0, "a dead letter is no duplicate");
+    assert_eq!(
+        verdict.duplicated_unflagged, 0,
+        "a dead letter is no duplicate"
+    );
 }
 
 #[test]
@@ -280,7 +331,9 @@ fn a_poison_message_dead_lettered_early_late_twice_or_never_is_reported() {
 #[test]
 fn a_history_survives_a_round_trip_through_json_lines() {
     let mut h = Synthetic::new();
-    h.send_ok(Q, v(0, 0)).consume(Q, v(0, 0)).send_ok(Q, v(0, 1));
+    h.send_ok(Q, v(0, 0))
+        .consume(Q, v(0, 0))
+        .send_ok(Q, v(0, 1));
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("history.jsonl");
     h.history().write_jsonl(&path).unwrap();

@@ -38,9 +38,13 @@ impl std::fmt::Display for Value {
 pub enum Outcome {
     Ok,
     /// Definitely did not take effect (the server refused it).
-    Fail { error: String },
+    Fail {
+        error: String,
+    },
     /// May or may not have taken effect.
-    Unknown { error: String },
+    Unknown {
+        error: String,
+    },
 }
 
 /// How a delivery was acknowledged, when the application had no say (auto ack).
@@ -118,16 +122,30 @@ pub enum Op {
     /// A message handed to the application.
     Deliver(Delivery),
     /// An acknowledgement of the deliveries named (by [`Delivery::delivery`]).
-    AckInvoke { op: u64, deliveries: Vec<u64> },
-    AckEnd { op: u64, outcome: Outcome },
+    AckInvoke {
+        op: u64,
+        deliveries: Vec<u64>,
+    },
+    AckEnd {
+        op: u64,
+        outcome: Outcome,
+    },
     /// Deliveries given back on purpose: nack, rollback, recover, session closed.
-    Release { deliveries: Vec<u64>, how: String },
+    Release {
+        deliveries: Vec<u64>,
+        how: String,
+    },
     /// A fault injected or healed.
     Fault(Fault),
     /// A call that failed outside the operations above (a receive, opening a session).
-    Error { what: String, error: String },
+    Error {
+        what: String,
+        error: String,
+    },
     /// A phase of the run begins: "load", "heal", "drain", "done".
-    Phase { name: String },
+    Phase {
+        name: String,
+    },
 }
 
 /// One delivery as the application saw it.

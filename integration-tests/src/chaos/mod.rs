@@ -6,4 +6,9 @@
 
 pub mod checker;
 pub mod history;
+pub mod nemesis;
+pub mod proxy;
+pub mod report;
+pub mod scenario;
 pub mod synthetic;
+pub mod workload;
