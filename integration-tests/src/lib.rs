@@ -139,6 +139,8 @@ impl Node {
             .arg(&data_dir)
             .env("RUST_LOG", "info,ferry=debug")
             .env_remove("FERRY_SERVER")
+            // The harness's own setting; the server reads every FERRY_ variable as config.
+            .env_remove("FERRY_BIN")
             .envs(options.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

@@ -118,7 +118,7 @@ impl Target {
         let node = self.node.clone();
         tokio::task::spawn_blocking(move || {
             let mut guard = node.lock().unwrap_or_else(PoisonError::into_inner);
-            f(&mut *guard)
+            f(&mut guard)
         })
     }
 
@@ -190,15 +190,22 @@ impl Target {
         Ok(())
     }
 
-    /// Runs `schedule` from `load_start`, fault after fault, each at its time.
+    /// Runs `schedule` from `load_start`, fault after fault, each at its time, until the
+    /// schedule ends or `stop` turns true (a load that ended early: the fault under way is
+    /// finished and healed, no new one starts).
     pub async fn run(
         &self,
         history: &History,
         schedule: &[PlannedFault],
         load_start: tokio::time::Instant,
+        mut stop: tokio::sync::watch::Receiver<bool>,
     ) -> anyhow::Result<()> {
         for f in schedule {
-            tokio::time::sleep_until(load_start + Duration::from_millis(f.at_ms)).await;
+            let at = load_start + Duration::from_millis(f.at_ms);
+            tokio::select! {
+                _ = tokio::time::sleep_until(at) => {}
+                _ = stop.wait_for(|s| *s) => return Ok(()),
+            }
             self.inject(history, f).await?;
         }
         Ok(())

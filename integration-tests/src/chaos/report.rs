@@ -184,7 +184,16 @@ fn load_window(events: &[Event]) -> (u64, u64) {
 }
 
 fn longest_unavailability_us(events: &[Event]) -> u64 {
-    let (start, end) = load_window(events);
+    let (start, load_end) = load_window(events);
+    // Producers that finished early (a fixed number of messages) leave no gap behind them.
+    let last_send = events
+        .iter()
+        .filter(|e| e.t_us <= load_end)
+        .filter(|e| matches!(e.op, Op::SendInvoke { .. } | Op::SendEnd { .. }))
+        .map(|e| e.t_us)
+        .max()
+        .unwrap_or(load_end);
+    let end = load_end.min(last_send);
     let mut last = start;
     let mut longest = 0;
     for e in events {

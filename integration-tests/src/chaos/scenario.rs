@@ -212,11 +212,12 @@ pub fn spec(name: &str, seed: u64, size: Size) -> anyhow::Result<Spec> {
         }
         "poison" => {
             // Every message is given back until it is dead-lettered: 1 + 3 deliveries. At full
-            // size the node is also killed every 10 s: the delivery count survives restarts.
+            // size (20 000 messages) the node is also killed every 3 s: the delivery count
+            // survives restarts.
             s.queue = "poison".into();
             s.queue_config = policy(Some(3));
             s.max_deliveries = Some(4);
-            s.producers = producers("poison", 2, 10, if smoke { 100 } else { 2_500 }, 16);
+            s.producers = producers("poison", 2, 10, if smoke { 100 } else { 10_000 }, 16);
             s.consumers = vec![
                 consumer(0, "poison", ConsumerKind::PoisonNack, 10),
                 consumer(1, "poison", ConsumerKind::PoisonNack, 10),
@@ -224,7 +225,10 @@ pub fn spec(name: &str, seed: u64, size: Size) -> anyhow::Result<Spec> {
                 consumer(3, "poison", ConsumerKind::PoisonRollback, 10),
             ];
             if !smoke {
+                // The load lasts about as long as the messages take to go through: a kill
+                // every 3 s, so several land in it.
                 s.faults.kinds = vec![FaultKind::Kill9];
+                s.faults.interval_ms = 3_000;
                 s.faults.for_ms_max = 500;
             }
             s.until_consumed = true;
@@ -421,7 +425,8 @@ async fn load(
     }
     let mut nemesis = {
         let (target, history, schedule) = (target.clone(), history.clone(), schedule.to_vec());
-        tokio::spawn(async move { target.run(&history, &schedule, load_start).await })
+        let stop = ctx.stop.clone();
+        tokio::spawn(async move { target.run(&history, &schedule, load_start, stop).await })
     };
     let load_end = load_start + spec.load;
     if spec.until_consumed {

@@ -250,24 +250,29 @@ pub async fn consumer(ctx: Ctx, spec: ConsumerSpec) -> anyhow::Result<()> {
             .lifetime_ms_max
             .map(|max| Duration::from_millis(rng.random_range(max / 4..=max)));
         let killed = life.is_some() && rng.random_range(0..100) < spec.kill_percent;
+        // A consumer about to die stops taking work after a batch or two, holding what it got
+        // unacknowledged, as a hung process would until it is killed.
+        let hang_after = killed.then(|| rng.random_range(1..=3u32));
         let ended = match life {
-            None => incarnation(&ctx, &spec, &me, None).await,
+            None => incarnation(&ctx, &spec, &me, None, None).await,
             // Closes its session when its life is over.
             Some(life) if !killed => {
-                incarnation(&ctx, &spec, &me, Some(Instant::now() + life)).await
+                incarnation(&ctx, &spec, &me, Some(Instant::now() + life), None).await
             }
             // Dropped at whatever it is doing when its life is over: its session, connection
             // and HTTP/2 connection go without a close, as a killed process's would.
-            Some(life) => match timeout(life, incarnation(&ctx, &spec, &me, None)).await {
-                Ok(r) => r,
-                Err(_) => {
-                    ctx.record(
-                        &me,
-                        Op::Fault(history::Fault::ClientKilled { client: me.clone() }),
-                    );
-                    Ok(())
+            Some(life) => {
+                match timeout(life, incarnation(&ctx, &spec, &me, None, hang_after)).await {
+                    Ok(r) => r,
+                    Err(_) => {
+                        ctx.record(
+                            &me,
+                            Op::Fault(history::Fault::ClientKilled { client: me.clone() }),
+                        );
+                        Ok(())
+                    }
                 }
-            },
+            }
         };
         if let Err(e) = ended {
             ctx.error(&me, "consume", &e.to_string());
@@ -277,12 +282,14 @@ pub async fn consumer(ctx: Ctx, spec: ConsumerSpec) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// One session's life: receive and handle until stopped, `until`, or an error.
+/// One session's life: receive and handle until stopped, `until`, or an error; with
+/// `hang_after`, hang (holding the last batch unacknowledged) after that many batches.
 async fn incarnation(
     ctx: &Ctx,
     spec: &ConsumerSpec,
     me: &str,
     until: Option<Instant>,
+    hang_after: Option<u32>,
 ) -> anyhow::Result<()> {
     let live = || !ctx.stopped() && until.is_none_or(|u| Instant::now() < u);
     let mode = match spec.kind {
@@ -299,6 +306,7 @@ async fn incarnation(
         return stream_incarnation(ctx, spec, me, &session, &live).await;
     }
     let mut tool = Receiver::new(ctx, me, &spec.queue, spec.kind);
+    let mut batches = 0u32;
     while live() {
         let requested_us = ctx.history.now_us();
         let opts = ReceiveOptions::timeout_ms(200).max(spec.batch);
@@ -306,6 +314,13 @@ async fn incarnation(
             .await
             .map_err(|_| anyhow::anyhow!("receive timed out"))??;
         let ids = tool.delivered(&got, requested_us);
+        batches += u32::from(!got.is_empty());
+        if hang_after.is_some_and(|n| batches >= n) {
+            // Until the caller's timeout drops this future; bounded by the stop signal too.
+            let mut stop = ctx.stop.clone();
+            let _ = stop.wait_for(|s| *s).await;
+            return Ok(());
+        }
         match spec.kind {
             ConsumerKind::ClientAck => tool.ack(&session, &got, ids).await?,
             ConsumerKind::AutoAck | ConsumerKind::Stream | ConsumerKind::AutoAckStream => {}
