@@ -14,6 +14,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use ferry_client::Client;
 
+pub mod chaos;
+
 /// Path of the `ferry` binary under test.
 pub fn ferry_bin() -> PathBuf {
     if let Some(p) = std::env::var_os("FERRY_BIN") {
@@ -137,6 +139,8 @@ impl Node {
             .arg(&data_dir)
             .env("RUST_LOG", "info,ferry=debug")
             .env_remove("FERRY_SERVER")
+            // The harness's own setting; the server reads every FERRY_ variable as config.
+            .env_remove("FERRY_BIN")
             .envs(options.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

@@ -1,0 +1,227 @@
+//! The nemesis: a fault schedule made from a seed before the run starts (the same seed gives the
+//! same schedule), and its execution against a real node process and the proxy in front of it.
+//! Every fault and every heal goes into the history with its time. A pause is always resumed,
+//! even when the run fails (a guard sends SIGCONT on drop).
+
+use std::process::Command;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+
+use super::history::{Fault, History, Op};
+use super::proxy::{Mode, Proxy};
+use crate::Node;
+
+/// The kinds of fault a scenario draws from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FaultKind {
+    Kill9,
+    Pause,
+    ProxyReset,
+    ProxyDelay,
+    ProxyBlackhole,
+}
+
+/// One planned fault: at `at_ms` after the load begins, `kind`, lasting `for_ms` (the node's
+/// downtime after a kill, a pause's length, how long the proxy delays or black-holes).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PlannedFault {
+    pub at_ms: u64,
+    pub kind: FaultKind,
+    pub for_ms: u64,
+    /// ProxyDelay: the delay of each chunk.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delay_ms: Option<u64>,
+}
+
+/// How faults are drawn.
+#[derive(Debug, Clone)]
+pub struct FaultPlan {
+    pub kinds: Vec<FaultKind>,
+    /// Mean time between faults; each falls within ±25 % of its slot.
+    pub interval_ms: u64,
+    /// The longest a fault lasts (each draws up to this).
+    pub for_ms_max: u64,
+}
+
+/// The schedule of faults over `load_ms`, from `seed` alone. Faults never overlap: each ends
+/// before the next slot begins.
+pub fn schedule(seed: u64, plan: &FaultPlan, load_ms: u64) -> Vec<PlannedFault> {
+    // A stream of its own, so adding a worker never shifts the faults of a seed.
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ 0x6e65_6d65_7369_7300);
+    let mut out = vec![];
+    if plan.kinds.is_empty() || plan.interval_ms == 0 {
+        return out;
+    }
+    let slot = plan.interval_ms;
+    let mut start = slot / 2;
+    // Bounded by the load's length.
+    while start + slot / 4 < load_ms {
+        let at_ms = start + rng.random_range(0..=slot / 4);
+        let kind = plan.kinds[rng.random_range(0..plan.kinds.len())];
+        let longest = plan.for_ms_max.min(slot / 2).max(1);
+        let for_ms = match kind {
+            FaultKind::ProxyReset => 0,
+            _ => rng.random_range(longest / 4..=longest),
+        };
+        let delay_ms = (kind == FaultKind::ProxyDelay).then(|| rng.random_range(20..=200));
+        if at_ms + for_ms < load_ms {
+            out.push(PlannedFault {
+                at_ms,
+                kind,
+                for_ms,
+                delay_ms,
+            });
+        }
+        start += slot;
+    }
+    out
+}
+
+/// What the nemesis acts on.
+#[derive(Debug, Clone)]
+pub struct Target {
+    pub node: Arc<Mutex<Node>>,
+    pub node_name: String,
+    pub proxy: Option<Arc<Proxy>>,
+}
+
+/// Sends SIGCONT to a stopped process when dropped.
+#[derive(Debug)]
+struct Paused(u32);
+
+impl Drop for Paused {
+    fn drop(&mut self) {
+        let _ = signal(self.0, "CONT");
+    }
+}
+
+fn signal(pid: u32, sig: &str) -> anyhow::Result<()> {
+    let status = Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(pid.to_string())
+        .status()
+        .context("running kill")?;
+    anyhow::ensure!(status.success(), "kill -{sig} {pid} failed");
+    Ok(())
+}
+
+impl Target {
+    fn with_node<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Node) -> T + Send + 'static,
+    ) -> tokio::task::JoinHandle<T> {
+        let node = self.node.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut guard = node.lock().unwrap_or_else(PoisonError::into_inner);
+            f(&mut guard)
+        })
+    }
+
+    fn record(&self, history: &History, fault: Fault) {
+        history.record("nemesis", &self.node_name, Op::Fault(fault));
+    }
+
+    fn proxy(&self) -> anyhow::Result<&Proxy> {
+        self.proxy
+            .as_deref()
+            .context("a proxy fault in a scenario without a proxy")
+    }
+
+    /// Injects one fault and heals it after `f.for_ms`.
+    pub async fn inject(&self, history: &History, f: &PlannedFault) -> anyhow::Result<()> {
+        let lasting = Duration::from_millis(f.for_ms);
+        match f.kind {
+            FaultKind::Kill9 => {
+                self.with_node(Node::kill9).await?;
+                self.record(history, Fault::Kill9);
+                tokio::time::sleep(lasting).await;
+                self.restart(history).await?;
+            }
+            FaultKind::Pause => {
+                let pid = self
+                    .with_node(|n| n.pid())
+                    .await?
+                    .context("pausing a node that is not running")?;
+                signal(pid, "STOP")?;
+                let paused = Paused(pid);
+                self.record(history, Fault::Pause);
+                tokio::time::sleep(lasting).await;
+                drop(paused);
+                self.record(history, Fault::Resume);
+            }
+            FaultKind::ProxyReset => {
+                let connections = self.proxy()?.reset_all();
+                self.record(history, Fault::ProxyReset { connections });
+            }
+            FaultKind::ProxyDelay => {
+                let delay_ms = f.delay_ms.unwrap_or(100);
+                self.proxy()?
+                    .set_mode(Mode::Delay(Duration::from_millis(delay_ms)));
+                self.record(history, Fault::ProxyDelay { delay_ms });
+                tokio::time::sleep(lasting).await;
+                self.proxy()?.set_mode(Mode::Forward);
+                self.record(history, Fault::ProxyHeal);
+            }
+            FaultKind::ProxyBlackhole => {
+                self.proxy()?.set_mode(Mode::Blackhole);
+                self.record(history, Fault::ProxyBlackhole);
+                tokio::time::sleep(lasting).await;
+                self.proxy()?.set_mode(Mode::Forward);
+                self.record(history, Fault::ProxyHeal);
+            }
+        }
+        Ok(())
+    }
+
+    async fn restart(&self, history: &History) -> anyhow::Result<()> {
+        let started = Instant::now();
+        self.with_node(Node::restart_in_place).await??;
+        self.record(
+            history,
+            Fault::Restarted {
+                took_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+            },
+        );
+        Ok(())
+    }
+
+    /// Runs `schedule` from `load_start`, fault after fault, each at its time, until the
+    /// schedule ends or `stop` turns true (a load that ended early: the fault under way is
+    /// finished and healed, no new one starts).
+    pub async fn run(
+        &self,
+        history: &History,
+        schedule: &[PlannedFault],
+        load_start: tokio::time::Instant,
+        mut stop: tokio::sync::watch::Receiver<bool>,
+    ) -> anyhow::Result<()> {
+        for f in schedule {
+            let at = load_start + Duration::from_millis(f.at_ms);
+            tokio::select! {
+                _ = tokio::time::sleep_until(at) => {}
+                _ = stop.wait_for(|s| *s) => return Ok(()),
+            }
+            self.inject(history, f).await?;
+        }
+        Ok(())
+    }
+
+    /// Ends every fault: the node runs (restarted if it is down), the proxy forwards.
+    pub async fn heal(&self, history: &History) -> anyhow::Result<()> {
+        if let Some(p) = &self.proxy {
+            if p.mode() != Mode::Forward {
+                p.set_mode(Mode::Forward);
+                self.record(history, Fault::ProxyHeal);
+            }
+        }
+        if self.with_node(|n| n.pid()).await?.is_none() {
+            self.restart(history).await?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,272 @@
+//! What a run reports: the checker's verdict, the fault schedule and the faults as they
+//! happened, the longest time nothing was confirmed, and latency percentiles (HDR histograms),
+//! as JSON and as a short summary.
+
+use std::collections::HashMap;
+
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+use super::checker::Verdict;
+use super::history::{Event, Fault, History, Op, Outcome};
+use super::nemesis::PlannedFault;
+
+/// Percentiles of a latency, in ms.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Latency {
+    pub count: u64,
+    pub p50_ms: f64,
+    pub p90_ms: f64,
+    pub p99_ms: f64,
+    pub p999_ms: f64,
+    pub max_ms: f64,
+}
+
+impl Latency {
+    fn of(h: &Histogram<u64>) -> Self {
+        let ms = |us: u64| us as f64 / 1_000.0;
+        Self {
+            count: h.len(),
+            p50_ms: ms(h.value_at_quantile(0.50)),
+            p90_ms: ms(h.value_at_quantile(0.90)),
+            p99_ms: ms(h.value_at_quantile(0.99)),
+            p999_ms: ms(h.value_at_quantile(0.999)),
+            max_ms: ms(h.max()),
+        }
+    }
+}
+
+/// A fault as it happened.
+#[derive(Debug, Clone, Serialize)]
+pub struct FaultAt {
+    pub at_ms: f64,
+    #[serde(flatten)]
+    pub fault: Fault,
+}
+
+/// The report of one run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub scenario: String,
+    pub seed: u64,
+    pub size: String,
+    pub load_ms: u64,
+    pub elapsed_ms: u64,
+    pub fault_schedule: Vec<PlannedFault>,
+    pub faults: Vec<FaultAt>,
+    #[serde(flatten)]
+    pub verdict: Verdict,
+    /// The longest stretch of the load phase in which no send was confirmed.
+    pub longest_unavailability_ms: f64,
+    /// Invoke to confirm of each confirmed send attempt.
+    pub send_latency: Latency,
+    /// A value's first send invoke to its first delivery.
+    pub end_to_end_latency: Latency,
+    /// Calls that failed outside sends and acks (receives, opening sessions).
+    pub client_errors: u64,
+    /// Problems of the run itself (a drain that did not finish, a history that overflowed).
+    pub run_errors: Vec<String>,
+    pub history_file: String,
+    pub valid: bool,
+}
+
+impl Report {
+    /// Builds the report; `valid` requires a clean verdict and no run error.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        scenario: &str,
+        seed: u64,
+        size: &str,
+        load_ms: u64,
+        fault_schedule: Vec<PlannedFault>,
+        history: &History,
+        verdict: Verdict,
+        run_errors: Vec<String>,
+        history_file: String,
+    ) -> Self {
+        let events = history.events();
+        let valid = verdict.is_valid() && run_errors.is_empty();
+        Report {
+            scenario: scenario.into(),
+            seed,
+            size: size.into(),
+            load_ms,
+            elapsed_ms: events.last().map_or(0, |e| e.t_us / 1_000),
+            fault_schedule,
+            faults: faults(&events),
+            verdict,
+            longest_unavailability_ms: longest_unavailability_us(&events) as f64 / 1_000.0,
+            send_latency: send_latency(&events),
+            end_to_end_latency: end_to_end(&events),
+            client_errors: events
+                .iter()
+                .filter(|e| matches!(e.op, Op::Error { .. }))
+                .count() as u64,
+            run_errors,
+            history_file,
+            valid,
+        }
+    }
+
+    /// A few lines for a terminal.
+    pub fn summary(&self) -> String {
+        let v = &self.verdict;
+        let mut s = format!(
+            "{} seed {} ({}): {}\n  attempted {} confirmed {} unknown {} failed {} received {} recovered {}\n  \
+             lost {} unexpected {} duplicated: flagged {} unflagged {}\n  \
+             faults {} (planned {}), longest unavailability {:.0} ms, client errors {}\n  \
+             send latency ms p50 {:.1} p99 {:.1} max {:.1}; end-to-end p50 {:.1} p99 {:.1} max {:.1}\n",
+            self.scenario,
+            self.seed,
+            self.size,
+            if self.valid { "VALID" } else { "INVALID" },
+            v.attempted,
+            v.confirmed,
+            v.unknown,
+            v.failed,
+            v.received,
+            v.recovered,
+            v.lost,
+            v.unexpected,
+            v.duplicated_flagged,
+            v.duplicated_unflagged,
+            self.faults.len(),
+            self.fault_schedule.len(),
+            self.longest_unavailability_ms,
+            self.client_errors,
+            self.send_latency.p50_ms,
+            self.send_latency.p99_ms,
+            self.send_latency.max_ms,
+            self.end_to_end_latency.p50_ms,
+            self.end_to_end_latency.p99_ms,
+            self.end_to_end_latency.max_ms,
+        );
+        for (kind, n) in &v.anomaly_counts {
+            s.push_str(&format!("  ANOMALY {kind:?}: {n}\n"));
+        }
+        for a in v.anomalies.iter().take(10) {
+            s.push_str(&format!("    {:?}: {}\n", a.kind, a.detail));
+        }
+        for e in &self.run_errors {
+            s.push_str(&format!("  RUN ERROR: {e}\n"));
+        }
+        s
+    }
+}
+
+fn faults(events: &[Event]) -> Vec<FaultAt> {
+    events
+        .iter()
+        .filter_map(|e| match &e.op {
+            Op::Fault(f) => Some(FaultAt {
+                at_ms: e.t_us as f64 / 1_000.0,
+                fault: f.clone(),
+            }),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The load phase: from the "load" phase event to the next phase event.
+fn load_window(events: &[Event]) -> (u64, u64) {
+    let mut phases = events.iter().filter_map(|e| match &e.op {
+        Op::Phase { name } => Some((name.as_str(), e.t_us)),
+        _ => None,
+    });
+    let start = phases
+        .by_ref()
+        .find(|(n, _)| *n == "load")
+        .map_or(0, |(_, t)| t);
+    let end = phases
+        .next()
+        .map_or_else(|| events.last().map_or(0, |e| e.t_us), |(_, t)| t);
+    (start, end)
+}
+
+fn longest_unavailability_us(events: &[Event]) -> u64 {
+    let (start, load_end) = load_window(events);
+    // Producers that finished early (a fixed number of messages) leave no gap behind them.
+    let last_send = events
+        .iter()
+        .filter(|e| e.t_us <= load_end)
+        .filter(|e| matches!(e.op, Op::SendInvoke { .. } | Op::SendEnd { .. }))
+        .map(|e| e.t_us)
+        .max()
+        .unwrap_or(load_end);
+    let end = load_end.min(last_send);
+    let mut last = start;
+    let mut longest = 0;
+    for e in events {
+        if e.t_us > end {
+            break;
+        }
+        if matches!(
+            &e.op,
+            Op::SendEnd {
+                outcome: Outcome::Ok,
+                ..
+            }
+        ) && e.t_us >= start
+        {
+            longest = longest.max(e.t_us.saturating_sub(last));
+            last = e.t_us;
+        }
+    }
+    longest.max(end.saturating_sub(last))
+}
+
+fn histogram() -> Histogram<u64> {
+    Histogram::new(3).expect("invariant: 3 significant figures are valid")
+}
+
+fn send_latency(events: &[Event]) -> Latency {
+    let mut invoked: HashMap<u64, u64> = HashMap::new();
+    let mut h = histogram();
+    for e in events {
+        match &e.op {
+            Op::SendInvoke { op, .. } => {
+                invoked.insert(*op, e.t_us);
+            }
+            Op::SendEnd {
+                op,
+                outcome: Outcome::Ok,
+                ..
+            } => {
+                if let Some(t) = invoked.remove(op) {
+                    let _ = h.record(e.t_us.saturating_sub(t));
+                }
+            }
+            _ => {}
+        }
+    }
+    Latency::of(&h)
+}
+
+fn end_to_end(events: &[Event]) -> Latency {
+    let mut first_invoke = HashMap::new();
+    let mut h = histogram();
+    for e in events {
+        match &e.op {
+            Op::SendInvoke {
+                producer,
+                first_seq,
+                count,
+                ..
+            } => {
+                for seq in *first_seq..first_seq + u64::from(*count) {
+                    first_invoke.entry((*producer, seq)).or_insert(e.t_us);
+                }
+            }
+            Op::Deliver(d) => {
+                if let Some(t) = d
+                    .value
+                    .and_then(|v| first_invoke.remove(&(v.producer, v.seq)))
+                {
+                    let _ = h.record(e.t_us.saturating_sub(t));
+                }
+            }
+            _ => {}
+        }
+    }
+    Latency::of(&h)
+}

@@ -1,0 +1,574 @@
+//! The scenarios, each at smoke size (the test suite) or full size (`scripts/chaos`), and the
+//! run: start a node (and a proxy), load it while the nemesis follows its schedule, heal, drain
+//! every queue, check, report.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context;
+use ferry_client::pb;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use super::checker::{self, CheckOptions, DeadLetterRule};
+use super::history::{History, Op};
+use super::nemesis::{self, FaultKind, FaultPlan, Target};
+use super::proxy::Proxy;
+use super::report::Report;
+use super::workload::{self, ConsumerKind, ConsumerSpec, Ctx, DrainMode, ProducerSpec};
+use crate::{Node, NodeOptions};
+
+/// The scenarios `scripts/chaos` knows.
+pub const SCENARIOS: [&str; 6] = [
+    "kill9",
+    "activemq-200k",
+    "poison",
+    "pause",
+    "proxy",
+    "kill9-auto-receive",
+];
+
+/// How big a run is.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Size {
+    /// Seconds, for the test suite.
+    Smoke,
+    /// The load phase lasts this many minutes (at most; activemq-200k ends when its messages
+    /// are through).
+    Full { minutes: f64 },
+}
+
+/// Everything a run does, decided before it starts.
+#[derive(Debug, Clone)]
+pub struct Spec {
+    pub name: String,
+    pub seed: u64,
+    pub size: Size,
+    pub load: Duration,
+    pub faults: FaultPlan,
+    pub proxy: bool,
+    /// TOML added to the node's config.
+    pub node_toml: String,
+    pub queue: String,
+    pub queue_config: pb::QueueConfig,
+    pub producers: Vec<ProducerSpec>,
+    pub consumers: Vec<ConsumerSpec>,
+    /// A second queue with one producer and one client-ack consumer, whose order is checked.
+    pub ordered_queue: Option<String>,
+    /// Poison: every message must end in `<queue>.DLQ` after this many deliveries.
+    pub max_deliveries: Option<u32>,
+    /// The load ends when the producers are done and the queue is empty (or at `load`).
+    pub until_consumed: bool,
+    pub op_timeout: Duration,
+}
+
+/// Node settings every scenario shares: short connection leases, so a client that vanished
+/// gives its messages back within seconds.
+const NODE_TOML: &str = "
+[limits]
+connection_lease_default_ms = 4000
+delivery_lease_default_ms = 10000
+";
+
+fn policy(max_redeliveries: Option<u32>) -> pb::QueueConfig {
+    pb::QueueConfig {
+        redelivery: Some(pb::RedeliveryPolicy {
+            unlimited_redeliveries: max_redeliveries.is_none(),
+            max_redeliveries,
+            initial_delay_ms: Some(20),
+            delay_ms: Some(20),
+            ..Default::default()
+        }),
+        // Longer than any run: a retried send is always recognised.
+        dedup_window_ms: Some(3_600_000),
+        ..Default::default()
+    }
+}
+
+fn producers(
+    queue: &str,
+    n: u32,
+    batch: u32,
+    values_max: u64,
+    pad_bytes: usize,
+) -> Vec<ProducerSpec> {
+    (0..n)
+        .map(|id| ProducerSpec {
+            id,
+            queue: queue.into(),
+            batch,
+            values_max,
+            pad_bytes,
+        })
+        .collect()
+}
+
+fn consumer(id: u32, queue: &str, kind: ConsumerKind, batch: u32) -> ConsumerSpec {
+    ConsumerSpec {
+        id,
+        queue: queue.into(),
+        kind,
+        batch,
+        lifetime_ms_max: None,
+        kill_percent: 0,
+    }
+}
+
+/// The usual mix: two client-ack receivers, a client-ack stream, an auto-ack stream.
+/// (`Session::receive` in auto mode is left out: it loses messages under kill -9, see
+/// docs/reliability.md; the `*-auto-receive` scenarios put it back.)
+fn mixed_consumers(queue: &str, auto_receive: bool) -> Vec<ConsumerSpec> {
+    let auto = if auto_receive {
+        ConsumerKind::AutoAck
+    } else {
+        ConsumerKind::AutoAckStream
+    };
+    vec![
+        consumer(0, queue, ConsumerKind::ClientAck, 10),
+        consumer(1, queue, ConsumerKind::ClientAck, 10),
+        consumer(2, queue, auto, 10),
+        consumer(3, queue, ConsumerKind::Stream, 20),
+    ]
+}
+
+/// The spec of scenario `name`.
+pub fn spec(name: &str, seed: u64, size: Size) -> anyhow::Result<Spec> {
+    let smoke = size == Size::Smoke;
+    let load = match size {
+        Size::Smoke => Duration::from_secs(8),
+        Size::Full { minutes } => Duration::from_secs_f64(minutes * 60.0),
+    };
+    // Full size: a fault every 10 s; smoke: every 2 s.
+    let interval_ms = if smoke { 2_000 } else { 10_000 };
+    let queue = "chaos".to_string();
+    let mut s = Spec {
+        name: name.into(),
+        seed,
+        size,
+        load,
+        faults: FaultPlan {
+            kinds: vec![],
+            interval_ms,
+            for_ms_max: 0,
+        },
+        proxy: false,
+        node_toml: NODE_TOML.into(),
+        queue: queue.clone(),
+        queue_config: policy(None),
+        producers: producers(&queue, 4, 1, u64::MAX, 16),
+        consumers: mixed_consumers(&queue, false),
+        ordered_queue: None,
+        max_deliveries: None,
+        until_consumed: false,
+        op_timeout: Duration::from_secs(5),
+    };
+    match name {
+        "kill9" | "kill9-auto-receive" => {
+            if name == "kill9-auto-receive" {
+                s.consumers = mixed_consumers(&queue, true);
+            }
+            s.faults.kinds = vec![FaultKind::Kill9];
+            s.faults.for_ms_max = 500;
+            s.ordered_queue = Some("chaos-ordered".into());
+        }
+        "pause" => {
+            s.faults.kinds = vec![FaultKind::Pause];
+            s.faults.for_ms_max = if smoke { 1_000 } else { 4_000 };
+        }
+        "proxy" => {
+            s.proxy = true;
+            s.faults.kinds = vec![
+                FaultKind::ProxyReset,
+                FaultKind::ProxyDelay,
+                FaultKind::ProxyBlackhole,
+            ];
+            s.faults.for_ms_max = if smoke { 1_000 } else { 3_000 };
+            s.ordered_queue = Some("chaos-ordered".into());
+        }
+        "activemq-200k" => {
+            // 200 000 messages of ~60 bytes behind a 256 KiB budget (some 4 000 fit); at smoke
+            // size 12 000 behind 24 KiB. Consumers come and go; a third of them die mid-whatever.
+            let (total, budget) = if smoke {
+                (12_000u64, 24_576)
+            } else {
+                (200_000, 262_144)
+            };
+            s.node_toml = format!(
+                "{NODE_TOML}\n[paging]\nqueue_memory_budget_bytes = {budget}\nnode_memory_budget_bytes = {budget}\n"
+            );
+            s.producers = producers(&queue, 4, if smoke { 100 } else { 500 }, total / 4, 40);
+            s.consumers = (0..4)
+                .map(|id| ConsumerSpec {
+                    lifetime_ms_max: Some(if smoke { 400 } else { 1_500 }),
+                    kill_percent: 35,
+                    ..consumer(id, &queue, ConsumerKind::ClientAck, 50)
+                })
+                .collect();
+            s.until_consumed = true;
+            if smoke {
+                s.load = Duration::from_secs(40);
+            }
+        }
+        "poison" => {
+            // Every message is given back until it is dead-lettered: 1 + 3 deliveries. At full
+            // size (20 000 messages) the node is also killed every 3 s: the delivery count
+            // survives restarts.
+            s.queue = "poison".into();
+            s.queue_config = policy(Some(3));
+            s.max_deliveries = Some(4);
+            s.producers = producers("poison", 2, 10, if smoke { 100 } else { 10_000 }, 16);
+            s.consumers = vec![
+                consumer(0, "poison", ConsumerKind::PoisonNack, 10),
+                consumer(1, "poison", ConsumerKind::PoisonNack, 10),
+                consumer(2, "poison", ConsumerKind::PoisonRollback, 10),
+                consumer(3, "poison", ConsumerKind::PoisonRollback, 10),
+            ];
+            if !smoke {
+                // The load lasts about as long as the messages take to go through: a kill
+                // every 3 s, so several land in it.
+                s.faults.kinds = vec![FaultKind::Kill9];
+                s.faults.interval_ms = 3_000;
+                s.faults.for_ms_max = 500;
+            }
+            s.until_consumed = true;
+            if smoke {
+                s.load = Duration::from_secs(30);
+            }
+        }
+        other => anyhow::bail!("no scenario {other:?}; there are {SCENARIOS:?}"),
+    }
+    Ok(s)
+}
+
+impl Spec {
+    fn size_name(&self) -> String {
+        match self.size {
+            Size::Smoke => "smoke".into(),
+            Size::Full { minutes } => format!("full ({minutes} min)"),
+        }
+    }
+
+    fn queues(&self) -> Vec<String> {
+        let mut q = vec![self.queue.clone()];
+        q.extend(self.ordered_queue.clone());
+        q
+    }
+}
+
+/// The node (its data directory lives as long as it) and the proxy of a run.
+struct Started {
+    target: Target,
+    node_url: String,
+    proxy: Option<Arc<Proxy>>,
+    // Dropped last: the node is killed first (fields drop in declaration order).
+    _data: tempfile::TempDir,
+}
+
+/// Starts the node, creates the queues, starts the proxy.
+async fn start(spec: &Spec) -> anyhow::Result<Started> {
+    let data = tempfile::tempdir()?;
+    let node = Node::start(
+        data.path(),
+        NodeOptions {
+            node_id: "n1".into(),
+            extra_toml: spec.node_toml.clone(),
+            ..NodeOptions::default()
+        },
+    )?;
+    let admin = node.client().await?;
+    for q in spec.queues() {
+        admin
+            .admin()
+            .create_queue(pb::CreateQueueRequest {
+                name: q.clone(),
+                config: Some(spec.queue_config.clone()),
+                if_not_exists: false,
+            })
+            .await
+            .with_context(|| format!("creating {q}"))?;
+    }
+    let proxy = match spec.proxy {
+        true => Some(Arc::new(Proxy::start(node.addr).await?)),
+        false => None,
+    };
+    Ok(Started {
+        node_url: node.url(),
+        target: Target {
+            node: Arc::new(Mutex::new(node)),
+            node_name: "n1".into(),
+            proxy: proxy.clone(),
+        },
+        proxy,
+        _data: data,
+    })
+}
+
+/// Runs `spec`, writing `<name>-<seed>.json`, `<name>-<seed>.history.jsonl` and, when the run
+/// is not valid, the node's log into `out_dir`. Everything it starts is gone when it returns.
+pub async fn run(spec: &Spec, out_dir: &Path) -> anyhow::Result<Report> {
+    std::fs::create_dir_all(out_dir)?;
+    let started = start(spec).await?;
+    let history = History::new();
+    let load_ms = u64::try_from(spec.load.as_millis())?;
+    let schedule = nemesis::schedule(spec.seed, &spec.faults, load_ms);
+    let (stop_tx, stop) = tokio::sync::watch::channel(false);
+    let ctx = Ctx {
+        history: history.clone(),
+        node_name: "n1".into(),
+        url: started
+            .proxy
+            .as_ref()
+            .map_or(started.node_url.clone(), |p| p.url()),
+        op_timeout: spec.op_timeout,
+        stop,
+        seed: spec.seed,
+    };
+    let mut run_errors = vec![];
+    load(
+        spec,
+        &ctx,
+        &started.target,
+        &schedule,
+        stop_tx,
+        &mut run_errors,
+    )
+    .await;
+    history.record(
+        "runner",
+        "n1",
+        Op::Phase {
+            name: "drain".into(),
+        },
+    );
+    let drain_ctx = Ctx {
+        url: started.node_url.clone(),
+        ..ctx.clone()
+    };
+    drain_all(spec, &drain_ctx, &mut run_errors).await;
+    history.record(
+        "runner",
+        "n1",
+        Op::Phase {
+            name: "done".into(),
+        },
+    );
+    if history.overflowed() {
+        run_errors.push(format!(
+            "the history reached {} events and dropped the rest",
+            super::history::EVENTS_MAX
+        ));
+    }
+    let verdict = checker::check(&history, &check_options(spec, &history));
+    let stem = format!("{}-{}", spec.name, spec.seed);
+    let history_path = out_dir.join(format!("{stem}.history.jsonl"));
+    history.write_jsonl(&history_path)?;
+    let report = Report::new(
+        &spec.name,
+        spec.seed,
+        &spec.size_name(),
+        load_ms,
+        schedule,
+        &history,
+        verdict,
+        run_errors,
+        history_path.display().to_string(),
+    );
+    std::fs::write(
+        out_dir.join(format!("{stem}.json")),
+        serde_json::to_string_pretty(&report)?,
+    )?;
+    if !report.valid {
+        let node = started.target.node.lock();
+        let log = node
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .log();
+        std::fs::write(out_dir.join(format!("{stem}.node.log")), log)?;
+    }
+    Ok(report)
+}
+
+/// The load phase with the nemesis, then the heal; returns when every worker has stopped.
+async fn load(
+    spec: &Spec,
+    ctx: &Ctx,
+    target: &Target,
+    schedule: &[nemesis::PlannedFault],
+    stop_tx: tokio::sync::watch::Sender<bool>,
+    run_errors: &mut Vec<String>,
+) {
+    let history = &ctx.history;
+    let load_start = Instant::now();
+    history.record(
+        "runner",
+        "n1",
+        Op::Phase {
+            name: "load".into(),
+        },
+    );
+    let (mut producers, mut consumers) = (JoinSet::new(), JoinSet::new());
+    let settle_by = load_start + spec.load + Duration::from_secs(30);
+    for p in spec.producers.clone() {
+        producers.spawn(workload::producer(ctx.clone(), p, settle_by));
+    }
+    for c in spec.consumers.clone() {
+        consumers.spawn(workload::consumer(ctx.clone(), c));
+    }
+    if let Some(q) = &spec.ordered_queue {
+        let p = ProducerSpec {
+            id: 1_000,
+            ..producers_one(q)
+        };
+        producers.spawn(workload::producer(ctx.clone(), p, settle_by));
+        let c = consumer(1_000, q, ConsumerKind::ClientAck, 10);
+        consumers.spawn(workload::consumer(ctx.clone(), c));
+    }
+    let mut nemesis = {
+        let (target, history, schedule) = (target.clone(), history.clone(), schedule.to_vec());
+        let stop = ctx.stop.clone();
+        tokio::spawn(async move { target.run(&history, &schedule, load_start, stop).await })
+    };
+    let load_end = load_start + spec.load;
+    if spec.until_consumed {
+        wait_consumed(ctx, spec, &mut producers, load_end, run_errors).await;
+    } else {
+        tokio::time::sleep_until(load_end).await;
+    }
+    let _ = stop_tx.send(true);
+    history.record(
+        "runner",
+        "n1",
+        Op::Phase {
+            name: "heal".into(),
+        },
+    );
+    match timeout_at(load_end + Duration::from_secs(30), &mut nemesis).await {
+        Some(Ok(Ok(()))) => {}
+        Some(Ok(Err(e))) => run_errors.push(format!("nemesis: {e:#}")),
+        Some(Err(e)) => run_errors.push(format!("nemesis: {e}")),
+        None => {
+            // Aborting drops its pause guard: a paused node is resumed.
+            nemesis.abort();
+            run_errors.push("the nemesis did not finish its schedule in time".into());
+        }
+    }
+    if let Err(e) = target.heal(history).await {
+        run_errors.push(format!("heal: {e:#}"));
+    }
+    // Workers end at the stop signal, producers once their last batch settles.
+    let workers_by = Instant::now() + spec.op_timeout * 3 + Duration::from_secs(35);
+    for (what, set) in [("producer", &mut producers), ("consumer", &mut consumers)] {
+        join_all(set, what, workers_by, run_errors).await;
+    }
+}
+
+/// Empties every queue and dead-letter queue; poison queues are nacked until all is dead-lettered.
+async fn drain_all(spec: &Spec, ctx: &Ctx, run_errors: &mut Vec<String>) {
+    let drain_by = Instant::now() + Duration::from_secs(120);
+    let mut drains = vec![];
+    if spec.max_deliveries.is_some() {
+        drains.push((spec.queue.clone(), DrainMode::Nack));
+    } else {
+        drains.extend(spec.queues().into_iter().map(|q| (q, DrainMode::Ack)));
+    }
+    drains.extend(
+        spec.queues()
+            .into_iter()
+            .map(|q| (format!("{q}.DLQ"), DrainMode::Ack)),
+    );
+    for (q, mode) in drains {
+        if let Err(e) = workload::drain(ctx, &q, mode, drain_by).await {
+            run_errors.push(format!("{e:#}"));
+        }
+    }
+}
+
+fn producers_one(queue: &str) -> ProducerSpec {
+    ProducerSpec {
+        id: 0,
+        queue: queue.into(),
+        batch: 1,
+        values_max: u64::MAX,
+        pad_bytes: 16,
+    }
+}
+
+/// What the checker is told: the dead-letter queues, the ordered queue, the poison rule (exact
+/// only when nothing disturbed the run).
+fn check_options(spec: &Spec, history: &History) -> CheckOptions {
+    let disturbed = history
+        .events()
+        .iter()
+        .any(|e| matches!(e.op, Op::Fault(_) | Op::Error { .. }));
+    CheckOptions {
+        dead_letter_queues: spec.queues().iter().map(|q| format!("{q}.DLQ")).collect(),
+        ordered_queues: spec.ordered_queue.clone().into_iter().collect(),
+        dead_letter_rule: spec.max_deliveries.map(|max_deliveries| DeadLetterRule {
+            max_deliveries,
+            exact: !disturbed,
+        }),
+    }
+}
+
+/// Until-consumed loads: the producers finish, then the consumers empty the queue (its ready,
+/// scheduled and leased counts all 0), or `load_end` comes first.
+async fn wait_consumed(
+    ctx: &Ctx,
+    spec: &Spec,
+    producers: &mut JoinSet<anyhow::Result<()>>,
+    load_end: Instant,
+    run_errors: &mut Vec<String>,
+) {
+    while !producers.is_empty() {
+        match tokio::time::timeout_at(load_end, producers.join_next()).await {
+            Ok(Some(Ok(Ok(())))) => {}
+            Ok(Some(Ok(Err(e)))) => run_errors.push(format!("producer: {e:#}")),
+            Ok(Some(Err(e))) => run_errors.push(format!("producer: {e}")),
+            // The rest are stopped with the consumers.
+            Ok(None) | Err(_) => return,
+        }
+    }
+    let Ok(client) = ferry_client::Client::connect(&ctx.url).await else {
+        return;
+    };
+    // Polled every 100 ms until the deadline: the queue empties as the consumers go.
+    while Instant::now() < load_end {
+        let stats = tokio::time::timeout(ctx.op_timeout, crate::stats(&client, &spec.queue)).await;
+        if let Ok(Ok(s)) = stats {
+            if s.ready + s.scheduled + s.leased == 0 {
+                return;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn timeout_at<F: std::future::Future>(deadline: Instant, f: F) -> Option<F::Output> {
+    tokio::time::timeout_at(deadline, f).await.ok()
+}
+
+async fn join_all(
+    set: &mut JoinSet<anyhow::Result<()>>,
+    what: &str,
+    by: Instant,
+    run_errors: &mut Vec<String>,
+) {
+    while !set.is_empty() {
+        match tokio::time::timeout_at(by, set.join_next()).await {
+            Ok(Some(Ok(Ok(())))) => {}
+            Ok(Some(Ok(Err(e)))) => run_errors.push(format!("{what}: {e:#}")),
+            Ok(Some(Err(e))) => run_errors.push(format!("{what}: {e}")),
+            Ok(None) => break,
+            Err(_) => {
+                run_errors.push(format!("{} {what}s did not stop in time", set.len()));
+                set.abort_all();
+                break;
+            }
+        }
+    }
+}
+
+/// The default directory for results: `chaos-results/` under the current directory.
+pub fn default_out_dir() -> PathBuf {
+    PathBuf::from("chaos-results")
+}
