@@ -6,12 +6,19 @@
 //! and expiry queues count), then the fewest bytes according to the proposer's load map (bytes
 //! are not replicated state: a node missing from the map counts 0), then the smallest node id.
 //! Apply re-validates that the owner is still active.
+//!
+//! A queue whose dead-letter or expiry queue already exists (kept when the queue was deleted,
+//! or shared) must live with it: [`choose_queue_owner`] applies the rule above only when no
+//! companion exists yet.
 
 use std::collections::BTreeMap;
 
 use ferry_kernel::{NodeId, QueueName};
 
+use ferry_proto::pb;
+
 use super::error::MetaError;
+use super::queues::companions;
 use super::state::{ClusterId, MetaState, NodeRole, Owner};
 
 /// Chooses the owner of a new queue (see the module docs for the rule). Pure.
@@ -40,6 +47,34 @@ pub fn choose_owner(
         .min_by_key(|(id, count)| (*count, loads_bytes.get(*id).copied().unwrap_or(0), *id))
         .map(|(id, _)| id.clone())
         .ok_or(MetaError::NoActiveNode)
+}
+
+/// The owner of a new queue `name` with `settings`: the owner of its existing dead-letter or
+/// expiry queue if there is one (a pinned node elsewhere is refused), else [`choose_owner`].
+pub fn choose_queue_owner(
+    state: &MetaState,
+    name: &QueueName,
+    settings: &pb::QueueConfig,
+    loads_bytes: &BTreeMap<NodeId, u64>,
+    pinned: Option<&NodeId>,
+) -> Result<NodeId, MetaError> {
+    let existing = companions(name, settings)?
+        .into_iter()
+        .find_map(|c| Some((state.queues.get(&c)?.owner.node.clone(), c)));
+    match (existing, pinned) {
+        (None, _) => choose_owner(state, loads_bytes, pinned),
+        (Some((owner, companion)), Some(node)) if node != &owner => {
+            Err(MetaError::CompanionElsewhere {
+                queue: name.clone(),
+                companion,
+                owner,
+            })
+        }
+        (Some((owner, _)), _) => {
+            state.active_node(&owner)?;
+            Ok(owner)
+        }
+    }
 }
 
 /// A node as the router sees it.

@@ -100,22 +100,8 @@ impl MetaState {
         settings: &pb::QueueConfig,
         owner: &NodeId,
     ) -> Result<Vec<QueueName>, MetaError> {
-        let config = queue_config_from_pb(Some(settings.clone()), &QueueConfig::default())
-            .map_err(|e| MetaError::InvalidSettings {
-                queue: name.clone(),
-                reason: e.to_string(),
-            })?;
         let mut missing = Vec::new();
-        for companion in [
-            config.dead_letter.resolve(name),
-            config.expiry.resolve(name),
-        ]
-        .into_iter()
-        .flatten()
-        {
-            if &companion == name || missing.contains(&companion) {
-                continue;
-            }
+        for companion in companions(name, settings)? {
             match self.queues.get(&companion) {
                 None => missing.push(companion),
                 Some(q) if &q.owner.node == owner => {}
@@ -130,4 +116,32 @@ impl MetaState {
         }
         Ok(missing)
     }
+}
+
+/// The dead-letter and expiry queues of `name` with these settings (distinct, never `name`
+/// itself); invalid settings are refused.
+pub(crate) fn companions(
+    name: &QueueName,
+    settings: &pb::QueueConfig,
+) -> Result<Vec<QueueName>, MetaError> {
+    let config =
+        queue_config_from_pb(Some(settings.clone()), &QueueConfig::default()).map_err(|e| {
+            MetaError::InvalidSettings {
+                queue: name.clone(),
+                reason: e.to_string(),
+            }
+        })?;
+    let mut out = Vec::new();
+    for companion in [
+        config.dead_letter.resolve(name),
+        config.expiry.resolve(name),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        if &companion != name && !out.contains(&companion) {
+            out.push(companion);
+        }
+    }
+    Ok(out)
 }

@@ -584,3 +584,40 @@ fn the_placement_snapshot_lists_owners_and_active_nodes() {
     );
     assert_eq!(p.nodes[&n("b")].peer_addr, "b:7401");
 }
+
+#[test]
+fn a_queue_created_again_goes_where_its_dead_letter_queue_stayed() {
+    let mut s = cluster();
+    let none = BTreeMap::new();
+    let settings = pb::QueueConfig::default();
+    s.apply(3, &create("orders", "c")).unwrap();
+    s.apply(4, &MetaCommand::DeleteQueue { name: q("orders") })
+        .unwrap();
+    // The rule alone would pick a (fewest queues); orders.DLQ stayed on c.
+    assert_eq!(choose_owner(&s, &none, None), Ok(n("a")));
+    assert_eq!(
+        choose_queue_owner(&s, &q("orders"), &settings, &none, None),
+        Ok(n("c"))
+    );
+    assert_eq!(
+        choose_queue_owner(&s, &q("orders"), &settings, &none, Some(&n("a"))),
+        Err(MetaError::CompanionElsewhere {
+            queue: q("orders"),
+            companion: q("orders.DLQ"),
+            owner: n("c")
+        })
+    );
+    assert_eq!(
+        choose_queue_owner(&s, &q("fresh"), &settings, &none, None),
+        Ok(n("a"))
+    );
+    refused(
+        &mut s,
+        create("orders", "a"),
+        &MetaError::CompanionElsewhere {
+            queue: q("orders"),
+            companion: q("orders.DLQ"),
+            owner: n("c"),
+        },
+    );
+}
