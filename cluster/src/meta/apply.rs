@@ -11,14 +11,12 @@ impl MetaState {
     /// is refused without any change (a driver bug).
     pub fn apply(&mut self, index: u64, command: &MetaCommand) -> Result<MetaEvent, MetaError> {
         self.advance(index)?;
-        if let MetaCommand::Bootstrap { cluster_id, nodes } = command {
-            return self.bootstrap(*cluster_id, nodes);
-        }
-        if self.cluster_id.is_none() {
+        let bootstrap = matches!(command, MetaCommand::Bootstrap { .. });
+        if !bootstrap && self.cluster_id.is_none() {
             return Err(MetaError::NotBootstrapped);
         }
         match command {
-            MetaCommand::Bootstrap { .. } => Err(MetaError::NotBootstrapped),
+            MetaCommand::Bootstrap { cluster_id, nodes } => self.bootstrap(*cluster_id, nodes),
             MetaCommand::AddNode {
                 id,
                 client_addr,

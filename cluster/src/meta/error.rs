@@ -36,6 +36,16 @@ pub enum MetaError {
         /// The id.
         node: NodeId,
     },
+    /// A node's address is not `host:port`.
+    #[error("the {field} of node {node} is {addr:?}; write it as host:port")]
+    InvalidAddress {
+        /// The node.
+        node: NodeId,
+        /// `client_addr` or `peer_addr`.
+        field: &'static str,
+        /// What was given.
+        addr: String,
+    },
     /// No node has this id.
     #[error("no node {node} in this cluster; `ferry node list` shows the nodes")]
     UnknownNode {

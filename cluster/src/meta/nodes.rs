@@ -32,6 +32,9 @@ impl MetaState {
         if let Some(n) = nodes.iter().find(|n| !seen.insert(&n.id)) {
             return Err(MetaError::DuplicateNode { node: n.id.clone() });
         }
+        for n in nodes {
+            check_addrs(&n.id, &n.client_addr, &n.peer_addr)?;
+        }
         let ids: Vec<NodeId> = nodes.iter().map(|n| n.id.clone()).collect();
         let voters = bootstrap_raft_ids(&ids);
         for (id, raft_id) in &voters {
@@ -64,6 +67,7 @@ impl MetaState {
         if self.nodes.contains_key(id) {
             return Err(MetaError::DuplicateNode { node: id.clone() });
         }
+        check_addrs(id, client_addr, peer_addr)?;
         let raft_id = self.next_raft_id();
         let role = if learner {
             NodeRole::Learner
@@ -136,4 +140,21 @@ impl MetaState {
             raft_id,
         })
     }
+}
+
+/// Both addresses are `host:port` with a non-empty host and a port number.
+fn check_addrs(node: &NodeId, client_addr: &str, peer_addr: &str) -> Result<(), MetaError> {
+    for (field, addr) in [("client_addr", client_addr), ("peer_addr", peer_addr)] {
+        let ok = addr
+            .rsplit_once(':')
+            .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+        if !ok {
+            return Err(MetaError::InvalidAddress {
+                node: node.clone(),
+                field,
+                addr: addr.to_owned(),
+            });
+        }
+    }
+    Ok(())
 }

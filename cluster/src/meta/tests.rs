@@ -621,3 +621,36 @@ fn a_queue_created_again_goes_where_its_dead_letter_queue_stayed() {
         },
     );
 }
+
+#[test]
+fn a_node_address_must_be_host_and_port() {
+    let mut s = cluster();
+    let cmd = MetaCommand::AddNode {
+        id: n("d"),
+        client_addr: "d:7400".into(),
+        peer_addr: "http://d".into(),
+        learner: true,
+    };
+    let expected = MetaError::InvalidAddress {
+        node: n("d"),
+        field: "peer_addr",
+        addr: "http://d".into(),
+    };
+    refused(&mut s, cmd, &expected);
+    let mut empty = MetaState::new();
+    let mut bad = new_node("a");
+    bad.client_addr = String::new();
+    let cmd = MetaCommand::Bootstrap {
+        cluster_id: CLUSTER,
+        nodes: vec![bad],
+    };
+    refused(
+        &mut empty,
+        cmd,
+        &MetaError::InvalidAddress {
+            node: n("a"),
+            field: "client_addr",
+            addr: String::new(),
+        },
+    );
+}
