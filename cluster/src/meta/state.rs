@@ -7,6 +7,9 @@ use std::fmt;
 use ferry_kernel::{NodeId, QueueName};
 use ferry_proto::pb;
 
+/// Highest value of the raft id and epoch counters a valid state holds.
+const COUNTER_MAX: u64 = 1 << 48;
+
 /// The id of a cluster, chosen at random by the shell that bootstraps it, so that a node of
 /// another cluster is refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -96,7 +99,7 @@ pub struct QueueDef {
 
 /// The state machine of Raft group 0. Deterministic: the same commands at the same indexes
 /// give the same state (and [`MetaState::digest`]) on every node.
-#[derive(Debug, Clone, PartialEq, Default)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct MetaState {
     pub(crate) cluster_id: Option<ClusterId>,
     pub(crate) nodes: BTreeMap<NodeId, NodeInfo>,
@@ -110,9 +113,12 @@ impl MetaState {
     /// The state of a group before anything was applied.
     pub fn new() -> Self {
         MetaState {
+            cluster_id: None,
+            nodes: BTreeMap::new(),
+            queues: BTreeMap::new(),
             next_raft_id: 1,
             next_epoch: 1,
-            ..MetaState::default()
+            applied_index: 0,
         }
     }
 
@@ -200,6 +206,15 @@ impl MetaState {
     /// voter once bootstrapped. Tests call it after every step; restore refuses a snapshot
     /// that breaks it.
     pub fn check_invariants(&self) -> Result<(), String> {
+        // Counters grow by one per command: far below these unless the bytes were forged.
+        let counter_range = 1..=COUNTER_MAX;
+        if !counter_range.contains(&self.next_raft_id) || !counter_range.contains(&self.next_epoch)
+        {
+            return Err(format!(
+                "counters out of range: next raft id {}, next epoch {}",
+                self.next_raft_id, self.next_epoch
+            ));
+        }
         let mut raft_ids = std::collections::BTreeSet::new();
         for (id, n) in &self.nodes {
             if n.raft_id.0 == 0 || n.raft_id.0 >= self.next_raft_id {
@@ -238,5 +253,11 @@ impl MetaState {
             return Err("no active voter".to_owned());
         }
         Ok(())
+    }
+}
+
+impl Default for MetaState {
+    fn default() -> Self {
+        MetaState::new()
     }
 }
