@@ -2,11 +2,14 @@
 //!
 //! Today placement is static configuration, checked here once at startup: the nodes of the
 //! cluster with their addresses, and which queues live on which node (every other queue lives on
-//! the node where it is created). A later release replaces the source of this information with
-//! the Raft metadata group (group 0 of a multi-group engine); the front-end's router keeps the
-//! same interface.
+//! the node where it is created). [`meta`] is its replacement, the metadata state machine of
+//! Raft group 0 (group 0 of the multi-group engine); the front-end's router keeps the same
+//! interface.
 //!
-//! Depends on the kernel for ids only.
+//! Depends on the kernel for ids and on ferry-proto for queue settings (`pb::QueueConfig`);
+//! must not depend on the Raft engine, tonic services, tokio, a clock or a random source.
+
+pub mod meta;
 
 use std::collections::BTreeMap;
 

@@ -1,0 +1,359 @@
+//! The bytes of the metadata log and snapshots: versioned protobuf (prost) messages defined
+//! here. Field tags are never reused, so old entries stay readable; hostile bytes decode to a
+//! [`MetaError`], never a panic. Encoding is deterministic (no protobuf maps; nodes and queues
+//! in name order), so equal states give equal snapshot bytes.
+
+use ferry_kernel::{NodeId, QueueName};
+use ferry_proto::pb;
+use prost::Message;
+
+use super::command::{MetaCommand, NewNode};
+use super::error::MetaError;
+use super::state::{ClusterId, MetaState, NodeInfo, NodeRole, NodeState, Owner, QueueDef, RaftId};
+
+/// The version of commands this release writes and reads.
+pub const COMMAND_VERSION: u32 = 1;
+/// The version of snapshots this release writes and reads.
+pub const SNAPSHOT_VERSION: u32 = 1;
+
+#[derive(Clone, PartialEq, Message)]
+struct WireCommand {
+    #[prost(uint32, tag = "1")]
+    version: u32,
+    #[prost(oneof = "Kind", tags = "2, 3, 4, 5, 6, 7, 8")]
+    kind: Option<Kind>,
+}
+
+#[derive(Clone, PartialEq, prost::Oneof)]
+enum Kind {
+    #[prost(message, tag = "2")]
+    Bootstrap(WireBootstrap),
+    #[prost(message, tag = "3")]
+    AddNode(WireAddNode),
+    #[prost(string, tag = "4")]
+    PromoteNode(String),
+    #[prost(string, tag = "5")]
+    RemoveNode(String),
+    #[prost(message, tag = "6")]
+    CreateQueue(WireQueue),
+    #[prost(message, tag = "7")]
+    UpdateQueue(WireQueue),
+    #[prost(string, tag = "8")]
+    DeleteQueue(String),
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct WireBootstrap {
+    #[prost(fixed64, tag = "1")]
+    cluster_id_high: u64,
+    #[prost(fixed64, tag = "2")]
+    cluster_id_low: u64,
+    #[prost(message, repeated, tag = "3")]
+    nodes: Vec<WireAddNode>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct WireAddNode {
+    #[prost(string, tag = "1")]
+    id: String,
+    #[prost(string, tag = "2")]
+    client_addr: String,
+    #[prost(string, tag = "3")]
+    peer_addr: String,
+    #[prost(bool, tag = "4")]
+    learner: bool,
+}
+
+/// A queue in a command (owner set for create) or in a snapshot (owner and epoch).
+#[derive(Clone, PartialEq, Message)]
+struct WireQueue {
+    #[prost(string, tag = "1")]
+    name: String,
+    #[prost(message, optional, tag = "2")]
+    settings: Option<pb::QueueConfig>,
+    #[prost(string, tag = "3")]
+    owner: String,
+    #[prost(uint64, tag = "4")]
+    epoch: u64,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct WireNode {
+    #[prost(string, tag = "1")]
+    id: String,
+    #[prost(uint64, tag = "2")]
+    raft_id: u64,
+    #[prost(string, tag = "3")]
+    client_addr: String,
+    #[prost(string, tag = "4")]
+    peer_addr: String,
+    #[prost(bool, tag = "5")]
+    learner: bool,
+    #[prost(bool, tag = "6")]
+    removed: bool,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct WireSnapshot {
+    #[prost(uint32, tag = "1")]
+    version: u32,
+    #[prost(bool, tag = "2")]
+    bootstrapped: bool,
+    #[prost(fixed64, tag = "3")]
+    cluster_id_high: u64,
+    #[prost(fixed64, tag = "4")]
+    cluster_id_low: u64,
+    #[prost(uint64, tag = "5")]
+    next_raft_id: u64,
+    #[prost(uint64, tag = "6")]
+    next_epoch: u64,
+    #[prost(uint64, tag = "7")]
+    applied_index: u64,
+    #[prost(message, repeated, tag = "8")]
+    nodes: Vec<WireNode>,
+    #[prost(message, repeated, tag = "9")]
+    queues: Vec<WireQueue>,
+}
+
+fn split(id: ClusterId) -> (u64, u64) {
+    // Truncations are the point: the high and the low 64 bits.
+    ((id.0 >> 64) as u64, id.0 as u64)
+}
+
+fn join(high: u64, low: u64) -> ClusterId {
+    ClusterId((u128::from(high) << 64) | u128::from(low))
+}
+
+fn node_id(what: &'static str, s: String) -> Result<NodeId, MetaError> {
+    NodeId::new(s).map_err(|e| MetaError::Decode {
+        what,
+        reason: e.to_string(),
+    })
+}
+
+fn queue_name(what: &'static str, s: String) -> Result<QueueName, MetaError> {
+    QueueName::new(s).map_err(|e| MetaError::Decode {
+        what,
+        reason: e.to_string(),
+    })
+}
+
+fn add_node(n: &NewNode, learner: bool) -> WireAddNode {
+    WireAddNode {
+        id: n.id.to_string(),
+        client_addr: n.client_addr.clone(),
+        peer_addr: n.peer_addr.clone(),
+        learner,
+    }
+}
+
+impl MetaCommand {
+    /// The command as log bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        let kind = match self {
+            MetaCommand::Bootstrap { cluster_id, nodes } => {
+                let (high, low) = split(*cluster_id);
+                Kind::Bootstrap(WireBootstrap {
+                    cluster_id_high: high,
+                    cluster_id_low: low,
+                    nodes: nodes.iter().map(|n| add_node(n, false)).collect(),
+                })
+            }
+            MetaCommand::AddNode {
+                id,
+                client_addr,
+                peer_addr,
+                learner,
+            } => Kind::AddNode(add_node(
+                &NewNode {
+                    id: id.clone(),
+                    client_addr: client_addr.clone(),
+                    peer_addr: peer_addr.clone(),
+                },
+                *learner,
+            )),
+            MetaCommand::PromoteNode { id } => Kind::PromoteNode(id.to_string()),
+            MetaCommand::RemoveNode { id } => Kind::RemoveNode(id.to_string()),
+            MetaCommand::CreateQueue {
+                name,
+                settings,
+                owner,
+            } => Kind::CreateQueue(WireQueue {
+                name: name.to_string(),
+                settings: Some(settings.clone()),
+                owner: owner.to_string(),
+                epoch: 0,
+            }),
+            MetaCommand::UpdateQueue { name, settings } => Kind::UpdateQueue(WireQueue {
+                name: name.to_string(),
+                settings: Some(settings.clone()),
+                owner: String::new(),
+                epoch: 0,
+            }),
+            MetaCommand::DeleteQueue { name } => Kind::DeleteQueue(name.to_string()),
+        };
+        WireCommand {
+            version: COMMAND_VERSION,
+            kind: Some(kind),
+        }
+        .encode_to_vec()
+    }
+
+    /// Log bytes back into a command; any damage, an unknown version or an invalid name is an
+    /// error.
+    pub fn decode(bytes: &[u8]) -> Result<MetaCommand, MetaError> {
+        const WHAT: &str = "command";
+        let wire = WireCommand::decode(bytes).map_err(|e| MetaError::Decode {
+            what: WHAT,
+            reason: e.to_string(),
+        })?;
+        if wire.version != COMMAND_VERSION {
+            return Err(MetaError::UnsupportedVersion {
+                what: WHAT,
+                version: wire.version,
+                supported: COMMAND_VERSION,
+            });
+        }
+        let kind = wire.kind.ok_or_else(|| MetaError::Decode {
+            what: WHAT,
+            reason: "no command in the entry".to_owned(),
+        })?;
+        Ok(match kind {
+            Kind::Bootstrap(b) => MetaCommand::Bootstrap {
+                cluster_id: join(b.cluster_id_high, b.cluster_id_low),
+                nodes: b
+                    .nodes
+                    .into_iter()
+                    .map(|n| {
+                        Ok(NewNode {
+                            id: node_id(WHAT, n.id)?,
+                            client_addr: n.client_addr,
+                            peer_addr: n.peer_addr,
+                        })
+                    })
+                    .collect::<Result<_, MetaError>>()?,
+            },
+            Kind::AddNode(n) => MetaCommand::AddNode {
+                id: node_id(WHAT, n.id)?,
+                client_addr: n.client_addr,
+                peer_addr: n.peer_addr,
+                learner: n.learner,
+            },
+            Kind::PromoteNode(id) => MetaCommand::PromoteNode {
+                id: node_id(WHAT, id)?,
+            },
+            Kind::RemoveNode(id) => MetaCommand::RemoveNode {
+                id: node_id(WHAT, id)?,
+            },
+            Kind::CreateQueue(q) => MetaCommand::CreateQueue {
+                name: queue_name(WHAT, q.name)?,
+                settings: q.settings.unwrap_or_default(),
+                owner: node_id(WHAT, q.owner)?,
+            },
+            Kind::UpdateQueue(q) => MetaCommand::UpdateQueue {
+                name: queue_name(WHAT, q.name)?,
+                settings: q.settings.unwrap_or_default(),
+            },
+            Kind::DeleteQueue(name) => MetaCommand::DeleteQueue {
+                name: queue_name(WHAT, name)?,
+            },
+        })
+    }
+}
+
+impl MetaState {
+    /// The whole state as bytes (for Raft snapshots and the node's own durable copy).
+    pub fn snapshot(&self) -> Vec<u8> {
+        let (high, low) = split(self.cluster_id.unwrap_or(ClusterId(0)));
+        WireSnapshot {
+            version: SNAPSHOT_VERSION,
+            bootstrapped: self.cluster_id.is_some(),
+            cluster_id_high: high,
+            cluster_id_low: low,
+            next_raft_id: self.next_raft_id,
+            next_epoch: self.next_epoch,
+            applied_index: self.applied_index,
+            nodes: self
+                .nodes
+                .iter()
+                .map(|(id, n)| WireNode {
+                    id: id.to_string(),
+                    raft_id: n.raft_id.0,
+                    client_addr: n.client_addr.clone(),
+                    peer_addr: n.peer_addr.clone(),
+                    learner: n.role == NodeRole::Learner,
+                    removed: n.state == NodeState::Removed,
+                })
+                .collect(),
+            queues: self
+                .queues
+                .iter()
+                .map(|(name, q)| WireQueue {
+                    name: name.to_string(),
+                    settings: Some(q.settings.clone()),
+                    owner: q.owner.node.to_string(),
+                    epoch: q.owner.epoch,
+                })
+                .collect(),
+        }
+        .encode_to_vec()
+    }
+
+    /// A state from [`MetaState::snapshot`] bytes.
+    pub fn restore(bytes: &[u8]) -> Result<MetaState, MetaError> {
+        const WHAT: &str = "snapshot";
+        let w = WireSnapshot::decode(bytes).map_err(|e| MetaError::Decode {
+            what: WHAT,
+            reason: e.to_string(),
+        })?;
+        if w.version != SNAPSHOT_VERSION {
+            return Err(MetaError::UnsupportedVersion {
+                what: WHAT,
+                version: w.version,
+                supported: SNAPSHOT_VERSION,
+            });
+        }
+        let mut state = MetaState {
+            cluster_id: w
+                .bootstrapped
+                .then(|| join(w.cluster_id_high, w.cluster_id_low)),
+            next_raft_id: w.next_raft_id,
+            next_epoch: w.next_epoch,
+            applied_index: w.applied_index,
+            ..MetaState::new()
+        };
+        for n in w.nodes {
+            let info = NodeInfo {
+                raft_id: RaftId(n.raft_id),
+                client_addr: n.client_addr,
+                peer_addr: n.peer_addr,
+                role: if n.learner {
+                    NodeRole::Learner
+                } else {
+                    NodeRole::Voter
+                },
+                state: if n.removed {
+                    NodeState::Removed
+                } else {
+                    NodeState::Active
+                },
+            };
+            state.nodes.insert(node_id(WHAT, n.id)?, info);
+        }
+        for q in w.queues {
+            let owner = Owner {
+                node: node_id(WHAT, q.owner)?,
+                epoch: q.epoch,
+            };
+            let def = QueueDef {
+                settings: q.settings.unwrap_or_default(),
+                owner,
+            };
+            state.queues.insert(queue_name(WHAT, q.name)?, def);
+        }
+        state
+            .check_invariants()
+            .map_err(|reason| MetaError::Decode { what: WHAT, reason })?;
+        Ok(state)
+    }
+}

@@ -1,0 +1,146 @@
+//! The commands of the metadata log and what applying one did.
+
+use ferry_kernel::{NodeId, QueueName};
+use ferry_proto::pb;
+
+use super::state::{ClusterId, NodeRole, Owner, RaftId};
+
+/// A node named in `Bootstrap`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewNode {
+    /// Its id.
+    pub id: NodeId,
+    /// Where clients connect.
+    pub client_addr: String,
+    /// Where peers connect.
+    pub peer_addr: String,
+}
+
+/// One entry of the metadata log. Encoded with [`MetaCommand::encode`] (versioned protobuf).
+#[derive(Debug, Clone, PartialEq)]
+pub enum MetaCommand {
+    /// Forms the cluster: every node listed is a voter, with raft ids given by
+    /// [`super::bootstrap_raft_ids`].
+    Bootstrap {
+        /// The new cluster's id.
+        cluster_id: ClusterId,
+        /// Its first nodes.
+        nodes: Vec<NewNode>,
+    },
+    /// Adds a node (raft id assigned here); a learner unless `learner` is false.
+    AddNode {
+        /// Its id.
+        id: NodeId,
+        /// Where clients connect.
+        client_addr: String,
+        /// Where peers connect.
+        peer_addr: String,
+        /// Joins as a learner.
+        learner: bool,
+    },
+    /// Makes a learner a voter.
+    PromoteNode {
+        /// The node.
+        id: NodeId,
+    },
+    /// Removes a node that owns no queue.
+    RemoveNode {
+        /// The node.
+        id: NodeId,
+    },
+    /// Defines a queue on `owner` (chosen by the proposer with [`super::choose_owner`]), with
+    /// its dead-letter and expiry queues on the same owner.
+    CreateQueue {
+        /// The queue.
+        name: QueueName,
+        /// Its settings.
+        settings: pb::QueueConfig,
+        /// Its owner.
+        owner: NodeId,
+    },
+    /// Replaces a queue's settings (a new dead-letter or expiry queue is created next to it).
+    UpdateQueue {
+        /// The queue.
+        name: QueueName,
+        /// The new settings.
+        settings: pb::QueueConfig,
+    },
+    /// Deletes a queue (its dead-letter queue stays: it may hold messages).
+    DeleteQueue {
+        /// The queue.
+        name: QueueName,
+    },
+}
+
+/// What an applied command changed, for the shell (create a queue on its owner's back-end,
+/// propose the Raft configuration change, refresh routing...).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MetaEvent {
+    /// The cluster was formed.
+    Bootstrapped {
+        /// Its id.
+        cluster_id: ClusterId,
+        /// Its voters and their raft ids.
+        voters: Vec<(NodeId, RaftId)>,
+    },
+    /// A node was added: the leader adds it to the Raft group.
+    NodeAdded {
+        /// The node.
+        id: NodeId,
+        /// Its raft id.
+        raft_id: RaftId,
+        /// Voter or learner.
+        role: NodeRole,
+    },
+    /// A learner became a voter: the leader promotes it in the Raft group.
+    NodePromoted {
+        /// The node.
+        id: NodeId,
+        /// Its raft id.
+        raft_id: RaftId,
+    },
+    /// A node was removed: the leader removes it from the Raft group.
+    NodeRemoved {
+        /// The node.
+        id: NodeId,
+        /// Its raft id.
+        raft_id: RaftId,
+    },
+    /// Queues were defined (the queue first, then its new dead-letter / expiry queues).
+    QueuesCreated {
+        /// The queues, each with its owner.
+        queues: Vec<(QueueName, Owner)>,
+    },
+    /// A queue's settings changed; `created` lists dead-letter / expiry queues made for it.
+    QueueUpdated {
+        /// The queue.
+        name: QueueName,
+        /// Its owner.
+        owner: Owner,
+        /// New companion queues.
+        created: Vec<(QueueName, Owner)>,
+    },
+    /// A queue was deleted.
+    QueueDeleted {
+        /// The queue.
+        name: QueueName,
+        /// Its owner at deletion.
+        owner: Owner,
+    },
+    /// An entry with no command (a new leader's no-op or a Raft configuration change).
+    Nothing,
+}
+
+/// The raft ids of a bootstrap's nodes: 1, 2, 3... in ascending node id order. The shell of
+/// every initial node computes them before the group exists (to bootstrap the Raft group
+/// with these voters); `Bootstrap`'s apply assigns the same ones.
+pub fn bootstrap_raft_ids(nodes: &[NodeId]) -> Vec<(NodeId, RaftId)> {
+    let mut sorted: Vec<NodeId> = nodes.to_vec();
+    sorted.sort();
+    sorted.dedup();
+    sorted
+        .into_iter()
+        .zip(1u64..)
+        .map(|(id, n)| (id, RaftId(n)))
+        .collect()
+}

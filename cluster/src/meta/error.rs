@@ -1,0 +1,140 @@
+//! The metadata state machine's one error enum: why a command was refused or bytes were not a
+//! command. Every message says what to fix.
+
+use ferry_kernel::{NodeId, QueueName};
+
+use super::state::ClusterId;
+
+/// Why a metadata command was refused (the state is unchanged) or could not be decoded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MetaError {
+    /// A command other than `Bootstrap` reached a cluster that was never bootstrapped.
+    #[error("the cluster is not bootstrapped yet; start the first nodes with --initial-cluster")]
+    NotBootstrapped,
+    /// A second `Bootstrap` of the same cluster.
+    #[error("cluster {cluster_id} is already bootstrapped; join new nodes with `ferry node add`")]
+    AlreadyBootstrapped {
+        /// The cluster's id.
+        cluster_id: ClusterId,
+    },
+    /// A node or command of another cluster.
+    #[error(
+        "this is cluster {expected}, not {got}; point the node at its own cluster or wipe its data directory"
+    )]
+    WrongCluster {
+        /// This cluster's id.
+        expected: ClusterId,
+        /// The id presented.
+        got: ClusterId,
+    },
+    /// `Bootstrap` with no node.
+    #[error("a cluster starts with at least one node; list them in --initial-cluster")]
+    NoNodes,
+    /// The node id is taken (by an active node or by a removed one: ids are never reused).
+    #[error("node id {node} is already used in this cluster; choose another id")]
+    DuplicateNode {
+        /// The id.
+        node: NodeId,
+    },
+    /// A node's address is not `host:port`.
+    #[error("the {field} of node {node} is {addr:?}; write it as host:port")]
+    InvalidAddress {
+        /// The node.
+        node: NodeId,
+        /// `client_addr` or `peer_addr`.
+        field: &'static str,
+        /// What was given.
+        addr: String,
+    },
+    /// No node has this id.
+    #[error("no node {node} in this cluster; `ferry node list` shows the nodes")]
+    UnknownNode {
+        /// The id.
+        node: NodeId,
+    },
+    /// The node was removed from the cluster.
+    #[error("node {node} was removed from the cluster; choose an active node")]
+    NodeRemoved {
+        /// The id.
+        node: NodeId,
+    },
+    /// `PromoteNode` of a node that already votes.
+    #[error("node {node} is already a voter; promote a learner")]
+    AlreadyVoter {
+        /// The id.
+        node: NodeId,
+    },
+    /// Removing the only voter would leave the metadata group without a quorum.
+    #[error("node {node} is the last voter; promote another node first")]
+    LastVoter {
+        /// The id.
+        node: NodeId,
+    },
+    /// Removing a node that still owns queues.
+    #[error("node {node} still owns queues {queues:?}; delete them first (moving queues comes with replicated queues)")]
+    NodeOwnsQueues {
+        /// The id.
+        node: NodeId,
+        /// The queues it owns, in name order.
+        queues: Vec<QueueName>,
+    },
+    /// `CreateQueue` of a name in use.
+    #[error("queue {queue} already exists; choose another name or update it")]
+    QueueExists {
+        /// The queue.
+        queue: QueueName,
+    },
+    /// `UpdateQueue` / `DeleteQueue` of an unknown queue.
+    #[error("queue {queue} does not exist; create it first")]
+    QueueNotFound {
+        /// The queue.
+        queue: QueueName,
+    },
+    /// A queue's dead-letter or expiry queue exists on another node: both must live together.
+    #[error("queue {queue} would dead-letter into {companion}, which lives on node {owner}; pin {queue} to {owner} with --node or choose another target")]
+    CompanionElsewhere {
+        /// The queue.
+        queue: QueueName,
+        /// Its dead-letter or expiry queue.
+        companion: QueueName,
+        /// Where that one lives.
+        owner: NodeId,
+    },
+    /// The settings do not convert to a valid queue configuration.
+    #[error("settings of queue {queue} are invalid: {reason}")]
+    InvalidSettings {
+        /// The queue.
+        queue: QueueName,
+        /// What is wrong, with the field.
+        reason: String,
+    },
+    /// No active node can own a queue.
+    #[error("no active node can own a queue; add a node")]
+    NoActiveNode,
+    /// The driver applied an index at or below one already applied.
+    #[error("index {index} is already applied (applied index {applied_index}); apply each entry once, in order")]
+    StaleIndex {
+        /// The index given.
+        index: u64,
+        /// The state's applied index.
+        applied_index: u64,
+    },
+    /// Bytes that are not a metadata command or snapshot.
+    #[error("undecodable metadata {what}: {reason}")]
+    Decode {
+        /// "command" or "snapshot".
+        what: &'static str,
+        /// What was wrong.
+        reason: String,
+    },
+    /// A command or snapshot written by a newer release.
+    #[error("metadata {what} version {version} is not supported (this release reads {supported}); upgrade this node")]
+    UnsupportedVersion {
+        /// "command" or "snapshot".
+        what: &'static str,
+        /// The version found.
+        version: u32,
+        /// The version this release reads.
+        supported: u32,
+    },
+}

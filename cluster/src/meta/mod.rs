@@ -1,0 +1,33 @@
+//! The metadata state machine of Raft group 0: the cluster id, the nodes (with their raft
+//! ids, roles and addresses), queue definitions and their placement (owner and epoch).
+//!
+//! Pure and deterministic: [`MetaState::apply`] takes a committed [`MetaCommand`] and its log
+//! index and returns a [`MetaEvent`] for the shell, or a [`MetaError`] (a refused command
+//! changes nothing but the applied index). No Raft engine, I/O, clock or random source here:
+//! the shell draws the cluster id, chooses owners with [`choose_owner`] before proposing, maps
+//! [`MembershipStep`]s to engine configuration changes and publishes
+//! [`MetaState::placement_snapshot`] to the front-end.
+//!
+//! Log entries and snapshots are versioned protobuf (prost) messages (`codec.rs`).
+
+mod apply;
+mod codec;
+mod command;
+mod error;
+mod nodes;
+mod placement;
+mod queues;
+mod state;
+mod voters;
+
+#[cfg(test)]
+mod tests;
+
+pub use codec::{COMMAND_VERSION, SNAPSHOT_VERSION};
+pub use command::{bootstrap_raft_ids, MetaCommand, MetaEvent, NewNode};
+pub use error::MetaError;
+pub use placement::{choose_owner, choose_queue_owner, NodeAddrs, PlacementSnapshot};
+pub use state::{ClusterId, MetaState, NodeInfo, NodeRole, NodeState, Owner, QueueDef, RaftId};
+pub use voters::{
+    check_voters, next_membership_step, MembershipStep, VoterChange, VoterCheck, VOTER_COUNTS,
+};

@@ -1,0 +1,263 @@
+//! The replicated metadata: cluster id, nodes, queue definitions and their placement, and the
+//! applied index. Read-only accessors here; changes only through [`MetaState::apply`].
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use ferry_kernel::{NodeId, QueueName};
+use ferry_proto::pb;
+
+/// Highest value of the raft id and epoch counters a valid state holds.
+const COUNTER_MAX: u64 = 1 << 48;
+
+/// The id of a cluster, chosen at random by the shell that bootstraps it, so that a node of
+/// another cluster is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ClusterId(pub u128);
+
+impl fmt::Display for ClusterId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:032x}", self.0)
+    }
+}
+
+/// A node's peer id in every Raft group, assigned by the state machine and never reused
+/// (the multiraft engine's `NodeId(u64)`; never 0).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct RaftId(pub u64);
+
+impl fmt::Display for RaftId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "raft id {}", self.0)
+    }
+}
+
+/// Whether a node votes in the metadata group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeRole {
+    /// Votes and counts for commitment.
+    Voter,
+    /// Receives the log only.
+    Learner,
+}
+
+/// Whether a node is part of the cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeState {
+    /// Serves and may own queues.
+    Active,
+    /// Removed; its id and raft id stay reserved.
+    Removed,
+}
+
+/// A node of the cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeInfo {
+    /// Its peer id in the Raft groups.
+    pub raft_id: RaftId,
+    /// Where clients connect (`host:port`).
+    pub client_addr: String,
+    /// Where peers connect (`host:port`).
+    pub peer_addr: String,
+    /// Voter or learner.
+    pub role: NodeRole,
+    /// Active or removed.
+    pub state: NodeState,
+}
+
+impl NodeInfo {
+    /// Whether the node is active.
+    pub fn is_active(&self) -> bool {
+        self.state == NodeState::Active
+    }
+}
+
+/// The node that owns a queue, with the epoch that fences any former owner.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Owner {
+    /// The owning node.
+    pub node: NodeId,
+    /// Bumped at every change of owner (a fencing token). Drawn from one cluster-wide counter,
+    /// so a queue deleted and created again never gets an epoch it had before.
+    pub epoch: u64,
+}
+
+/// A queue's definition and placement.
+///
+/// Settings are kept as the wire type `pb::QueueConfig`: it is already a stable, versioned
+/// protobuf (fields are only ever added), `ferry_proto::convert` turns it into the kernel's
+/// `QueueConfig` with the owner's defaults, and it encodes straight into the prost commands
+/// and snapshots of this module. A serde mirror of the kernel type would be a second copy of
+/// every setting to keep in step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QueueDef {
+    /// The settings given at creation or last update (fields not set take server defaults).
+    pub settings: pb::QueueConfig,
+    /// Where it lives.
+    pub owner: Owner,
+}
+
+/// The state machine of Raft group 0. Deterministic: the same commands at the same indexes
+/// give the same state (and [`MetaState::digest`]) on every node.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MetaState {
+    pub(crate) cluster_id: Option<ClusterId>,
+    pub(crate) nodes: BTreeMap<NodeId, NodeInfo>,
+    pub(crate) queues: BTreeMap<QueueName, QueueDef>,
+    pub(crate) next_raft_id: u64,
+    pub(crate) next_epoch: u64,
+    pub(crate) applied_index: u64,
+}
+
+impl MetaState {
+    /// The state of a group before anything was applied.
+    pub fn new() -> Self {
+        MetaState {
+            cluster_id: None,
+            nodes: BTreeMap::new(),
+            queues: BTreeMap::new(),
+            next_raft_id: 1,
+            next_epoch: 1,
+            applied_index: 0,
+        }
+    }
+
+    /// The cluster id, once bootstrapped.
+    pub fn cluster_id(&self) -> Option<ClusterId> {
+        self.cluster_id
+    }
+
+    /// Every node, removed ones included.
+    pub fn nodes(&self) -> &BTreeMap<NodeId, NodeInfo> {
+        &self.nodes
+    }
+
+    /// One node.
+    pub fn node(&self, id: &NodeId) -> Option<&NodeInfo> {
+        self.nodes.get(id)
+    }
+
+    /// Every queue.
+    pub fn queues(&self) -> &BTreeMap<QueueName, QueueDef> {
+        &self.queues
+    }
+
+    /// One queue.
+    pub fn queue(&self, name: &QueueName) -> Option<&QueueDef> {
+        self.queues.get(name)
+    }
+
+    /// The last index applied.
+    pub fn applied_index(&self) -> u64 {
+        self.applied_index
+    }
+
+    /// The raft id the next added node gets.
+    pub fn next_raft_id(&self) -> RaftId {
+        RaftId(self.next_raft_id)
+    }
+
+    /// Active voters.
+    pub fn voters(&self) -> Vec<&NodeId> {
+        self.active_with(NodeRole::Voter)
+    }
+
+    /// Active learners.
+    pub fn learners(&self) -> Vec<&NodeId> {
+        self.active_with(NodeRole::Learner)
+    }
+
+    fn active_with(&self, role: NodeRole) -> Vec<&NodeId> {
+        self.nodes
+            .iter()
+            .filter(|(_, n)| n.is_active() && n.role == role)
+            .map(|(id, _)| id)
+            .collect()
+    }
+
+    /// Queues owned by `node`, in name order.
+    pub fn queues_of(&self, node: &NodeId) -> Vec<QueueName> {
+        self.queues
+            .iter()
+            .filter(|(_, q)| &q.owner.node == node)
+            .map(|(name, _)| name.clone())
+            .collect()
+    }
+
+    /// Checks a peer's cluster id against this cluster's (join handshake).
+    pub fn check_cluster_id(&self, got: ClusterId) -> Result<(), super::MetaError> {
+        match self.cluster_id {
+            None => Err(super::MetaError::NotBootstrapped),
+            Some(expected) if expected == got => Ok(()),
+            Some(expected) => Err(super::MetaError::WrongCluster { expected, got }),
+        }
+    }
+
+    /// A fingerprint of the whole state (FNV-1a of [`MetaState::snapshot`]); equal states at
+    /// the same applied index have equal digests on every node.
+    pub fn digest(&self) -> u64 {
+        self.snapshot().iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+            (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3)
+        })
+    }
+
+    /// Checks what every applied command keeps true: raft ids distinct and below the
+    /// counter, owners active, epochs below the counter and distinct, at least one active
+    /// voter once bootstrapped. Tests call it after every step; restore refuses a snapshot
+    /// that breaks it.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        // Counters grow by one per command: far below these unless the bytes were forged.
+        let counter_range = 1..=COUNTER_MAX;
+        if !counter_range.contains(&self.next_raft_id) || !counter_range.contains(&self.next_epoch)
+        {
+            return Err(format!(
+                "counters out of range: next raft id {}, next epoch {}",
+                self.next_raft_id, self.next_epoch
+            ));
+        }
+        let mut raft_ids = std::collections::BTreeSet::new();
+        for (id, n) in &self.nodes {
+            if n.raft_id.0 == 0 || n.raft_id.0 >= self.next_raft_id {
+                return Err(format!(
+                    "node {id}: {} not below {}",
+                    n.raft_id, self.next_raft_id
+                ));
+            }
+            if !raft_ids.insert(n.raft_id) {
+                return Err(format!("node {id}: {} used twice", n.raft_id));
+            }
+        }
+        let mut epochs = std::collections::BTreeSet::new();
+        for (name, q) in &self.queues {
+            if !self
+                .nodes
+                .get(&q.owner.node)
+                .is_some_and(NodeInfo::is_active)
+            {
+                return Err(format!(
+                    "queue {name}: owner {} is not active",
+                    q.owner.node
+                ));
+            }
+            if q.owner.epoch == 0
+                || q.owner.epoch >= self.next_epoch
+                || !epochs.insert(q.owner.epoch)
+            {
+                return Err(format!(
+                    "queue {name}: epoch {} reused or out of range",
+                    q.owner.epoch
+                ));
+            }
+        }
+        if self.cluster_id.is_some() && self.voters().is_empty() {
+            return Err("no active voter".to_owned());
+        }
+        Ok(())
+    }
+}
+
+impl Default for MetaState {
+    fn default() -> Self {
+        MetaState::new()
+    }
+}
