@@ -13,12 +13,6 @@ pub enum Error {
     Kernel(#[from] KernelError),
     #[error(transparent)]
     Store(#[from] StoreError),
-    #[error("receipt handle {handle:?} belongs to node {owner}, not this node ({this})")]
-    WrongNode {
-        handle: String,
-        owner: NodeId,
-        this: NodeId,
-    },
     #[error("receipt handle {handle:?} belongs to queue {handle_queue:?}, not {queue:?}")]
     WrongQueue {
         handle: String,
@@ -85,9 +79,7 @@ impl From<Error> for Status {
                 }
                 StoreError::Corrupt { .. } => Code::DataLoss,
             },
-            Error::WrongNode { .. } | Error::WrongQueue { .. } | Error::NotOwner { .. } => {
-                Code::FailedPrecondition
-            }
+            Error::WrongQueue { .. } | Error::NotOwner { .. } => Code::FailedPrecondition,
             Error::ShuttingDown => Code::Unavailable,
             Error::TransactionFenced { .. } => Code::Aborted,
             Error::DiskFull { .. } => Code::ResourceExhausted,

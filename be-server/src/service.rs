@@ -39,7 +39,6 @@ impl BackendService {
         d.iter()
             .map(|d| {
                 let handle = ReceiptHandle {
-                    node: self.broker.node_id().clone(),
                     queue: queue.clone(),
                     uid: d.queue,
                     seq: d.message.seq,
@@ -52,10 +51,6 @@ impl BackendService {
             .collect()
     }
 
-    /// Decodes receipt handles, refusing any that belong to another node or queue. A handle
-    /// whose check value this node did not compute (made up, altered, or issued before a
-    /// restart) names no live delivery: it becomes a reference no delivery has (lease 0, count
-    /// 0), which the queue answers as stale, handle by handle.
     /// The queue a single-queue request names, if this back-end owns it at the request's
     /// placement epoch.
     fn placed(&self, r: &pb::BackendQueueRequest) -> Result<QueueName, Error> {
@@ -73,18 +68,16 @@ impl BackendService {
         Ok(())
     }
 
+    /// Decodes receipt handles, refusing any that belong to another queue. A handle from another
+    /// node's back-end names another queue incarnation (uid) and fails its check value: stale. A handle
+    /// whose check value this node did not compute (made up, altered, or issued before a
+    /// restart) names no live delivery: it becomes a reference no delivery has (lease 0, count
+    /// 0), which the queue answers as stale, handle by handle.
     fn leases(&self, queue: &QueueName, handles: &[String]) -> Result<Vec<LeaseRef>, Error> {
         handles
             .iter()
             .map(|h| {
                 let r = ReceiptHandle::from_str(h)?;
-                if &r.node != self.broker.node_id() {
-                    return Err(Error::WrongNode {
-                        handle: ferry_kernel::shown(h),
-                        owner: r.node,
-                        this: self.broker.node_id().clone(),
-                    });
-                }
                 if &r.queue != queue {
                     return Err(Error::WrongQueue {
                         handle: ferry_kernel::shown(h),

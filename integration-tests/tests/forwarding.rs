@@ -72,11 +72,12 @@ async fn node_a_serves_a_queue_owned_by_node_b() -> anyhow::Result<()> {
         ids
     );
     assert!(
-        got[0].receipt_handle().starts_with("r2.b."),
-        "the receipt handle names the owning node"
+        got[0].receipt_handle().starts_with("r3.") && got[0].receipt_handle().ends_with(".orders"),
+        "the receipt handle names the queue, not a node: {}",
+        got[0].receipt_handle()
     );
     assert_eq!(stats(&via_b, "orders").await?.leased, 2);
-    // Acks sent to A are routed to B by the receipt handle alone.
+    // Acks sent to A are routed to B by the queue the receipt handle names, through placement.
     session.ack(&got).await?;
     let s = stats(&via_b, "orders").await?;
     assert_eq!((s.ready, s.leased, s.acked_total), (0, 0, 2));

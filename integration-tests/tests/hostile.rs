@@ -108,8 +108,9 @@ async fn every_rpc_refuses_hostile_input_with_the_right_code_and_stays_well() ->
     );
     // A handle of the right form whose check value was made up.
     let forged = {
-        let mut parts: Vec<&str> = victim_handle.splitn(8, '.').collect();
-        parts[6] = "0123456789abcdef";
+        // r3.<uid>.<seq>.<lease>.<count>.<tag>.<queue>
+        let mut parts: Vec<&str> = victim_handle.splitn(7, '.').collect();
+        parts[5] = "0123456789abcdef";
         parts.join(".")
     };
     let huge = big(8 * 1024 * 1024);

@@ -367,18 +367,20 @@ impl Message {
     }
 }
 
-/// The token a consumer acknowledges with. It names the back-end node and the queue, so any
-/// front-end can route an ack without a lookup, and the exact delivery (queue incarnation, seq,
+/// The token a consumer acknowledges with. It names the queue, its placement unit (any front-end
+/// routes an ack by the queue's owner in placement, never by a node written in the handle,
+/// which would go stale when the queue moves), and the exact delivery (queue incarnation, seq,
 /// lease, delivery count), so a stale handle never acknowledges a newer delivery of the same
 /// message, not even after a restart or a queue deleted and created again. `tag` is a check
 /// value the delivering back-end computes from the rest with a secret of its own: a handle cannot
 /// be guessed from what a message id, a browse or a history shows.
 ///
-/// Text form: `r2.<node>.<uid hex>.<seq>.<lease>.<count>.<tag hex>.<queue>` (the queue last: it
-/// may contain dots).
+/// Text form: `r3.<uid hex>.<seq>.<lease>.<count>.<tag hex>.<queue>` (the queue last: it may
+/// contain dots). The previous form, `r2.<node>.` and the same fields, is still read (its node
+/// is ignored), so handles issued by a node of the previous release keep working through a
+/// rolling upgrade.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ReceiptHandle {
-    pub node: NodeId,
     pub queue: QueueName,
     pub uid: QueueUid,
     pub seq: Seq,
@@ -391,14 +393,8 @@ impl fmt::Display for ReceiptHandle {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "r2.{}.{:x}.{}.{}.{}.{:016x}.{}",
-            self.node,
-            self.uid.0,
-            self.seq.0,
-            self.lease.0,
-            self.delivery_count,
-            self.tag,
-            self.queue
+            "r3.{:x}.{}.{}.{}.{:016x}.{}",
+            self.uid.0, self.seq.0, self.lease.0, self.delivery_count, self.tag, self.queue
         )
     }
 }
@@ -410,11 +406,15 @@ impl FromStr for ReceiptHandle {
             field: "receipt_handle",
             reason: format!("{:?} is not a receipt handle from a delivery", shown(s)),
         };
-        let mut parts = s.splitn(8, '.');
-        if parts.next() != Some("r2") {
-            return Err(bad());
-        }
-        let node = NodeId::new(parts.next().ok_or_else(bad)?).map_err(|_| bad())?;
+        let mut parts = match s.split_once('.') {
+            Some(("r3", rest)) => rest.splitn(6, '.'),
+            Some(("r2", rest)) => {
+                let (node, rest) = rest.split_once('.').ok_or_else(bad)?;
+                NodeId::new(node).map_err(|_| bad())?;
+                rest.splitn(6, '.')
+            }
+            _ => return Err(bad()),
+        };
         let hex = |p: Option<&str>| {
             p.and_then(|p| u64::from_str_radix(p, 16).ok())
                 .ok_or_else(bad)
@@ -432,7 +432,6 @@ impl FromStr for ReceiptHandle {
         let tag = hex(parts.next())?;
         let queue = QueueName::new(parts.next().ok_or_else(bad)?).map_err(|_| bad())?;
         Ok(Self {
-            node,
             queue,
             uid: QueueUid(uid),
             seq,
@@ -519,7 +518,6 @@ mod tests {
     #[test]
     fn receipt_handle_round_trips_with_dots_in_queue_name() {
         let h = ReceiptHandle {
-            node: NodeId::new("node-1").unwrap(),
             queue: QueueName::new("orders.eu.DLQ").unwrap(),
             uid: QueueUid(0xabc),
             seq: Seq(42),
@@ -527,7 +525,20 @@ mod tests {
             delivery_count: 2,
             tag: 0xdead_beef_0123_4567,
         };
+        assert_eq!(
+            h.to_string(),
+            "r3.abc.42.7.2.deadbeef01234567.orders.eu.DLQ"
+        );
         assert_eq!(h.to_string().parse::<ReceiptHandle>().unwrap(), h);
+        // The previous form, with the node, is read for a rolling upgrade; its node is ignored.
+        let previous = "r2.node-1.abc.42.7.2.deadbeef01234567.orders.eu.DLQ";
+        assert_eq!(previous.parse::<ReceiptHandle>().unwrap(), h);
+        assert!("r2.bad node.abc.42.7.2.ff.q"
+            .parse::<ReceiptHandle>()
+            .is_err());
+        assert!("r3.1.2.q".parse::<ReceiptHandle>().is_err());
+        assert!("r3.1.x.2.1.ff.q".parse::<ReceiptHandle>().is_err());
+        assert!("r3.1.1.2.1.ff".parse::<ReceiptHandle>().is_err());
         assert!("r2.node.1.2.q".parse::<ReceiptHandle>().is_err());
         assert!("r2.node.1.x.2.1.ff.q".parse::<ReceiptHandle>().is_err());
         assert!("r2.node.zz.1.2.1.ff.q".parse::<ReceiptHandle>().is_err());
