@@ -87,9 +87,7 @@ impl Outbox {
 
     /// Publishes what a durable write of `queue` did.
     pub(crate) fn publish(&self, queue: &Arc<str>, uid: QueueUid, published: Published) {
-        if self.history.enabled() {
-            self.history.record(queue, uid, &published.history);
-        }
+        self.history.record(queue, uid, &published.history);
         for e in published.events {
             self.event(e);
         }
