@@ -5,6 +5,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/ferry/v1/messaging.proto",
         "proto/ferry/v1/admin.proto",
         "proto/ferry/v1/backend.proto",
+        "proto/ferry/v1/cluster.proto",
     ];
     for p in &protos {
         println!("cargo:rerun-if-changed={p}");
@@ -21,6 +22,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // A sent body is a view of the received buffer until the back-end takes its own copy, so the
         // front-end can hold a request for a retry without copying it.
         .bytes(".ferry.v1.OutgoingMessage.body")
+        // Raft batches are handed to the engine's thread without a copy.
+        .bytes(".ferry.v1.RaftBatch.batch")
         .file_descriptor_set_path(out_dir.join("ferry_v1_descriptor.bin"))
         .compile_with_config(prost_config, &protos, &["proto"])?;
     Ok(())

@@ -180,6 +180,23 @@ impl Broker {
         self.inner.queues.set_placement_epoch(queue, epoch)
     }
 
+    /// Checks settings given on the wire for a new queue `name`, as its creation here would,
+    /// without creating it (the cluster checks them before it defines the queue).
+    pub fn check_queue_config(
+        &self,
+        name: &QueueName,
+        settings: ferry_proto::pb::QueueConfig,
+    ) -> Result<(), Error> {
+        let config =
+            ferry_proto::convert::queue_config_from_pb(Some(settings), self.queue_defaults())?;
+        crate::queues::validate_config(name, &config)
+    }
+
+    /// The placement epoch `queue` is served at, if this back-end holds it.
+    pub fn placement_epoch(&self, queue: &QueueName) -> Option<u64> {
+        self.inner.queues.placement_epoch(queue)
+    }
+
     pub(crate) fn handle(&self, queue: &QueueName) -> Result<QueueHandle, Error> {
         self.inner.queues.handle(queue)
     }

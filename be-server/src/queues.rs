@@ -170,6 +170,12 @@ impl Queues {
         }
     }
 
+    /// The placement epoch `queue` is served at, if it is here.
+    pub(crate) fn placement_epoch(&self, queue: &QueueName) -> Option<u64> {
+        let map = self.map.read().unwrap_or_else(PoisonError::into_inner);
+        map.get(queue).map(|o| o.epoch)
+    }
+
     pub(crate) fn handle(&self, queue: &QueueName) -> Result<QueueHandle, Error> {
         self.owned(queue).map(|o| o.handle)
     }
@@ -383,7 +389,7 @@ fn summary(o: &Owned) -> QueueSummary {
     }
 }
 
-fn validate_config(name: &QueueName, c: &QueueConfig) -> Result<(), Error> {
+pub(crate) fn validate_config(name: &QueueName, c: &QueueConfig) -> Result<(), Error> {
     if let Err((field, reason)) = c.redelivery.validate() {
         return Err(Error::Kernel(KernelError::InvalidArgument {
             field,

@@ -281,6 +281,23 @@ pub struct Overrides {
     pub data_dir: Option<PathBuf>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub storage: Option<Storage>,
+    #[serde(skip_serializing_if = "ClusterOverrides::is_empty")]
+    pub cluster: ClusterOverrides,
+}
+
+/// `[cluster]` settings given as flags.
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct ClusterOverrides {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub initial: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub join: Option<String>,
+}
+
+impl ClusterOverrides {
+    fn is_empty(&self) -> bool {
+        self.initial.is_none() && self.join.is_none()
+    }
 }
 
 impl Config {

@@ -2,6 +2,7 @@
 //! ([`accept`]), configuration ([`config`]) and the client subcommands ([`cmd`]). The binary itself only parses arguments and calls in here.
 
 pub mod accept;
+pub mod cluster;
 pub mod cmd;
 pub mod config;
 pub mod metrics;

@@ -34,6 +34,7 @@ struct ReasonLabel {
 pub struct Sources {
     pub broker: Broker,
     pub frontend: Arc<Frontend>,
+    pub meta: ferry_cluster::MetaNode,
 }
 
 /// Serves `/metrics` on `listener` until the task is dropped.
@@ -72,6 +73,64 @@ fn counter_family(registry: &mut Registry, name: &str, help: &str) -> Family<Que
 
 fn as_i64(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+/// The metadata group (Raft group 0) on this node, and routing.
+fn register_cluster(r: &mut Registry, s: &Sources) {
+    let m = s.meta.metrics();
+    for (name, help, value) in [
+        (
+            "raft_term",
+            "Term of the metadata group known to this node",
+            m.term,
+        ),
+        (
+            "raft_leader",
+            "1 if this node leads the metadata group",
+            u64::from(m.leader),
+        ),
+        (
+            "raft_commit_index",
+            "Highest metadata log index known committed",
+            m.commit_index,
+        ),
+        (
+            "raft_applied_index",
+            "Highest metadata log index applied on this node",
+            m.applied_index,
+        ),
+        (
+            "raft_log_entries",
+            "Entries in the metadata log since its last compaction",
+            m.log_entries,
+        ),
+        (
+            "cluster_peers_down",
+            "Other nodes not heard from within cluster.liveness_timeout_ms",
+            m.peers_down,
+        ),
+    ] {
+        node_gauge(r, name, help, value);
+    }
+    for (name, help, value) in [
+        ("raft_leader_changes", "Changes of the metadata leader seen by this node", m.leader_changes_total),
+        ("raft_proposals", "Metadata commands proposed through this node and applied", m.proposals_total),
+        ("raft_proposals_failed", "Metadata commands proposed through this node that failed", m.proposals_failed_total),
+        (
+            "raft_proposal_milliseconds",
+            "Milliseconds from proposal to applied on this node, summed (divide by raft_proposals for the mean)",
+            m.proposal_ms_total,
+        ),
+        (
+            "routing_redirects",
+            "Calls routed again after a back-end answered that it no longer owns the queue",
+            s.frontend.routing_redirects_total(),
+        ),
+    ] {
+        let c = Counter::<u64, AtomicU64>::default();
+        c.inc_by(value);
+        r.register(name, help, c);
+    }
 }
 
 /// Registers one gauge without labels.
@@ -311,6 +370,7 @@ pub async fn render(s: &Sources) -> String {
         c.inc_by(value);
         r.register(name, help, c);
     }
+    register_cluster(&mut r, s);
     let (write_micros, batch) = s.broker.commit_histograms();
     r.register_collector(Box::new(Snapshot {
         name: "group_commit_write_seconds",

@@ -12,10 +12,10 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use ferry_be_server::{BackendService, Broker, BrokerConfig, SystemClock};
-use ferry_cluster::Membership;
+use ferry_cluster::node::IMPORT_MARKER;
+use ferry_cluster::{MetaNode, NodeSettings, StartMode};
 use ferry_fe_dispatcher::{
-    BackendRef, Frontend, FrontendConfig, MessagingService, Owner, Placement, RemoteBackend,
-    Router, STATIC_EPOCH,
+    BackendRef, Frontend, FrontendConfig, MessagingService, Placement, Router,
 };
 use ferry_kernel::{ClockRef, NodeId, QueueConfig};
 use ferry_proto::pb;
@@ -58,7 +58,9 @@ pub async fn run(
     on_ready: impl FnOnce(&Addresses),
 ) -> anyhow::Result<()> {
     let node_id = NodeId::new(config.node_id.as_str())?;
-    let membership = config.cluster.validate(&node_id)?;
+    let client_addr = listeners.client.local_addr()?;
+    let peer_addr = listeners.peer.local_addr()?;
+    let settings = meta_settings(&config, &node_id, client_addr, peer_addr)?;
     let store = open_store(&config)?;
     let started = std::time::Instant::now();
     // One group-commit writer per node: the back-end is handed it (the Raft groups of the node
@@ -77,19 +79,32 @@ pub async fn run(
         "back-end ready"
     );
     let backend = BackendService::new(broker.clone());
-    // The node keeps the sender: the Raft metadata group will publish new placements on it.
-    let (_placement_tx, placement_rx) =
-        watch::channel(Arc::new(placement(node_id.clone(), &backend, membership)?));
-    let frontend = Arc::new(Frontend::new(
-        frontend_config(&config.limits),
-        Router::new(placement_rx),
-        Arc::new(ferry_be_server::SystemClock),
+    let meta = start_metadata(settings, &broker, &backend).await?;
+    // The placement the router follows: rebuilt from the metadata at every change.
+    let local: BackendRef = Arc::new(backend.clone());
+    let mut builder = crate::cluster::PlacementBuilder::new(node_id.clone(), local.clone());
+    let first = builder
+        .build(&meta.view().borrow().meta)
+        .unwrap_or_else(|_| Placement::new(node_id.clone(), local));
+    let (placement_tx, placement_rx) = watch::channel(Arc::new(first));
+    let placement_task = tokio::spawn(crate::cluster::follow_placement(
+        meta.view(),
+        builder,
+        placement_tx,
     ));
+    let frontend = Arc::new(
+        Frontend::new(
+            frontend_config(&config.limits),
+            Router::new(placement_rx),
+            Arc::new(ferry_be_server::SystemClock),
+        )
+        .with_catalog(Arc::new(crate::cluster::MetaCatalog(meta.clone()))),
+    );
     let reaper = tokio::spawn(frontend.reaper());
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<MessagingServer>().await;
     let store_watch = tokio::spawn(watch_store(broker.clone(), health.clone()));
-    let metrics = start_metrics(&config, &broker, &frontend).await?;
+    let metrics = start_metrics(&config, &broker, &frontend, &meta).await?;
     let addresses = Addresses {
         client: listeners.client.local_addr()?,
         peer: listeners.peer.local_addr()?,
@@ -101,7 +116,7 @@ pub async fn run(
     // `begun` turns true when shutdown starts; the peer listener stops with the client one.
     let (begun_tx, begun) = watch::channel(false);
     let stopping = {
-        let (broker, health) = (broker.clone(), health.clone());
+        let (broker, health, meta) = (broker.clone(), health.clone(), meta.clone());
         let stop_frontend = frontend.stop_handle();
         async move {
             shutdown.await;
@@ -109,6 +124,7 @@ pub async fn run(
             let _ = begun_tx.send(true);
             health.set_not_serving::<MessagingServer>().await;
             stop_frontend.stop();
+            meta.stop().await;
             broker.shutdown().await;
         }
     };
@@ -123,12 +139,14 @@ pub async fn run(
             pb::admin_server::AdminServer::new(frontend.admin.clone())
                 .max_decoding_message_size(max),
         )
+        .add_service(meta.cluster_service())
         .add_service(health_service)
         .add_service(reflection)
         .add_service(reflection_alpha)
         .serve_with_incoming_shutdown(incoming(listeners.client, connection_settings(l)), stopping);
     let peer_server = server(l, l.grpc_peer_max_concurrent_streams)
         .add_service(pb::backend_server::BackendServer::new(backend).max_decoding_message_size(max))
+        .add_service(meta.peer_service())
         .serve_with_incoming_shutdown(
             incoming(listeners.peer, connection_settings(l)),
             has_begun(begun.clone()),
@@ -142,6 +160,8 @@ pub async fn run(
     }
     reaper.abort();
     store_watch.abort();
+    placement_task.abort();
+    meta.stop().await;
     if let Some((_, task)) = metrics {
         task.abort();
     }
@@ -235,29 +255,82 @@ fn broker_config(config: &Config, node_id: NodeId) -> BrokerConfig {
     broker_config
 }
 
-/// The first placement, from static configuration: this node's back-end in-process, every other
-/// node's at the peer listener `cluster.nodes` names, each queue of `cluster.placement` at
-/// epoch 1.
-fn placement(
-    node_id: NodeId,
+/// The metadata group's settings from the node's configuration and bound addresses.
+fn meta_settings(
+    config: &Config,
+    node_id: &NodeId,
+    client_addr: SocketAddr,
+    peer_addr: SocketAddr,
+) -> anyhow::Result<NodeSettings> {
+    let c = &config.cluster;
+    let advertise = |set: &str, bound: SocketAddr, field: &str| -> anyhow::Result<String> {
+        if !set.is_empty() {
+            anyhow::ensure!(
+                ferry_cluster::is_host_port(set),
+                "cluster.{field} = {set:?}: write it as host:port"
+            );
+            return Ok(set.to_owned());
+        }
+        anyhow::ensure!(
+            !bound.ip().is_unspecified(),
+            "the node listens on {bound}, an address other nodes cannot dial: set cluster.{field} to the address they reach it at"
+        );
+        Ok(bound.to_string())
+    };
+    let client = advertise(&c.advertise_client, client_addr, "advertise_client")?;
+    let peer = advertise(&c.advertise_peer, peer_addr, "advertise_peer")?;
+    let start = c.start_mode(node_id, &peer)?;
+    let (tick, liveness_timeout) = c.timings()?;
+    let raft_dir = match config.storage {
+        Storage::Rocksdb => Some(config.data_dir.join("raft")),
+        Storage::Memory => None,
+    };
+    Ok(NodeSettings {
+        node_id: node_id.clone(),
+        client_addr: client,
+        peer_addr: peer,
+        raft_dir,
+        start,
+        tick,
+        liveness_timeout,
+        probe_interval: liveness_timeout / 6,
+        import_pending: false,
+    })
+}
+
+/// Starts the metadata group. A data directory written before the node had one (a single-node
+/// release) has its queues imported into the new cluster's metadata: the marker file records
+/// that the import is not finished, so a crash during it resumes it at the next start.
+async fn start_metadata(
+    mut settings: NodeSettings,
+    broker: &Broker,
     backend: &BackendService,
-    membership: Membership,
-) -> anyhow::Result<Placement> {
-    let local: BackendRef = Arc::new(backend.clone());
-    let mut placement = Placement::new(node_id, local);
-    for (node, url) in &membership.nodes {
-        let remote =
-            RemoteBackend::new(url).with_context(|| format!("cluster.nodes.{node} = {url:?}"))?;
-        placement = placement.with_node(node.clone(), Arc::new(remote));
+) -> anyhow::Result<MetaNode> {
+    let held = broker.list_queues().iter().filter(|q| !q.temporary).count();
+    if let Some(dir) = &settings.raft_dir {
+        let marker = dir.join(IMPORT_MARKER);
+        let fresh = !dir.exists();
+        if fresh && held > 0 {
+            anyhow::ensure!(
+                matches!(settings.start, StartMode::Initial(_)),
+                "the data directory holds {held} queues but no cluster state: a node joins a cluster empty (use another data directory), or start it without --join to keep its queues in a cluster of its own"
+            );
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("cannot create {}", dir.display()))?;
+            std::fs::write(
+                &marker,
+                b"queues of a single-node data directory to import\n",
+            )
+            .with_context(|| format!("cannot write {}", marker.display()))?;
+            tracing::info!(queues = held, "first start with cluster metadata: the queues of this data directory will be imported");
+        }
+        settings.import_pending = marker.exists();
     }
-    for (queue, node) in membership.placement {
-        let owner = Owner {
-            node,
-            epoch: STATIC_EPOCH,
-        };
-        placement = placement.with_queue(queue, owner);
-    }
-    Ok(placement)
+    let host = Arc::new(crate::cluster::BrokerHost {
+        broker: broker.clone(),
+        backend: backend.clone(),
+    });
+    Ok(MetaNode::start(settings, host).await?)
 }
 
 fn frontend_config(l: &Limits) -> FrontendConfig {
@@ -286,6 +359,7 @@ fn client_reflection() -> anyhow::Result<(
     let listed = [
         pb::messaging_server::SERVICE_NAME,
         pb::admin_server::SERVICE_NAME,
+        pb::cluster_server::SERVICE_NAME,
         tonic_health::pb::health_server::SERVICE_NAME,
     ];
     let builder = || {
@@ -336,6 +410,7 @@ async fn start_metrics(
     config: &Config,
     broker: &Broker,
     frontend: &Arc<Frontend>,
+    meta: &MetaNode,
 ) -> anyhow::Result<Option<MetricsTask>> {
     if config.metrics.listen.is_empty() {
         return Ok(None);
@@ -352,6 +427,7 @@ async fn start_metrics(
     let sources = crate::metrics::Sources {
         broker: broker.clone(),
         frontend: frontend.clone(),
+        meta: meta.clone(),
     };
     tracing::info!(%addr, "serving metrics at /metrics");
     Ok(Some((

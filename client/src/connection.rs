@@ -60,6 +60,11 @@ impl Client {
             .max_encoding_message_size(RESPONSE_BYTES_MAX)
     }
 
+    /// The `Cluster` service of the node: membership and the metadata group's status.
+    pub fn cluster(&self) -> ferry_proto::pb::cluster_client::ClusterClient<Channel> {
+        ferry_proto::pb::cluster_client::ClusterClient::new(self.channel.clone())
+    }
+
     /// Opens a connection and keeps it alive with heartbeats until it is closed or dropped.
     pub async fn open_connection(&self, client_id: &str) -> Result<Connection, ClientError> {
         let mut m = self.messaging();

@@ -1,86 +1,180 @@
-//! Cluster membership and queue placement.
+//! Cluster membership and queue placement, replicated with Raft.
 //!
-//! Today placement is static configuration, checked here once at startup: the nodes of the
-//! cluster with their addresses, and which queues live on which node (every other queue lives on
-//! the node where it is created). [`meta`] is its replacement, the metadata state machine of
-//! Raft group 0 (group 0 of the multi-group engine); the front-end's router keeps the same
-//! interface.
+//! [`meta`] is the metadata state machine of Raft group 0 (nodes, queue definitions, placement
+//! with epochs): pure and deterministic, it depends on no engine, runtime, clock or random
+//! source. [`node`] is the shell that runs it on a node: the multi-group Raft engine
+//! (`ferry-multiraft`) on a thread of its own, the peer streams, the `Peer` and `Cluster` gRPC
+//! services, and the link to the local back-end ([`node::QueueHost`]). [`ClusterConfig`] is the
+//! `[cluster]` section of a node's configuration.
 //!
-//! Depends on the kernel for ids and on ferry-proto for queue settings (`pb::QueueConfig`);
-//! must not depend on the Raft engine, tonic services, tokio, a clock or a random source.
+//! Depends on the kernel for ids, ferry-proto for queue settings and services, the Raft engine
+//! and tokio/tonic (in [`node`] only); must not depend on the back-end or the front-end.
 
 pub mod meta;
+pub mod node;
 
-use std::collections::BTreeMap;
+use std::time::Duration;
 
-use ferry_kernel::{NodeId, QueueName};
+use ferry_kernel::NodeId;
 use serde::{Deserialize, Serialize};
 
+pub use node::{MetaNode, NodeSettings, StartMode};
+
 /// The `[cluster]` section of a node's configuration.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ClusterConfig {
-    /// Other nodes: node id → address of the node's peer listener (`http://host:port`, its
-    /// `peer_listen`), where it serves the internal `Backend` service; not its client port.
+    /// Forms a new cluster: every initial node as `id=host:port` (its peer listener),
+    /// comma-separated, this node included; the same list on each. Empty (and no `join`): a
+    /// one-node cluster of this node. Read only when the node has no Raft state yet.
     #[serde(default)]
-    pub nodes: BTreeMap<String, String>,
-    /// Queue name → id of the node that owns it.
+    pub initial: String,
+    /// Joins a running cluster: the peer address (`host:port`) of one of its members. The node
+    /// waits until an admin adds it (`ferry node add`). Read only when it has no Raft state.
     #[serde(default)]
-    pub placement: BTreeMap<String, String>,
+    pub join: String,
+    /// The client address recorded for this node; empty: the address the client listener is
+    /// bound to (set it when listening on 0.0.0.0).
+    #[serde(default)]
+    pub advertise_client: String,
+    /// The peer address other nodes dial; empty: the address the peer listener is bound to.
+    #[serde(default)]
+    pub advertise_peer: String,
+    /// One Raft tick: a leader heartbeats every 2, a follower campaigns after 10-20 silent ones.
+    #[serde(default = "default_tick_ms")]
+    pub tick_ms: u64,
+    /// A peer not heard from for this long shows as down (`ferry cluster status`). Idle links
+    /// are probed every `liveness_timeout_ms / 6`.
+    #[serde(default = "default_liveness_timeout_ms")]
+    pub liveness_timeout_ms: u64,
 }
 
-/// A checked cluster configuration.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Membership {
-    pub nodes: BTreeMap<NodeId, String>,
-    pub placement: BTreeMap<QueueName, NodeId>,
+fn default_tick_ms() -> u64 {
+    100
+}
+
+fn default_liveness_timeout_ms() -> u64 {
+    3_000
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        ClusterConfig {
+            initial: String::new(),
+            join: String::new(),
+            advertise_client: String::new(),
+            advertise_peer: String::new(),
+            tick_ms: default_tick_ms(),
+            liveness_timeout_ms: default_liveness_timeout_ms(),
+        }
+    }
 }
 
 /// What is wrong with a cluster configuration.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ClusterError {
-    #[error("cluster.nodes: {reason}")]
-    BadNode { reason: String },
-    #[error("cluster.placement: {reason}")]
-    BadPlacement { reason: String },
+    /// `cluster.initial` is malformed.
+    #[error("cluster.initial: {reason}")]
+    BadInitial {
+        /// What to fix.
+        reason: String,
+    },
+    /// `cluster.join` is malformed or conflicts.
+    #[error("cluster.join: {reason}")]
+    BadJoin {
+        /// What to fix.
+        reason: String,
+    },
+    /// A timing setting is out of range.
+    #[error("cluster.{field} = {value}: {reason}")]
+    BadTiming {
+        /// The setting.
+        field: &'static str,
+        /// Its value.
+        value: u64,
+        /// What to fix.
+        reason: &'static str,
+    },
+}
+
+/// Whether `addr` is `host:port` with a nonzero port.
+pub fn is_host_port(addr: &str) -> bool {
+    addr.rsplit_once(':').is_some_and(|(host, port)| {
+        !host.is_empty() && !host.contains("://") && port.parse::<u16>().is_ok_and(|p| p > 0)
+    })
 }
 
 impl ClusterConfig {
-    /// Checks names and addresses and that every placement names a known node (this one or one in
-    /// `nodes`).
-    pub fn validate(&self, this_node: &NodeId) -> Result<Membership, ClusterError> {
-        let mut nodes = BTreeMap::new();
-        for (id, addr) in &self.nodes {
-            let node = NodeId::new(id.as_str()).map_err(|e| ClusterError::BadNode {
-                reason: e.to_string(),
-            })?;
-            if !(addr.starts_with("http://") || addr.starts_with("https://")) {
-                return Err(ClusterError::BadNode {
-                    reason: format!("address of {id} is {addr:?}; write it as http://host:port"),
+    /// How the node starts when it has no Raft state, given its id and peer address.
+    pub fn start_mode(&self, me: &NodeId, my_peer_addr: &str) -> Result<StartMode, ClusterError> {
+        let (initial, join) = (self.initial.trim(), self.join.trim());
+        if !join.is_empty() {
+            if !initial.is_empty() {
+                return Err(ClusterError::BadJoin {
+                    reason: "set either cluster.initial (form a new cluster) or cluster.join (join a running one), not both".into(),
                 });
             }
-            if &node != this_node {
-                nodes.insert(node, addr.clone());
-            }
-        }
-        let mut placement = BTreeMap::new();
-        for (queue, node) in &self.placement {
-            let q = QueueName::new(queue.as_str()).map_err(|e| ClusterError::BadPlacement {
-                reason: e.to_string(),
-            })?;
-            let n = NodeId::new(node.as_str()).map_err(|e| ClusterError::BadPlacement {
-                reason: e.to_string(),
-            })?;
-            if &n != this_node && !nodes.contains_key(&n) {
-                return Err(ClusterError::BadPlacement {
-                    reason: format!(
-                        "queue {queue} is placed on {node}, which is not in cluster.nodes"
-                    ),
+            if !is_host_port(join) {
+                return Err(ClusterError::BadJoin {
+                    reason: format!("{join:?}: write the peer address of a member as host:port"),
                 });
             }
-            placement.insert(q, n);
+            return Ok(StartMode::Join(join.to_owned()));
         }
-        Ok(Membership { nodes, placement })
+        if initial.is_empty() {
+            return Ok(StartMode::Initial(vec![(
+                me.clone(),
+                my_peer_addr.to_owned(),
+            )]));
+        }
+        let mut voters: Vec<(NodeId, String)> = vec![];
+        for entry in initial.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+            let bad = |reason: String| ClusterError::BadInitial { reason };
+            let (id, addr) = entry
+                .split_once('=')
+                .ok_or_else(|| bad(format!("{entry:?}: write each node as id=host:port")))?;
+            let id = NodeId::new(id.trim()).map_err(|e| bad(format!("{entry:?}: {e}")))?;
+            let addr = addr.trim();
+            if !is_host_port(addr) {
+                return Err(bad(format!(
+                    "{entry:?}: the address must be host:port (the node's peer listener)"
+                )));
+            }
+            if voters.iter().any(|(v, _)| v == &id) {
+                return Err(bad(format!("node {id} is listed twice")));
+            }
+            voters.push((id, addr.to_owned()));
+        }
+        if !voters.iter().any(|(id, _)| id == me) {
+            return Err(ClusterError::BadInitial {
+                reason: format!(
+                    "this node ({me}) is not listed; list every initial node, this one included"
+                ),
+            });
+        }
+        Ok(StartMode::Initial(voters))
+    }
+
+    /// The tick and the liveness timeout, checked.
+    pub fn timings(&self) -> Result<(Duration, Duration), ClusterError> {
+        if !(10..=10_000).contains(&self.tick_ms) {
+            return Err(ClusterError::BadTiming {
+                field: "tick_ms",
+                value: self.tick_ms,
+                reason: "use 10 to 10000 (default 100)",
+            });
+        }
+        if self.liveness_timeout_ms < 600 {
+            return Err(ClusterError::BadTiming {
+                field: "liveness_timeout_ms",
+                value: self.liveness_timeout_ms,
+                reason: "use at least 600 (default 3000)",
+            });
+        }
+        Ok((
+            Duration::from_millis(self.tick_ms),
+            Duration::from_millis(self.liveness_timeout_ms),
+        ))
     }
 }
 
@@ -88,22 +182,70 @@ impl ClusterConfig {
 mod tests {
     use super::*;
 
+    fn me() -> NodeId {
+        NodeId::new("a").unwrap()
+    }
+
     #[test]
-    fn placement_must_name_a_known_node() {
-        let me = NodeId::new("a").unwrap();
-        let mut c = ClusterConfig::default();
-        c.placement.insert("orders".into(), "b".into());
-        assert!(matches!(
-            c.validate(&me),
-            Err(ClusterError::BadPlacement { .. })
-        ));
-        c.nodes.insert("b".into(), "http://127.0.0.1:7401".into());
-        let m = c.validate(&me).unwrap();
+    fn no_cluster_options_make_a_one_node_cluster() {
+        let mode = ClusterConfig::default().start_mode(&me(), "127.0.0.1:7410");
         assert_eq!(
-            m.placement[&QueueName::new("orders").unwrap()],
-            NodeId::new("b").unwrap()
+            mode,
+            Ok(StartMode::Initial(vec![(me(), "127.0.0.1:7410".into())]))
         );
-        c.nodes.insert("c".into(), "127.0.0.1:7402".into());
-        assert!(matches!(c.validate(&me), Err(ClusterError::BadNode { .. })));
+    }
+
+    #[test]
+    fn the_initial_cluster_must_list_this_node_once_with_host_ports() {
+        let with = |initial: &str| ClusterConfig {
+            initial: initial.into(),
+            ..ClusterConfig::default()
+        };
+        let ok = with("a=127.0.0.1:1, b=127.0.0.2:1").start_mode(&me(), "x:1");
+        assert!(matches!(ok, Ok(StartMode::Initial(v)) if v.len() == 2));
+        for bad in [
+            "b=127.0.0.2:1",
+            "a=127.0.0.1:1,a=h:2",
+            "a",
+            "a=http://h:1",
+            "a=h:0",
+            "A=h:1",
+        ] {
+            assert!(
+                matches!(
+                    with(bad).start_mode(&me(), "x:1"),
+                    Err(ClusterError::BadInitial { .. })
+                ),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn join_takes_one_address_and_excludes_initial() {
+        let join = ClusterConfig {
+            join: "127.0.0.1:7410".into(),
+            ..ClusterConfig::default()
+        };
+        assert_eq!(
+            join.start_mode(&me(), "x:1"),
+            Ok(StartMode::Join("127.0.0.1:7410".into()))
+        );
+        let both = ClusterConfig {
+            initial: "a=h:1".into(),
+            ..join.clone()
+        };
+        assert!(matches!(
+            both.start_mode(&me(), "x:1"),
+            Err(ClusterError::BadJoin { .. })
+        ));
+        let bad = ClusterConfig {
+            join: "nowhere".into(),
+            ..ClusterConfig::default()
+        };
+        assert!(matches!(
+            bad.start_mode(&me(), "x:1"),
+            Err(ClusterError::BadJoin { .. })
+        ));
     }
 }

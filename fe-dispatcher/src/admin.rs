@@ -9,23 +9,100 @@ use ferry_kernel::QueueName;
 use ferry_proto::pb;
 use tonic::{Request, Response, Status};
 
+use crate::catalog::CatalogRef;
 use crate::dispatch::{queue_name, Dispatch};
 use crate::router::Router;
 use crate::BackendRef;
 
 /// See the module docs.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct AdminService {
     /// The front-end's core: the router, this node's connections and how to close one.
     core: Arc<Dispatch>,
     movers: crate::mover::Movers,
+    /// The cluster's queue catalog; `None`: queues are created where the router says.
+    catalog: Option<CatalogRef>,
 }
+
+impl std::fmt::Debug for AdminService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdminService")
+            .field("core", &self.core)
+            .field("catalog", &self.catalog.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// How long a queue just defined in the catalog may take to appear on its owner's back-end.
+const OWNER_CREATE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl AdminService {
     pub(crate) fn new(core: Arc<Dispatch>) -> Self {
         Self {
             core,
             movers: crate::mover::Movers::default(),
+            catalog: None,
+        }
+    }
+
+    pub(crate) fn with_catalog(mut self, catalog: CatalogRef) -> Self {
+        self.catalog = Some(catalog);
+        self
+    }
+
+    /// Creates a queue through the catalog, then waits until its owner's back-end serves it
+    /// (the owner creates it when it applies the definition).
+    async fn create_in_catalog(
+        &self,
+        catalog: &CatalogRef,
+        name: &QueueName,
+        r: pb::CreateQueueRequest,
+    ) -> Reply<pb::CreateQueueResponse> {
+        let pinned = match r.node.as_str() {
+            "" => None,
+            node => Some(
+                ferry_kernel::NodeId::new(node)
+                    .map_err(|e| Status::invalid_argument(format!("node: {e}")))?,
+            ),
+        };
+        let entry = catalog
+            .create_queue(name, r.config.unwrap_or_default(), pinned, r.if_not_exists)
+            .await?;
+        let backend = self
+            .router()
+            .placement()
+            .backend(&entry.owner.node)?
+            .clone();
+        let deadline = tokio::time::Instant::now() + OWNER_CREATE_WAIT;
+        loop {
+            let req = pb::BackendQueueRequest {
+                name: name.to_string(),
+                placement_epoch: entry.owner.epoch,
+            };
+            match backend.get_queue(Request::new(req)).await {
+                Ok(info) => {
+                    return Ok(Response::new(pb::CreateQueueResponse {
+                        queue: Some(info.into_inner()),
+                        created: entry.created,
+                    }))
+                }
+                // Not applied on the owner yet (NOT_FOUND), or applied with the epoch not yet
+                // set (FAILED_PRECONDITION): it will be, shortly.
+                Err(e)
+                    if matches!(e.code(), tonic::Code::NotFound | tonic::Code::FailedPrecondition)
+                        && tokio::time::Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                }
+                Err(e) if e.code() == tonic::Code::NotFound => {
+                    return Err(Status::unavailable(format!(
+                        "queue {name} is defined on node {}, which has not created it within {} s; is that node up? (`ferry cluster status`)",
+                        entry.owner.node,
+                        OWNER_CREATE_WAIT.as_secs()
+                    )))
+                }
+                Err(e) => return Err(e),
+            }
         }
     }
 
@@ -116,6 +193,15 @@ impl pb::admin_server::Admin for AdminService {
                 "queue names starting with \"tmp.\" are reserved for temporary queues",
             ));
         }
+        if let Some(catalog) = &self.catalog {
+            return self.create_in_catalog(catalog, &name, r).await;
+        }
+        if !r.node.is_empty() && r.node != self.router().local_node().as_str() {
+            return Err(Status::invalid_argument(format!(
+                "node: {} is not this node, and this node has no cluster catalog to place queues elsewhere",
+                r.node
+            )));
+        }
         // Dead letters move within one back-end: their target must live where the queue does.
         let owner = self.router().owner_of(&name).node;
         let cfg = r.config.clone().unwrap_or_default();
@@ -186,9 +272,23 @@ impl pb::admin_server::Admin for AdminService {
         &self,
         req: Request<pb::DeleteQueueRequest>,
     ) -> Reply<pb::DeleteQueueResponse> {
-        let name = req.into_inner().name;
+        let name = queue_name(&req.into_inner().name)?;
+        if let Some(catalog) = &self.catalog {
+            // What it holds as it goes (its owner deletes it once it applies the deletion).
+            let held = self
+                .queue_call(&name, |be, req| async move {
+                    be.get_queue_stats(Request::new(req)).await
+                })
+                .await
+                .map(|s| s.ready + s.scheduled + s.leased)
+                .unwrap_or(0);
+            catalog.delete_queue(&name).await?;
+            return Ok(Response::new(pb::DeleteQueueResponse {
+                deleted_messages: held,
+            }));
+        }
         let n = self
-            .queue_call(&queue_name(&name)?, |be, req| async move {
+            .queue_call(&name, |be, req| async move {
                 be.delete_queue(Request::new(req)).await
             })
             .await?

@@ -9,6 +9,7 @@
 //! or the store.
 
 mod admin;
+mod catalog;
 mod consume;
 mod deadline;
 mod dispatch;
@@ -29,6 +30,7 @@ use std::time::Duration;
 use ferry_kernel::ClockRef;
 
 pub use admin::AdminService;
+pub use catalog::{Catalog, CatalogEntry, CatalogRef};
 pub use error::Error;
 pub use messaging::MessagingService;
 pub use remote::RemoteBackend;
@@ -129,6 +131,12 @@ impl Frontend {
         }
     }
 
+    /// Creates and deletes queues through `catalog` (the cluster's metadata group) from now on.
+    pub fn with_catalog(mut self, catalog: CatalogRef) -> Self {
+        self.admin = AdminService::new(self.core.clone()).with_catalog(catalog);
+        self
+    }
+
     /// Closes connections whose lease ran out; run it until the node stops.
     pub fn reaper(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
         let core = self.core.clone();
@@ -137,6 +145,11 @@ impl Frontend {
 
     pub fn stop_handle(&self) -> StopHandle {
         self.stop.clone()
+    }
+
+    /// Calls routed again after a back-end answered "not the owner", since start.
+    pub fn routing_redirects_total(&self) -> u64 {
+        self.core.router.redirects_total()
     }
 
     /// Open client connections and sessions on this front-end.

@@ -151,6 +151,8 @@ impl Placement {
 pub struct Router {
     local_node: NodeId,
     placement: watch::Receiver<Arc<Placement>>,
+    /// Calls routed again after a "not the owner" answer (a metric).
+    redirects: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// The queues of one call to one node, each with the epoch it was routed by.
@@ -163,6 +165,7 @@ impl Router {
         Self {
             local_node,
             placement,
+            redirects: Arc::default(),
         }
     }
 
@@ -175,6 +178,16 @@ impl Router {
 
     pub fn local_node(&self) -> &NodeId {
         &self.local_node
+    }
+
+    /// Calls routed again after a back-end answered "not the owner", since start.
+    pub fn redirects_total(&self) -> u64 {
+        self.redirects.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn note_redirect(&self) {
+        self.redirects
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The newest snapshot.
@@ -236,6 +249,7 @@ impl Router {
                 return Err(unsettled(queue, &status));
             }
             retries += 1;
+            self.note_redirect();
             let used = [(queue.clone(), owner)];
             self.refresh(&used, deadline).await;
         }
@@ -300,6 +314,7 @@ impl Router {
             }
             if !again.is_empty() {
                 retries += 1;
+                self.note_redirect();
                 self.refresh(&again, None).await;
                 pending = again.into_iter().map(|(q, _)| q).collect();
             }

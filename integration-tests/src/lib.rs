@@ -15,6 +15,7 @@ use anyhow::{bail, Context};
 use ferry_client::Client;
 
 pub mod chaos;
+pub mod cluster;
 
 /// Path of the `ferry` binary under test.
 pub fn ferry_bin() -> PathBuf {
@@ -84,19 +85,41 @@ impl Node {
         Self::start_on(data_dir, options, "127.0.0.1:0")
     }
 
-    fn start_on(data_dir: &Path, options: NodeOptions, listen: &str) -> anyhow::Result<Node> {
+    /// Starts a node on given client and peer addresses.
+    pub fn start_at(
+        data_dir: &Path,
+        options: NodeOptions,
+        listen: &str,
+        peer_listen: &str,
+    ) -> anyhow::Result<Node> {
+        let mut node = Self::prepare(data_dir, options);
+        node.spawn_on(listen, peer_listen)?;
+        Ok(node)
+    }
+
+    /// This node's id.
+    pub fn id(&self) -> &str {
+        &self.name
+    }
+
+    fn prepare(data_dir: &Path, options: NodeOptions) -> Node {
         let log_path = data_dir.join(format!("{}.log", options.node_id));
         let name = options.node_id.clone();
-        let mut node = Node {
+        let unset: SocketAddr = ([127, 0, 0, 1], 1).into();
+        Node {
             child: None,
-            addr: "127.0.0.1:1".parse()?,
-            peer_addr: "127.0.0.1:1".parse()?,
+            addr: unset,
+            peer_addr: unset,
             data_dir: data_dir.into(),
             log_path,
             options,
             name,
             more_lines: None,
-        };
+        }
+    }
+
+    fn start_on(data_dir: &Path, options: NodeOptions, listen: &str) -> anyhow::Result<Node> {
+        let mut node = Self::prepare(data_dir, options);
         node.spawn(listen)?;
         Ok(node)
     }
@@ -347,6 +370,7 @@ pub async fn create_queue(client: &Client, name: &str) -> anyhow::Result<()> {
             name: name.into(),
             config: None,
             if_not_exists: false,
+            node: String::new(),
         })
         .await?;
     Ok(())

@@ -157,6 +157,7 @@ async fn message_history_tells_each_step() -> anyhow::Result<()> {
                 ..Default::default()
             }),
             if_not_exists: false,
+            node: String::new(),
         })
         .await?;
     let conn = client.open_connection("h").await?;

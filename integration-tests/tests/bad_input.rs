@@ -172,6 +172,7 @@ async fn bad_input_is_refused_with_the_right_code() -> anyhow::Result<()> {
                 ..Default::default()
             }),
             if_not_exists: false,
+            node: String::new(),
         })
         .await
         .unwrap_err();
@@ -188,6 +189,7 @@ async fn bad_input_is_refused_with_the_right_code() -> anyhow::Result<()> {
                 ..Default::default()
             }),
             if_not_exists: false,
+            node: String::new(),
         })
         .await
         .unwrap_err();

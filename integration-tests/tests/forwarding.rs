@@ -2,42 +2,33 @@
 
 #![allow(clippy::unwrap_used)]
 
-use ferry_client::{AckMode, Message, ReceiveOptions};
-use ferry_integration_tests::{create_queue, stats, Node, NodeOptions};
+use std::time::Duration;
 
-/// Node `b` owns the queue `orders`; node `a` knows `b` (by its peer listener) and owns the rest.
-fn two_nodes(dir: &std::path::Path) -> anyhow::Result<(Node, Node)> {
-    let b = Node::start(
-        &dir.join("b"),
-        NodeOptions {
-            node_id: "b".into(),
-            ..Default::default()
-        },
-    )?;
-    let extra = format!(
-        "[cluster.nodes]\nb = \"{}\"\n[cluster.placement]\norders = \"b\"\n",
-        b.peer_url()
-    );
-    let a = Node::start(
-        &dir.join("a"),
-        NodeOptions {
-            node_id: "a".into(),
-            extra_toml: extra,
-            ..Default::default()
-        },
-    )?;
-    Ok((a, b))
+use ferry_client::{AckMode, Message, ReceiveOptions};
+use ferry_integration_tests::cluster::{create_queue_on, Cluster};
+use ferry_integration_tests::stats;
+
+/// A two-node cluster; `orders` is pinned to `b` when created, everything else to `a`.
+fn two_nodes(dir: &std::path::Path) -> anyhow::Result<Cluster> {
+    Cluster::start(dir, &["a", "b"])
+}
+
+async fn create_on(client: &ferry_client::Client, name: &str, node: &str) -> anyhow::Result<()> {
+    create_queue_on(client, name, Some(node)).await.map(|_| ())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_a_serves_a_queue_owned_by_node_b() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let (a, b) = two_nodes(dir.path())?;
-    let via_a = a.client().await?;
-    let via_b = b.client().await?;
+    let cluster = two_nodes(dir.path())?;
+    cluster
+        .wait_leader(&["a", "b"], Duration::from_secs(20))
+        .await?;
+    let via_a = cluster.node("a").client().await?;
+    let via_b = cluster.node("b").client().await?;
 
-    create_queue(&via_a, "orders").await?;
-    create_queue(&via_a, "local").await?;
+    create_on(&via_a, "orders", "b").await?;
+    create_on(&via_a, "local", "a").await?;
     let s = stats(&via_a, "orders").await?;
     assert_eq!(s.owner_node, "b", "created through A, owned by B");
     assert_eq!(stats(&via_a, "local").await?.owner_node, "a");
@@ -98,16 +89,19 @@ async fn node_a_serves_a_queue_owned_by_node_b() -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_commit_after_the_back_end_restarted_is_aborted_not_lost() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let (a, mut b) = two_nodes(dir.path())?;
-    let via_a = a.client().await?;
-    create_queue(&via_a, "orders").await?;
+    let mut cluster = two_nodes(dir.path())?;
+    cluster
+        .wait_leader(&["a", "b"], Duration::from_secs(20))
+        .await?;
+    let via_a = cluster.node("a").client().await?;
+    create_on(&via_a, "orders", "b").await?;
     let conn = via_a.open_connection("t").await?;
     let tx = conn.create_session(AckMode::Transacted).await?;
     tx.send("orders", vec![Message::text("staged at b")])
         .await?;
     // B restarts (same ports) between the send and the commit: the staged send is gone.
-    b.restart_in_place()?;
-    let via_b = b.client().await?;
+    cluster.node_mut("b").restart_in_place()?;
+    let via_b = cluster.node("b").client().await?;
     let e = tx.commit().await.unwrap_err();
     assert_eq!(e.code(), Some(tonic::Code::Aborted), "{e}");
     assert!(e.to_string().contains("restarted"), "{e}");

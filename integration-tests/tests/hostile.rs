@@ -414,6 +414,7 @@ async fn every_rpc_refuses_hostile_input_with_the_right_code_and_stays_well() ->
                             ..Default::default()
                         }),
                         if_not_exists: false,
+                        node: String::new(),
                     })
                     .await
                     .map(drop)
@@ -433,6 +434,7 @@ async fn every_rpc_refuses_hostile_input_with_the_right_code_and_stays_well() ->
                             ..Default::default()
                         }),
                         if_not_exists: false,
+                        node: String::new(),
                     })
                     .await
                     .map(drop)

@@ -19,6 +19,7 @@ async fn create_with(client: &Client, name: &str, config: pb::QueueConfig) -> an
             name: name.into(),
             config: Some(config),
             if_not_exists: false,
+            node: String::new(),
         })
         .await?;
     Ok(())
@@ -340,29 +341,15 @@ async fn uncommitted_work_is_undone_when_the_session_closes_or_the_commit_fails(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_transaction_touching_two_back_ends_is_refused_clearly() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let b = Node::start(
-        &dir.path().join("b"),
-        NodeOptions {
-            node_id: "b".into(),
-            memory: true,
-            ..Default::default()
-        },
-    )?;
-    let a = Node::start(
-        &dir.path().join("a"),
-        NodeOptions {
-            node_id: "a".into(),
-            memory: true,
-            extra_toml: format!(
-                "[cluster.nodes]\nb = \"{}\"\n[cluster.placement]\nremote = \"b\"\n",
-                b.peer_url()
-            ),
-            ..Default::default()
-        },
-    )?;
+    let cluster =
+        ferry_integration_tests::cluster::Cluster::start_with(dir.path(), &["a", "b"], true, "")?;
+    cluster
+        .wait_leader(&["a", "b"], std::time::Duration::from_secs(20))
+        .await?;
+    let a = cluster.node("a");
     let client = a.client().await?;
-    create_queue(&client, "local").await?;
-    create_queue(&client, "remote").await?;
+    ferry_integration_tests::cluster::create_queue_on(&client, "local", Some("a")).await?;
+    ferry_integration_tests::cluster::create_queue_on(&client, "remote", Some("b")).await?;
     let conn = client.open_connection("tx").await?;
     let tx = conn.create_session(AckMode::Transacted).await?;
     tx.send("local", vec![Message::text("here")]).await?;
@@ -381,26 +368,24 @@ async fn a_transaction_touching_two_back_ends_is_refused_clearly() -> anyhow::Re
     tx.commit().await?;
     assert_eq!(stats(&client, "remote").await?.ready, 1);
 
-    // Dead letters move within one back-end: a target on another node is refused up front.
-    let e = client
-        .admin()
-        .create_queue(pb::CreateQueueRequest {
-            name: "jobs".into(),
-            config: Some(pb::QueueConfig {
-                dead_letter: Some(pb::DeadLetterTarget {
-                    target: Some(pb::dead_letter_target::Target::Queue("remote".into())),
-                }),
-                ..Default::default()
+    // Dead letters move within one back-end: a queue pinned away from its dead-letter target
+    // is refused up front, and one left to the placement rule goes where its target is.
+    let jobs = |node: &str| pb::CreateQueueRequest {
+        name: "jobs".into(),
+        config: Some(pb::QueueConfig {
+            dead_letter: Some(pb::DeadLetterTarget {
+                target: Some(pb::dead_letter_target::Target::Queue("remote".into())),
             }),
-            if_not_exists: false,
-        })
-        .await
-        .unwrap_err();
-    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
-    assert!(
-        e.message().contains("must live on its queue's node"),
-        "{e:?}"
-    );
+            ..Default::default()
+        }),
+        if_not_exists: false,
+        node: node.into(),
+    };
+    let e = client.admin().create_queue(jobs("a")).await.unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(e.message().contains("lives on node b"), "{e:?}");
+    let placed = client.admin().create_queue(jobs("")).await?.into_inner();
+    assert_eq!(placed.queue.map(|q| q.owner_node).as_deref(), Some("b"));
     // `remote.DLQ` goes where `remote` is.
     let conn_b = client.open_connection("reject").await?;
     let s = conn_b.create_session(AckMode::Individual).await?;

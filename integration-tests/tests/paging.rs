@@ -84,6 +84,7 @@ async fn consumers_churning_over_a_paged_queue_lose_and_duplicate_nothing() -> a
                 ..Default::default()
             }),
             if_not_exists: false,
+            node: String::new(),
         })
         .await?;
 

@@ -555,6 +555,7 @@ async fn bench_queue(
                 }
             }),
             if_not_exists: true,
+            node: String::new(),
         })
         .await
         .with_context(|| format!("cannot create queue {queue}"))?;

@@ -3,6 +3,7 @@
 mod bench;
 mod browse;
 mod check_disk;
+mod cluster;
 mod connections;
 mod events;
 mod latency;
@@ -81,6 +82,16 @@ pub enum Command {
     /// Time the round trip of the cheapest call to the node (a connection heartbeat): the floor
     /// under every send and receive, like `nats rtt`.
     Rtt(rtt::RttArgs),
+    /// The nodes of the cluster: add, remove, list.
+    Node {
+        #[command(subcommand)]
+        command: cluster::NodeCommand,
+    },
+    /// The cluster as a node sees it: leader, term, nodes' roles, health and queues.
+    Cluster {
+        #[command(subcommand)]
+        command: cluster::ClusterCommand,
+    },
     /// Time synced appends in a data directory, as the node's write-ahead log makes them: the
     /// disk's floor under every persistent send; warns about online `discard`.
     CheckDisk(check_disk::CheckDiskArgs),
@@ -102,6 +113,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Events(a) => events::run(&cli.client, a).await,
         Command::Message { command } => message::run(&cli.client, command).await,
         Command::Connections { command } => connections::run(&cli.client, command).await,
+        Command::Node { command } => cluster::node(&cli.client, command).await,
+        Command::Cluster { command } => cluster::cluster(&cli.client, command).await,
     }
 }
 

@@ -14,6 +14,9 @@ pub enum QueueCommand {
         /// Succeed if it already exists.
         #[arg(long)]
         if_not_exists: bool,
+        /// Put it on this node (its node id); default: the node owning the fewest queues.
+        #[arg(long)]
+        node: Option<String>,
         /// Lease of a delivery when the receiver asks for none.
         #[arg(long)]
         lease_ms: Option<u64>,
@@ -160,6 +163,7 @@ pub async fn run(c: &ClientArgs, cmd: QueueCommand) -> anyhow::Result<()> {
         QueueCommand::Create {
             name,
             if_not_exists,
+            node,
             lease_ms,
             max_message_size_bytes,
             max_messages,
@@ -179,6 +183,7 @@ pub async fn run(c: &ClientArgs, cmd: QueueCommand) -> anyhow::Result<()> {
                     name: name.clone(),
                     config: Some(config),
                     if_not_exists,
+                    node: node.unwrap_or_default(),
                 })
                 .await
                 .with_context(|| format!("cannot create queue {name}"))?

@@ -31,6 +31,15 @@ pub struct ServerArgs {
     /// Keep everything in memory (nothing survives a restart).
     #[arg(long)]
     memory: bool,
+    /// Form a new cluster of these nodes: ID=HOST:PORT,... (each node's peer listener, this
+    /// one included; the same list on every initial node). Without it and without --join, the
+    /// node is a one-node cluster. Read only on the first start.
+    #[arg(long, value_name = "ID=HOST:PORT,...")]
+    initial_cluster: Option<String>,
+    /// Join a running cluster through the peer listener of one of its members (HOST:PORT);
+    /// the node waits until an admin runs `ferry node add`. Read only on the first start.
+    #[arg(long, value_name = "HOST:PORT")]
+    join: Option<String>,
 }
 
 pub async fn run(a: ServerArgs) -> anyhow::Result<()> {
@@ -40,6 +49,10 @@ pub async fn run(a: ServerArgs) -> anyhow::Result<()> {
         peer_listen: a.peer_listen,
         data_dir: a.data_dir,
         storage: a.memory.then_some(Storage::Memory),
+        cluster: crate::config::ClusterOverrides {
+            initial: a.initial_cluster,
+            join: a.join,
+        },
     };
     let config = Config::load(a.config.as_deref(), &overrides).map_err(anyhow::Error::msg)?;
     init_logging(&config)?;

@@ -287,6 +287,7 @@ async fn start(spec: &Spec) -> anyhow::Result<Started> {
                 name: q.clone(),
                 config: Some(spec.queue_config.clone()),
                 if_not_exists: false,
+                node: String::new(),
             })
             .await
             .with_context(|| format!("creating {q}"))?;

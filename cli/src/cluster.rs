@@ -1,0 +1,189 @@
+//! The node's side of the cluster: the back-end as the metadata group's [`QueueHost`], the
+//! front-end's [`Catalog`] over the metadata group, and the placement the router follows,
+//! rebuilt from every metadata change.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use ferry_be_server::{BackendService, Broker};
+use ferry_cluster::meta::MetaState;
+use ferry_cluster::node::{HeldQueue, MetaView, QueueHost};
+use ferry_cluster::MetaNode;
+use ferry_fe_dispatcher::{BackendRef, Catalog, CatalogEntry, Owner, Placement, RemoteBackend};
+use ferry_kernel::{NodeId, QueueName};
+use ferry_proto::pb;
+use ferry_proto::pb::backend_server::Backend as _;
+use tokio::sync::watch;
+use tonic::{Request, Status};
+
+/// The local back-end, for the metadata group.
+#[allow(missing_debug_implementations)]
+pub struct BrokerHost {
+    pub broker: Broker,
+    pub backend: BackendService,
+}
+
+#[tonic::async_trait]
+impl QueueHost for BrokerHost {
+    fn queues(&self) -> Vec<HeldQueue> {
+        self.broker
+            .list_queues()
+            .into_iter()
+            .filter(|q| !q.temporary)
+            .map(|q| HeldQueue {
+                settings: ferry_proto::convert::queue_config_to_pb(&q.name, &q.config),
+                epoch: self.broker.placement_epoch(&q.name).unwrap_or(0),
+                name: q.name,
+            })
+            .collect()
+    }
+
+    fn check_settings(&self, name: &QueueName, settings: &pb::QueueConfig) -> Result<(), Status> {
+        self.broker
+            .check_queue_config(name, settings.clone())
+            .map_err(Status::from)
+    }
+
+    async fn create(
+        &self,
+        name: &QueueName,
+        settings: &pb::QueueConfig,
+        epoch: u64,
+    ) -> Result<(), String> {
+        let req = pb::BackendCreateQueueRequest {
+            name: name.to_string(),
+            config: Some(settings.clone()),
+            if_not_exists: true,
+            temporary: false,
+            placement_epoch: 0,
+        };
+        self.backend
+            .create_queue(Request::new(req))
+            .await
+            .map_err(|s| s.message().to_owned())?;
+        self.broker.set_placement_epoch(name, epoch);
+        Ok(())
+    }
+
+    fn set_epoch(&self, name: &QueueName, epoch: u64) {
+        self.broker.set_placement_epoch(name, epoch);
+    }
+
+    async fn delete(&self, name: &QueueName) -> Result<(), String> {
+        match self.broker.delete_queue(name).await {
+            Ok(_) | Err(ferry_be_server::Error::QueueNotFound { .. }) => Ok(()),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+}
+
+/// The front-end's catalog: the metadata group.
+#[derive(Debug)]
+pub struct MetaCatalog(pub MetaNode);
+
+#[tonic::async_trait]
+impl Catalog for MetaCatalog {
+    async fn create_queue(
+        &self,
+        name: &QueueName,
+        settings: pb::QueueConfig,
+        pinned: Option<NodeId>,
+        if_not_exists: bool,
+    ) -> Result<CatalogEntry, Status> {
+        let created = self
+            .0
+            .create_queue(name, settings, pinned, if_not_exists)
+            .await?;
+        Ok(CatalogEntry {
+            owner: Owner {
+                node: created.owner.node,
+                epoch: created.owner.epoch,
+            },
+            created: created.created,
+        })
+    }
+
+    async fn delete_queue(&self, name: &QueueName) -> Result<Owner, Status> {
+        let owner = self.0.delete_queue(name).await?;
+        Ok(Owner {
+            node: owner.node,
+            epoch: owner.epoch,
+        })
+    }
+}
+
+/// Builds the router's placements from the metadata: this node's back-end in-process, every
+/// other active node's over gRPC at its peer address (one client per node, kept across
+/// changes).
+#[allow(missing_debug_implementations)]
+pub struct PlacementBuilder {
+    me: NodeId,
+    local: BackendRef,
+    remotes: HashMap<(NodeId, String), BackendRef>,
+}
+
+impl PlacementBuilder {
+    pub fn new(me: NodeId, local: BackendRef) -> Self {
+        Self {
+            me,
+            local,
+            remotes: HashMap::new(),
+        }
+    }
+
+    pub fn build(&mut self, meta: &MetaState) -> anyhow::Result<Placement> {
+        let mut placement = Placement::new(self.me.clone(), self.local.clone());
+        let mut kept = HashMap::new();
+        for (id, n) in meta.nodes() {
+            if id == &self.me || !n.is_active() {
+                continue;
+            }
+            let key = (id.clone(), n.peer_addr.clone());
+            let backend = match self.remotes.remove(&key) {
+                Some(b) => b,
+                None => {
+                    let url = format!("http://{}", n.peer_addr);
+                    let remote = RemoteBackend::new(&url)
+                        .with_context(|| format!("peer address of node {id}: {url:?}"))?;
+                    Arc::new(remote) as BackendRef
+                }
+            };
+            placement = placement.with_node(id.clone(), backend.clone());
+            kept.insert(key, backend);
+        }
+        self.remotes = kept;
+        for (name, def) in meta.queues() {
+            let owner = Owner {
+                node: def.owner.node.clone(),
+                epoch: def.owner.epoch,
+            };
+            placement = placement.with_queue(name.clone(), owner);
+        }
+        Ok(placement)
+    }
+}
+
+/// Republishes the placement at every metadata change until the view's sender is gone.
+pub async fn follow_placement(
+    mut view: watch::Receiver<Arc<MetaView>>,
+    mut builder: PlacementBuilder,
+    placement: watch::Sender<Arc<Placement>>,
+) {
+    let mut applied = None;
+    loop {
+        let current = view.borrow_and_update().clone();
+        if applied != Some(current.meta.applied_index()) {
+            applied = Some(current.meta.applied_index());
+            match builder.build(&current.meta) {
+                Ok(p) => {
+                    placement.send_replace(Arc::new(p));
+                }
+                Err(e) => tracing::error!(error = %e, "cannot route to a node"),
+            }
+        }
+        if view.changed().await.is_err() {
+            return;
+        }
+    }
+}

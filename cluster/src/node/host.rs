@@ -1,0 +1,109 @@
+//! The node's back-end as the metadata group sees it: the queues it holds, and how the
+//! committed metadata is carried out on it (a queue created or deleted on its owner only after
+//! the command is committed and applied here).
+
+use std::collections::BTreeMap;
+
+use ferry_kernel::{NodeId, QueueName};
+use ferry_proto::pb;
+
+use crate::meta::MetaState;
+
+/// A durable queue held by the local back-end.
+#[derive(Debug, Clone)]
+pub struct HeldQueue {
+    /// Its name.
+    pub name: QueueName,
+    /// Its settings, as given at creation.
+    pub settings: pb::QueueConfig,
+    /// The placement epoch it is served at.
+    pub epoch: u64,
+}
+
+/// The local back-end, implemented by the node assembly (the cluster crate does not depend on
+/// the back-end).
+#[tonic::async_trait]
+pub trait QueueHost: Send + Sync + 'static {
+    /// The durable queues held here (temporary queues never touch the metadata).
+    fn queues(&self) -> Vec<HeldQueue>;
+    /// Checks a new queue's settings as its creation would (the answer to a caller's mistake,
+    /// given before anything is proposed).
+    fn check_settings(
+        &self,
+        name: &QueueName,
+        settings: &pb::QueueConfig,
+    ) -> Result<(), tonic::Status>;
+    /// Creates a queue (if missing) and serves it at `epoch`.
+    async fn create(
+        &self,
+        name: &QueueName,
+        settings: &pb::QueueConfig,
+        epoch: u64,
+    ) -> Result<(), String>;
+    /// Serves a held queue at `epoch` from now on.
+    fn set_epoch(&self, name: &QueueName, epoch: u64);
+    /// Deletes a queue and its messages.
+    async fn delete(&self, name: &QueueName) -> Result<(), String>;
+}
+
+/// Brings the local back-end in line with `meta`: every queue `me` owns exists at its epoch;
+/// with `delete_unknown`, a held queue the metadata does not place here is deleted (only at
+/// start, from the metadata written with the last applied index: a queue is created on a
+/// back-end only after its command is applied and durable here, so one missing from that
+/// metadata was deleted while the node was down).
+pub(crate) async fn reconcile(
+    host: &dyn QueueHost,
+    meta: &MetaState,
+    me: &NodeId,
+    delete_unknown: bool,
+) {
+    let held: BTreeMap<QueueName, HeldQueue> = host
+        .queues()
+        .into_iter()
+        .map(|q| (q.name.clone(), q))
+        .collect();
+    for (name, def) in meta.queues() {
+        if &def.owner.node != me {
+            continue;
+        }
+        match held.get(name) {
+            Some(q) if q.epoch == def.owner.epoch => {}
+            Some(_) => host.set_epoch(name, def.owner.epoch),
+            None => {
+                if let Err(e) = host.create(name, &def.settings, def.owner.epoch).await {
+                    tracing::error!(queue = %name, error = %e, "cannot create a queue the metadata places here");
+                }
+            }
+        }
+    }
+    if !delete_unknown {
+        return;
+    }
+    for name in held.keys() {
+        let placed_here = meta.queue(name).is_some_and(|d| &d.owner.node == me);
+        if !placed_here {
+            tracing::warn!(queue = %name, "deleting a queue the cluster metadata does not place on this node (deleted while the node was down)");
+            if let Err(e) = host.delete(name).await {
+                tracing::error!(queue = %name, error = %e, "cannot delete the queue");
+            }
+        }
+    }
+}
+
+/// Deletes on the local back-end the queues `me` owned in `before` and no longer owns in
+/// `after` (deleted through any node).
+pub(crate) async fn delete_gone(
+    host: &dyn QueueHost,
+    before: &MetaState,
+    after: &MetaState,
+    me: &NodeId,
+) {
+    for (name, def) in before.queues() {
+        let gone = &def.owner.node == me && after.queue(name).is_none_or(|d| &d.owner.node != me);
+        if gone {
+            if let Err(e) = host.delete(name).await {
+                tracing::error!(queue = %name, error = %e, "cannot delete a queue deleted from the metadata");
+            }
+        }
+    }
+}

@@ -1,0 +1,416 @@
+//! The metadata group on a running node: the async shell around the Raft engine and the
+//! metadata state machine ([`crate::meta`]).
+//!
+//! [`MetaNode::start`] opens the node's Raft store, starts the engine's thread (`driver.rs`),
+//! the links to the other nodes (`transport.rs`) and a task that follows every applied change:
+//! it keeps the links pointed at the current nodes and carries queue creations and deletions out
+//! on the local back-end ([`QueueHost`]). The node assembly publishes [`MetaNode::view`] to the
+//! front-end's router, mounts [`MetaNode::peer_service`] on the peer listener and
+//! [`MetaNode::cluster_service`] on the client listener.
+//!
+//! How a node starts (see [`StartMode`]): a node with Raft state resumes it; otherwise a node
+//! with `initial_cluster` (or none: a one-node cluster) bootstraps group 0 with the listed
+//! voters, and the first leader proposes `Bootstrap` with a new random cluster id; a node with
+//! `join` waits, serving only its peer listener, until an admin adds it (`ferry node add`), then
+//! follows the leader.
+
+mod driver;
+mod host;
+mod propose;
+mod service;
+mod transport;
+mod view;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::mpsc::{sync_channel, SyncSender};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferry_kernel::NodeId;
+use ferry_multiraft::{LogStore, MemStore, NodeId as PeerId, RocksStore};
+use tokio::sync::watch;
+
+pub use driver::META_GROUP;
+pub use host::{HeldQueue, QueueHost};
+pub use propose::{meta_status, CreatedQueue, IMPORT_MARKER};
+use view::RaftCounters;
+pub use view::{MetaView, RaftMetrics};
+
+use driver::{Driver, Input, Start, IDENTITY_KEY, META_KEY};
+use transport::Links;
+
+use crate::meta::{bootstrap_raft_ids, MetaState, RaftId};
+
+/// How long a one-node cluster may take to form before the node serves anyway.
+const ALONE_FORM_WAIT: Duration = Duration::from_secs(5);
+
+/// Inputs queued for the driver before senders drop new ones.
+const INPUT_QUEUE_MAX: usize = 8192;
+
+/// How this node takes part when it has no Raft state yet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StartMode {
+    /// Form a new cluster with these voters (node id → peer address, this node included). One
+    /// entry, this node: a one-node cluster.
+    Initial(Vec<(NodeId, String)>),
+    /// Wait to be added to the cluster whose node serves peers at this address.
+    Join(String),
+}
+
+/// What a node's metadata group needs to start.
+#[derive(Debug, Clone)]
+pub struct NodeSettings {
+    /// This node.
+    pub node_id: NodeId,
+    /// Where clients reach this node (`host:port`), recorded in the metadata.
+    pub client_addr: String,
+    /// Where peers reach this node (`host:port`), recorded in the metadata.
+    pub peer_addr: String,
+    /// Where the Raft store lives (`None`: in memory, lost at exit).
+    pub raft_dir: Option<PathBuf>,
+    /// Used when the store is empty.
+    pub start: StartMode,
+    /// One Raft tick; elections take 10-20 ticks, heartbeats every 2.
+    pub tick: Duration,
+    /// A peer not heard from for this long is shown down.
+    pub liveness_timeout: Duration,
+    /// An idle link sends a probe this often.
+    pub probe_interval: Duration,
+    /// Queues held by the back-end before this node ever had metadata are proposed into the
+    /// new cluster's metadata, owned here (the upgrade from a single-node data directory).
+    pub import_pending: bool,
+}
+
+/// Why the metadata group could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The Raft store could not be opened or read.
+    #[error("the Raft store in {dir}: {source}")]
+    Store {
+        /// Where.
+        dir: String,
+        /// Why.
+        source: ferry_multiraft::Error,
+    },
+    /// The stored metadata does not decode.
+    #[error("the stored cluster metadata is unreadable: {0}")]
+    Metadata(#[from] crate::meta::MetaError),
+    /// `initial_cluster` does not name this node, or names a node twice.
+    #[error("cluster.initial: {0}")]
+    InitialCluster(String),
+    /// `join` names no reachable member.
+    #[error("cluster.join = {addr:?}: {reason}")]
+    Join {
+        /// The address.
+        addr: String,
+        /// What went wrong and what to do.
+        reason: String,
+    },
+    /// The engine's thread could not start.
+    #[error("cannot start the metadata thread: {0}")]
+    Thread(std::io::Error),
+}
+
+/// The running metadata group of a node. Cheap to clone.
+#[derive(Clone)]
+pub struct MetaNode {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for MetaNode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MetaNode")
+            .field("node_id", &self.shared.settings.node_id)
+            .finish()
+    }
+}
+
+pub(crate) struct Shared {
+    settings: NodeSettings,
+    inputs: SyncSender<Input>,
+    view: watch::Receiver<Arc<MetaView>>,
+    links: Arc<Links>,
+    host: Arc<dyn QueueHost>,
+    /// Raft id → peer address of the nodes to talk to before the metadata names them: the
+    /// initial voters, or the members a joining node learned of.
+    early_peers: std::sync::Mutex<HashMap<PeerId, String>>,
+    counters: Arc<RaftCounters>,
+    shutdown_tx: watch::Sender<bool>,
+    shutdown: watch::Receiver<bool>,
+    thread: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl MetaNode {
+    /// Opens the Raft store and starts the metadata group (see the module docs). Returns once
+    /// the local back-end matches the stored metadata, before any listener serves.
+    pub async fn start(
+        settings: NodeSettings,
+        host: Arc<dyn QueueHost>,
+    ) -> Result<MetaNode, StartError> {
+        let store: Box<dyn LogStore + Send> = match &settings.raft_dir {
+            Some(dir) => Box::new(RocksStore::open(dir).map_err(|source| StartError::Store {
+                dir: dir.display().to_string(),
+                source,
+            })?),
+            None => Box::new(MemStore::new()),
+        };
+        let store_error = |source| StartError::Store {
+            dir: settings
+                .raft_dir
+                .as_ref()
+                .map_or("memory".into(), |d| d.display().to_string()),
+            source,
+        };
+        let recovered = store.load().map_err(store_error)?;
+        let meta = match store.app_get(META_KEY).map_err(store_error)? {
+            Some(bytes) => MetaState::restore(&bytes)?,
+            None => MetaState::new(),
+        };
+        let seed: u64 = rand::random();
+        let member = recovered.group_ids().contains(&META_GROUP);
+        let engine = if member {
+            let raft_id = stored_raft_id(&*store).map_err(store_error)?;
+            Some(driver::open_engine(raft_id, recovered, seed).map_err(store_error)?)
+        } else {
+            match &settings.start {
+                StartMode::Initial(voters) => Some(bootstrap(&settings.node_id, voters, seed)?),
+                StartMode::Join(addr) => {
+                    propose::check_join_target(addr).await?;
+                    None
+                }
+            }
+        };
+        let resumed = member;
+        let (inputs, inputs_rx) = sync_channel(INPUT_QUEUE_MAX);
+        let links = Arc::new(Links::new(
+            inputs.clone(),
+            tokio::runtime::Handle::current(),
+            settings.probe_interval,
+        ));
+        // The stored metadata is the first view, so nothing reads an empty one meanwhile.
+        let first_view = MetaView {
+            meta: meta.clone(),
+            ..MetaView::empty()
+        };
+        let (view_tx, view) = watch::channel(Arc::new(first_view));
+        let (shutdown_tx, shutdown) = watch::channel(false);
+        // The stored metadata first, so the back-end can be reconciled before serving.
+        let me = settings.node_id.clone();
+        if resumed {
+            host::reconcile(&*host, &meta, &me, !settings.import_pending).await;
+        }
+        let settings_start = settings.start.clone();
+        let start = Start {
+            engine,
+            meta,
+            store,
+            tick: settings.tick,
+            election_seed: seed,
+        };
+        let counters = Arc::new(RaftCounters::default());
+        let driver = Driver::new(start, Arc::clone(&links), view_tx, Arc::clone(&counters));
+        let thread = std::thread::Builder::new()
+            .name("ferry-raft".into())
+            .spawn(move || driver.run(inputs_rx))
+            .map_err(StartError::Thread)?;
+        let shared = Arc::new(Shared {
+            settings,
+            inputs,
+            view,
+            links,
+            host,
+            early_peers: std::sync::Mutex::new(initial_peers(&settings_start, &me)),
+            counters,
+            shutdown_tx,
+            shutdown,
+            thread: std::sync::Mutex::new(Some(thread)),
+        });
+        let node = MetaNode { shared };
+        tokio::spawn(node.clone().follow());
+        if !resumed {
+            match &node.shared.settings.start {
+                StartMode::Initial(_) => {
+                    tokio::spawn(node.clone().bootstrap_when_leader());
+                }
+                StartMode::Join(addr) => {
+                    tokio::spawn(node.clone().wait_until_added(addr.clone()));
+                }
+            }
+        }
+        if node.shared.settings.import_pending {
+            tokio::spawn(node.clone().import_local_queues());
+        }
+        if matches!(&node.shared.settings.start, StartMode::Initial(v) if v.len() == 1) {
+            // A one-node cluster forms by itself at once: serve only once it has.
+            let deadline = tokio::time::Instant::now() + ALONE_FORM_WAIT;
+            node.wait_formed(deadline).await;
+        }
+        Ok(node)
+    }
+
+    /// The newest metadata and this node's view of group 0.
+    pub fn view(&self) -> watch::Receiver<Arc<MetaView>> {
+        self.shared.view.clone()
+    }
+
+    /// The metadata group's figures on this node, for metrics.
+    pub fn metrics(&self) -> RaftMetrics {
+        use std::sync::atomic::Ordering::Relaxed;
+        let view = self.shared.view.borrow().clone();
+        let c = &self.shared.counters;
+        let timeout = self.shared.settings.liveness_timeout;
+        let peers_down = view
+            .meta
+            .nodes()
+            .iter()
+            .filter(|(id, n)| *id != &self.shared.settings.node_id && n.is_active())
+            .filter(|(_, n)| {
+                self.shared
+                    .links
+                    .last_heard(n.raft_id.0)
+                    .is_none_or(|h| h > timeout)
+            })
+            .count() as u64;
+        let group = view.group.as_ref();
+        RaftMetrics {
+            term: group.map_or(0, |g| g.term),
+            leader: view.is_leader(),
+            commit_index: group.map_or(0, |g| g.commit_index),
+            applied_index: view.meta.applied_index(),
+            log_entries: group.map_or(0, |g| {
+                g.last_index.saturating_sub(g.first_index.saturating_sub(1))
+            }),
+            leader_changes_total: c.leader_changes.load(Relaxed),
+            proposals_total: c.proposals.load(Relaxed),
+            proposals_failed_total: c.proposals_failed.load(Relaxed),
+            proposal_ms_total: c.proposal_ms_total.load(Relaxed),
+            peers_down,
+        }
+    }
+
+    /// This node's id.
+    pub fn node_id(&self) -> &NodeId {
+        &self.shared.settings.node_id
+    }
+
+    /// Stops the group: the thread ends after its round, links close, streams end.
+    pub async fn stop(&self) {
+        let _ = self.shared.shutdown_tx.send(true);
+        let _ = self.shared.inputs.try_send(Input::Stop);
+        self.shared.links.close();
+        let thread = self
+            .shared
+            .thread
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        if let Some(thread) = thread {
+            let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+        }
+    }
+
+    /// Follows every change of the metadata: links to the current nodes, queue deletions and
+    /// creations on the local back-end. Ends at shutdown.
+    async fn follow(self) {
+        let mut view = self.shared.view.clone();
+        let mut shutdown = self.shared.shutdown.clone();
+        let me = self.shared.settings.node_id.clone();
+        let mut before = view.borrow_and_update().meta.clone();
+        loop {
+            let current = view.borrow_and_update().clone();
+            self.update_links(&current);
+            if current.meta.cluster_id().is_some() && current.meta.node(&me).is_some() {
+                host::delete_gone(&*self.shared.host, &before, &current.meta, &me).await;
+                host::reconcile(&*self.shared.host, &current.meta, &me, false).await;
+            }
+            before = current.meta.clone();
+            tokio::select! {
+                changed = view.changed() => if changed.is_err() { return },
+                _ = shutdown.wait_for(|s| *s) => return,
+            }
+        }
+    }
+
+    /// Points the links at every other active node (or, before the cluster is formed, at the
+    /// initial voters).
+    fn update_links(&self, view: &MetaView) {
+        let settings = &self.shared.settings;
+        let mut peers: HashMap<PeerId, String> = HashMap::new();
+        if view.meta.cluster_id().is_some() {
+            for (id, n) in view.meta.nodes() {
+                if id != &settings.node_id && n.is_active() {
+                    peers.insert(PeerId(n.raft_id.0), n.peer_addr.clone());
+                }
+            }
+        } else {
+            peers = self
+                .shared
+                .early_peers
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clone();
+        }
+        self.shared
+            .links
+            .set_sender(view.raft_id.map_or(0, |r| r.0), view.meta.cluster_id());
+        self.shared.links.update(&peers);
+    }
+}
+
+/// The initial voters other than `me`, by the raft ids bootstrap gives them.
+fn initial_peers(start: &StartMode, me: &NodeId) -> HashMap<PeerId, String> {
+    let StartMode::Initial(voters) = start else {
+        return HashMap::new();
+    };
+    let ids: Vec<NodeId> = voters.iter().map(|(id, _)| id.clone()).collect();
+    bootstrap_raft_ids(&ids)
+        .into_iter()
+        .filter(|(id, _)| id != me)
+        .filter_map(|(id, raft_id)| {
+            let (_, addr) = voters.iter().find(|(v, _)| v == &id)?;
+            Some((PeerId(raft_id.0), addr.clone()))
+        })
+        .collect()
+}
+
+/// Creates the engine of a node forming a new cluster: group 0 with every initial voter.
+fn bootstrap(
+    me: &NodeId,
+    voters: &[(NodeId, String)],
+    seed: u64,
+) -> Result<ferry_multiraft::Engine, StartError> {
+    let ids: Vec<NodeId> = voters.iter().map(|(id, _)| id.clone()).collect();
+    let raft_ids = bootstrap_raft_ids(&ids);
+    if raft_ids.len() != ids.len() {
+        return Err(StartError::InitialCluster(
+            "a node is listed twice; list each node once".into(),
+        ));
+    }
+    let Some((_, my_raft_id)) = raft_ids.iter().find(|(id, _)| id == me) else {
+        return Err(StartError::InitialCluster(format!(
+            "this node ({me}) is not listed; list every initial node, this one included"
+        )));
+    };
+    let peers: Vec<PeerId> = raft_ids.iter().map(|(_, r)| PeerId(r.0)).collect();
+    let error = |source| StartError::Store {
+        dir: "(new)".into(),
+        source,
+    };
+    let mut engine = driver::open_engine(*my_raft_id, Default::default(), seed).map_err(error)?;
+    engine.bootstrap_group(META_GROUP, &peers).map_err(error)?;
+    Ok(engine)
+}
+
+fn stored_raft_id(store: &dyn LogStore) -> Result<RaftId, ferry_multiraft::Error> {
+    let bytes = store.app_get(IDENTITY_KEY)?.unwrap_or_default();
+    let id: [u8; 8] =
+        bytes
+            .as_slice()
+            .try_into()
+            .map_err(|_| ferry_multiraft::Error::CorruptStorage {
+                group: META_GROUP,
+                reason: "the node's raft id is missing".into(),
+            })?;
+    Ok(RaftId(u64::from_be_bytes(id)))
+}

@@ -1,0 +1,478 @@
+//! Proposing metadata commands from any node: to the local engine when it leads group 0, else
+//! forwarded to the leader (`Peer.ProposeMeta`), then waited for until applied here, so that
+//! whoever asked sees the change on this node at once. Also the node's own proposals: forming
+//! the cluster, importing a single node's queues, and joining.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use ferry_kernel::{NodeId, QueueName};
+use ferry_proto::pb;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+use tonic::{Code, Status};
+
+use super::driver::{Input, ProposeFailure, Proposed};
+use super::transport::peer_endpoint;
+use super::{MetaNode, StartError, StartMode};
+use crate::meta::{choose_queue_owner, ClusterId, MetaCommand, MetaError, NewNode, Owner, RaftId};
+
+/// How long a proposal may take, leader elections included, before it fails UNAVAILABLE.
+pub(crate) const PROPOSE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a node waits for an answer from a peer it asks something.
+const PEER_CALL_TIMEOUT: Duration = Duration::from_secs(2);
+/// Pause between two attempts while no leader is known.
+const RETRY_PAUSE: Duration = Duration::from_millis(100);
+
+/// A queue defined in the metadata.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CreatedQueue {
+    /// Where it lives.
+    pub owner: Owner,
+    /// False when it existed already (`if_not_exists`).
+    pub created: bool,
+}
+
+/// The gRPC status of a refused metadata command: the caller's mistakes are INVALID_ARGUMENT,
+/// NOT_FOUND, ALREADY_EXISTS or FAILED_PRECONDITION, with the error's own advice.
+pub fn meta_status(e: &MetaError) -> Status {
+    let code = match e {
+        MetaError::InvalidAddress { .. }
+        | MetaError::InvalidSettings { .. }
+        | MetaError::NoNodes => Code::InvalidArgument,
+        MetaError::UnknownNode { .. } | MetaError::QueueNotFound { .. } => Code::NotFound,
+        MetaError::DuplicateNode { .. } | MetaError::QueueExists { .. } => Code::AlreadyExists,
+        MetaError::NotBootstrapped | MetaError::NoActiveNode => Code::Unavailable,
+        MetaError::AlreadyBootstrapped { .. }
+        | MetaError::WrongCluster { .. }
+        | MetaError::NodeRemoved { .. }
+        | MetaError::AlreadyVoter { .. }
+        | MetaError::LastVoter { .. }
+        | MetaError::NodeOwnsQueues { .. }
+        | MetaError::CompanionElsewhere { .. }
+        | MetaError::UnsupportedVersion { .. } => Code::FailedPrecondition,
+        MetaError::StaleIndex { .. } | MetaError::Decode { .. } => Code::Internal,
+    };
+    Status::new(code, e.to_string())
+}
+
+fn failure_status(f: &ProposeFailure) -> Status {
+    match f {
+        ProposeFailure::NotMember => Status::failed_precondition(
+            "this node is not a member of a cluster yet; add it with `ferry node add` on a member",
+        ),
+        ProposeFailure::Stopped => Status::unavailable("node shutting down"),
+        ProposeFailure::NotLeader(_) => {
+            Status::unavailable("this node does not lead the metadata group")
+        }
+        ProposeFailure::Overwritten | ProposeFailure::Dropped(_) => {
+            Status::unavailable("the proposal was lost to a leader change; retry")
+        }
+    }
+}
+
+impl MetaNode {
+    /// Proposes `command` to the local engine: the index it applied at and its outcome.
+    pub(crate) async fn propose_local(&self, command: Vec<u8>) -> Proposed {
+        let (reply, answer) = oneshot::channel();
+        if self
+            .shared
+            .inputs
+            .try_send(Input::Propose { command, reply })
+            .is_err()
+        {
+            return Err(ProposeFailure::Dropped(
+                "the metadata driver is busy".into(),
+            ));
+        }
+        answer.await.unwrap_or(Err(ProposeFailure::Stopped))
+    }
+
+    /// Proposes `command` through whichever node leads, and returns once it is applied on this
+    /// node: the index it applied at. A refused command is its [`meta_status`].
+    pub(crate) async fn propose(&self, command: &MetaCommand) -> Result<u64, Status> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let started = Instant::now();
+        let result = self.propose_uncounted(command).await;
+        let c = &self.shared.counters;
+        match &result {
+            Ok(_) => {
+                c.proposals.fetch_add(1, Relaxed);
+                let ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+                c.proposal_ms_total.fetch_add(ms, Relaxed);
+            }
+            Err(_) => {
+                c.proposals_failed.fetch_add(1, Relaxed);
+            }
+        }
+        result
+    }
+
+    async fn propose_uncounted(&self, command: &MetaCommand) -> Result<u64, Status> {
+        let bytes = command.encode();
+        let deadline = Instant::now() + PROPOSE_TIMEOUT;
+        let mut view = self.shared.view.clone();
+        let mut last_error = Status::unavailable(
+            "no metadata leader answered within 10 s; is a majority of the voters running? (`ferry cluster status`)",
+        );
+        while Instant::now() < deadline {
+            match self.propose_local(bytes.clone()).await {
+                Ok((index, Ok(_))) => {
+                    // Applied by the driver; published to the view right after its round.
+                    self.wait_applied(index, deadline).await?;
+                    return Ok(index);
+                }
+                Ok((_, Err(e))) => return Err(meta_status(&e)),
+                Err(ProposeFailure::NotLeader(Some(leader))) => {
+                    match self.forward(leader, &bytes).await {
+                        Ok(index) => {
+                            self.wait_applied(index, deadline).await?;
+                            return Ok(index);
+                        }
+                        Err(s) if s.code() == Code::Unavailable => last_error = s,
+                        Err(s) => return Err(s),
+                    }
+                }
+                Err(f @ (ProposeFailure::NotMember | ProposeFailure::Stopped)) => {
+                    return Err(failure_status(&f))
+                }
+                Err(f) => last_error = failure_status(&f),
+            }
+            // Wait for news (a leader elected) or a short pause, whichever comes first.
+            let _ = tokio::time::timeout(RETRY_PAUSE, view.changed()).await;
+        }
+        Err(last_error)
+    }
+
+    /// Asks the leader to propose; the index it applied at.
+    async fn forward(&self, leader: RaftId, command: &[u8]) -> Result<u64, Status> {
+        let addr = {
+            let view = self.shared.view.borrow();
+            view.node_by_raft_id(leader)
+                .map(|(_, n)| n.peer_addr.clone())
+        };
+        let Some(addr) = addr else {
+            return Err(Status::unavailable(format!(
+                "the metadata leader ({leader}) is not known here yet"
+            )));
+        };
+        let mut client = peer_client(&addr)?;
+        let req = pb::ProposeMetaRequest {
+            command: command.to_vec(),
+        };
+        let mut request = tonic::Request::new(req);
+        request.set_timeout(PROPOSE_TIMEOUT);
+        match client.propose_meta(request).await {
+            Ok(r) => Ok(r.into_inner().index),
+            // Transport trouble is worth a retry (the leader may have changed or died).
+            Err(s)
+                if matches!(
+                    s.code(),
+                    Code::Unknown | Code::Cancelled | Code::DeadlineExceeded
+                ) =>
+            {
+                Err(Status::unavailable(s.message().to_owned()))
+            }
+            Err(s) => Err(s),
+        }
+    }
+
+    /// Waits until the cluster is formed (this node knows its id), at most until `deadline`;
+    /// whether it is.
+    pub(crate) async fn wait_formed(&self, deadline: Instant) -> bool {
+        let mut view = self.shared.view.clone();
+        let formed = view.wait_for(|v| v.meta.cluster_id().is_some());
+        tokio::time::timeout_at(deadline, formed)
+            .await
+            .is_ok_and(|r| r.is_ok())
+    }
+
+    /// Waits until this node applied `index`.
+    pub(crate) async fn wait_applied(&self, index: u64, deadline: Instant) -> Result<(), Status> {
+        let mut view = self.shared.view.clone();
+        let applied =
+            tokio::time::timeout_at(deadline, view.wait_for(|v| v.meta.applied_index() >= index))
+                .await;
+        match applied {
+            Ok(Ok(_)) => Ok(()),
+            _ => Err(Status::unavailable(format!(
+                "committed, but this node has not applied metadata index {index} yet; it is behind the leader"
+            ))),
+        }
+    }
+
+    /// Defines a queue through the metadata group: owner by the placement rule (or `pinned`),
+    /// committed before the queue is used. The owner's back-end creates it when it applies the
+    /// command.
+    pub async fn create_queue(
+        &self,
+        name: &QueueName,
+        settings: pb::QueueConfig,
+        pinned: Option<NodeId>,
+        if_not_exists: bool,
+    ) -> Result<CreatedQueue, Status> {
+        let existing = |created| {
+            let view = self.shared.view.borrow();
+            view.meta.queue(name).map(|d| CreatedQueue {
+                owner: d.owner.clone(),
+                created,
+            })
+        };
+        if let Some(found) = existing(false) {
+            return if if_not_exists {
+                Ok(found)
+            } else {
+                Err(meta_status(&MetaError::QueueExists {
+                    queue: name.clone(),
+                }))
+            };
+        }
+        self.shared.host.check_settings(name, &settings)?;
+        if !self.wait_formed(Instant::now() + PROPOSE_TIMEOUT).await {
+            return Err(meta_status(&MetaError::NotBootstrapped));
+        }
+        let owner = {
+            let view = self.shared.view.borrow();
+            choose_queue_owner(
+                &view.meta,
+                name,
+                &settings,
+                &BTreeMap::new(),
+                pinned.as_ref(),
+            )
+            .map_err(|e| meta_status(&e))?
+        };
+        let command = MetaCommand::CreateQueue {
+            name: name.clone(),
+            settings,
+            owner,
+        };
+        match self.propose(&command).await {
+            Ok(_) => existing(true).ok_or_else(|| {
+                Status::unavailable(format!("queue {name} was deleted right after its creation"))
+            }),
+            Err(s) if s.code() == Code::AlreadyExists && if_not_exists => existing(false).ok_or(s),
+            Err(s) => Err(s),
+        }
+    }
+
+    /// Deletes a queue through the metadata group; its owner deletes it when it applies the
+    /// command. Returns where it lived.
+    pub async fn delete_queue(&self, name: &QueueName) -> Result<Owner, Status> {
+        let owner = {
+            let view = self.shared.view.borrow();
+            view.meta.queue(name).map(|d| d.owner.clone())
+        };
+        let Some(owner) = owner else {
+            return Err(meta_status(&MetaError::QueueNotFound {
+                queue: name.clone(),
+            }));
+        };
+        self.propose(&MetaCommand::DeleteQueue { name: name.clone() })
+            .await?;
+        Ok(owner)
+    }
+
+    /// As the first leader of a new cluster: asks every initial node who it is, then proposes
+    /// `Bootstrap` with a new cluster id. Ends once the cluster is formed or at shutdown.
+    pub(crate) async fn bootstrap_when_leader(self) {
+        let StartMode::Initial(voters) = self.shared.settings.start.clone() else {
+            return;
+        };
+        let mut view = self.shared.view.clone();
+        let mut shutdown = self.shared.shutdown.clone();
+        loop {
+            let (formed, leader) = {
+                let v = view.borrow_and_update();
+                (v.meta.cluster_id().is_some(), v.is_leader())
+            };
+            if formed {
+                return;
+            }
+            if leader {
+                match self.initial_nodes(&voters).await {
+                    Ok(nodes) => {
+                        let command = MetaCommand::Bootstrap {
+                            cluster_id: ClusterId(rand::random::<u128>().max(1)),
+                            nodes,
+                        };
+                        match self.propose_local(command.encode()).await {
+                            Ok((_, Ok(_))) => tracing::info!("formed a new cluster"),
+                            Ok((_, Err(e))) => tracing::debug!(error = %e, "bootstrap refused"),
+                            Err(f) => tracing::debug!(?f, "bootstrap not proposed yet"),
+                        }
+                    }
+                    Err(why) => tracing::info!(%why, "waiting for the initial nodes"),
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::timeout(Duration::from_millis(500), view.changed()) => {}
+                _ = shutdown.wait_for(|s| *s) => return,
+            }
+        }
+    }
+
+    /// Every initial node's addresses, asking the others for their client address.
+    async fn initial_nodes(&self, voters: &[(NodeId, String)]) -> Result<Vec<NewNode>, String> {
+        let settings = &self.shared.settings;
+        let mut nodes = vec![];
+        for (id, peer_addr) in voters {
+            if id == &settings.node_id {
+                nodes.push(NewNode {
+                    id: id.clone(),
+                    client_addr: settings.client_addr.clone(),
+                    peer_addr: settings.peer_addr.clone(),
+                });
+                continue;
+            }
+            let hello = hello(peer_addr, &settings.node_id)
+                .await
+                .map_err(|s| format!("{id} at {peer_addr}: {}", s.message()))?;
+            if hello.node_id != id.as_str() {
+                return Err(format!(
+                    "at {peer_addr} runs node {}, not {id}; fix the initial cluster list",
+                    hello.node_id
+                ));
+            }
+            nodes.push(NewNode {
+                id: id.clone(),
+                client_addr: hello.client_address,
+                peer_addr: peer_addr.clone(),
+            });
+        }
+        Ok(nodes)
+    }
+
+    /// As a node started with `join`: asks the member at `addr` until this node is listed, then
+    /// starts following the cluster with its raft id.
+    pub(crate) async fn wait_until_added(self, addr: String) {
+        let me = self.shared.settings.node_id.clone();
+        let mut shutdown = self.shared.shutdown.clone();
+        tracing::info!(%addr, "waiting to be added to the cluster: run `ferry node add {me} --address {}` on a member", self.shared.settings.peer_addr);
+        loop {
+            if let Ok(h) = hello(&addr, &me).await {
+                if let Some(raft_id) = h.members.get(me.as_str()) {
+                    // Until the metadata arrives, the members' addresses come from here.
+                    let peers = h
+                        .member_peer_addresses
+                        .into_iter()
+                        .filter(|(id, _)| id != raft_id)
+                        .map(|(id, addr)| (ferry_multiraft::NodeId(id), addr))
+                        .collect();
+                    *self
+                        .shared
+                        .early_peers
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner) = peers;
+                    let _ = self.shared.inputs.try_send(Input::Join(RaftId(*raft_id)));
+                    return;
+                }
+            }
+            tokio::select! {
+                () = tokio::time::sleep(Duration::from_millis(500)) => {}
+                _ = shutdown.wait_for(|s| *s) => return,
+            }
+        }
+    }
+
+    /// Proposes the queues the back-end held before this node had metadata, owned here; then
+    /// the back-end follows the metadata like any other node's.
+    pub(crate) async fn import_local_queues(self) {
+        let me = self.shared.settings.node_id.clone();
+        let mut view = self.shared.view.clone();
+        let ready = view
+            .wait_for(|v| v.meta.cluster_id().is_some() && v.meta.node(&me).is_some())
+            .await
+            .is_ok();
+        if !ready {
+            return;
+        }
+        let mut held = self.shared.host.queues();
+        // Queues before their dead-letter queues, which they define alongside.
+        held.sort_by_key(|q| (q.name.as_str().ends_with(".DLQ"), q.name.clone()));
+        for q in held {
+            let defined = self.shared.view.borrow().meta.queue(&q.name).is_some();
+            if defined {
+                continue;
+            }
+            let command = MetaCommand::CreateQueue {
+                name: q.name.clone(),
+                settings: q.settings.clone(),
+                owner: me.clone(),
+            };
+            match self.propose(&command).await {
+                Ok(_) => {
+                    tracing::info!(queue = %q.name, "queue imported into the cluster metadata")
+                }
+                Err(s) if s.code() == Code::AlreadyExists => {}
+                Err(s) => {
+                    tracing::error!(queue = %q.name, error = %s.message(), "cannot import the queue; it stays unplaced until the next start");
+                    return;
+                }
+            }
+        }
+        if let Some(marker) = self.import_marker() {
+            if let Err(e) = std::fs::remove_file(&marker) {
+                tracing::warn!(path = %marker.display(), error = %e, "cannot remove the import marker");
+            }
+        }
+    }
+
+    /// The file whose presence says the import is not finished.
+    pub(crate) fn import_marker(&self) -> Option<std::path::PathBuf> {
+        self.shared
+            .settings
+            .raft_dir
+            .as_ref()
+            .map(|d| d.join(IMPORT_MARKER))
+    }
+}
+
+/// Name of the file, in the Raft directory, that marks an unfinished import.
+pub const IMPORT_MARKER: &str = "IMPORT_PENDING";
+
+pub(crate) fn peer_client(
+    addr: &str,
+) -> Result<pb::peer_client::PeerClient<tonic::transport::Channel>, Status> {
+    let endpoint = peer_endpoint(addr)
+        .map_err(|e| Status::invalid_argument(format!("peer address {addr:?}: {e}")))?;
+    Ok(pb::peer_client::PeerClient::new(endpoint.connect_lazy()))
+}
+
+/// Asks the node at `addr` who it is.
+pub(crate) async fn hello(addr: &str, from: &NodeId) -> Result<pb::HelloResponse, Status> {
+    let mut client = peer_client(addr)?;
+    let mut request = tonic::Request::new(pb::HelloRequest {
+        from_node_id: from.to_string(),
+    });
+    request.set_timeout(PEER_CALL_TIMEOUT);
+    match client.hello(request).await {
+        Ok(r) => Ok(r.into_inner()),
+        Err(s) => Err(Status::unavailable(format!(
+            "nothing answers as a Ferry node at {addr} ({}); check the address (a node's peer listener, `peer_listen`) and that the node runs",
+            s.message()
+        ))),
+    }
+}
+
+/// Before a joining node starts: something must answer at `addr`, and belong to a cluster.
+pub(crate) async fn check_join_target(addr: &str) -> Result<(), StartError> {
+    let me = NodeId::new("joining").map_err(|e| StartError::Join {
+        addr: addr.into(),
+        reason: e.to_string(),
+    })?;
+    let h = hello(addr, &me).await.map_err(|s| StartError::Join {
+        addr: addr.into(),
+        reason: s.message().to_owned(),
+    })?;
+    if h.cluster_id.is_empty() {
+        return Err(StartError::Join {
+            addr: addr.into(),
+            reason: format!(
+                "node {} there belongs to no cluster yet; join a member of a formed cluster",
+                h.node_id
+            ),
+        });
+    }
+    Ok(())
+}

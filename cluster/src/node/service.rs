@@ -1,0 +1,272 @@
+//! The gRPC services of the metadata group: `Peer` (node to node, on the peer listener) and
+//! `Cluster` (membership for admins, on the client listener). Thin: decode, one call, encode.
+
+use std::str::FromStr;
+
+use ferry_kernel::NodeId;
+use ferry_proto::pb;
+use tonic::{Request, Response, Status};
+
+use super::propose::{hello, meta_status, PROPOSE_TIMEOUT};
+use super::transport::{cluster_id_bytes, cluster_id_of, receive_stream, BATCH_BYTES_MAX};
+use super::MetaNode;
+use crate::meta::{check_voters, MetaCommand, MetaError, NodeRole, VoterChange, VoterCheck};
+
+/// The `Peer` service of a node.
+#[derive(Debug, Clone)]
+pub struct PeerService {
+    node: MetaNode,
+}
+
+/// The `Cluster` service of a node.
+#[derive(Debug, Clone)]
+pub struct ClusterService {
+    node: MetaNode,
+}
+
+impl MetaNode {
+    /// The `Peer` service, for the peer listener.
+    pub fn peer_service(&self) -> pb::peer_server::PeerServer<PeerService> {
+        pb::peer_server::PeerServer::new(PeerService { node: self.clone() })
+            .max_decoding_message_size(BATCH_BYTES_MAX)
+    }
+
+    /// The `Cluster` service, for the client listener.
+    pub fn cluster_service(&self) -> pb::cluster_server::ClusterServer<ClusterService> {
+        pb::cluster_server::ClusterServer::new(ClusterService { node: self.clone() })
+    }
+}
+
+type Reply<T> = Result<Response<T>, Status>;
+
+#[tonic::async_trait]
+impl pb::peer_server::Peer for PeerService {
+    async fn raft(
+        &self,
+        req: Request<tonic::Streaming<pb::RaftBatch>>,
+    ) -> Reply<pb::RaftStreamEnd> {
+        let shared = &self.node.shared;
+        let view = shared.view.clone();
+        receive_stream(
+            &shared.links,
+            req.into_inner(),
+            move || view.borrow().meta.cluster_id(),
+            shared.shutdown.clone(),
+        )
+        .await?;
+        Ok(Response::new(pb::RaftStreamEnd {}))
+    }
+
+    async fn hello(&self, _req: Request<pb::HelloRequest>) -> Reply<pb::HelloResponse> {
+        let shared = &self.node.shared;
+        let view = shared.view.borrow().clone();
+        let members = view
+            .meta
+            .nodes()
+            .iter()
+            .filter(|(_, n)| n.is_active())
+            .map(|(id, n)| (id.to_string(), n.raft_id.0))
+            .collect();
+        let member_peer_addresses = view
+            .meta
+            .nodes()
+            .values()
+            .filter(|n| n.is_active())
+            .map(|n| (n.raft_id.0, n.peer_addr.clone()))
+            .collect();
+        Ok(Response::new(pb::HelloResponse {
+            node_id: shared.settings.node_id.to_string(),
+            client_address: shared.settings.client_addr.clone(),
+            peer_address: shared.settings.peer_addr.clone(),
+            cluster_id: cluster_id_bytes(view.meta.cluster_id()),
+            raft_id: view.raft_id.map_or(0, |r| r.0),
+            members,
+            member_peer_addresses,
+        }))
+    }
+
+    async fn propose_meta(
+        &self,
+        req: Request<pb::ProposeMetaRequest>,
+    ) -> Reply<pb::ProposeMetaResponse> {
+        let command = req.into_inner().command;
+        if let Err(e) = MetaCommand::decode(&command) {
+            return Err(meta_status(&e));
+        }
+        let proposed = tokio::time::timeout(PROPOSE_TIMEOUT, self.node.propose_local(command))
+            .await
+            .map_err(|_| Status::unavailable("the proposal was not applied within 10 s"))?;
+        match proposed {
+            Ok((index, Ok(_))) => Ok(Response::new(pb::ProposeMetaResponse { index })),
+            Ok((_, Err(e))) => Err(meta_status(&e)),
+            Err(f) => Err(Status::unavailable(format!(
+                "not proposed here ({f:?}); ask the current leader"
+            ))),
+        }
+    }
+}
+
+fn node_id(field: &str, value: &str) -> Result<NodeId, Status> {
+    NodeId::new(value).map_err(|e| Status::invalid_argument(format!("{field}: {e}")))
+}
+
+/// `host:port` with a numeric port.
+fn check_address(field: &str, addr: &str) -> Result<(), Status> {
+    let ok = addr
+        .rsplit_once(':')
+        .is_some_and(|(host, port)| !host.is_empty() && u16::from_str(port).is_ok_and(|p| p > 0));
+    if ok {
+        Ok(())
+    } else {
+        Err(Status::invalid_argument(format!(
+            "{field} is {addr:?}; write it as host:port (the node's peer listener)"
+        )))
+    }
+}
+
+#[tonic::async_trait]
+impl pb::cluster_server::Cluster for ClusterService {
+    async fn add_node(&self, req: Request<pb::AddNodeRequest>) -> Reply<pb::AddNodeResponse> {
+        let r = req.into_inner();
+        let id = node_id("node_id", &r.node_id)?;
+        check_address("peer_address", &r.peer_address)?;
+        let view = self.node.shared.view.borrow().clone();
+        let Some(ours) = view.meta.cluster_id() else {
+            return Err(meta_status(&MetaError::NotBootstrapped));
+        };
+        if view.meta.node(&id).is_some() {
+            return Err(meta_status(&MetaError::DuplicateNode { node: id }));
+        }
+        if !r.learner {
+            if let VoterCheck::Breaks { advice, .. } =
+                check_voters(&view.meta, VoterChange::AddVoter)
+            {
+                return Err(Status::failed_precondition(advice));
+            }
+        }
+        let h = hello(&r.peer_address, self.node.node_id()).await?;
+        if h.node_id != id.as_str() {
+            return Err(Status::invalid_argument(format!(
+                "node {} runs at {}, not {id}; check the id and the address",
+                h.node_id, r.peer_address
+            )));
+        }
+        if let Some(theirs) = cluster_id_of(&h.cluster_id)? {
+            if theirs != ours {
+                return Err(meta_status(&MetaError::WrongCluster {
+                    expected: ours,
+                    got: theirs,
+                }));
+            }
+        }
+        let command = MetaCommand::AddNode {
+            id: id.clone(),
+            client_addr: h.client_address,
+            peer_addr: r.peer_address,
+            learner: r.learner,
+        };
+        self.node.propose(&command).await?;
+        let status = self.node.status();
+        let node = status.nodes.into_iter().find(|n| n.node_id == id.as_str());
+        Ok(Response::new(pb::AddNodeResponse { node }))
+    }
+
+    async fn remove_node(
+        &self,
+        req: Request<pb::RemoveNodeRequest>,
+    ) -> Reply<pb::RemoveNodeResponse> {
+        let id = node_id("node_id", &req.into_inner().node_id)?;
+        let view = self.node.shared.view.borrow().clone();
+        let Some(node) = view.meta.node(&id) else {
+            return Err(meta_status(&MetaError::UnknownNode { node: id }));
+        };
+        if !node.is_active() {
+            return Err(meta_status(&MetaError::NodeRemoved { node: id }));
+        }
+        if node.role == NodeRole::Voter && view.meta.voters().len() > 1 {
+            if let VoterCheck::Breaks { advice, .. } =
+                check_voters(&view.meta, VoterChange::RemoveVoter)
+            {
+                return Err(Status::failed_precondition(format!(
+                    "removing voter {id}: {advice}"
+                )));
+            }
+        }
+        self.node.propose(&MetaCommand::RemoveNode { id }).await?;
+        Ok(Response::new(pb::RemoveNodeResponse {}))
+    }
+
+    async fn get_cluster_status(
+        &self,
+        _req: Request<pb::GetClusterStatusRequest>,
+    ) -> Reply<pb::ClusterStatus> {
+        Ok(Response::new(self.node.status()))
+    }
+}
+
+impl MetaNode {
+    /// The cluster as this node sees it.
+    pub fn status(&self) -> pb::ClusterStatus {
+        let shared = &self.shared;
+        let view = shared.view.borrow().clone();
+        let me = &shared.settings.node_id;
+        let leader = view
+            .leader_raft_id()
+            .and_then(|r| view.node_by_raft_id(r))
+            .map(|(id, _)| id.to_string())
+            .unwrap_or_default();
+        let nodes = view
+            .meta
+            .nodes()
+            .iter()
+            .filter(|(_, n)| n.is_active())
+            .map(|(id, n)| {
+                let heard = shared.links.last_heard(n.raft_id.0);
+                let health = if id == me {
+                    "self"
+                } else if heard.is_some_and(|h| h <= shared.settings.liveness_timeout) {
+                    "up"
+                } else {
+                    "down"
+                };
+                pb::NodeStatus {
+                    node_id: id.to_string(),
+                    raft_id: n.raft_id.0,
+                    client_address: n.client_addr.clone(),
+                    peer_address: n.peer_addr.clone(),
+                    role: match n.role {
+                        NodeRole::Voter => "voter",
+                        NodeRole::Learner => "learner",
+                    }
+                    .into(),
+                    health: health.into(),
+                    last_heard_ms_ago: if id == me {
+                        0
+                    } else {
+                        heard.map_or(0, |h| h.as_millis() as u64)
+                    },
+                    queues: view
+                        .meta
+                        .queues_of(id)
+                        .into_iter()
+                        .map(|q| q.to_string())
+                        .collect(),
+                }
+            })
+            .collect();
+        let group = view.group.as_ref();
+        pb::ClusterStatus {
+            cluster_id: view
+                .meta
+                .cluster_id()
+                .map(|c| c.to_string())
+                .unwrap_or_default(),
+            node_id: me.to_string(),
+            leader_node_id: leader,
+            term: group.map_or(0, |g| g.term),
+            commit_index: group.map_or(0, |g| g.commit_index),
+            applied_index: view.meta.applied_index(),
+            nodes,
+        }
+    }
+}

@@ -1,0 +1,287 @@
+//! Raft between nodes: one long-lived `Peer.Raft` stream from this node to each peer, carrying
+//! the engine's batches (opaque bytes) and, on an idle link, probes; the server side of that
+//! stream; and liveness (when each peer was last heard from).
+
+use std::collections::HashMap;
+use std::sync::mpsc::{SyncSender, TrySendError};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use ferry_multiraft::NodeId as PeerId;
+use ferry_proto::pb;
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::Endpoint;
+
+use super::driver::Input;
+use crate::meta::ClusterId;
+
+/// Batches waiting for one peer's stream; past this, new ones are dropped (Raft sends again).
+const LINK_QUEUE_MAX: usize = 256;
+/// The longest wait between two connection attempts to a peer.
+const RECONNECT_DELAY_MAX: Duration = Duration::from_secs(2);
+/// Largest batch accepted on the stream (a metadata snapshot travels in one batch).
+pub(crate) const BATCH_BYTES_MAX: usize = 64 * 1024 * 1024;
+
+/// The outgoing streams, one per peer, and what they share.
+pub(crate) struct Links {
+    links: Mutex<HashMap<PeerId, Link>>,
+    inputs: SyncSender<Input>,
+    runtime: tokio::runtime::Handle,
+    /// Stamped on every batch sent: this node's raft id and cluster id.
+    sender: Mutex<(u64, Option<ClusterId>)>,
+    probe_interval: Duration,
+    /// When each peer was last heard from (any batch or probe it sent).
+    heard: Mutex<HashMap<u64, Instant>>,
+}
+
+struct Link {
+    addr: String,
+    tx: mpsc::Sender<Bytes>,
+}
+
+impl Links {
+    pub(crate) fn new(
+        inputs: SyncSender<Input>,
+        runtime: tokio::runtime::Handle,
+        probe_interval: Duration,
+    ) -> Self {
+        Links {
+            links: Mutex::new(HashMap::new()),
+            inputs,
+            runtime,
+            sender: Mutex::new((0, None)),
+            probe_interval,
+            heard: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Queues a batch for `to`; dropped if there is no link to it or its queue is full (Raft
+    /// retransmits what matters). Called from the driver's thread: never blocks.
+    pub(crate) fn send(&self, to: PeerId, bytes: Bytes) {
+        let links = self.links.lock().unwrap_or_else(PoisonError::into_inner);
+        match links.get(&to) {
+            Some(link) => {
+                if link.tx.try_send(bytes).is_err() {
+                    tracing::debug!(to = to.0, "peer link full; Raft batch dropped");
+                }
+            }
+            None => tracing::debug!(to = to.0, "no link to this peer yet; Raft batch dropped"),
+        }
+    }
+
+    /// Sets who this node is on the wire.
+    pub(crate) fn set_sender(&self, raft_id: u64, cluster_id: Option<ClusterId>) {
+        *self.sender.lock().unwrap_or_else(PoisonError::into_inner) = (raft_id, cluster_id);
+    }
+
+    fn sender(&self) -> (u64, Option<ClusterId>) {
+        *self.sender.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Keeps one link per peer in `peers` (raft id → peer address), starting new ones and
+    /// ending those of peers no longer listed or moved.
+    pub(crate) fn update(self: &Arc<Self>, peers: &HashMap<PeerId, String>) {
+        let mut links = self.links.lock().unwrap_or_else(PoisonError::into_inner);
+        links.retain(|id, link| peers.get(id) == Some(&link.addr));
+        for (id, addr) in peers {
+            if links.contains_key(id) {
+                continue;
+            }
+            let (tx, rx) = mpsc::channel(LINK_QUEUE_MAX);
+            links.insert(
+                *id,
+                Link {
+                    addr: addr.clone(),
+                    tx,
+                },
+            );
+            let me = Arc::clone(self);
+            self.runtime.spawn(run_link(me, *id, addr.clone(), rx));
+        }
+    }
+
+    /// Ends every link.
+    pub(crate) fn close(&self) {
+        self.links
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
+    }
+
+    pub(crate) fn heard_from(&self, raft_id: u64) {
+        self.heard
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(raft_id, Instant::now());
+    }
+
+    /// How long ago `raft_id` was last heard from, if ever.
+    pub(crate) fn last_heard(&self, raft_id: u64) -> Option<Duration> {
+        self.heard
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&raft_id)
+            .map(Instant::elapsed)
+    }
+
+    fn batch(&self, bytes: Bytes) -> pb::RaftBatch {
+        let (from, cluster_id) = self.sender();
+        pb::RaftBatch {
+            from_raft_id: from,
+            cluster_id: cluster_id_bytes(cluster_id),
+            batch: bytes,
+        }
+    }
+}
+
+/// Channel to a peer's listener with keepalive, so a dead peer is noticed within seconds.
+pub(crate) fn peer_endpoint(addr: &str) -> Result<Endpoint, tonic::transport::Error> {
+    Ok(Endpoint::from_shared(format!("http://{addr}"))?
+        .connect_timeout(Duration::from_secs(1))
+        .http2_keep_alive_interval(Duration::from_secs(1))
+        .keep_alive_timeout(Duration::from_secs(2))
+        .keep_alive_while_idle(true)
+        .tcp_nodelay(true))
+}
+
+/// Sends `to`'s batches on one stream, reconnecting after a failure with a growing delay, until
+/// the link is dropped.
+async fn run_link(links: Arc<Links>, to: PeerId, addr: String, mut rx: mpsc::Receiver<Bytes>) {
+    let mut delay = Duration::from_millis(100);
+    loop {
+        match stream_once(&links, &addr, &mut rx).await {
+            StreamEnd::LinkDropped => return,
+            StreamEnd::Failed(why) => {
+                tracing::debug!(to = to.0, %addr, %why, "Raft stream to peer ended");
+                if let Err(TrySendError::Disconnected(_)) =
+                    links.inputs.try_send(Input::Unreachable(to))
+                {
+                    return;
+                }
+            }
+        }
+        let wait = tokio::time::sleep(delay);
+        tokio::pin!(wait);
+        loop {
+            tokio::select! {
+                () = &mut wait => break,
+                // Batches queued meanwhile are stale by the time a stream is back.
+                got = rx.recv() => if got.is_none() { return },
+            }
+        }
+        delay = (delay * 2).min(RECONNECT_DELAY_MAX);
+    }
+}
+
+enum StreamEnd {
+    LinkDropped,
+    Failed(String),
+}
+
+async fn stream_once(links: &Links, addr: &str, rx: &mut mpsc::Receiver<Bytes>) -> StreamEnd {
+    let endpoint = match peer_endpoint(addr) {
+        Ok(e) => e,
+        Err(e) => return StreamEnd::Failed(e.to_string()),
+    };
+    let mut client = pb::peer_client::PeerClient::new(endpoint.connect_lazy())
+        .max_encoding_message_size(BATCH_BYTES_MAX);
+    let (tx, stream) = mpsc::channel::<pb::RaftBatch>(LINK_QUEUE_MAX);
+    // The first message opens the stream (and tells the peer this node is alive).
+    let _ = tx.try_send(links.batch(Bytes::new()));
+    let call = client.raft(ReceiverStream::new(stream));
+    tokio::pin!(call);
+    let mut probe = tokio::time::interval(links.probe_interval);
+    probe.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_sent = Instant::now();
+    loop {
+        tokio::select! {
+            ended = &mut call => {
+                return StreamEnd::Failed(match ended {
+                    Ok(_) => "closed by the peer".to_owned(),
+                    Err(status) => status.message().to_owned(),
+                });
+            }
+            got = rx.recv() => {
+                let Some(bytes) = got else { return StreamEnd::LinkDropped };
+                if tx.try_send(links.batch(bytes)).is_err() {
+                    tracing::debug!(%addr, "Raft stream backed up; batch dropped");
+                }
+                last_sent = Instant::now();
+            }
+            _ = probe.tick() => {
+                // A busy link needs no probe: its batches tell the peer this node is alive.
+                if last_sent.elapsed() >= links.probe_interval {
+                    let _ = tx.try_send(links.batch(Bytes::new()));
+                    last_sent = Instant::now();
+                }
+            }
+        }
+    }
+}
+
+/// The receiving side of `Peer.Raft`: checks the cluster id, notes liveness, hands batches to
+/// the driver. Ends when the peer closes the stream or this node shuts down.
+pub(crate) async fn receive_stream(
+    links: &Links,
+    mut stream: tonic::Streaming<pb::RaftBatch>,
+    our_cluster: impl Fn() -> Option<ClusterId>,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<(), tonic::Status> {
+    loop {
+        let batch = tokio::select! {
+            got = stream.message() => match got? {
+                Some(batch) => batch,
+                None => return Ok(()),
+            },
+            _ = shutdown.wait_for(|stopping| *stopping) => {
+                return Err(tonic::Status::unavailable("node shutting down"));
+            }
+        };
+        if let (Some(ours), Some(theirs)) = (our_cluster(), cluster_id_of(&batch.cluster_id)?) {
+            if ours != theirs {
+                return Err(tonic::Status::failed_precondition(format!(
+                    "this node belongs to cluster {ours}, the sender to {theirs}; a node of another cluster is refused (wipe its data directory to join this one)"
+                )));
+            }
+        }
+        if batch.from_raft_id == 0 {
+            continue;
+        }
+        links.heard_from(batch.from_raft_id);
+        if batch.batch.is_empty() {
+            continue;
+        }
+        let input = Input::Batch {
+            from: PeerId(batch.from_raft_id),
+            bytes: batch.batch,
+        };
+        match links.inputs.try_send(input) {
+            Ok(()) | Err(TrySendError::Full(_)) => {}
+            Err(TrySendError::Disconnected(_)) => {
+                return Err(tonic::Status::unavailable("node shutting down"));
+            }
+        }
+    }
+}
+
+/// A cluster id from the wire: empty is none, 16 bytes is one, anything else is refused.
+pub(crate) fn cluster_id_of(bytes: &[u8]) -> Result<Option<ClusterId>, tonic::Status> {
+    match bytes.len() {
+        0 => Ok(None),
+        16 => {
+            let mut b = [0u8; 16];
+            b.copy_from_slice(bytes);
+            Ok(Some(ClusterId(u128::from_be_bytes(b))))
+        }
+        n => Err(tonic::Status::invalid_argument(format!(
+            "cluster_id has {n} bytes; it has 16, or none"
+        ))),
+    }
+}
+
+/// A cluster id for the wire.
+pub(crate) fn cluster_id_bytes(id: Option<ClusterId>) -> Vec<u8> {
+    id.map(|c| c.0.to_be_bytes().to_vec()).unwrap_or_default()
+}

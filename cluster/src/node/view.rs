@@ -1,0 +1,84 @@
+//! What the driver publishes after its rounds: the metadata state and its view of group 0.
+
+use ferry_kernel::NodeId;
+use ferry_multiraft::{GroupStatus, Role};
+
+use crate::meta::{MetaState, NodeInfo, RaftId};
+
+/// The newest metadata on this node, published through a `watch` channel.
+#[derive(Debug, Clone)]
+pub struct MetaView {
+    /// The state machine at its applied index.
+    pub meta: MetaState,
+    /// This node's raft id, once it is a member.
+    pub raft_id: Option<RaftId>,
+    /// This node's view of group 0, once it is a member.
+    pub group: Option<GroupStatus>,
+}
+
+impl MetaView {
+    /// Before anything was loaded or applied.
+    pub fn empty() -> Self {
+        MetaView {
+            meta: MetaState::new(),
+            raft_id: None,
+            group: None,
+        }
+    }
+
+    /// Whether this node leads group 0.
+    pub fn is_leader(&self) -> bool {
+        self.group.as_ref().is_some_and(|g| g.role == Role::Leader)
+    }
+
+    /// The leader this node knows of, as a raft id.
+    pub fn leader_raft_id(&self) -> Option<RaftId> {
+        self.group
+            .as_ref()
+            .and_then(|g| g.leader)
+            .map(|l| RaftId(l.0))
+    }
+
+    /// The node with `raft_id`, if recorded.
+    pub fn node_by_raft_id(&self, raft_id: RaftId) -> Option<(&NodeId, &NodeInfo)> {
+        self.meta.nodes().iter().find(|(_, n)| n.raft_id == raft_id)
+    }
+}
+
+/// Counters of the metadata group on this node, since start (for metrics).
+#[derive(Debug, Default)]
+pub struct RaftCounters {
+    /// Times this node saw the leader of group 0 change.
+    pub leader_changes: std::sync::atomic::AtomicU64,
+    /// Commands proposed through this node and applied.
+    pub proposals: std::sync::atomic::AtomicU64,
+    /// Commands proposed through this node that failed (refused, no leader, timed out).
+    pub proposals_failed: std::sync::atomic::AtomicU64,
+    /// Milliseconds from proposal to applied on this node, summed over `proposals`.
+    pub proposal_ms_total: std::sync::atomic::AtomicU64,
+}
+
+/// A reading of the metadata group for metrics.
+#[derive(Debug, Clone, Default)]
+pub struct RaftMetrics {
+    /// The term this node knows.
+    pub term: u64,
+    /// Whether this node leads group 0.
+    pub leader: bool,
+    /// Highest index known committed.
+    pub commit_index: u64,
+    /// Highest index applied here.
+    pub applied_index: u64,
+    /// Entries in the log since the last compaction.
+    pub log_entries: u64,
+    /// See [`RaftCounters`].
+    pub leader_changes_total: u64,
+    /// See [`RaftCounters`].
+    pub proposals_total: u64,
+    /// See [`RaftCounters`].
+    pub proposals_failed_total: u64,
+    /// See [`RaftCounters`].
+    pub proposal_ms_total: u64,
+    /// Peers shown down.
+    pub peers_down: u64,
+}

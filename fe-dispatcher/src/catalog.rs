@@ -1,0 +1,40 @@
+//! The cluster's queue catalog as the front-end sees it: creating and deleting a queue is a
+//! metadata proposal, answered once committed and applied on this node (its placement snapshot
+//! then names the queue's owner). The node assembly implements it over the Raft metadata group;
+//! without one (tests, tools) the front-end creates queues on the back-end the router picks.
+
+use std::sync::Arc;
+
+use ferry_kernel::{NodeId, QueueName};
+use ferry_proto::pb;
+use tonic::Status;
+
+use crate::router::Owner;
+
+/// A queue defined in the catalog.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CatalogEntry {
+    /// Where it lives, at which placement epoch.
+    pub owner: Owner,
+    /// False when it existed already.
+    pub created: bool,
+}
+
+/// See the module docs.
+#[tonic::async_trait]
+pub trait Catalog: Send + Sync + 'static {
+    /// Defines a queue (on `pinned`, or where the placement rule puts it).
+    async fn create_queue(
+        &self,
+        name: &QueueName,
+        settings: pb::QueueConfig,
+        pinned: Option<NodeId>,
+        if_not_exists: bool,
+    ) -> Result<CatalogEntry, Status>;
+
+    /// Deletes a queue's definition; returns where it lived.
+    async fn delete_queue(&self, name: &QueueName) -> Result<Owner, Status>;
+}
+
+/// A shared catalog.
+pub type CatalogRef = Arc<dyn Catalog>;

@@ -1,0 +1,207 @@
+//! Several `ferry server` processes forming one cluster, each on its own loopback address
+//! (127.x.y.N, with x.y drawn at random per cluster so that tests running side by side do not
+//! meet) on fixed ports, so a node restarted in place keeps the addresses its peers know.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use ferry_client::pb;
+use ferry_client::Client;
+
+use crate::{wait_until, Node, NodeOptions};
+
+/// The client port of every node (each has its own address).
+pub const CLIENT_PORT: u16 = 7400;
+/// The peer port of every node.
+pub const PEER_PORT: u16 = 7410;
+
+/// A cluster of real nodes; each is killed when dropped.
+#[derive(Debug)]
+pub struct Cluster {
+    /// The nodes, in the order started.
+    pub nodes: Vec<Node>,
+    dir: PathBuf,
+    /// 127.x.y. — the first three octets of every node's address.
+    prefix: String,
+    /// Memory storage for every node.
+    memory: bool,
+}
+
+impl Cluster {
+    /// Starts `ids` as the initial voters of a new cluster (data under `dir/<id>`).
+    pub fn start(dir: &Path, ids: &[&str]) -> anyhow::Result<Cluster> {
+        Self::start_with(dir, ids, false, "")
+    }
+
+    /// Like [`Cluster::start`], with every node in memory or not, and extra TOML for each.
+    pub fn start_with(
+        dir: &Path,
+        ids: &[&str],
+        memory: bool,
+        extra_toml: &str,
+    ) -> anyhow::Result<Cluster> {
+        let x = 2 + rand::random::<u8>() % 250;
+        let y = rand::random::<u8>();
+        let mut cluster = Cluster {
+            nodes: vec![],
+            dir: dir.into(),
+            prefix: format!("127.{x}.{y}."),
+            memory,
+        };
+        let initial = ids
+            .iter()
+            .enumerate()
+            .map(|(i, id)| format!("{id}={}", cluster.peer_addr(i)))
+            .collect::<Vec<_>>()
+            .join(",");
+        for (i, id) in ids.iter().enumerate() {
+            let toml = format!("{extra_toml}\n[cluster]\ninitial = \"{initial}\"\n");
+            let node = cluster.spawn(i, id, &toml)?;
+            cluster.nodes.push(node);
+        }
+        Ok(cluster)
+    }
+
+    fn ip(&self, index: usize) -> String {
+        format!("{}{}", self.prefix, index + 1)
+    }
+
+    /// The peer address of the node at `index` (started or to be).
+    pub fn peer_addr(&self, index: usize) -> String {
+        format!("{}:{PEER_PORT}", self.ip(index))
+    }
+
+    fn spawn(&self, index: usize, id: &str, toml: &str) -> anyhow::Result<Node> {
+        let options = NodeOptions {
+            node_id: id.into(),
+            extra_toml: toml.into(),
+            memory: self.memory,
+            ..Default::default()
+        };
+        Node::start_at(
+            &self.dir.join(id),
+            options,
+            &format!("{}:{CLIENT_PORT}", self.ip(index)),
+            &self.peer_addr(index),
+        )
+    }
+
+    /// Starts a node with `--join` through the node at `via`; it waits until added.
+    pub fn start_joining(&mut self, id: &str, via: usize) -> anyhow::Result<usize> {
+        let addr = self.peer_addr(via);
+        self.start_joining_to(id, &addr)
+    }
+
+    /// Starts a node with `--join ADDR`; its index once it runs.
+    pub fn start_joining_to(&mut self, id: &str, addr: &str) -> anyhow::Result<usize> {
+        let index = self.nodes.len();
+        let toml = format!("[cluster]\njoin = \"{addr}\"\n");
+        let node = self.spawn(index, id, &toml)?;
+        self.nodes.push(node);
+        Ok(index)
+    }
+
+    /// The node called `id`.
+    pub fn node(&self, id: &str) -> &Node {
+        self.nodes
+            .iter()
+            .find(|n| n.id() == id)
+            .unwrap_or_else(|| panic!("no node {id} in the cluster"))
+    }
+
+    /// The node called `id`, to kill or restart.
+    pub fn node_mut(&mut self, id: &str) -> &mut Node {
+        self.nodes
+            .iter_mut()
+            .find(|n| n.id() == id)
+            .unwrap_or_else(|| panic!("no node {id} in the cluster"))
+    }
+
+    /// Waits until the node called `asked` knows a metadata leader among `candidates` that
+    /// every node in `candidates` agrees on (and the cluster is formed); returns its id.
+    pub async fn wait_leader(
+        &self,
+        candidates: &[&str],
+        timeout: Duration,
+    ) -> anyhow::Result<String> {
+        wait_until(timeout, "an agreed metadata leader", || async move {
+            let mut seen = vec![];
+            for id in candidates {
+                match status(self.node(id)).await {
+                    Ok(s) if !s.cluster_id.is_empty() => seen.push(s.leader_node_id),
+                    _ => return Ok(false),
+                }
+            }
+            Ok(seen.windows(2).all(|w| w[0] == w[1])
+                && seen
+                    .first()
+                    .is_some_and(|l| candidates.contains(&l.as_str())))
+        })
+        .await?;
+        Ok(status(self.node(candidates[0])).await?.leader_node_id)
+    }
+}
+
+/// The cluster status as `node` sees it.
+pub async fn status(node: &Node) -> anyhow::Result<pb::ClusterStatus> {
+    let client = Client::connect(&node.url()).await?;
+    Ok(client
+        .cluster()
+        .get_cluster_status(pb::GetClusterStatusRequest {})
+        .await?
+        .into_inner())
+}
+
+/// Creates a queue pinned to `owner` (or placed by the rule, with `None`).
+pub async fn create_queue_on(
+    client: &Client,
+    name: &str,
+    owner: Option<&str>,
+) -> anyhow::Result<pb::CreateQueueResponse> {
+    Ok(client
+        .admin()
+        .create_queue(pb::CreateQueueRequest {
+            name: name.into(),
+            config: None,
+            if_not_exists: false,
+            node: owner.unwrap_or_default().into(),
+        })
+        .await
+        .with_context(|| format!("creating {name}"))?
+        .into_inner())
+}
+
+/// Waits until `node` sees every node in `ids` with `health`.
+pub async fn wait_health(
+    node: &Node,
+    ids: &[&str],
+    health: &str,
+    timeout: Duration,
+) -> anyhow::Result<()> {
+    wait_until(
+        timeout,
+        &format!("{ids:?} {health} as seen by {}", node.id()),
+        || async {
+            let s = status(node).await?;
+            Ok(ids.iter().all(|id| {
+                s.nodes
+                    .iter()
+                    .any(|n| n.node_id == *id && n.health == health)
+            }))
+        },
+    )
+    .await
+}
+
+/// Fails unless `result` is an error with `code` whose message contains `needle`.
+pub fn expect_error<T: std::fmt::Debug>(
+    result: Result<T, tonic::Status>,
+    code: tonic::Code,
+    needle: &str,
+) -> anyhow::Result<()> {
+    match result {
+        Err(s) if s.code() == code && s.message().contains(needle) => Ok(()),
+        other => bail!("expected {code:?} containing {needle:?}, got {other:?}"),
+    }
+}
