@@ -28,7 +28,8 @@ use tonic::{Code, Response, Status};
 use crate::error::Error;
 use crate::BackendRef;
 
-/// The placement epoch of every queue the static configuration places.
+/// A placement epoch for queues placed by hand (tests and tools; the node's placements carry
+/// the metadata group's epochs).
 pub const STATIC_EPOCH: u64 = 1;
 /// The placement epoch sent for a queue placed by a rule, not by an entry: the back-end skips
 /// its ownership check.

@@ -228,7 +228,7 @@ impl Node {
         format!("http://{}", self.addr)
     }
 
-    /// The peer listener's URL: what other nodes' `[cluster.nodes]` name.
+    /// The peer listener's URL (its address is what `--initial-cluster` and `ferry node add` name).
     pub fn peer_url(&self) -> String {
         format!("http://{}", self.peer_addr)
     }

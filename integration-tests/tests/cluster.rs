@@ -170,6 +170,7 @@ async fn killing_the_metadata_leader_elects_another_and_queues_keep_serving() ->
         .await
         .unwrap_err();
     assert_eq!(e.code(), Some(Code::Unavailable), "{e}");
+    assert!(e.to_string().contains(&leader), "names the node: {e}");
     wait_health(
         cluster.node(s1),
         &[&leader],
