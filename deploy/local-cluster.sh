@@ -54,7 +54,8 @@ start() {
   for i in $(seq 1 "$n"); do
     local d="$DIR/n$i"
     mkdir -p "$d"
-    "$FERRY_BIN" server --node-id "n$i" --data-dir "$d" \
+    # The server reads every FERRY_ variable as configuration: not this script's own.
+    env -u FERRY_BIN -u FERRY_LOCAL_CLUSTER_DIR "$FERRY_BIN" server --node-id "n$i" --data-dir "$d" \
       --listen "127.0.0.1:$((7400 + i))" --peer-listen "127.0.0.1:$((7410 + i))" \
       --initial-cluster "$initial" >"$d/stdout.log" 2>"$d/ferry.log" &
     echo $! >"$d/ferry.pid"
@@ -71,6 +72,17 @@ start() {
       fi
       sleep 0.1
     done
+  done
+  # Then for the first leader to form the cluster (an election takes 1-2 s), at most 30 s.
+  local tries=0
+  until "$FERRY_BIN" --server 127.0.0.1:7401 -o json cluster status 2>/dev/null \
+      | grep -q '"leader_node_id":"n'; do
+    tries=$((tries + 1))
+    if (( tries > 300 )); then
+      echo "the nodes run but formed no cluster within 30 s; see $DIR/n*/ferry.log" >&2
+      exit 1
+    fi
+    sleep 0.1
   done
   echo "started $n nodes: clients connect to 127.0.0.1:7401..$((7400 + n)) (any node)"
   echo "try: $FERRY_BIN --server 127.0.0.1:7401 cluster status"
