@@ -523,3 +523,58 @@ async fn a_single_node_data_directory_becomes_a_one_node_cluster_with_its_queues
     receive_all(&session, "orders", 300).await?;
     Ok(())
 }
+
+/// A one-node cluster grows to three voters: two nodes join as learners and are promoted
+/// together; then the first node can die and the other two elect a leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_one_node_cluster_grows_to_three_voters_by_promoting_two_learners() -> anyhow::Result<()>
+{
+    let dir = tempfile::tempdir()?;
+    let mut cluster = Cluster::start(dir.path(), &["n1"])?;
+    cluster.wait_leader(&["n1"], LEADER_WAIT).await?;
+    let client = cluster.node("n1").client().await?;
+    let cc = client.cluster();
+    for id in ["n2", "n3"] {
+        let index = cluster.start_joining(id, 0)?;
+        cc.clone()
+            .add_node(pb::AddNodeRequest {
+                node_id: id.into(),
+                peer_address: cluster.peer_addr(index),
+                learner: true,
+            })
+            .await?;
+    }
+    // One at a time would leave two voters: refused, saying how.
+    expect_error(
+        cc.clone()
+            .promote_nodes(pb::PromoteNodesRequest {
+                node_ids: vec!["n2".into()],
+            })
+            .await,
+        Code::FailedPrecondition,
+        "1, 3 or 5",
+    )?;
+    let (ok, out, err) = ferry_cli(cluster.node("n1"), &["node", "promote", "n2", "n3"])?;
+    assert!(ok, "{out}{err}");
+    let st = status(cluster.node("n1")).await?;
+    assert!(st.nodes.iter().all(|n| n.role == "voter"), "{st:?}");
+    cluster
+        .wait_leader(&["n1", "n2", "n3"], LEADER_WAIT)
+        .await?;
+    // The Raft group follows the roles: without n1, n2 and n3 still form a majority.
+    wait_until(
+        Duration::from_secs(10),
+        "n2 and n3 to vote in Raft",
+        || async { Ok(status(cluster.node("n2")).await?.raft_voters.len() == 3) },
+    )
+    .await?;
+    cluster.node_mut("n1").kill9();
+    cluster.wait_leader(&["n2", "n3"], LEADER_WAIT).await?;
+    // Once n1 shows down, the placement rule passes it over (it owns the fewest queues and has
+    // the smallest id).
+    wait_health(cluster.node("n2"), &["n1"], "down", Duration::from_secs(10)).await?;
+    let via2 = cluster.node("n2").client().await?;
+    let created = create_queue_on(&via2, "after-n1", None).await?;
+    assert_eq!(created.queue.unwrap().owner_node, "n2");
+    Ok(())
+}

@@ -24,6 +24,11 @@ pub enum NodeCommand {
     },
     /// Remove a node that owns no queue (delete or move its queues first).
     Remove { node_id: String },
+    /// Make learners voters, together, so the voters go from 1 to 3 or from 3 to 5.
+    Promote {
+        #[arg(required = true)]
+        node_ids: Vec<String>,
+    },
     /// List the nodes with their role, health and queue count.
     List,
 }
@@ -68,6 +73,18 @@ pub async fn node(c: &ClientArgs, cmd: NodeCommand) -> anyhow::Result<()> {
             match c.output {
                 Format::Json => println!("{}", json!({ "removed": node_id })),
                 Format::Human => println!("removed node {node_id}"),
+            }
+        }
+        NodeCommand::Promote { node_ids } => {
+            cluster
+                .promote_nodes(pb::PromoteNodesRequest {
+                    node_ids: node_ids.clone(),
+                })
+                .await
+                .with_context(|| format!("cannot promote {}", node_ids.join(", ")))?;
+            match c.output {
+                Format::Json => println!("{}", json!({ "promoted": node_ids })),
+                Format::Human => println!("promoted {} to voter", node_ids.join(", ")),
             }
         }
         NodeCommand::List => {

@@ -82,7 +82,7 @@ pub enum Command {
     /// Time the round trip of the cheapest call to the node (a connection heartbeat): the floor
     /// under every send and receive, like `nats rtt`.
     Rtt(rtt::RttArgs),
-    /// The nodes of the cluster: add, remove, list.
+    /// The nodes of the cluster: add, remove, promote, list.
     Node {
         #[command(subcommand)]
         command: cluster::NodeCommand,

@@ -26,7 +26,10 @@ mod tests;
 pub use codec::{COMMAND_VERSION, SNAPSHOT_VERSION};
 pub use command::{bootstrap_raft_ids, MetaCommand, MetaEvent, NewNode};
 pub use error::MetaError;
-pub use placement::{choose_owner, choose_queue_owner, NodeAddrs, PlacementSnapshot};
+pub use placement::{
+    choose_owner, choose_owner_avoiding, choose_queue_owner, choose_queue_owner_avoiding,
+    NodeAddrs, PlacementSnapshot,
+};
 pub use state::{ClusterId, MetaState, NodeInfo, NodeRole, NodeState, Owner, QueueDef, RaftId};
 pub use voters::{
     check_voters, next_membership_step, MembershipStep, VoterChange, VoterCheck, VOTER_COUNTS,

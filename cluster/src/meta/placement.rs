@@ -2,7 +2,8 @@
 //!
 //! The rule: the proposer chooses the owner BEFORE proposing `CreateQueue` (so the choice is
 //! committed before the queue is used): a pinned node (`ferry queue create --node`) if it is
-//! active; otherwise the active node (voter or learner) owning the fewest queues (dead-letter
+//! active; otherwise, among the active nodes the proposer can reach (all of them if it reaches
+//! none), the node (voter or learner) owning the fewest queues (dead-letter
 //! and expiry queues count), then the fewest bytes according to the proposer's load map (bytes
 //! are not replicated state: a node missing from the map counts 0), then the smallest node id.
 //! Apply re-validates that the owner is still active.
@@ -11,7 +12,7 @@
 //! or shared) must live with it: [`choose_queue_owner`] applies the rule above only when no
 //! companion exists yet.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use ferry_kernel::{NodeId, QueueName};
 
@@ -27,14 +28,26 @@ pub fn choose_owner(
     loads_bytes: &BTreeMap<NodeId, u64>,
     pinned: Option<&NodeId>,
 ) -> Result<NodeId, MetaError> {
+    choose_owner_avoiding(state, loads_bytes, pinned, &BTreeSet::new())
+}
+
+/// [`choose_owner`], skipping the nodes in `down` (those the proposer cannot reach: a queue
+/// placed there could not be used until they return) unless every active node is down. A pin
+/// is honoured whatever `down` says. Pure.
+pub fn choose_owner_avoiding(
+    state: &MetaState,
+    loads_bytes: &BTreeMap<NodeId, u64>,
+    pinned: Option<&NodeId>,
+    down: &BTreeSet<NodeId>,
+) -> Result<NodeId, MetaError> {
     if let Some(node) = pinned {
         state.active_node(node)?;
         return Ok(node.clone());
     }
-    let mut queue_counts: BTreeMap<&NodeId, usize> = state
-        .nodes
-        .iter()
-        .filter(|(_, n)| n.is_active())
+    let active = || state.nodes.iter().filter(|(_, n)| n.is_active());
+    let all_down = active().all(|(id, _)| down.contains(id));
+    let mut queue_counts: BTreeMap<&NodeId, usize> = active()
+        .filter(|(id, _)| all_down || !down.contains(*id))
         .map(|(id, _)| (id, 0))
         .collect();
     for q in state.queues.values() {
@@ -58,11 +71,23 @@ pub fn choose_queue_owner(
     loads_bytes: &BTreeMap<NodeId, u64>,
     pinned: Option<&NodeId>,
 ) -> Result<NodeId, MetaError> {
+    choose_queue_owner_avoiding(state, name, settings, loads_bytes, pinned, &BTreeSet::new())
+}
+
+/// [`choose_queue_owner`] with [`choose_owner_avoiding`]'s `down`.
+pub fn choose_queue_owner_avoiding(
+    state: &MetaState,
+    name: &QueueName,
+    settings: &pb::QueueConfig,
+    loads_bytes: &BTreeMap<NodeId, u64>,
+    pinned: Option<&NodeId>,
+    down: &BTreeSet<NodeId>,
+) -> Result<NodeId, MetaError> {
     let existing = companions(name, settings)?
         .into_iter()
         .find_map(|c| Some((state.queues.get(&c)?.owner.node.clone(), c)));
     match (existing, pinned) {
-        (None, _) => choose_owner(state, loads_bytes, pinned),
+        (None, _) => choose_owner_avoiding(state, loads_bytes, pinned, down),
         (Some((owner, companion)), Some(node)) if node != &owner => {
             Err(MetaError::CompanionElsewhere {
                 queue: name.clone(),

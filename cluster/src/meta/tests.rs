@@ -654,3 +654,18 @@ fn a_node_address_must_be_host_and_port() {
         },
     );
 }
+
+#[test]
+fn the_placement_rule_skips_nodes_the_proposer_cannot_reach_unless_all_are_down() {
+    let s = cluster();
+    let none = BTreeMap::new();
+    let down: std::collections::BTreeSet<NodeId> = [n("a")].into();
+    assert_eq!(choose_owner_avoiding(&s, &none, None, &down), Ok(n("b")));
+    assert_eq!(
+        choose_owner_avoiding(&s, &none, Some(&n("a")), &down),
+        Ok(n("a")),
+        "a pin is honoured"
+    );
+    let all: std::collections::BTreeSet<NodeId> = [n("a"), n("b"), n("c")].into();
+    assert_eq!(choose_owner_avoiding(&s, &none, None, &all), Ok(n("a")));
+}

@@ -259,19 +259,7 @@ impl MetaNode {
         use std::sync::atomic::Ordering::Relaxed;
         let view = self.shared.view.borrow().clone();
         let c = &self.shared.counters;
-        let timeout = self.shared.settings.liveness_timeout;
-        let peers_down = view
-            .meta
-            .nodes()
-            .iter()
-            .filter(|(id, n)| *id != &self.shared.settings.node_id && n.is_active())
-            .filter(|(_, n)| {
-                self.shared
-                    .links
-                    .last_heard(n.raft_id.0)
-                    .is_none_or(|h| h > timeout)
-            })
-            .count() as u64;
+        let peers_down = self.down_nodes(&view.meta).len() as u64;
         let group = view.group.as_ref();
         RaftMetrics {
             term: group.map_or(0, |g| g.term),

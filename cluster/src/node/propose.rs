@@ -3,7 +3,7 @@
 //! whoever asked sees the change on this node at once. Also the node's own proposals: forming
 //! the cluster, importing a single node's queues, and joining.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use ferry_kernel::{NodeId, QueueName};
@@ -15,7 +15,9 @@ use tonic::{Code, Status};
 use super::driver::{Input, ProposeFailure, Proposed};
 use super::transport::peer_endpoint;
 use super::{MetaNode, StartError, StartMode};
-use crate::meta::{choose_queue_owner, ClusterId, MetaCommand, MetaError, NewNode, Owner, RaftId};
+use crate::meta::{
+    choose_queue_owner_avoiding, ClusterId, MetaCommand, MetaError, NewNode, Owner, RaftId,
+};
 
 /// How long a proposal may take, leader elections included, before it fails UNAVAILABLE.
 pub(crate) const PROPOSE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -177,6 +179,22 @@ impl MetaNode {
         }
     }
 
+    /// The other active nodes not heard from within the liveness timeout.
+    pub(crate) fn down_nodes(&self, meta: &crate::meta::MetaState) -> BTreeSet<NodeId> {
+        let me = &self.shared.settings.node_id;
+        meta.nodes()
+            .iter()
+            .filter(|(id, n)| *id != me && n.is_active())
+            .filter(|(_, n)| {
+                self.shared
+                    .links
+                    .last_heard(n.raft_id.0)
+                    .is_none_or(|h| h > self.shared.settings.liveness_timeout)
+            })
+            .map(|(id, _)| id.clone())
+            .collect()
+    }
+
     /// Waits until the cluster is formed (this node knows its id), at most until `deadline`;
     /// whether it is.
     pub(crate) async fn wait_formed(&self, deadline: Instant) -> bool {
@@ -233,12 +251,14 @@ impl MetaNode {
         }
         let owner = {
             let view = self.shared.view.borrow();
-            choose_queue_owner(
+            let down = self.down_nodes(&view.meta);
+            choose_queue_owner_avoiding(
                 &view.meta,
                 name,
                 &settings,
                 &BTreeMap::new(),
                 pinned.as_ref(),
+                &down,
             )
             .map_err(|e| meta_status(&e))?
         };

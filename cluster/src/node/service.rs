@@ -196,6 +196,53 @@ impl pb::cluster_server::Cluster for ClusterService {
         Ok(Response::new(pb::RemoveNodeResponse {}))
     }
 
+    async fn promote_nodes(
+        &self,
+        req: Request<pb::PromoteNodesRequest>,
+    ) -> Reply<pb::PromoteNodesResponse> {
+        let ids = req
+            .into_inner()
+            .node_ids
+            .iter()
+            .map(|id| node_id("node_ids", id))
+            .collect::<Result<Vec<_>, _>>()?;
+        if ids.is_empty() {
+            return Err(Status::invalid_argument(
+                "node_ids: name the learners to promote",
+            ));
+        }
+        let view = self.node.shared.view.borrow().clone();
+        let mut seen = std::collections::BTreeSet::new();
+        for id in &ids {
+            if !seen.insert(id) {
+                return Err(Status::invalid_argument(format!(
+                    "node {id} is named twice"
+                )));
+            }
+            match view.meta.node(id) {
+                None => return Err(meta_status(&MetaError::UnknownNode { node: id.clone() })),
+                Some(n) if !n.is_active() => {
+                    return Err(meta_status(&MetaError::NodeRemoved { node: id.clone() }))
+                }
+                Some(n) if n.role == NodeRole::Voter => {
+                    return Err(meta_status(&MetaError::AlreadyVoter { node: id.clone() }))
+                }
+                Some(_) => {}
+            }
+        }
+        let after = view.meta.voters().len() + ids.len();
+        if !crate::meta::VOTER_COUNTS.contains(&after) {
+            return Err(Status::failed_precondition(format!(
+                "{after} voters after this; the voters must be 1, 3 or 5: promote {} learners at once",
+                if after % 2 == 0 { "one more or one fewer" } else { "fewer" }
+            )));
+        }
+        for id in ids {
+            self.node.propose(&MetaCommand::PromoteNode { id }).await?;
+        }
+        Ok(Response::new(pb::PromoteNodesResponse {}))
+    }
+
     async fn get_cluster_status(
         &self,
         _req: Request<pb::GetClusterStatusRequest>,
@@ -267,6 +314,7 @@ impl MetaNode {
             commit_index: group.map_or(0, |g| g.commit_index),
             applied_index: view.meta.applied_index(),
             nodes,
+            raft_voters: group.map_or(vec![], |g| g.voters.iter().map(|v| v.0).collect()),
         }
     }
 }
