@@ -234,7 +234,7 @@ impl pb::cluster_server::Cluster for ClusterService {
         if !crate::meta::VOTER_COUNTS.contains(&after) {
             return Err(Status::failed_precondition(format!(
                 "{after} voters after this; the voters must be 1, 3 or 5: promote {} learners at once",
-                if after % 2 == 0 { "one more or one fewer" } else { "fewer" }
+                if after.is_multiple_of(2) { "one more or one fewer" } else { "fewer" }
             )));
         }
         for id in ids {
