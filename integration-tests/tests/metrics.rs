@@ -82,5 +82,20 @@ async fn metrics_follow_a_scripted_workload() -> anyhow::Result<()> {
         sample(&after, "ferry_group_commit_writes_total").is_some(),
         "{after}"
     );
+    // The metadata group: a one-node cluster leads itself; the queue's creation was one
+    // proposal through this node.
+    assert_eq!(sample(&after, "ferry_raft_leader"), Some(1.0), "{after}");
+    assert!(sample(&after, "ferry_raft_term").unwrap_or_default() >= 1.0);
+    assert_eq!(sample(&after, "ferry_raft_proposals_total"), Some(1.0));
+    assert_eq!(
+        sample(&after, "ferry_raft_proposals_failed_total"),
+        Some(0.0)
+    );
+    assert_eq!(sample(&after, "ferry_cluster_peers_down"), Some(0.0));
+    assert!(
+        sample(&after, "ferry_raft_applied_index").unwrap_or_default()
+            >= sample(&after, "ferry_raft_log_entries").unwrap_or_default()
+    );
+    assert_eq!(sample(&after, "ferry_routing_redirects_total"), Some(0.0));
     Ok(())
 }
