@@ -24,6 +24,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .bytes(".ferry.v1.OutgoingMessage.body")
         // Raft batches are handed to the engine's thread without a copy.
         .bytes(".ferry.v1.RaftBatch.batch")
+        .bytes(".ferry.v1.SnapshotChunk.data")
         .file_descriptor_set_path(out_dir.join("ferry_v1_descriptor.bin"))
         .compile_with_config(prost_config, &protos, &["proto"])?;
     Ok(())

@@ -462,6 +462,7 @@ impl Engine {
         Round {
             persist,
             batches: RoundCx::batches(std::mem::take(&mut cx.outbox)),
+            snapshots: std::mem::take(&mut cx.snapshots),
             applies: cx.applies,
             role_changes: cx.role_changes,
             snapshot_requests,

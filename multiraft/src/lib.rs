@@ -13,7 +13,8 @@
 //! 1. feed inputs: `step` for each received batch, `tick` when the tick timer fires,
 //!    `propose`, `on_persisted` when the previous job's synced write returned;
 //! 2. `let round = engine.round()`;
-//! 3. send each `round.batches` entry to its node;
+//! 3. send each `round.batches` entry to its node, and each of `round.snapshots` (on a stream
+//!    of its own, in chunks: they can be large; the receiver steps [`OutSnapshot::as_batch`]);
 //! 4. apply `round.applies` in order and add the state machine's own writes (with its applied
 //!    index) to `round.persist` with [`PersistJob::put_app`]; note `round.role_changes`;
 //! 5. write `round.persist` with [`LogStore::write`] (synced), then call
@@ -57,7 +58,7 @@ pub use error::Error;
 pub use ids::{GroupId, LogPosition, NodeId, PersistId};
 pub use logger::raft_logger;
 pub use persist::PersistJob;
-pub use round::{Apply, ConfChange, EntryKind, OutBatch, Role, RoleChange, Round};
+pub use round::{Apply, ConfChange, EntryKind, OutBatch, OutSnapshot, Role, RoleChange, Round};
 pub use storage::memory::MemStore;
 pub use storage::rocks::{RocksStore, APP_CF, RAFT_CF};
 pub use storage::{KeyValue, LogStore, Recovered};

@@ -18,8 +18,11 @@ pub struct Round {
     /// The writes of every group (and room for the application's), for one synced write;
     /// `None` when nothing needs persisting.
     pub persist: Option<PersistJob>,
-    /// At most one batch per destination node, with messages of every group.
+    /// At most one batch per destination node, with messages of every group (snapshots apart).
     pub batches: Vec<OutBatch>,
+    /// Snapshots for followers too far behind, apart from `batches` so the transport can send
+    /// them on a stream of their own, in chunks, without holding up the small messages.
+    pub snapshots: Vec<OutSnapshot>,
     /// Committed entries and installed snapshots, in order per group, to apply. Whenever
     /// this is not empty, `persist` is `Some` (it records the new applied indexes), so the
     /// application's writes for them can join it.
@@ -41,6 +44,25 @@ pub struct OutBatch {
     pub bytes: Bytes,
     /// Raft messages inside (for metrics).
     pub message_count: usize,
+}
+
+/// One snapshot message for one peer: opaque bytes for the transport, which hands them to the
+/// peer's engine whole ([`OutSnapshot::as_batch`]).
+#[derive(Debug, Clone)]
+pub struct OutSnapshot {
+    /// The destination node.
+    pub to: NodeId,
+    /// The group it belongs to.
+    pub group: GroupId,
+    /// The encoded message (the state machine's snapshot inside), opaque to the transport.
+    pub bytes: Bytes,
+}
+
+impl OutSnapshot {
+    /// The snapshot as a one-message batch for [`crate::Engine::step`] on the receiving node.
+    pub fn as_batch(&self) -> Bytes {
+        encode_batch([(self.group, &self.bytes[..])])
+    }
 }
 
 /// Something for the application's state machine, in log order per group.
@@ -165,6 +187,8 @@ pub(crate) struct RoundCx {
     pub(crate) role_changes: Vec<RoleChange>,
     /// Snapshots sent: (group, to).
     pub(crate) snapshots_sent: Vec<(GroupId, u64)>,
+    /// Snapshot messages, apart from the batches.
+    pub(crate) snapshots: Vec<OutSnapshot>,
 }
 
 /// An encoded message waiting for persistence.
@@ -177,10 +201,16 @@ pub(crate) struct HeldMessage {
 
 impl RoundCx {
     pub(crate) fn send(&mut self, group: GroupId, message: Message) {
+        let to = NodeId(message.to);
         if message.get_msg_type() == MessageType::MsgSnapshot {
             self.snapshots_sent.push((group, message.to));
+            self.snapshots.push(OutSnapshot {
+                to,
+                group,
+                bytes: Bytes::from(encode(&message)),
+            });
+            return;
         }
-        let to = NodeId(message.to);
         self.outbox
             .entry(to)
             .or_default()

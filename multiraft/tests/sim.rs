@@ -103,6 +103,10 @@ fn membership_changes_add_a_learner_promote_it_add_a_voter_and_remove_a_node() {
     sim.create_group(NodeId(4), G0);
     conf_change_and_wait(&mut sim, ConfChange::AddLearner(NodeId(4)));
     propose_and_wait(&mut sim, G0, b"learner catches up");
+    assert!(
+        sim.wire.snapshots >= 1,
+        "the learner's snapshot travels apart from the batches"
+    );
     let status = sim.engine(NodeId(4)).status(G0).unwrap();
     assert_eq!(status.learners, nodes(&[4]));
     assert_eq!(status.role, Role::Follower);

@@ -101,6 +101,12 @@ impl<S: Reopen> Node<S> {
                     .unwrap();
             }
             sent.extend(round.batches);
+            // Snapshots travel apart; here they go the same way as the batches.
+            sent.extend(round.snapshots.iter().map(|s| ferry_multiraft::OutBatch {
+                to: s.to,
+                bytes: s.as_batch(),
+                message_count: 1,
+            }));
         }
         sent
     }

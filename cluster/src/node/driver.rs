@@ -264,6 +264,9 @@ impl Driver {
             for batch in &round.batches {
                 self.links.send(batch.to, batch.bytes.clone());
             }
+            for snapshot in round.snapshots {
+                self.links.send_snapshot(snapshot);
+            }
             for change in &round.role_changes {
                 if change.leader.is_some() && change.leader != self.last_leader {
                     self.last_leader = change.leader;

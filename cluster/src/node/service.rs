@@ -8,7 +8,9 @@ use ferry_proto::pb;
 use tonic::{Request, Response, Status};
 
 use super::propose::{hello, meta_status, PROPOSE_TIMEOUT};
-use super::transport::{cluster_id_bytes, cluster_id_of, receive_stream, BATCH_BYTES_MAX};
+use super::transport::{
+    cluster_id_bytes, cluster_id_of, receive_snapshot, receive_stream, BATCH_BYTES_MAX,
+};
 use super::MetaNode;
 use crate::meta::{check_voters, MetaCommand, MetaError, NodeRole, VoterChange, VoterCheck};
 
@@ -55,6 +57,16 @@ impl pb::peer_server::Peer for PeerService {
         )
         .await?;
         Ok(Response::new(pb::RaftStreamEnd {}))
+    }
+
+    async fn snapshot(
+        &self,
+        req: Request<tonic::Streaming<pb::SnapshotChunk>>,
+    ) -> Reply<pb::SnapshotReceived> {
+        let shared = &self.node.shared;
+        let ours = shared.view.borrow().meta.cluster_id();
+        receive_snapshot(&shared.links, req.into_inner(), ours).await?;
+        Ok(Response::new(pb::SnapshotReceived {}))
     }
 
     async fn hello(&self, _req: Request<pb::HelloRequest>) -> Reply<pb::HelloResponse> {

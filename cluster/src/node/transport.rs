@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use ferry_multiraft::NodeId as PeerId;
+use ferry_multiraft::{NodeId as PeerId, OutSnapshot};
 use ferry_proto::pb;
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
@@ -21,8 +21,12 @@ use crate::meta::ClusterId;
 const LINK_QUEUE_MAX: usize = 256;
 /// The longest wait between two connection attempts to a peer.
 const RECONNECT_DELAY_MAX: Duration = Duration::from_secs(2);
-/// Largest batch accepted on the stream (a metadata snapshot travels in one batch).
+/// Largest batch accepted on the stream.
 pub(crate) const BATCH_BYTES_MAX: usize = 64 * 1024 * 1024;
+/// Size of one chunk of a snapshot on its stream.
+const SNAPSHOT_CHUNK_BYTES: usize = 1024 * 1024;
+/// Largest snapshot a node accepts.
+const SNAPSHOT_BYTES_MAX: usize = 1024 * 1024 * 1024;
 
 /// The outgoing streams, one per peer, and what they share.
 pub(crate) struct Links {
@@ -39,6 +43,9 @@ pub(crate) struct Links {
 struct Link {
     addr: String,
     tx: mpsc::Sender<Bytes>,
+    /// A snapshot is on its way to this peer: another one is dropped meanwhile (the leader
+    /// sends a new one if the peer still needs it).
+    snapshot_in_flight: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Links {
@@ -71,6 +78,43 @@ impl Links {
         }
     }
 
+    /// Sends a snapshot to its peer on a stream of its own, in chunks. Called from the
+    /// driver's thread: never blocks.
+    pub(crate) fn send_snapshot(self: &Arc<Self>, snapshot: OutSnapshot) {
+        use std::sync::atomic::Ordering;
+        let (addr, in_flight) = {
+            let links = self.links.lock().unwrap_or_else(PoisonError::into_inner);
+            let Some(link) = links.get(&snapshot.to) else {
+                tracing::debug!(
+                    to = snapshot.to.0,
+                    "no link to this peer yet; snapshot dropped"
+                );
+                return;
+            };
+            (link.addr.clone(), Arc::clone(&link.snapshot_in_flight))
+        };
+        if in_flight.swap(true, Ordering::AcqRel) {
+            tracing::debug!(
+                to = snapshot.to.0,
+                "a snapshot is already on its way; this one dropped"
+            );
+            return;
+        }
+        let links = Arc::clone(self);
+        self.runtime.spawn(async move {
+            let to = snapshot.to;
+            let bytes = snapshot.bytes.len();
+            match send_snapshot_once(&links, &addr, snapshot).await {
+                Ok(()) => tracing::info!(to = to.0, bytes, "snapshot sent"),
+                Err(why) => {
+                    tracing::warn!(to = to.0, %addr, %why, "snapshot not sent");
+                    let _ = links.inputs.try_send(Input::Unreachable(to));
+                }
+            }
+            in_flight.store(false, Ordering::Release);
+        });
+    }
+
     /// Sets who this node is on the wire.
     pub(crate) fn set_sender(&self, raft_id: u64, cluster_id: Option<ClusterId>) {
         *self.sender.lock().unwrap_or_else(PoisonError::into_inner) = (raft_id, cluster_id);
@@ -95,6 +139,7 @@ impl Links {
                 Link {
                     addr: addr.clone(),
                     tx,
+                    snapshot_in_flight: Arc::default(),
                 },
             );
             let me = Arc::clone(self);
@@ -218,6 +263,91 @@ async fn stream_once(links: &Links, addr: &str, rx: &mut mpsc::Receiver<Bytes>) 
                 }
             }
         }
+    }
+}
+
+async fn send_snapshot_once(
+    links: &Links,
+    addr: &str,
+    snapshot: OutSnapshot,
+) -> Result<(), String> {
+    let endpoint = peer_endpoint(addr).map_err(|e| e.to_string())?;
+    let mut client = pb::peer_client::PeerClient::new(endpoint.connect_lazy());
+    let (from, cluster_id) = links.sender();
+    let group = snapshot.group.0;
+    let data = snapshot.bytes;
+    let chunks: Vec<pb::SnapshotChunk> = (0..data.len().max(1))
+        .step_by(SNAPSHOT_CHUNK_BYTES)
+        .enumerate()
+        .map(|(i, start)| {
+            let end = (start + SNAPSHOT_CHUNK_BYTES).min(data.len());
+            pb::SnapshotChunk {
+                from_raft_id: if i == 0 { from } else { 0 },
+                cluster_id: if i == 0 {
+                    cluster_id_bytes(cluster_id)
+                } else {
+                    vec![]
+                },
+                group,
+                data: data.slice(start.min(end)..end),
+            }
+        })
+        .collect();
+    client
+        .snapshot(tokio_stream::iter(chunks))
+        .await
+        .map(|_| ())
+        .map_err(|s| s.message().to_owned())
+}
+
+/// The receiving side of `Peer.Snapshot`: reassembles the chunks (at most
+/// `SNAPSHOT_BYTES_MAX`), checks the cluster id, hands the whole snapshot to the driver.
+pub(crate) async fn receive_snapshot(
+    links: &Links,
+    mut stream: tonic::Streaming<pb::SnapshotChunk>,
+    our_cluster: Option<ClusterId>,
+) -> Result<(), tonic::Status> {
+    let Some(first) = stream.message().await? else {
+        return Err(tonic::Status::invalid_argument("an empty snapshot stream"));
+    };
+    if let (Some(ours), Some(theirs)) = (our_cluster, cluster_id_of(&first.cluster_id)?) {
+        if ours != theirs {
+            return Err(tonic::Status::failed_precondition(format!(
+                "this node belongs to cluster {ours}, the sender to {theirs}"
+            )));
+        }
+    }
+    if first.from_raft_id == 0 {
+        return Err(tonic::Status::invalid_argument(
+            "from_raft_id: the sender's raft id is missing",
+        ));
+    }
+    let (from, group) = (first.from_raft_id, first.group);
+    let mut data = bytes::BytesMut::from(&first.data[..]);
+    while let Some(chunk) = stream.message().await? {
+        if chunk.group != group {
+            return Err(tonic::Status::invalid_argument(
+                "a snapshot's chunks name one group",
+            ));
+        }
+        if data.len() + chunk.data.len() > SNAPSHOT_BYTES_MAX {
+            return Err(tonic::Status::resource_exhausted(format!(
+                "a snapshot over {SNAPSHOT_BYTES_MAX} bytes"
+            )));
+        }
+        data.extend_from_slice(&chunk.data);
+    }
+    links.heard_from(from);
+    let batch = ferry_multiraft::encode_batch([(ferry_multiraft::GroupId(group), &data[..])]);
+    match links.inputs.try_send(Input::Batch {
+        from: PeerId(from),
+        bytes: batch,
+    }) {
+        Ok(()) => Ok(()),
+        Err(TrySendError::Full(_)) => Err(tonic::Status::unavailable(
+            "the node is busy; send the snapshot again",
+        )),
+        Err(TrySendError::Disconnected(_)) => Err(tonic::Status::unavailable("node shutting down")),
     }
 }
 

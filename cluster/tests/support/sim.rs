@@ -399,6 +399,9 @@ impl Sim {
             for batch in round.batches {
                 self.send(node, batch.to, batch.bytes.to_vec());
             }
+            for snapshot in round.snapshots {
+                self.send(node, snapshot.to, snapshot.as_batch().to_vec());
+            }
             self.maybe_compact(node);
             if retire {
                 // It applied its own removal: it leaves for good.

@@ -95,6 +95,8 @@ type CommittedEntry = (u64, u64, u64);
 #[derive(Debug, Default, Clone, Copy)]
 pub struct WireStats {
     pub batches: u64,
+    /// Snapshot messages, sent apart from the batches.
+    pub snapshots: u64,
     pub messages: u64,
     pub bytes: u64,
     pub rounds: u64,
@@ -400,6 +402,10 @@ impl Sim {
                 self.wire.messages += batch.message_count as u64;
                 self.wire.bytes += batch.bytes.len() as u64;
                 self.send(node, batch.to, batch.bytes);
+            }
+            for snapshot in round.snapshots {
+                self.wire.snapshots += 1;
+                self.send(node, snapshot.to, snapshot.as_batch());
             }
             self.maybe_compact(node);
         }
