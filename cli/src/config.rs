@@ -9,6 +9,11 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use figment::Figment;
 use serde::{Deserialize, Serialize};
 
+/// `FERRY_` variables that belong to the command line, not to a node's configuration
+/// (`FERRY_SERVER`, `FERRY_OUTPUT`, `FERRY_CONFIG`): the node skips them (lower-cased, as
+/// figment reads them), so one environment can serve both.
+pub const CLIENT_VARIABLES: &[&str] = &["server", "output", "config"];
+
 /// The port a node listens on, and clients dial, by default.
 pub const DEFAULT_PORT: u16 = 7400;
 
@@ -311,7 +316,7 @@ impl Config {
             fig = fig.merge(Toml::file(path));
         }
         fig = fig
-            .merge(Env::prefixed("FERRY_").split("__").ignore(&["server"]))
+            .merge(Env::prefixed("FERRY_").split("__").ignore(CLIENT_VARIABLES))
             .merge(Serialized::defaults(overrides));
         let config: Config = fig
             .extract()

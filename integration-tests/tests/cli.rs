@@ -246,3 +246,40 @@ fn check_disk_times_synced_appends_and_cleans_up() -> anyhow::Result<()> {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--count"));
     Ok(())
 }
+
+// Postmortem: the command line's own variables (FERRY_CONFIG, FERRY_OUTPUT, FERRY_SERVER) share
+// the FERRY_ prefix with the node's configuration, which refused them as unknown settings: a
+// shell that exported one for the client could not start a server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_command_lines_own_variables_do_not_stop_a_server() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let settings = dir.path().join("settings.toml");
+    std::fs::write(&settings, "")?;
+    let node = ferry_integration_tests::Node::start(
+        dir.path(),
+        ferry_integration_tests::NodeOptions {
+            memory: true,
+            env: vec![
+                ("FERRY_OUTPUT".into(), "json".into()),
+                ("FERRY_SERVER".into(), "127.0.0.1:1".into()),
+                ("FERRY_CONFIG".into(), settings.display().to_string()),
+            ],
+            ..Default::default()
+        },
+    )?;
+    node.client().await?;
+    // And the client reads them: JSON without -o.
+    let out = std::process::Command::new(ferry_integration_tests::ferry_bin())
+        .args(["cluster", "status"])
+        .env("FERRY_SERVER", node.addr.to_string())
+        .env("FERRY_OUTPUT", "json")
+        .output()?;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    assert_eq!(json["node_id"], "node-1");
+    Ok(())
+}

@@ -39,7 +39,7 @@ pub struct ClientArgs {
     #[arg(long, env = "FERRY_SERVER", default_value_t = format!("127.0.0.1:{DEFAULT_PORT}"), global = true)]
     pub server: String,
     /// Output for people or for scripts (one JSON object per line).
-    #[arg(short = 'o', long = "output", value_enum, default_value_t = Format::Human, global = true)]
+    #[arg(short = 'o', long = "output", env = "FERRY_OUTPUT", value_enum, default_value_t = Format::Human, global = true)]
     pub output: Format,
 }
 

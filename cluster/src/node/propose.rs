@@ -118,7 +118,13 @@ impl MetaNode {
             "no metadata leader answered within 10 s; is a majority of the voters running? (`ferry cluster status`)",
         );
         while Instant::now() < deadline {
-            match self.propose_local(bytes.clone()).await {
+            // A leader cut off from the majority appends and never commits: bounded here.
+            let Ok(proposed) =
+                tokio::time::timeout_at(deadline, self.propose_local(bytes.clone())).await
+            else {
+                break;
+            };
+            match proposed {
                 Ok((index, Ok(_))) => {
                     // Applied by the driver; published to the view right after its round.
                     self.wait_applied(index, deadline).await?;
