@@ -203,7 +203,9 @@ impl prometheus_client::collector::Collector for Snapshot {
             .iter()
             .map(|&(bound, cumulative)| {
                 let b = if bound == u64::MAX {
-                    f64::INFINITY
+                    // prometheus-client writes f64::MAX as `+Inf`, as OpenMetrics wants (INFINITY
+                    // came out as `inf`, which strict parsers refuse).
+                    f64::MAX
                 } else {
                     bound as f64 / self.units_per_exported
                 };
@@ -419,7 +421,7 @@ mod tests {
         };
         assert_eq!(bucket("0.0001"), "2");
         assert_eq!(bucket("0.001"), "3");
-        assert_eq!(bucket("inf"), "4");
+        assert_eq!(bucket("+Inf"), "4");
         assert!(out.contains("ferry_write_seconds_count 4"), "{out}");
     }
 }

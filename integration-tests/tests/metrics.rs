@@ -97,5 +97,24 @@ async fn metrics_follow_a_scripted_workload() -> anyhow::Result<()> {
             >= sample(&after, "ferry_raft_log_entries").unwrap_or_default()
     );
     assert_eq!(sample(&after, "ferry_routing_redirects_total"), Some(0.0));
+    // OpenMetrics' own rules, as strict parsers (Python's) apply them: a bucket bound is a
+    // number or `+Inf` (Postmortem: the last bound was written `inf` and such parsers refused
+    // the page), and the page ends with `# EOF`.
+    for line in after.lines().filter(|l| l.contains("le=\"")) {
+        let le = line
+            .split("le=\"")
+            .nth(1)
+            .and_then(|rest| rest.split('"').next())
+            .unwrap_or_default();
+        assert!(
+            le == "+Inf" || (le.parse::<f64>().is_ok_and(f64::is_finite)),
+            "bucket bound {le:?} in {line:?}"
+        );
+    }
+    assert!(after.trim_end().ends_with("# EOF"), "{after}");
+    assert!(
+        after.contains("le=\"+Inf\""),
+        "a histogram ends at +Inf: {after}"
+    );
     Ok(())
 }
