@@ -20,7 +20,7 @@ use super::workload::{self, ConsumerKind, ConsumerSpec, Ctx, DrainMode, Producer
 use crate::{Node, NodeOptions};
 
 /// The scenarios `scripts/chaos` knows.
-pub const SCENARIOS: [&str; 8] = [
+pub const SCENARIOS: [&str; 9] = [
     "kill9",
     "activemq-200k",
     "poison",
@@ -29,6 +29,7 @@ pub const SCENARIOS: [&str; 8] = [
     "kill9-auto-receive",
     "cluster",
     "cluster-meta",
+    "cluster-auto-receive",
 ];
 
 /// How big a run is.
@@ -245,12 +246,14 @@ pub fn spec(name: &str, seed: u64, size: Size) -> anyhow::Result<Spec> {
                 s.load = Duration::from_secs(30);
             }
         }
-        "cluster" | "cluster-meta" => {
+        "cluster" | "cluster-meta" | "cluster-auto-receive" => {
             // Three nodes, a queue on each; 2 producers and 2 consumers per queue, each first
             // connected through a node that does not own its queue. `cluster`: every 10 s
             // (smoke: 2 s) one node is killed, paused or cut from the other two.
             // `cluster-meta`: every 15 s (smoke: 6 s) the metadata leader is cut from the
-            // other two, and a queue is created through them.
+            // other two, and a queue is created through them. `cluster-auto-receive`: as
+            // `cluster` with auto-ack `Session::receive` consumers only (bug 2, open: left out of
+            // the others' mix).
             s.cluster = ["n1", "n2", "n3"].map(String::from).to_vec();
             let queues = s.queues();
             s.producers = (0..6)
@@ -259,14 +262,20 @@ pub fn spec(name: &str, seed: u64, size: Size) -> anyhow::Result<Spec> {
                     ..producers_one(&queues[id as usize % 3])
                 })
                 .collect();
-            let kinds = [
-                ConsumerKind::ClientAck,
-                ConsumerKind::Stream,
-                ConsumerKind::AutoAck,
-                ConsumerKind::AutoAckStream,
-            ];
-            s.consumers = (0..6)
-                .map(|id| consumer(id, &queues[id as usize % 3], kinds[id as usize % 4], 10))
+            let kinds = match name {
+                "cluster-auto-receive" => [ConsumerKind::AutoAck; 3],
+                _ => [
+                    ConsumerKind::ClientAck,
+                    ConsumerKind::Stream,
+                    ConsumerKind::AutoAckStream,
+                ],
+            };
+            // Two kinds on each queue.
+            s.consumers = (0..6u32)
+                .map(|id| {
+                    let kind = kinds[(id + id / 3) as usize % 3];
+                    consumer(id, &queues[id as usize % 3], kind, 10)
+                })
                 .collect();
             s.faults.kinds = vec![FaultKind::Kill9, FaultKind::Pause, FaultKind::Partition];
             s.faults.for_ms_max = if smoke { 1_000 } else { 4_000 };
