@@ -72,8 +72,8 @@ async fn a_receive_whose_answer_a_partition_cut_gives_its_message_back() -> anyh
     let conn = via2.open_connection("consumer").await?;
     let session = conn.create_session(AckMode::Client).await?;
     let receive = tokio::spawn(async move {
-        let opts = ReceiveOptions::timeout_ms(20_000).max(1);
-        let got = tokio::time::timeout(Duration::from_secs(25), session.receive("q", opts)).await;
+        let opts = ReceiveOptions::timeout_ms(8_000).max(1);
+        let got = tokio::time::timeout(Duration::from_secs(10), session.receive("q", opts)).await;
         (session, got)
     });
     wait_until(

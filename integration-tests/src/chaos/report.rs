@@ -40,6 +40,8 @@ impl Latency {
 #[derive(Debug, Clone, Serialize)]
 pub struct FaultAt {
     pub at_ms: f64,
+    /// The node it hit ("*": every node).
+    pub node: String,
     #[serde(flatten)]
     pub fault: Fault,
 }
@@ -173,6 +175,7 @@ fn faults(events: &[Event]) -> Vec<FaultAt> {
         .filter_map(|e| match &e.op {
             Op::Fault(f) => Some(FaultAt {
                 at_ms: e.t_us as f64 / 1_000.0,
+                node: e.node.clone(),
                 fault: f.clone(),
             }),
             _ => None,
