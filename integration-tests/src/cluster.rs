@@ -41,29 +41,48 @@ impl Cluster {
         memory: bool,
         extra_toml: &str,
     ) -> anyhow::Result<Cluster> {
+        let mut cluster = Cluster::plan(dir, memory);
+        cluster.start_nodes(ids, extra_toml, &[])?;
+        Ok(cluster)
+    }
+
+    /// A cluster with its addresses drawn and no node started yet (see
+    /// [`Cluster::start_nodes`]): what must know the addresses first (firewall rules) can.
+    pub fn plan(dir: &Path, memory: bool) -> Cluster {
         let x = 2 + rand::random::<u8>() % 250;
         let y = rand::random::<u8>();
-        let mut cluster = Cluster {
+        Cluster {
             nodes: vec![],
             dir: dir.into(),
             prefix: format!("127.{x}.{y}."),
             memory,
-        };
+        }
+    }
+
+    /// Starts `ids` as the initial voters (with extra TOML for each); node `i` runs in the
+    /// cgroup whose `cgroup.procs` is `cgroup_procs[i]`, when given.
+    pub fn start_nodes(
+        &mut self,
+        ids: &[&str],
+        extra_toml: &str,
+        cgroup_procs: &[PathBuf],
+    ) -> anyhow::Result<()> {
         let initial = ids
             .iter()
             .enumerate()
-            .map(|(i, id)| format!("{id}={}", cluster.peer_addr(i)))
+            .map(|(i, id)| format!("{id}={}", self.peer_addr(i)))
             .collect::<Vec<_>>()
             .join(",");
         for (i, id) in ids.iter().enumerate() {
             let toml = format!("{extra_toml}\n[cluster]\ninitial = \"{initial}\"\n");
-            let node = cluster.spawn(i, id, &toml)?;
-            cluster.nodes.push(node);
+            let node = self.spawn(i, id, &toml, cgroup_procs.get(i).cloned())?;
+            self.nodes.push(node);
         }
-        Ok(cluster)
+        Ok(())
     }
 
-    fn ip(&self, index: usize) -> String {
+    /// The loopback address of the node at `index` (started or to be).
+    pub fn ip(&self, index: usize) -> String {
         format!("{}{}", self.prefix, index + 1)
     }
 
@@ -72,11 +91,18 @@ impl Cluster {
         format!("{}:{PEER_PORT}", self.ip(index))
     }
 
-    fn spawn(&self, index: usize, id: &str, toml: &str) -> anyhow::Result<Node> {
+    fn spawn(
+        &self,
+        index: usize,
+        id: &str,
+        toml: &str,
+        cgroup_procs: Option<PathBuf>,
+    ) -> anyhow::Result<Node> {
         let options = NodeOptions {
             node_id: id.into(),
             extra_toml: toml.into(),
             memory: self.memory,
+            cgroup_procs,
             ..Default::default()
         };
         Node::start_at(
@@ -97,7 +123,7 @@ impl Cluster {
     pub fn start_joining_to(&mut self, id: &str, addr: &str) -> anyhow::Result<usize> {
         let index = self.nodes.len();
         let toml = format!("[cluster]\njoin = \"{addr}\"\n");
-        let node = self.spawn(index, id, &toml)?;
+        let node = self.spawn(index, id, &toml, None)?;
         self.nodes.push(node);
         Ok(index)
     }
@@ -145,7 +171,12 @@ impl Cluster {
 
 /// The cluster status as `node` sees it.
 pub async fn status(node: &Node) -> anyhow::Result<pb::ClusterStatus> {
-    let client = Client::connect(&node.url()).await?;
+    status_at(&node.url()).await
+}
+
+/// The cluster status as the node serving `url` sees it.
+pub async fn status_at(url: &str) -> anyhow::Result<pb::ClusterStatus> {
+    let client = Client::connect(url).await?;
     Ok(client
         .cluster()
         .get_cluster_status(pb::GetClusterStatusRequest {})

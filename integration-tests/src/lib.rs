@@ -48,6 +48,10 @@ pub struct NodeOptions {
     pub env: Vec<(String, String)>,
     /// Start the server under `prlimit --nofile=N:N`: at most N open file descriptors.
     pub open_files_max: Option<u32>,
+    /// Start the server inside this cgroup (v2): its `cgroup.procs` file, written with the
+    /// process id before `exec`, so every socket the server opens belongs to the cgroup (the
+    /// chaos partitions match a node's traffic by it).
+    pub cgroup_procs: Option<PathBuf>,
 }
 
 impl Default for NodeOptions {
@@ -58,6 +62,7 @@ impl Default for NodeOptions {
             memory: false,
             env: vec![],
             open_files_max: None,
+            cgroup_procs: None,
         }
     }
 }
@@ -140,9 +145,18 @@ impl Node {
             .create(true)
             .append(true)
             .open(&self.log_path)?;
-        let mut cmd = match options.open_files_max {
-            None => Command::new(ferry_bin()),
-            Some(n) => {
+        let mut cmd = match (&options.cgroup_procs, options.open_files_max) {
+            (None, None) => Command::new(ferry_bin()),
+            (Some(procs), None) => {
+                // The shell joins the cgroup and then execs the server: the same process id.
+                let mut c = Command::new("sh");
+                c.arg("-c")
+                    .arg(r#"echo $$ > "$0" && exec "$@""#)
+                    .arg(procs)
+                    .arg(ferry_bin());
+                c
+            }
+            (None, Some(n)) => {
                 // prlimit sets the limit and then execs the server: the same process id.
                 let mut c = Command::new("prlimit");
                 c.arg(format!("--nofile={n}:{n}"))
@@ -150,6 +164,7 @@ impl Node {
                     .arg(ferry_bin());
                 c
             }
+            (Some(_), Some(_)) => bail!("a node takes a cgroup or a file limit, not both"),
         };
         cmd.arg("server")
             .arg("--config")

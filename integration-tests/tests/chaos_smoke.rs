@@ -72,9 +72,109 @@ async fn proxy_smoke_loses_and_duplicates_nothing() -> anyhow::Result<()> {
     smoke("proxy", 5).await
 }
 
+/// Three nodes, a queue on each, clients failing over to another node; every 2 s a random node
+/// is killed and restarted in place, paused, or cut from the other two (iptables).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_smoke_loses_and_duplicates_nothing() -> anyhow::Result<()> {
+    smoke("cluster", 6).await
+}
+
+/// The metadata leader cut from the majority (twice): a queue is created through the majority
+/// within 5 s each time, and the load loses nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_meta_smoke_creates_queues_through_the_majority() -> anyhow::Result<()> {
+    smoke("cluster-meta", 7).await
+}
+
+/// How `url`'s node sees node `id`: "up", "down" or "self" ("?" when it cannot tell).
+async fn health(url: &str, id: &str) -> String {
+    match ferry_integration_tests::cluster::status_at(url).await {
+        Ok(s) => s
+            .nodes
+            .into_iter()
+            .find(|n| n.node_id == id)
+            .map_or("?".into(), |n| n.health),
+        Err(_) => "?".into(),
+    }
+}
+
+/// Waits until the node at `url` sees each of `ids` with `want`.
+async fn wait_health(url: &str, ids: &[&str], want: &str) -> anyhow::Result<()> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let mut seen = vec![];
+        for id in ids {
+            seen.push(health(url, id).await);
+        }
+        if seen.iter().all(|h| h == want) {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "{url} sees {ids:?} as {seen:?}, not {want}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+/// The cluster scenarios' partitions cut a node's peer traffic both ways (it hears no one, no
+/// one hears it), the heal restores it, and dropping the firewall leaves no iptables rule and
+/// no cgroup behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_cuts_a_node_both_ways_and_leaves_nothing_behind() -> anyhow::Result<()> {
+    use ferry_integration_tests::chaos::cluster;
+    let dir = tempfile::tempdir()?;
+    let ids = ["n1", "n2", "n3"];
+    let target = cluster::start(dir.path(), &ids, "", &[], &Default::default()).await?;
+    let urls = target.urls();
+    let (n1, n3) = (&urls[0].1, &urls[2].1);
+    wait_health(n1, &["n2", "n3"], "up").await?;
+    let others = vec![target.ips[0].clone(), target.ips[1].clone()];
+    target.firewall.partition(&target.ips[2], &others)?;
+    wait_health(n1, &["n3"], "down").await?;
+    wait_health(n3, &["n1", "n2"], "down").await?;
+    wait_health(n1, &["n2"], "up").await?;
+    assert!(target.firewall.heal()?, "a partition was in place");
+    wait_health(n1, &["n2", "n3"], "up").await?;
+    wait_health(n3, &["n1", "n2"], "up").await?;
+
+    let chain = format!("FERRY-CHAOS-{}", std::process::id());
+    let rules = |table: &str| -> anyhow::Result<String> {
+        let out = std::process::Command::new("iptables")
+            .args(["-w", "-t", table, "-S"])
+            .output()?;
+        Ok(String::from_utf8(out.stdout)?)
+    };
+    assert!(rules("filter")?.contains(&chain) && rules("nat")?.contains(&chain));
+    drop(target);
+    for table in ["filter", "nat"] {
+        let left = rules(table)?;
+        assert!(!left.contains(&chain), "{table} still has {chain}: {left}");
+    }
+    assert!(
+        !cgroup_left(&chain.to_lowercase())?,
+        "a cgroup of the run is left"
+    );
+    Ok(())
+}
+
+/// Whether a cgroup named after `prefix` is left under the cgroup2 root.
+fn cgroup_left(prefix: &str) -> anyhow::Result<bool> {
+    let mounts = std::fs::read_to_string("/proc/self/mounts")?;
+    let Some(root) = mounts.lines().find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        (f.get(2) == Some(&"cgroup2")).then(|| f[1].to_string())
+    }) else {
+        return Ok(false);
+    };
+    Ok(std::fs::read_dir(root)?
+        .filter_map(Result::ok)
+        .any(|e| e.file_name().to_string_lossy().starts_with(prefix)))
+}
+
 #[test]
 fn the_same_seed_gives_the_same_fault_schedule() {
-    use ferry_integration_tests::chaos::nemesis::schedule;
+    use ferry_integration_tests::chaos::nemesis::{cluster_schedule, schedule};
     for name in scenario::SCENARIOS {
         let a =
             scenario::spec(name, 42, Size::Full { minutes: 3.0 }).unwrap_or_else(|e| panic!("{e}"));
@@ -97,4 +197,15 @@ fn the_same_seed_gives_the_same_fault_schedule() {
         assert!(w[0].at_ms + w[0].for_ms < w[1].at_ms, "{w:?}");
     }
     assert!(one.iter().all(|f| f.at_ms + f.for_ms < 180_000));
+    // A cluster schedule aims each fault at a node, the same for the same seed.
+    let c = scenario::spec("cluster", 42, Size::Full { minutes: 3.0 })
+        .unwrap_or_else(|e| panic!("{e}"));
+    let nodes = ["n1", "n2", "n3"];
+    let aimed = cluster_schedule(42, &c.faults, 180_000, &nodes);
+    assert_eq!(aimed, cluster_schedule(42, &c.faults, 180_000, &nodes));
+    assert!(aimed
+        .iter()
+        .all(|f| f.node.as_deref().is_some_and(|n| nodes.contains(&n))));
+    let hit: std::collections::BTreeSet<_> = aimed.iter().filter_map(|f| f.node.clone()).collect();
+    assert_eq!(hit.len(), 3, "18 faults hit every node: {aimed:?}");
 }

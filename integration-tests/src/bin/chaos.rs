@@ -1,5 +1,5 @@
 //! `chaos SCENARIO [--seed S] [--minutes M] [--smoke] [--out DIR]`: runs one fault scenario
-//! against a real `ferry server` (the binary next to this one, or `$FERRY_BIN`), writes its
+//! against a real `ferry server` or a cluster of three (the binary next to this one, or `$FERRY_BIN`), writes its
 //! JSON report and history to DIR (default `chaos-results/`), prints a summary, and exits
 //! non-zero unless the checker found nothing (no loss, no unflagged duplicate, no broken
 //! invariant) and the run itself went through. `scripts/chaos` builds and runs it.
@@ -80,7 +80,8 @@ fn main() -> anyhow::Result<()> {
     let report = runtime.block_on(async {
         tokio::select! {
             r = scenario::run(&spec, &args.out) => r,
-            // Ctrl-C: return, so the node process and temp dirs are cleaned up by their guards.
+            // Ctrl-C: return, so the node processes, temp dirs and iptables rules are cleaned up
+            // by their guards.
             _ = tokio::signal::ctrl_c() => bail!("interrupted"),
         }
     });

@@ -79,6 +79,17 @@ pub enum Fault {
     ProxyHeal,
     /// A client went away mid-whatever, without closing its session or connection.
     ClientKilled { client: String },
+    /// The node is cut from these nodes, both ways (iptables).
+    Partition { from: Vec<String> },
+    /// The node's partition ends.
+    PartitionHeal,
+    /// While the metadata leader (the event's node) was cut off, a queue was created through
+    /// node `via` of the majority, `took_ms` after the cut.
+    QueueCreated {
+        queue: String,
+        via: String,
+        took_ms: u64,
+    },
 }
 
 impl Fault {
@@ -89,11 +100,14 @@ impl Fault {
             | Fault::Pause
             | Fault::ProxyReset { .. }
             | Fault::ProxyDelay { .. }
-            | Fault::ProxyBlackhole => true,
+            | Fault::ProxyBlackhole
+            | Fault::Partition { .. } => true,
             Fault::Restarted { .. }
             | Fault::Resume
             | Fault::ProxyHeal
-            | Fault::ClientKilled { .. } => false,
+            | Fault::ClientKilled { .. }
+            | Fault::PartitionHeal
+            | Fault::QueueCreated { .. } => false,
         }
     }
 }

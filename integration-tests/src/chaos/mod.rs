@@ -1,12 +1,14 @@
 //! A Jepsen-style fault harness on real `ferry server` processes (issue 16): workers record
 //! every operation in a [`history::History`], a nemesis injects faults (kill -9, SIGSTOP, a TCP
-//! proxy that delays, resets and black-holes), the queues are drained to the end, and the
-//! [`checker`] judges what happened. `scripts/chaos SCENARIO` runs one scenario at full size;
+//! proxy that delays, resets and black-holes; in a three-node cluster, iptables partitions),
+//! the queues are drained to the end, and the [`checker`] judges what happened. `scripts/chaos SCENARIO` runs one scenario at full size;
 //! `tests/chaos_smoke.rs` runs each at smoke size.
 
 pub mod checker;
+pub mod cluster;
 pub mod history;
 pub mod nemesis;
+pub mod partition;
 pub mod proxy;
 pub mod report;
 pub mod scenario;

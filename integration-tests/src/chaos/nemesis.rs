@@ -24,6 +24,11 @@ pub enum FaultKind {
     ProxyReset,
     ProxyDelay,
     ProxyBlackhole,
+    /// A cluster node cut from the others, both ways.
+    Partition,
+    /// The cluster's metadata leader (found when the fault starts) cut from the others, and a
+    /// queue created through the majority.
+    PartitionLeader,
 }
 
 /// One planned fault: at `at_ms` after the load begins, `kind`, lasting `for_ms` (the node's
@@ -36,6 +41,9 @@ pub struct PlannedFault {
     /// ProxyDelay: the delay of each chunk.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub delay_ms: Option<u64>,
+    /// In a cluster: the node it hits.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
 }
 
 /// How faults are drawn.
@@ -75,9 +83,32 @@ pub fn schedule(seed: u64, plan: &FaultPlan, load_ms: u64) -> Vec<PlannedFault> 
                 kind,
                 for_ms,
                 delay_ms,
+                node: None,
             });
         }
         start += slot;
+    }
+    out
+}
+
+/// [`schedule`], each fault aimed at one of `nodes`, drawn from a stream of its own (the
+/// faults of a seed are those of [`schedule`]).
+pub fn cluster_schedule(
+    seed: u64,
+    plan: &FaultPlan,
+    load_ms: u64,
+    nodes: &[&str],
+) -> Vec<PlannedFault> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ 0x6e6f_6465_7300);
+    let mut out = schedule(seed, plan, load_ms);
+    if !nodes.is_empty() {
+        // The leader is whoever leads when its fault starts.
+        for f in out
+            .iter_mut()
+            .filter(|f| f.kind != FaultKind::PartitionLeader)
+        {
+            f.node = Some(nodes[rng.random_range(0..nodes.len())].to_string());
+        }
     }
     out
 }
@@ -174,11 +205,14 @@ impl Target {
                 self.proxy()?.set_mode(Mode::Forward);
                 self.record(history, Fault::ProxyHeal);
             }
+            FaultKind::Partition | FaultKind::PartitionLeader => {
+                anyhow::bail!("a partition needs a cluster")
+            }
         }
         Ok(())
     }
 
-    async fn restart(&self, history: &History) -> anyhow::Result<()> {
+    pub(crate) async fn restart(&self, history: &History) -> anyhow::Result<()> {
         let started = Instant::now();
         self.with_node(Node::restart_in_place).await??;
         self.record(
@@ -188,6 +222,57 @@ impl Target {
             },
         );
         Ok(())
+    }
+
+    /// Ends every fault: the node runs (restarted if it is down), the proxy forwards.
+    pub async fn heal(&self, history: &History) -> anyhow::Result<()> {
+        if let Some(p) = &self.proxy {
+            if p.mode() != Mode::Forward {
+                p.set_mode(Mode::Forward);
+                self.record(history, Fault::ProxyHeal);
+            }
+        }
+        if self.with_node(|n| n.pid()).await?.is_none() {
+            self.restart(history).await?;
+        }
+        Ok(())
+    }
+}
+
+/// What a scenario's nemesis acts on: one node (and its proxy) or a cluster.
+#[derive(Debug, Clone)]
+pub enum Nemesis {
+    Node(Target),
+    Cluster(super::cluster::ClusterTarget),
+}
+
+impl Nemesis {
+    /// Injects one fault and heals it after `f.for_ms`.
+    pub async fn inject(&self, history: &History, f: &PlannedFault) -> anyhow::Result<()> {
+        match self {
+            Nemesis::Node(t) => t.inject(history, f).await,
+            Nemesis::Cluster(c) => c.inject(history, f).await,
+        }
+    }
+
+    /// Ends every fault: every node runs and is reachable, the proxy forwards.
+    pub async fn heal(&self, history: &History) -> anyhow::Result<()> {
+        match self {
+            Nemesis::Node(t) => t.heal(history).await,
+            Nemesis::Cluster(c) => c.heal(history).await,
+        }
+    }
+
+    /// Every node, by name.
+    pub fn nodes(&self) -> Vec<(String, Arc<Mutex<Node>>)> {
+        match self {
+            Nemesis::Node(t) => vec![(t.node_name.clone(), t.node.clone())],
+            Nemesis::Cluster(c) => c
+                .nodes
+                .iter()
+                .map(|t| (t.node_name.clone(), t.node.clone()))
+                .collect(),
+        }
     }
 
     /// Runs `schedule` from `load_start`, fault after fault, each at its time, until the
@@ -207,20 +292,6 @@ impl Target {
                 _ = stop.wait_for(|s| *s) => return Ok(()),
             }
             self.inject(history, f).await?;
-        }
-        Ok(())
-    }
-
-    /// Ends every fault: the node runs (restarted if it is down), the proxy forwards.
-    pub async fn heal(&self, history: &History) -> anyhow::Result<()> {
-        if let Some(p) = &self.proxy {
-            if p.mode() != Mode::Forward {
-                p.set_mode(Mode::Forward);
-                self.record(history, Fault::ProxyHeal);
-            }
-        }
-        if self.with_node(|n| n.pid()).await?.is_none() {
-            self.restart(history).await?;
         }
         Ok(())
     }

@@ -2,7 +2,7 @@
 //! happened, the longest time nothing was confirmed, and latency percentiles (HDR histograms),
 //! as JSON and as a short summary.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use hdrhistogram::Histogram;
 use serde::Serialize;
@@ -40,6 +40,8 @@ impl Latency {
 #[derive(Debug, Clone, Serialize)]
 pub struct FaultAt {
     pub at_ms: f64,
+    /// The node it hit ("*": every node).
+    pub node: String,
     #[serde(flatten)]
     pub fault: Fault,
 }
@@ -58,6 +60,10 @@ pub struct Report {
     pub verdict: Verdict,
     /// The longest stretch of the load phase in which no send was confirmed.
     pub longest_unavailability_ms: f64,
+    /// The same for each queue sent to, when there are several (in a cluster, a queue is out
+    /// while its owner is down or cut off, whatever the others do).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub longest_unavailability_by_queue_ms: BTreeMap<String, f64>,
     /// Invoke to confirm of each confirmed send attempt.
     pub send_latency: Latency,
     /// A value's first send invoke to its first delivery.
@@ -95,7 +101,9 @@ impl Report {
             fault_schedule,
             faults: faults(&events),
             verdict,
-            longest_unavailability_ms: longest_unavailability_us(&events) as f64 / 1_000.0,
+            longest_unavailability_ms: longest_unavailability_us(&events, |_| true) as f64
+                / 1_000.0,
+            longest_unavailability_by_queue_ms: unavailability_by_queue(&events),
             send_latency: send_latency(&events),
             end_to_end_latency: end_to_end(&events),
             client_errors: events
@@ -141,6 +149,13 @@ impl Report {
             self.end_to_end_latency.p99_ms,
             self.end_to_end_latency.max_ms,
         );
+        if !self.longest_unavailability_by_queue_ms.is_empty() {
+            s.push_str("  longest unavailability by queue:");
+            for (q, ms) in &self.longest_unavailability_by_queue_ms {
+                s.push_str(&format!(" {q} {ms:.0} ms"));
+            }
+            s.push('\n');
+        }
         for (kind, n) in &v.anomaly_counts {
             s.push_str(&format!("  ANOMALY {kind:?}: {n}\n"));
         }
@@ -160,6 +175,7 @@ fn faults(events: &[Event]) -> Vec<FaultAt> {
         .filter_map(|e| match &e.op {
             Op::Fault(f) => Some(FaultAt {
                 at_ms: e.t_us as f64 / 1_000.0,
+                node: e.node.clone(),
                 fault: f.clone(),
             }),
             _ => None,
@@ -183,13 +199,41 @@ fn load_window(events: &[Event]) -> (u64, u64) {
     (start, end)
 }
 
-fn longest_unavailability_us(events: &[Event]) -> u64 {
+/// Each queue's longest unavailability in ms, when sends went to more than one queue.
+fn unavailability_by_queue(events: &[Event]) -> BTreeMap<String, f64> {
+    let mut queue_of = HashMap::new();
+    for e in events {
+        if let Op::SendInvoke { op, queue, .. } = &e.op {
+            queue_of.insert(*op, queue.clone());
+        }
+    }
+    let queues: std::collections::BTreeSet<&String> = queue_of.values().collect();
+    if queues.len() < 2 {
+        return BTreeMap::new();
+    }
+    queues
+        .into_iter()
+        .map(|q| {
+            let mine = |op: u64| queue_of.get(&op) == Some(q);
+            let us = longest_unavailability_us(events, mine);
+            (q.clone(), us as f64 / 1_000.0)
+        })
+        .collect()
+}
+
+/// The longest stretch of the load phase in which no send (of the operations `mine` picks)
+/// was confirmed.
+fn longest_unavailability_us(events: &[Event], mine: impl Fn(u64) -> bool) -> u64 {
     let (start, load_end) = load_window(events);
+    let send_op = |op: &Op| match op {
+        Op::SendInvoke { op, .. } | Op::SendEnd { op, .. } => Some(*op),
+        _ => None,
+    };
     // Producers that finished early (a fixed number of messages) leave no gap behind them.
     let last_send = events
         .iter()
         .filter(|e| e.t_us <= load_end)
-        .filter(|e| matches!(e.op, Op::SendInvoke { .. } | Op::SendEnd { .. }))
+        .filter(|e| send_op(&e.op).is_some_and(&mine))
         .map(|e| e.t_us)
         .max()
         .unwrap_or(load_end);
@@ -200,14 +244,15 @@ fn longest_unavailability_us(events: &[Event]) -> u64 {
         if e.t_us > end {
             break;
         }
-        if matches!(
-            &e.op,
+        let confirmed = match &e.op {
             Op::SendEnd {
+                op,
                 outcome: Outcome::Ok,
                 ..
-            }
-        ) && e.t_us >= start
-        {
+            } => mine(*op),
+            _ => false,
+        };
+        if confirmed && e.t_us >= start {
             longest = longest.max(e.t_us.saturating_sub(last));
             last = e.t_us;
         }

@@ -28,6 +28,10 @@ pub struct Ctx {
     pub stop: watch::Receiver<bool>,
     /// Run seed; each worker derives its own generator from it.
     pub seed: u64,
+    /// In a cluster, every node as (name, client URL): a worker whose call failed opens its
+    /// next session through the node after the one it used (`url`, `node_name`). Empty for
+    /// one node.
+    pub nodes: Vec<(String, String)>,
 }
 
 /// Pause between attempts to reach a node that is down (pacing, not synchronization).
@@ -36,6 +40,24 @@ const RECONNECT_PAUSE: Duration = Duration::from_millis(100);
 const SEND_ATTEMPTS_MAX: u32 = 200;
 
 impl Ctx {
+    /// This context connected through the `index`-th node (modulo their number); unchanged
+    /// for one node.
+    pub fn via(mut self, index: usize) -> Ctx {
+        if !self.nodes.is_empty() {
+            (self.node_name, self.url) = self.nodes[index % self.nodes.len()].clone();
+        }
+        self
+    }
+
+    /// Moves to the next node of the cluster, for the next session (a no-op for one node): a
+    /// call through a node failed (UNAVAILABLE, a broken connection, a timeout...).
+    fn fail_over(&mut self) {
+        let Some(at) = self.nodes.iter().position(|(n, _)| *n == self.node_name) else {
+            return;
+        };
+        (self.node_name, self.url) = self.nodes[(at + 1) % self.nodes.len()].clone();
+    }
+
     fn stopped(&self) -> bool {
         *self.stop.borrow()
     }
@@ -144,7 +166,7 @@ pub fn message(v: Value, pad_bytes: usize) -> Message {
 /// Sends values until told to stop or `values_max` are sent; retries a batch whose outcome was
 /// not ok (with the same dedup ids, so a retry never stores a second copy) until it is
 /// confirmed, `settle_by` passes, or [`SEND_ATTEMPTS_MAX`] attempts were made.
-pub async fn producer(ctx: Ctx, spec: ProducerSpec, settle_by: Instant) -> anyhow::Result<()> {
+pub async fn producer(mut ctx: Ctx, spec: ProducerSpec, settle_by: Instant) -> anyhow::Result<()> {
     let me = format!("producer-{}", spec.id);
     let mut session = None;
     let mut seq = 0u64;
@@ -157,6 +179,7 @@ pub async fn producer(ctx: Ctx, spec: ProducerSpec, settle_by: Instant) -> anyho
                     Ok(s) => session = Some(s),
                     Err(e) => {
                         ctx.error(&me, "open session", &e.to_string());
+                        ctx.fail_over();
                         tokio::time::sleep(RECONNECT_PAUSE).await;
                     }
                 }
@@ -197,8 +220,10 @@ pub async fn producer(ctx: Ctx, spec: ProducerSpec, settle_by: Instant) -> anyho
             if ok {
                 break 'batch;
             }
-            // Whatever broke, the next attempt goes on a fresh session.
+            // Whatever broke, the next attempt goes on a fresh session (through another node, in
+            // a cluster).
             session = None;
+            ctx.fail_over();
         }
         seq += u64::from(count);
     }
@@ -238,7 +263,7 @@ pub struct ConsumerSpec {
 }
 
 /// Consumes until told to stop.
-pub async fn consumer(ctx: Ctx, spec: ConsumerSpec) -> anyhow::Result<()> {
+pub async fn consumer(mut ctx: Ctx, spec: ConsumerSpec) -> anyhow::Result<()> {
     let me = format!("consumer-{}", spec.id);
     let mut rng = ctx.rng(1_000 + u64::from(spec.id));
     // Bounded by the stop signal; the count bound keeps a broken clock from spinning for ever.
@@ -276,6 +301,7 @@ pub async fn consumer(ctx: Ctx, spec: ConsumerSpec) -> anyhow::Result<()> {
         };
         if let Err(e) = ended {
             ctx.error(&me, "consume", &e.to_string());
+            ctx.fail_over();
             tokio::time::sleep(RECONNECT_PAUSE).await;
         }
     }
@@ -550,6 +576,8 @@ pub async fn drain(
     deadline: Instant,
 ) -> anyhow::Result<()> {
     let me = "drain";
+    let mut ctx = ctx.clone();
+    let ctx = &mut ctx;
     let kind = match mode {
         DrainMode::Ack => ConsumerKind::ClientAck,
         DrainMode::Nack => ConsumerKind::PoisonNack,
@@ -562,6 +590,7 @@ pub async fn drain(
                 Ok(s) => session = Some(s),
                 Err(e) => {
                     ctx.error(me, "open session", &e.to_string());
+                    ctx.fail_over();
                     tokio::time::sleep(RECONNECT_PAUSE).await;
                 }
             }
@@ -582,11 +611,13 @@ pub async fn drain(
             Ok(Err(e)) => {
                 ctx.error(me, "drain receive", &e.to_string());
                 session = None;
+                ctx.fail_over();
                 continue;
             }
             Err(_) => {
                 ctx.error(me, "drain receive", "client timeout");
                 session = None;
+                ctx.fail_over();
                 continue;
             }
         };

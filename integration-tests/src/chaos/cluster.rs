@@ -1,0 +1,252 @@
+//! The cluster scenarios' nodes: three `ferry server` processes (see `crate::cluster`), each in
+//! a cgroup of its own behind the run's [`Firewall`], a queue pinned on each; and their nemesis:
+//! each planned fault hits the node it names — kill -9 and a restart in place, SIGSTOP/SIGCONT
+//! (both as for one node, through its [`Target`]), or a partition of that node from all the
+//! others, both ways. A partition is always healed, even when the run fails (a guard flushes the
+//! rules on drop; the firewall removes them all on its own drop).
+
+use std::path::Path;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use anyhow::Context;
+use ferry_client::pb;
+
+use super::history::{Fault, History, Op};
+use super::nemesis::{FaultKind, PlannedFault, Target};
+use super::partition::Firewall;
+use crate::cluster::{status_at, Cluster};
+
+/// The nodes of a cluster and the firewall between them.
+#[derive(Debug, Clone)]
+pub struct ClusterTarget {
+    /// One per node (no proxy).
+    pub nodes: Vec<Target>,
+    /// Each node's loopback address, in the order of `nodes`.
+    pub ips: Vec<String>,
+    pub firewall: Arc<Firewall>,
+}
+
+/// Heals every partition when dropped.
+struct Healing<'a>(&'a Firewall);
+
+impl Drop for Healing<'_> {
+    fn drop(&mut self) {
+        if let Err(e) = self.0.heal() {
+            eprintln!("chaos: healing a partition failed: {e:#}");
+        }
+    }
+}
+
+impl ClusterTarget {
+    fn index(&self, name: &str) -> anyhow::Result<usize> {
+        self.nodes
+            .iter()
+            .position(|t| t.node_name == name)
+            .with_context(|| format!("no node {name} in the cluster"))
+    }
+
+    /// Injects one fault on the node it names (the metadata leader, for
+    /// [`FaultKind::PartitionLeader`]) and heals it after `f.for_ms`.
+    pub async fn inject(&self, history: &History, f: &PlannedFault) -> anyhow::Result<()> {
+        if f.kind == FaultKind::PartitionLeader {
+            return self.partition_leader(history, f).await;
+        }
+        let name = f.node.as_deref().context("a cluster fault names no node")?;
+        let i = self.index(name)?;
+        if f.kind != FaultKind::Partition {
+            return self.nodes[i].inject(history, f).await;
+        }
+        let healing = self.cut(history, i)?;
+        tokio::time::sleep(Duration::from_millis(f.for_ms)).await;
+        drop(healing);
+        history.record("nemesis", name, Op::Fault(Fault::PartitionHeal));
+        Ok(())
+    }
+
+    /// Cuts node `i` from all the others until the guard returned is dropped.
+    fn cut(&self, history: &History, i: usize) -> anyhow::Result<Healing<'_>> {
+        let (mut others, mut names) = (vec![], vec![]);
+        for (j, t) in self.nodes.iter().enumerate().filter(|(j, _)| *j != i) {
+            others.push(self.ips[j].clone());
+            names.push(t.node_name.clone());
+        }
+        let healing = Healing(&self.firewall);
+        self.firewall.partition(&self.ips[i], &others)?;
+        let name = &self.nodes[i].node_name;
+        history.record("nemesis", name, Op::Fault(Fault::Partition { from: names }));
+        Ok(healing)
+    }
+
+    /// Every node as (name, client URL).
+    pub fn urls(&self) -> Vec<(String, String)> {
+        self.nodes
+            .iter()
+            .map(|t| {
+                let node = t.node.lock().unwrap_or_else(PoisonError::into_inner);
+                (t.node_name.clone(), node.url())
+            })
+            .collect()
+    }
+
+    /// Cuts the metadata leader from the majority for `f.for_ms` (longer, until the check is
+    /// done), and creates a queue through a node of the majority: it must be created within
+    /// [`META_WRITE_MAX`] of the cut.
+    async fn partition_leader(&self, history: &History, f: &PlannedFault) -> anyhow::Result<()> {
+        let urls = self.urls();
+        let leader = wait_leader(&urls, LEADER_WAIT).await?;
+        let i = self.index(&leader)?;
+        let via = (i + 1) % self.nodes.len();
+        let (via_name, via_url) = urls[via].clone();
+        let cut_at = tokio::time::Instant::now();
+        let healing = self.cut(history, i)?;
+        let queue = format!("meta-{}", f.at_ms);
+        let created = create_by(&via_url, &queue, &via_name, cut_at + META_WRITE_MAX).await;
+        let took_ms = u64::try_from(cut_at.elapsed().as_millis()).unwrap_or(u64::MAX);
+        if created.is_ok() {
+            let event = Fault::QueueCreated {
+                queue: queue.clone(),
+                via: via_name.clone(),
+                took_ms,
+            };
+            history.record("nemesis", &leader, Op::Fault(event));
+        }
+        tokio::time::sleep_until(cut_at + Duration::from_millis(f.for_ms)).await;
+        drop(healing);
+        history.record("nemesis", &leader, Op::Fault(Fault::PartitionHeal));
+        created.with_context(|| {
+            format!(
+                "creating {queue} through {via_name} while the metadata leader {leader} was \
+                 cut off: not done within {META_WRITE_MAX:?}"
+            )
+        })
+    }
+
+    /// Ends every fault: no partition, every node running (restarted if it is down).
+    pub async fn heal(&self, history: &History) -> anyhow::Result<()> {
+        if self.firewall.heal()? {
+            history.record("nemesis", "*", Op::Fault(Fault::PartitionHeal));
+        }
+        for t in &self.nodes {
+            t.heal(history).await?;
+        }
+        Ok(())
+    }
+}
+
+/// Starts `ids` as a cluster under `dir` (each with `node_toml`), waits for its metadata leader,
+/// and creates each `(queue, owner)` with `config`.
+pub async fn start(
+    dir: &Path,
+    ids: &[&str],
+    node_toml: &str,
+    queues: &[(String, String)],
+    config: &pb::QueueConfig,
+) -> anyhow::Result<ClusterTarget> {
+    let mut firewall = Firewall::new()?;
+    // Declared after the firewall: dropped (its nodes killed) before it, on every path.
+    let mut cluster = Cluster::plan(dir, false);
+    let mut procs = vec![];
+    for (i, id) in ids.iter().enumerate() {
+        procs.push(firewall.add_node(id, &cluster.ip(i))?);
+    }
+    cluster.start_nodes(ids, node_toml, &procs)?;
+    cluster.wait_leader(ids, LEADER_WAIT).await?;
+    let admin = cluster.nodes[0].client().await?;
+    for (queue, owner) in queues {
+        admin
+            .admin()
+            .create_queue(pb::CreateQueueRequest {
+                name: queue.clone(),
+                config: Some(config.clone()),
+                if_not_exists: false,
+                node: owner.clone(),
+            })
+            .await
+            .with_context(|| format!("creating {queue} on {owner}"))?;
+    }
+    let ips = (0..ids.len()).map(|i| cluster.ip(i)).collect();
+    let nodes = std::mem::take(&mut cluster.nodes)
+        .into_iter()
+        .map(|n| Target {
+            node_name: n.id().to_string(),
+            node: Arc::new(Mutex::new(n)),
+            proxy: None,
+        })
+        .collect();
+    Ok(ClusterTarget {
+        nodes,
+        ips,
+        firewall: Arc::new(firewall),
+    })
+}
+
+/// With the metadata leader cut off, a queue is created through the majority within this.
+pub const META_WRITE_MAX: Duration = Duration::from_secs(5);
+
+/// Creates `queue` on `owner` through the node at `url`, retrying until `deadline` (with
+/// `if_not_exists`: a retry of a creation that took effect is no error).
+async fn create_by(
+    url: &str,
+    queue: &str,
+    owner: &str,
+    deadline: tokio::time::Instant,
+) -> anyhow::Result<()> {
+    let mut last = String::from("no attempt");
+    // Bounded by the deadline; each attempt too.
+    while tokio::time::Instant::now() < deadline {
+        let attempt = tokio::time::timeout_at(deadline, async {
+            let client = ferry_client::Client::connect(url).await?;
+            client
+                .admin()
+                .create_queue(pb::CreateQueueRequest {
+                    name: queue.into(),
+                    config: None,
+                    if_not_exists: true,
+                    node: owner.into(),
+                })
+                .await?;
+            Ok::<(), anyhow::Error>(())
+        })
+        .await;
+        match attempt {
+            Ok(Ok(())) => return Ok(()),
+            Ok(Err(e)) => last = format!("{e:#}"),
+            Err(_) => last = "timed out".into(),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    anyhow::bail!("last error: {last}")
+}
+
+/// How long a cluster may take to agree on a metadata leader (at the start, after the heal).
+pub const LEADER_WAIT: Duration = Duration::from_secs(30);
+
+/// Waits until every node of `nodes` (name, URL) names the same metadata leader, one of them.
+pub async fn wait_leader(nodes: &[(String, String)], timeout: Duration) -> anyhow::Result<String> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut last = String::new();
+    // Polled every 100 ms until the deadline.
+    while tokio::time::Instant::now() < deadline {
+        let mut leaders = vec![];
+        for (_, url) in nodes {
+            let seen = tokio::time::timeout(Duration::from_secs(2), status_at(url)).await;
+            match seen {
+                Ok(Ok(s)) if !s.cluster_id.is_empty() => leaders.push(s.leader_node_id),
+                Ok(Ok(_)) => leaders.push(String::new()),
+                Ok(Err(e)) => leaders.push(format!("error: {e:#}")),
+                Err(_) => leaders.push("status timed out".into()),
+            }
+        }
+        let agreed = leaders.windows(2).all(|w| w[0] == w[1]);
+        if let Some(l) = leaders
+            .first()
+            .filter(|l| agreed && nodes.iter().any(|(n, _)| n == *l))
+        {
+            return Ok(l.clone());
+        }
+        last = format!("{leaders:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    anyhow::bail!("no agreed metadata leader within {timeout:?}; last seen: {last}")
+}
