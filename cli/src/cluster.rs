@@ -66,6 +66,16 @@ impl QueueHost for BrokerHost {
         Ok(())
     }
 
+    async fn stored_bytes(&self) -> u64 {
+        let mut total = 0u64;
+        for q in self.broker.list_queues() {
+            if let Ok(stats) = self.broker.stats(&q.name).await {
+                total = total.saturating_add(stats.bytes);
+            }
+        }
+        total
+    }
+
     fn set_epoch(&self, name: &QueueName, epoch: u64) {
         self.broker.set_placement_epoch(name, epoch);
     }

@@ -578,3 +578,37 @@ async fn a_one_node_cluster_grows_to_three_voters_by_promoting_two_learners() ->
     assert_eq!(created.queue.unwrap().owner_node, "n2");
     Ok(())
 }
+
+/// The placement rule's second criterion: with as many queues everywhere, a new queue goes to
+/// the node holding the fewest bytes (as the nodes report them), not the smallest id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_equal_queue_counts_the_node_holding_fewest_bytes_takes_the_next_queue(
+) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let cluster = Cluster::start(dir.path(), &["n1", "n2", "n3"])?;
+    cluster
+        .wait_leader(&["n1", "n2", "n3"], LEADER_WAIT)
+        .await?;
+    let via3 = cluster.node("n3").client().await?;
+    for (q, n) in [("a", "n1"), ("b", "n2"), ("c", "n3")] {
+        create_queue_on(&via3, q, Some(n)).await?;
+    }
+    let conn = via3.open_connection("p").await?;
+    let session = conn.create_session(AckMode::Auto).await?;
+    send_many(&session, "a", 200).await?;
+    send_many(&session, "c", 100).await?;
+    // Once n3 knows n1's and its own bytes, n2 (holding none) takes the next queue, though n1
+    // has the smallest id.
+    wait_until(Duration::from_secs(20), "the bytes reported", || async {
+        let st = status(cluster.node("n3")).await?;
+        Ok(st
+            .nodes
+            .iter()
+            .filter(|n| n.node_id != "n2")
+            .all(|n| n.stored_bytes > 0))
+    })
+    .await?;
+    let created = create_queue_on(&via3, "next", None).await?;
+    assert_eq!(created.queue.unwrap().owner_node, "n2");
+    Ok(())
+}

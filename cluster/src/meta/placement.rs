@@ -5,7 +5,8 @@
 //! active; otherwise, among the active nodes the proposer can reach (all of them if it reaches
 //! none), the node (voter or learner) owning the fewest queues (dead-letter
 //! and expiry queues count), then the fewest bytes according to the proposer's load map (bytes
-//! are not replicated state: a node missing from the map counts 0), then the smallest node id.
+//! are not replicated state: each node counts its own and reports it on its Raft links; a node
+//! missing from the map counts 0), then the smallest node id.
 //! Apply re-validates that the owner is still active.
 //!
 //! A queue whose dead-letter or expiry queue already exists (kept when the queue was deleted,

@@ -40,6 +40,8 @@ pub trait QueueHost: Send + Sync + 'static {
         settings: &pb::QueueConfig,
         epoch: u64,
     ) -> Result<(), String>;
+    /// Bytes of messages held by every queue here (the placement rule's second criterion).
+    async fn stored_bytes(&self) -> u64;
     /// Serves a held queue at `epoch` from now on.
     fn set_epoch(&self, name: &QueueName, epoch: u64);
     /// Deletes a queue and its messages.

@@ -42,6 +42,9 @@ use transport::Links;
 
 use crate::meta::{bootstrap_raft_ids, MetaState, RaftId};
 
+/// How often a node counts the bytes its queues hold (reported to the peers on the links).
+const BYTES_COUNT_INTERVAL: Duration = Duration::from_secs(2);
+
 /// How long a one-node cluster may take to form before the node serves anyway.
 const ALONE_FORM_WAIT: Duration = Duration::from_secs(5);
 
@@ -228,6 +231,7 @@ impl MetaNode {
         });
         let node = MetaNode { shared };
         tokio::spawn(node.clone().follow());
+        tokio::spawn(node.clone().count_bytes());
         if !resumed {
             match &node.shared.settings.start {
                 StartMode::Initial(_) => {
@@ -318,6 +322,41 @@ impl MetaNode {
                 _ = shutdown.wait_for(|s| *s) => return,
             }
         }
+    }
+
+    /// Counts the bytes the local queues hold every [`BYTES_COUNT_INTERVAL`], for the links to
+    /// report to the peers. Ends at shutdown.
+    async fn count_bytes(self) {
+        let mut shutdown = self.shared.shutdown.clone();
+        let mut tick = tokio::time::interval(BYTES_COUNT_INTERVAL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let stopping = tokio::select! {
+                _ = tick.tick() => false,
+                _ = shutdown.wait_for(|s| *s) => true,
+            };
+            if stopping {
+                return;
+            }
+            let bytes = self.shared.host.stored_bytes().await;
+            self.shared.links.set_local_bytes(bytes);
+        }
+    }
+
+    /// Bytes held per node as last counted here (this node) or reported (the others).
+    pub(crate) fn loads_bytes(&self, meta: &MetaState) -> std::collections::BTreeMap<NodeId, u64> {
+        let links = &self.shared.links;
+        meta.nodes()
+            .iter()
+            .filter_map(|(id, n)| {
+                let bytes = if id == &self.shared.settings.node_id {
+                    Some(links.local_bytes())
+                } else {
+                    links.peer_bytes(n.raft_id.0)
+                };
+                bytes.map(|b| (id.clone(), b))
+            })
+            .collect()
     }
 
     /// Points the links at every other active node (or, before the cluster is formed, at the

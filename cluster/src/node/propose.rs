@@ -3,7 +3,7 @@
 //! whoever asked sees the change on this node at once. Also the node's own proposals: forming
 //! the cluster, importing a single node's queues, and joining.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use ferry_kernel::{NodeId, QueueName};
@@ -258,15 +258,9 @@ impl MetaNode {
         let owner = {
             let view = self.shared.view.borrow();
             let down = self.down_nodes(&view.meta);
-            choose_queue_owner_avoiding(
-                &view.meta,
-                name,
-                &settings,
-                &BTreeMap::new(),
-                pinned.as_ref(),
-                &down,
-            )
-            .map_err(|e| meta_status(&e))?
+            let loads = self.loads_bytes(&view.meta);
+            choose_queue_owner_avoiding(&view.meta, name, &settings, &loads, pinned.as_ref(), &down)
+                .map_err(|e| meta_status(&e))?
         };
         let command = MetaCommand::CreateQueue {
             name: name.clone(),

@@ -274,6 +274,7 @@ impl MetaNode {
             .and_then(|r| view.node_by_raft_id(r))
             .map(|(id, _)| id.to_string())
             .unwrap_or_default();
+        let loads = self.loads_bytes(&view.meta);
         let nodes = view
             .meta
             .nodes()
@@ -310,6 +311,7 @@ impl MetaNode {
                         .into_iter()
                         .map(|q| q.to_string())
                         .collect(),
+                    stored_bytes: loads.get(id).copied().unwrap_or(0),
                 }
             })
             .collect();

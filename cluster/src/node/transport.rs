@@ -38,6 +38,10 @@ pub(crate) struct Links {
     probe_interval: Duration,
     /// When each peer was last heard from (any batch or probe it sent).
     heard: Mutex<HashMap<u64, Instant>>,
+    /// Bytes of messages this node's queues hold, stamped on every batch.
+    local_bytes: std::sync::atomic::AtomicU64,
+    /// What each peer last reported of its own.
+    peer_bytes: Mutex<HashMap<u64, u64>>,
 }
 
 struct Link {
@@ -61,6 +65,8 @@ impl Links {
             sender: Mutex::new((0, None)),
             probe_interval,
             heard: Mutex::new(HashMap::new()),
+            local_bytes: std::sync::atomic::AtomicU64::new(0),
+            peer_bytes: Mutex::new(HashMap::new()),
         }
     }
 
@@ -162,6 +168,26 @@ impl Links {
             .insert(raft_id, Instant::now());
     }
 
+    /// Sets the bytes this node reports to its peers.
+    pub(crate) fn set_local_bytes(&self, bytes: u64) {
+        self.local_bytes
+            .store(bytes, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The bytes this node reports.
+    pub(crate) fn local_bytes(&self) -> u64 {
+        self.local_bytes.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The bytes `raft_id` last reported, if any.
+    pub(crate) fn peer_bytes(&self, raft_id: u64) -> Option<u64> {
+        self.peer_bytes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&raft_id)
+            .copied()
+    }
+
     /// How long ago `raft_id` was last heard from, if ever.
     pub(crate) fn last_heard(&self, raft_id: u64) -> Option<Duration> {
         self.heard
@@ -177,6 +203,7 @@ impl Links {
             from_raft_id: from,
             cluster_id: cluster_id_bytes(cluster_id),
             batch: bytes,
+            stored_bytes: self.local_bytes(),
         }
     }
 }
@@ -380,6 +407,11 @@ pub(crate) async fn receive_stream(
             continue;
         }
         links.heard_from(batch.from_raft_id);
+        links
+            .peer_bytes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(batch.from_raft_id, batch.stored_bytes);
         if batch.batch.is_empty() {
             continue;
         }
