@@ -99,6 +99,22 @@ pub(crate) struct Driver {
     stopping: bool,
 }
 
+/// The next Raft configuration change of group 0 that brings `status` (the engine's view)
+/// towards the nodes recorded in `meta` ([`next_membership_step`]), as the engine's type.
+pub fn next_conf_change(
+    meta: &MetaState,
+    status: &ferry_multiraft::GroupStatus,
+) -> Option<ConfChange> {
+    let ids = |nodes: &[PeerId]| nodes.iter().map(|n| RaftId(n.0)).collect::<Vec<_>>();
+    let step = next_membership_step(meta, &ids(&status.voters), &ids(&status.learners))?;
+    Some(match step {
+        MembershipStep::AddVoter(r) => ConfChange::AddVoter(PeerId(r.0)),
+        MembershipStep::AddLearner(r) => ConfChange::AddLearner(PeerId(r.0)),
+        MembershipStep::Promote(r) => ConfChange::PromoteLearner(PeerId(r.0)),
+        MembershipStep::Remove(r) => ConfChange::Remove(PeerId(r.0)),
+    })
+}
+
 /// Opens the engine of a node that already belongs to a cluster (its group 0 is in `recovered`).
 pub(crate) fn open_engine(
     raft_id: RaftId,
@@ -422,17 +438,8 @@ impl Driver {
             }
             self.conf_pending = None;
         }
-        let ids = |nodes: &[PeerId]| nodes.iter().map(|n| RaftId(n.0)).collect::<Vec<_>>();
-        let Some(step) =
-            next_membership_step(&self.meta, &ids(&status.voters), &ids(&status.learners))
-        else {
+        let Some(change) = next_conf_change(&self.meta, &status) else {
             return;
-        };
-        let change = match step {
-            MembershipStep::AddVoter(r) => ConfChange::AddVoter(PeerId(r.0)),
-            MembershipStep::AddLearner(r) => ConfChange::AddLearner(PeerId(r.0)),
-            MembershipStep::Promote(r) => ConfChange::PromoteLearner(PeerId(r.0)),
-            MembershipStep::Remove(r) => ConfChange::Remove(PeerId(r.0)),
         };
         match engine.propose_conf_change(META_GROUP, change) {
             Ok(position) => {

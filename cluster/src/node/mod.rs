@@ -31,7 +31,7 @@ use ferry_kernel::NodeId;
 use ferry_multiraft::{LogStore, MemStore, NodeId as PeerId, RocksStore};
 use tokio::sync::watch;
 
-pub use driver::META_GROUP;
+pub use driver::{next_conf_change, META_GROUP};
 pub use host::{HeldQueue, QueueHost};
 pub use propose::{meta_status, CreatedQueue, IMPORT_MARKER};
 use view::RaftCounters;

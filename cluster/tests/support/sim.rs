@@ -16,10 +16,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
-use ferry_cluster::meta::{
-    next_membership_step, ClusterId, MembershipStep, MetaCommand, MetaError, MetaEvent, MetaState,
-    NewNode, RaftId,
-};
+use ferry_cluster::meta::{ClusterId, MetaCommand, MetaError, MetaEvent, MetaState, NewNode};
 use ferry_kernel::{NodeId, QueueName};
 use ferry_multiraft::{
     Apply, ConfChange, Engine, EngineConfig, EntryKind, GroupId, LogPosition, LogStore, MemStore,
@@ -637,17 +634,9 @@ impl Sim {
             }
             self.conf_pending = None;
         }
-        let raft = |ids: &[PeerId]| ids.iter().map(|p| RaftId(p.0)).collect::<Vec<_>>();
         let meta = &self.nodes[&leader].meta;
-        let Some(step) = next_membership_step(meta, &raft(&status.voters), &raft(&status.learners))
-        else {
+        let Some(change) = ferry_cluster::node::next_conf_change(meta, &status) else {
             return;
-        };
-        let change = match step {
-            MembershipStep::AddVoter(r) => ConfChange::AddVoter(PeerId(r.0)),
-            MembershipStep::AddLearner(r) => ConfChange::AddLearner(PeerId(r.0)),
-            MembershipStep::Promote(r) => ConfChange::PromoteLearner(PeerId(r.0)),
-            MembershipStep::Remove(r) => ConfChange::Remove(PeerId(r.0)),
         };
         if let Ok(position) = self.engine_mut(leader).propose_conf_change(G0, change) {
             self.conf_pending = Some((leader, position));
@@ -719,10 +708,9 @@ impl Sim {
             return false;
         };
         let status = self.engine(leader).status(G0).unwrap();
-        let raft = |ids: &[PeerId]| ids.iter().map(|p| RaftId(p.0)).collect::<Vec<_>>();
         let meta = &self.nodes[&leader].meta;
         meta.cluster_id().is_some()
-            && next_membership_step(meta, &raft(&status.voters), &raft(&status.learners)).is_none()
+            && ferry_cluster::node::next_conf_change(meta, &status).is_none()
             && status.applied_index == status.commit_index
             && status.voters.iter().chain(&status.learners).all(|m| {
                 self.nodes.get(m).is_some_and(|n| {
