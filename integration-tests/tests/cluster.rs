@@ -64,6 +64,23 @@ async fn receive_all(
     Ok(())
 }
 
+/// Three voters n1-n3 with a leader, and queues `a`, `b`, `c` pinned on n1, n2, n3, created
+/// through `via`; returns the cluster and a client of `via`.
+async fn three_nodes_with_a_queue_each(
+    dir: &std::path::Path,
+    via: &str,
+) -> anyhow::Result<(Cluster, ferry_client::Client)> {
+    let cluster = Cluster::start(dir, &["n1", "n2", "n3"])?;
+    cluster
+        .wait_leader(&["n1", "n2", "n3"], LEADER_WAIT)
+        .await?;
+    let client = cluster.node(via).client().await?;
+    for (q, n) in [("a", "n1"), ("b", "n2"), ("c", "n3")] {
+        create_queue_on(&client, q, Some(n)).await?;
+    }
+    Ok((cluster, client))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_nodes_place_by_the_rule_and_route_from_any_node() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
@@ -184,14 +201,7 @@ async fn killing_the_metadata_leader_elects_another_and_queues_keep_serving() ->
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_added_while_traffic_flows_takes_the_next_queues() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let mut cluster = Cluster::start(dir.path(), &["n1", "n2", "n3"])?;
-    cluster
-        .wait_leader(&["n1", "n2", "n3"], LEADER_WAIT)
-        .await?;
-    let via1 = cluster.node("n1").client().await?;
-    for (q, n) in [("a", "n1"), ("b", "n2"), ("c", "n3")] {
-        create_queue_on(&via1, q, Some(n)).await?;
-    }
+    let (mut cluster, via1) = three_nodes_with_a_queue_each(dir.path(), "n1").await?;
     // Traffic on `b` through n1 while the node joins.
     let producer = {
         let client = via1.clone();
@@ -290,14 +300,7 @@ async fn a_node_added_while_traffic_flows_takes_the_next_queues() -> anyhow::Res
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restarting_every_node_brings_metadata_and_queues_back() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let mut cluster = Cluster::start(dir.path(), &["n1", "n2", "n3"])?;
-    cluster
-        .wait_leader(&["n1", "n2", "n3"], LEADER_WAIT)
-        .await?;
-    let via1 = cluster.node("n1").client().await?;
-    for (q, n) in [("a", "n1"), ("b", "n2"), ("c", "n3")] {
-        create_queue_on(&via1, q, Some(n)).await?;
-    }
+    let (mut cluster, via1) = three_nodes_with_a_queue_each(dir.path(), "n1").await?;
     let conn = via1.open_connection("p").await?;
     let session = conn.create_session(AckMode::Auto).await?;
     for q in ["a", "b", "c"] {
@@ -585,14 +588,7 @@ async fn a_one_node_cluster_grows_to_three_voters_by_promoting_two_learners() ->
 async fn with_equal_queue_counts_the_node_holding_fewest_bytes_takes_the_next_queue(
 ) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let cluster = Cluster::start(dir.path(), &["n1", "n2", "n3"])?;
-    cluster
-        .wait_leader(&["n1", "n2", "n3"], LEADER_WAIT)
-        .await?;
-    let via3 = cluster.node("n3").client().await?;
-    for (q, n) in [("a", "n1"), ("b", "n2"), ("c", "n3")] {
-        create_queue_on(&via3, q, Some(n)).await?;
-    }
+    let (cluster, via3) = three_nodes_with_a_queue_each(dir.path(), "n3").await?;
     let conn = via3.open_connection("p").await?;
     let session = conn.create_session(AckMode::Auto).await?;
     send_many(&session, "a", 200).await?;

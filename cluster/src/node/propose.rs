@@ -192,10 +192,10 @@ impl MetaNode {
             .iter()
             .filter(|(id, n)| *id != me && n.is_active())
             .filter(|(_, n)| {
-                self.shared
+                !self
+                    .shared
                     .links
-                    .last_heard(n.raft_id.0)
-                    .is_none_or(|h| h > self.shared.settings.liveness_timeout)
+                    .is_up(n.raft_id.0, self.shared.settings.liveness_timeout)
             })
             .map(|(id, _)| id.clone())
             .collect()

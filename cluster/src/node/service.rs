@@ -284,7 +284,10 @@ impl MetaNode {
                 let heard = shared.links.last_heard(n.raft_id.0);
                 let health = if id == me {
                     "self"
-                } else if heard.is_some_and(|h| h <= shared.settings.liveness_timeout) {
+                } else if shared
+                    .links
+                    .is_up(n.raft_id.0, shared.settings.liveness_timeout)
+                {
                     "up"
                 } else {
                     "down"

@@ -36,12 +36,18 @@ pub(crate) struct Links {
     /// Stamped on every batch sent: this node's raft id and cluster id.
     sender: Mutex<(u64, Option<ClusterId>)>,
     probe_interval: Duration,
-    /// When each peer was last heard from (any batch or probe it sent).
-    heard: Mutex<HashMap<u64, Instant>>,
+    /// What each peer last told this node, by raft id.
+    heard: Mutex<HashMap<u64, Heard>>,
     /// Bytes of messages this node's queues hold, stamped on every batch.
     local_bytes: std::sync::atomic::AtomicU64,
-    /// What each peer last reported of its own.
-    peer_bytes: Mutex<HashMap<u64, u64>>,
+}
+
+/// The last word from a peer: any batch or probe.
+#[derive(Debug, Clone, Copy)]
+struct Heard {
+    at: Instant,
+    /// The bytes its queues held, as it reported them.
+    stored_bytes: u64,
 }
 
 struct Link {
@@ -66,7 +72,6 @@ impl Links {
             probe_interval,
             heard: Mutex::new(HashMap::new()),
             local_bytes: std::sync::atomic::AtomicU64::new(0),
-            peer_bytes: Mutex::new(HashMap::new()),
         }
     }
 
@@ -161,11 +166,23 @@ impl Links {
             .clear();
     }
 
-    pub(crate) fn heard_from(&self, raft_id: u64) {
+    /// Notes a word from `raft_id`; `stored_bytes` when it reported them (a snapshot does not).
+    pub(crate) fn heard_from(&self, raft_id: u64, stored_bytes: Option<u64>) {
+        let mut heard = self.heard.lock().unwrap_or_else(PoisonError::into_inner);
+        let kept = heard.get(&raft_id).map_or(0, |h| h.stored_bytes);
+        let now = Heard {
+            at: Instant::now(),
+            stored_bytes: stored_bytes.unwrap_or(kept),
+        };
+        heard.insert(raft_id, now);
+    }
+
+    fn last_word(&self, raft_id: u64) -> Option<Heard> {
         self.heard
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .insert(raft_id, Instant::now());
+            .get(&raft_id)
+            .copied()
     }
 
     /// Sets the bytes this node reports to its peers.
@@ -181,20 +198,17 @@ impl Links {
 
     /// The bytes `raft_id` last reported, if any.
     pub(crate) fn peer_bytes(&self, raft_id: u64) -> Option<u64> {
-        self.peer_bytes
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(&raft_id)
-            .copied()
+        self.last_word(raft_id).map(|h| h.stored_bytes)
     }
 
     /// How long ago `raft_id` was last heard from, if ever.
     pub(crate) fn last_heard(&self, raft_id: u64) -> Option<Duration> {
-        self.heard
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(&raft_id)
-            .map(Instant::elapsed)
+        self.last_word(raft_id).map(|h| h.at.elapsed())
+    }
+
+    /// Whether `raft_id` was heard from within `timeout` (liveness).
+    pub(crate) fn is_up(&self, raft_id: u64, timeout: Duration) -> bool {
+        self.last_heard(raft_id).is_some_and(|h| h <= timeout)
     }
 
     fn batch(&self, bytes: Bytes) -> pb::RaftBatch {
@@ -364,7 +378,7 @@ pub(crate) async fn receive_snapshot(
         }
         data.extend_from_slice(&chunk.data);
     }
-    links.heard_from(from);
+    links.heard_from(from, None);
     let batch = ferry_multiraft::encode_batch([(ferry_multiraft::GroupId(group), &data[..])]);
     match links.inputs.try_send(Input::Batch {
         from: PeerId(from),
@@ -406,12 +420,7 @@ pub(crate) async fn receive_stream(
         if batch.from_raft_id == 0 {
             continue;
         }
-        links.heard_from(batch.from_raft_id);
-        links
-            .peer_bytes
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(batch.from_raft_id, batch.stored_bytes);
+        links.heard_from(batch.from_raft_id, Some(batch.stored_bytes));
         if batch.batch.is_empty() {
             continue;
         }
