@@ -7,6 +7,7 @@ use std::time::Duration;
 use ferry_proto::pb;
 use ferry_proto::pb::admin_client::AdminClient;
 use ferry_proto::pb::messaging_client::MessagingClient;
+use tokio::sync::watch;
 use tonic::transport::{Channel, Endpoint};
 use tonic::Request;
 
@@ -101,6 +102,7 @@ impl Client {
             client: self.clone(),
             id,
             heartbeat: Arc::new(AbortOnDrop(heartbeat)),
+            acks_in_flight: Arc::new(watch::Sender::new(0)),
         })
     }
 }
@@ -120,6 +122,43 @@ pub struct Connection {
     client: Client,
     id: String,
     heartbeat: Arc<AbortOnDrop>,
+    /// Its sessions' acknowledgements still on their way (see [`AcksInFlight`]).
+    acks_in_flight: Arc<watch::Sender<usize>>,
+}
+
+/// Acknowledgements sent after an auto or dups-ok receive returned (see
+/// [`Session::receive_selected`]) whose answers have not come: counted per session (its next
+/// receive waits for them) and per connection (closing it waits for them).
+#[derive(Debug, Clone)]
+struct AcksInFlight {
+    session: Arc<watch::Sender<usize>>,
+    connection: Arc<watch::Sender<usize>>,
+}
+
+impl AcksInFlight {
+    fn started(&self) {
+        self.session.send_modify(|n| *n += 1);
+        self.connection.send_modify(|n| *n += 1);
+    }
+
+    fn finished(&self) {
+        self.session.send_modify(|n| *n -= 1);
+        self.connection.send_modify(|n| *n -= 1);
+    }
+}
+
+/// Waits until `count` is 0, or `bound` passes.
+async fn settled(count: &watch::Sender<usize>, bound: Option<Duration>) {
+    let mut watch = count.subscribe();
+    let zero = watch.wait_for(|n| *n == 0);
+    match bound {
+        Some(bound) => {
+            let _ = tokio::time::timeout(bound, zero).await;
+        }
+        None => {
+            let _ = zero.await;
+        }
+    }
 }
 
 impl Connection {
@@ -143,6 +182,10 @@ impl Connection {
             ack_mode,
             _heartbeat: self.heartbeat.clone(),
             unacked: Arc::default(),
+            acks_in_flight: AcksInFlight {
+                session: Arc::new(watch::Sender::new(0)),
+                connection: self.acks_in_flight.clone(),
+            },
             publisher: crate::batch::Publisher::new(self.client.messaging()),
         })
     }
@@ -160,8 +203,11 @@ impl Connection {
     }
 
     /// Closes the connection: its sessions' unacknowledged messages return to their queues and its
-    /// temporary queues are deleted.
+    /// temporary queues are deleted. First waits (30 s at most) for the acknowledgements of auto
+    /// and dups-ok receives still on their way, so what the application received does not come
+    /// back.
     pub async fn close(self) -> Result<(), ClientError> {
+        settled(&self.acks_in_flight, Some(AUTO_ACK_TIMEOUT)).await;
         self.heartbeat.0.abort();
         self.client
             .messaging()
@@ -215,9 +261,16 @@ pub struct Session {
     /// A session keeps its connection's heartbeat going.
     _heartbeat: Arc<AbortOnDrop>,
     unacked: Arc<std::sync::Mutex<VecDeque<String>>>,
+    /// Auto and dups-ok receives acknowledge after they return.
+    acks_in_flight: AcksInFlight,
     /// Sends travel on one publish stream, pipelined (see `batch.rs`).
     publisher: crate::batch::Publisher,
 }
+
+/// How long an acknowledgement sent after an auto-acknowledge receive returned may take before
+/// the session stops waiting for it (its message then comes again when its lease runs out,
+/// flagged redelivered).
+const AUTO_ACK_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl Session {
     pub fn id(&self) -> &str {
@@ -249,8 +302,11 @@ impl Session {
             .send(&self.id, queue, messages.into_iter().map(|m| m.0).collect())
     }
 
-    /// Receives. In auto and dups-ok mode the messages are acknowledged before they are returned
-    /// (JMS: when `receive` returns); otherwise call [`Session::ack`].
+    /// Receives. In auto and dups-ok mode the messages are acknowledged once they are returned
+    /// (JMS: when `receive` has returned), in the background: the session's next receive, and
+    /// closing the session or its connection, wait for that acknowledgement; otherwise call
+    /// [`Session::ack`]. A receive dropped before it returns (a caller's timeout) acknowledges
+    /// nothing: its messages come again when their leases run out, flagged redelivered.
     pub async fn receive(
         &self,
         queue: &str,
@@ -274,6 +330,9 @@ impl Session {
             wait_ms: opts.timeout_ms,
             lease_ms: opts.lease_ms,
         };
+        // The previous receive's acknowledgement first: a session's receives see the queue as
+        // its own earlier receives left it.
+        settled(&self.acks_in_flight.session, None).await;
         let deliveries = self
             .client
             .messaging()
@@ -286,18 +345,38 @@ impl Session {
             .map(|delivery| Received { delivery })
             .collect();
         if self.acknowledges_on_receive() && !received.is_empty() {
-            // Whatever became of the ack, the messages go to the application: some leases may
-            // have run out before it (those messages come again, flagged redelivered), or its
-            // answer may be lost with the connection after the server applied it. Returning an
-            // error instead would throw away messages the server may already have removed.
-            // Postmortem: the chaos harness's kill9 scenario lost 2-3 confirmed messages per
-            // minute this way, each acked just before a kill -9 and never handed to anyone.
-            if let Err(e) = self.ack(&received).await {
-                tracing::warn!(error = %e, messages = received.len(), "auto-acknowledge failed or its outcome is unknown; the messages are handed over and may come again, flagged redelivered");
-            }
+            self.acknowledge_after_return(&received);
         }
         self.track_unacked(&received);
         Ok(received)
+    }
+
+    /// Auto and dups-ok: acknowledges what a receive hands over once it is handed over, never
+    /// before. Nothing between the server's answer and the return awaits, so a caller that stops
+    /// waiting (its own timeout) either has the messages or left them unacknowledged (they come
+    /// again when their leases run out, flagged redelivered).
+    /// Postmortem (bug 2, the chaos harness's `cluster` scenario, seed 201): the receive
+    /// acknowledged first and returned after the answer; a partition held the answer back, the
+    /// application's timeout dropped the receive, and the message, removed at the server, was
+    /// lost. Whatever becomes of this acknowledgement, the messages are the application's: some
+    /// leases may run out before it (those messages come again, flagged), or its answer may be
+    /// lost with the connection after the server applied it.
+    fn acknowledge_after_return(&self, received: &[Received]) {
+        let session = self.clone();
+        let received = received.to_vec();
+        self.acks_in_flight.started();
+        tokio::spawn(async move {
+            let outcome = tokio::time::timeout(AUTO_ACK_TIMEOUT, session.ack(&received)).await;
+            let error = match outcome {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => Some(e.to_string()),
+                Err(_) => Some(format!("no answer in {AUTO_ACK_TIMEOUT:?}")),
+            };
+            if let Some(error) = error {
+                tracing::warn!(%error, messages = received.len(), "auto-acknowledge failed or its outcome is unknown; the messages were handed over and may come again, flagged redelivered");
+            }
+            session.acks_in_flight.finished();
+        });
     }
 
     /// Acknowledges messages. In client-acknowledge mode this acknowledges, as JMS
@@ -483,8 +562,11 @@ impl Session {
         Ok(r.into_inner().redelivered)
     }
 
-    /// Closes the session; its unacknowledged messages return to their queues at once.
+    /// Closes the session; its unacknowledged messages return to their queues at once. First
+    /// waits (30 s at most) for the acknowledgements of auto and dups-ok receives still on their
+    /// way, so what the application received does not come back.
     pub async fn close(self) -> Result<u32, ClientError> {
+        settled(&self.acks_in_flight.session, Some(AUTO_ACK_TIMEOUT)).await;
         let r = self
             .client
             .messaging()
