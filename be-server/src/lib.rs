@@ -11,6 +11,7 @@ mod config;
 mod dead_letter;
 mod disk;
 mod error;
+pub mod faults;
 mod history;
 mod outbox;
 mod queues;

@@ -28,6 +28,14 @@ fn return_large_c_blocks_to_the_os() {
 fn return_large_c_blocks_to_the_os() {}
 
 fn main() -> ExitCode {
+    // `ferry-faults` only (docs/reliability.md): fault points named by `FAILPOINTS`.
+    #[cfg(feature = "failpoints")]
+    let _fault_points = {
+        if let Ok(points) = std::env::var("FAILPOINTS") {
+            eprintln!("ferry-faults: fault injection on: FAILPOINTS={points}");
+        }
+        fail::FailScenario::setup()
+    };
     let cli = ferry_cli::cmd::Cli::parse();
     if matches!(cli.command, ferry_cli::cmd::Command::Server(_)) {
         return_large_c_blocks_to_the_os();

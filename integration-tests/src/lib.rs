@@ -37,6 +37,21 @@ pub fn ferry_bin() -> PathBuf {
     bin
 }
 
+/// The server built with fault injection (`ferry-faults`, docs/reliability.md): `$FERRY_FAULTS_BIN`,
+/// or next to [`ferry_bin`]. The README's test command builds it.
+pub fn ferry_faults_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("FERRY_FAULTS_BIN") {
+        return PathBuf::from(p);
+    }
+    let bin = ferry_bin().with_file_name(format!("ferry-faults{}", std::env::consts::EXE_SUFFIX));
+    assert!(
+        bin.exists(),
+        "{} is missing: build it first (cargo build --release -p ferry-cli --features failpoints --bin ferry-faults), or set FERRY_FAULTS_BIN",
+        bin.display()
+    );
+    bin
+}
+
 /// How to start a node.
 #[derive(Debug, Clone)]
 pub struct NodeOptions {
@@ -52,6 +67,8 @@ pub struct NodeOptions {
     /// process id before `exec`, so every socket the server opens belongs to the cgroup (the
     /// chaos partitions match a node's traffic by it).
     pub cgroup_procs: Option<PathBuf>,
+    /// The server binary: [`ferry_bin`] when `None` ([`ferry_faults_bin`] for fault injection).
+    pub bin: Option<PathBuf>,
 }
 
 impl Default for NodeOptions {
@@ -63,6 +80,7 @@ impl Default for NodeOptions {
             env: vec![],
             open_files_max: None,
             cgroup_procs: None,
+            bin: None,
         }
     }
 }
@@ -145,15 +163,16 @@ impl Node {
             .create(true)
             .append(true)
             .open(&self.log_path)?;
+        let bin = options.bin.clone().unwrap_or_else(ferry_bin);
         let mut cmd = match (&options.cgroup_procs, options.open_files_max) {
-            (None, None) => Command::new(ferry_bin()),
+            (None, None) => Command::new(&bin),
             (Some(procs), None) => {
                 // The shell joins the cgroup and then execs the server: the same process id.
                 let mut c = Command::new("sh");
                 c.arg("-c")
                     .arg(r#"echo $$ > "$0" && exec "$@""#)
                     .arg(procs)
-                    .arg(ferry_bin());
+                    .arg(&bin);
                 c
             }
             (None, Some(n)) => {
@@ -161,7 +180,7 @@ impl Node {
                 let mut c = Command::new("prlimit");
                 c.arg(format!("--nofile={n}:{n}"))
                     .arg("--")
-                    .arg(ferry_bin());
+                    .arg(&bin);
                 c
             }
             (Some(_), Some(_)) => bail!("a node takes a cgroup or a file limit, not both"),
@@ -179,6 +198,7 @@ impl Node {
             .env_remove("FERRY_SERVER")
             // The harness's own setting; the server reads every FERRY_ variable as config.
             .env_remove("FERRY_BIN")
+            .env_remove("FERRY_FAULTS_BIN")
             .envs(options.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

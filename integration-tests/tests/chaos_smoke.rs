@@ -4,6 +4,7 @@
 //! healed). The seeds are fixed so a failure replays; `CHAOS_SEED` overrides them. The checker's
 //! own bite tests are in `chaos_checker.rs`.
 
+use ferry_integration_tests::chaos::checker::Verdict;
 use ferry_integration_tests::chaos::scenario::{self, Size};
 
 async fn smoke(name: &str, seed: u64) -> anyhow::Result<()> {
@@ -35,6 +36,46 @@ async fn smoke(name: &str, seed: u64) -> anyhow::Result<()> {
         report.fault_schedule.len(),
         "every planned fault was injected"
     );
+    Ok(())
+}
+
+/// kill9 on the store that loses every write no completed sync covers (the `ferry-faults`
+/// build): what a crash of the machine does, which a kill -9 alone never tests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn power_loss_smoke_loses_and_duplicates_nothing() -> anyhow::Result<()> {
+    smoke("power-loss", 1).await
+}
+
+/// The checker bites: with a planted bug switched on (docs/reliability.md), the scenario that
+/// must catch it reports it.
+async fn planted(bug: &str, seed: u64) -> anyhow::Result<Verdict> {
+    let (_, name, _) = scenario::PLANTED
+        .iter()
+        .find(|(b, _, _)| *b == bug)
+        .expect("a planted bug");
+    let out = tempfile::tempdir()?;
+    let mut spec = scenario::spec(name, seed, Size::Smoke)?;
+    spec.plant(bug)?;
+    let report = scenario::run(&spec, out.path()).await?;
+    print!("{}", report.summary());
+    assert!(!report.valid, "{bug}: the checker found nothing");
+    assert!(report.run_errors.is_empty(), "{bug}: {:?}", report.run_errors);
+    Ok(report.verdict)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_send_confirmed_before_it_is_durable_is_caught_as_lost_at_a_power_loss(
+) -> anyhow::Result<()> {
+    let verdict = planted("confirm-before-durable", 1).await?;
+    assert!(verdict.lost > 0, "{verdict:?}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivery_count_never_written_is_caught_as_unflagged_duplicates_after_a_kill(
+) -> anyhow::Result<()> {
+    let verdict = planted("skip-delivery-count", 1).await?;
+    assert!(verdict.duplicated_unflagged > 0, "{verdict:?}");
     Ok(())
 }
 

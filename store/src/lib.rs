@@ -17,6 +17,7 @@
 //! Depends on the kernel for domain types only; it must not depend on gRPC or the servers.
 
 mod codec;
+pub mod faults;
 mod group_commit;
 mod memory;
 mod rocks;

@@ -460,6 +460,9 @@ impl QueueActor {
             }
         }
         let mut persist = fx.persist;
+        if crate::faults::on(crate::faults::SKIP_DELIVERY_COUNT) {
+            persist.retain(|op| !matches!(op, ferry_kernel::PersistOp::SetDeliveryCount { .. }));
+        }
         let (discarded, moves) = self.sort_dead_letters(fx.dead_letters, &mut persist);
         if moves.is_empty() {
             self.publish_when_durable(fx.history, discarded, answers);

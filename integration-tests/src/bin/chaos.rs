@@ -1,20 +1,24 @@
-//! `chaos SCENARIO [--seed S] [--minutes M] [--smoke] [--out DIR]`: runs one fault scenario
+//! `chaos SCENARIO [--seed S] [--minutes M] [--smoke] [--planted BUG] [--out DIR]`: runs one fault scenario
 //! against a real `ferry server` or a cluster of three (the binary next to this one, or `$FERRY_BIN`), writes its
 //! JSON report and history to DIR (default `chaos-results/`), prints a summary, and exits
 //! non-zero unless the checker found nothing (no loss, no unflagged duplicate, no broken
-//! invariant) and the run itself went through. `scripts/chaos` builds and runs it.
+//! invariant) and the run itself went through. `--planted BUG` runs the node built with fault
+//! injection (`ferry-faults`) with that bug switched on: the checker must then find it (the run
+//! is INVALID and the exit status non-zero). `scripts/chaos` builds and runs it.
 
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use ferry_integration_tests::chaos::scenario::{self, Size, SCENARIOS};
+use ferry_integration_tests::chaos::scenario::{self, Size, PLANTED, SCENARIOS};
 
-const USAGE: &str = "usage: chaos SCENARIO [--seed S] [--minutes M] [--smoke] [--out DIR]";
+const USAGE: &str =
+    "usage: chaos SCENARIO [--seed S] [--minutes M] [--smoke] [--planted BUG] [--out DIR]";
 
 struct Args {
     scenario: String,
     seed: u64,
     size: Size,
+    planted: Option<String>,
     out: std::path::PathBuf,
 }
 
@@ -24,15 +28,20 @@ fn parse() -> anyhow::Result<Args> {
     let mut seed = None;
     let mut minutes = 2.0;
     let mut smoke = false;
+    let mut planted = None;
     let mut out = scenario::default_out_dir();
     while let Some(a) = args.next() {
         match a.as_str() {
             "--seed" => seed = Some(args.next().context(USAGE)?.parse()?),
             "--minutes" => minutes = args.next().context(USAGE)?.parse()?,
             "--smoke" => smoke = true,
+            "--planted" => planted = Some(args.next().context(USAGE)?),
             "--out" => out = args.next().context(USAGE)?.into(),
             "-h" | "--help" => {
                 println!("{USAGE}\nscenarios: {}", SCENARIOS.join(", "));
+                for (bug, scenario, finds) in PLANTED {
+                    println!("--planted {bug}: {scenario} must find {finds}");
+                }
                 std::process::exit(0);
             }
             s if !s.starts_with('-') && scenario.is_none() => scenario = Some(s.to_string()),
@@ -59,6 +68,7 @@ fn parse() -> anyhow::Result<Args> {
         scenario,
         seed,
         size,
+        planted,
         out,
     })
 }
@@ -72,7 +82,10 @@ fn main() -> anyhow::Result<()> {
         // Set before any thread starts.
         std::env::set_var("FERRY_BIN", bin);
     }
-    let spec = scenario::spec(&args.scenario, args.seed, args.size)?;
+    let mut spec = scenario::spec(&args.scenario, args.seed, args.size)?;
+    if let Some(bug) = &args.planted {
+        spec.plant(bug)?;
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

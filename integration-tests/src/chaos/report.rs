@@ -73,6 +73,10 @@ pub struct Report {
     /// Problems of the run itself (a drain that did not finish, a history that overflowed).
     pub run_errors: Vec<String>,
     pub history_file: String,
+    /// Fault points the node ran with (the `ferry-faults` build): the power-loss store, planted
+    /// bugs.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub fault_points: Vec<String>,
     pub valid: bool,
 }
 
@@ -112,6 +116,7 @@ impl Report {
                 .count() as u64,
             run_errors,
             history_file,
+            fault_points: vec![],
             valid,
         }
     }
@@ -149,6 +154,9 @@ impl Report {
             self.end_to_end_latency.p99_ms,
             self.end_to_end_latency.max_ms,
         );
+        if !self.fault_points.is_empty() {
+            s.push_str(&format!("  fault points: {}\n", self.fault_points.join(", ")));
+        }
         if !self.longest_unavailability_by_queue_ms.is_empty() {
             s.push_str("  longest unavailability by queue:");
             for (q, ms) in &self.longest_unavailability_by_queue_ms {

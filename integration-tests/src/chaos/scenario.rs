@@ -20,7 +20,7 @@ use super::workload::{self, ConsumerKind, ConsumerSpec, Ctx, DrainMode, Producer
 use crate::{Node, NodeOptions};
 
 /// The scenarios `scripts/chaos` knows.
-pub const SCENARIOS: [&str; 9] = [
+pub const SCENARIOS: [&str; 10] = [
     "kill9",
     "activemq-200k",
     "poison",
@@ -30,6 +30,15 @@ pub const SCENARIOS: [&str; 9] = [
     "cluster",
     "cluster-meta",
     "cluster-auto-receive",
+    "power-loss",
+];
+
+/// The planted bugs `scripts/chaos --planted BUG` switches on (fault points of the `ferry-faults`
+/// build, docs/reliability.md), each with the scenario that must catch it and what the checker
+/// must then report.
+pub const PLANTED: [(&str, &str, &str); 2] = [
+    ("confirm-before-durable", "power-loss", "lost"),
+    ("skip-delivery-count", "kill9", "unflagged duplicates"),
 ];
 
 /// How big a run is.
@@ -67,6 +76,9 @@ pub struct Spec {
     /// The nodes of a cluster scenario (empty: one node, `n1`). Each owns the queue
     /// `chaos-<node>`; `queue` is unused.
     pub cluster: Vec<String>,
+    /// Fault points switched on in the node (`FAILPOINTS`); not empty: the node runs the
+    /// `ferry-faults` build (one node only).
+    pub fault_points: Vec<String>,
 }
 
 /// Node settings every scenario shares: short connection leases, so a client that vanished
@@ -172,11 +184,17 @@ pub fn spec(name: &str, seed: u64, size: Size) -> anyhow::Result<Spec> {
         until_consumed: false,
         op_timeout: Duration::from_secs(5),
         cluster: vec![],
+        fault_points: vec![],
     };
     match name {
-        "kill9" | "kill9-auto-receive" => {
+        "kill9" | "kill9-auto-receive" | "power-loss" => {
             if name == "kill9-auto-receive" {
                 s.consumers = auto_receive_consumers(&queue);
+            }
+            // `power-loss`: kill9 on a store that loses every write no completed sync covers
+            // (a kill -9 alone keeps what the process handed to the kernel).
+            if name == "power-loss" {
+                s.fault_points = vec![ferry_store::faults::POWER_LOSS.into()];
             }
             s.faults.kinds = vec![FaultKind::Kill9];
             s.faults.for_ms_max = 500;
@@ -294,6 +312,19 @@ pub fn spec(name: &str, seed: u64, size: Size) -> anyhow::Result<Spec> {
 }
 
 impl Spec {
+    /// Switches planted bug `bug` (a name of [`PLANTED`]) on in the node.
+    pub fn plant(&mut self, bug: &str) -> anyhow::Result<()> {
+        if !PLANTED.iter().any(|(name, _, _)| *name == bug) {
+            let names: Vec<&str> = PLANTED.iter().map(|(name, _, _)| *name).collect();
+            anyhow::bail!("no planted bug {bug:?}; there are {names:?}");
+        }
+        if !self.cluster.is_empty() {
+            anyhow::bail!("planted bugs run on one node; {} is a cluster scenario", self.name);
+        }
+        self.fault_points.push(format!("planted-{bug}"));
+        Ok(())
+    }
+
     fn size_name(&self) -> String {
         match self.size {
             Size::Smoke => "smoke".into(),
@@ -354,6 +385,15 @@ async fn start(spec: &Spec) -> anyhow::Result<Started> {
         NodeOptions {
             node_id: "n1".into(),
             extra_toml: spec.node_toml.clone(),
+            env: match spec.fault_points.is_empty() {
+                true => vec![],
+                false => {
+                    let points: Vec<String> =
+                        spec.fault_points.iter().map(|p| format!("{p}=return")).collect();
+                    vec![("FAILPOINTS".into(), points.join(";"))]
+                }
+            },
+            bin: (!spec.fault_points.is_empty()).then(crate::ferry_faults_bin),
             ..NodeOptions::default()
         },
     )?;
@@ -471,7 +511,7 @@ pub async fn run(spec: &Spec, out_dir: &Path) -> anyhow::Result<Report> {
     let stem = format!("{}-{}", spec.name, spec.seed);
     let history_path = out_dir.join(format!("{stem}.history.jsonl"));
     history.write_jsonl(&history_path)?;
-    let report = Report::new(
+    let mut report = Report::new(
         &spec.name,
         spec.seed,
         &spec.size_name(),
@@ -482,6 +522,7 @@ pub async fn run(spec: &Spec, out_dir: &Path) -> anyhow::Result<Report> {
         run_errors,
         history_path.display().to_string(),
     );
+    report.fault_points = spec.fault_points.clone();
     std::fs::write(
         out_dir.join(format!("{stem}.json")),
         serde_json::to_string_pretty(&report)?,

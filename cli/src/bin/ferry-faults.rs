@@ -1,0 +1,3 @@
+//! `ferry` with fault injection compiled in, for the chaos harness only (docs/reliability.md):
+//! the same program, built with the `failpoints` feature.
+include!("../main.rs");
