@@ -69,6 +69,8 @@ pub struct NodeOptions {
     pub cgroup_procs: Option<PathBuf>,
     /// The server binary: [`ferry_bin`] when `None` ([`ferry_faults_bin`] for fault injection).
     pub bin: Option<PathBuf>,
+    /// Where the node's log goes (the data directory when `None`).
+    pub log_dir: Option<PathBuf>,
 }
 
 impl Default for NodeOptions {
@@ -81,6 +83,7 @@ impl Default for NodeOptions {
             open_files_max: None,
             cgroup_procs: None,
             bin: None,
+            log_dir: None,
         }
     }
 }
@@ -126,7 +129,11 @@ impl Node {
     }
 
     fn prepare(data_dir: &Path, options: NodeOptions) -> Node {
-        let log_path = data_dir.join(format!("{}.log", options.node_id));
+        let log_path = options
+            .log_dir
+            .as_deref()
+            .unwrap_or(data_dir)
+            .join(format!("{}.log", options.node_id));
         let name = options.node_id.clone();
         let unset: SocketAddr = ([127, 0, 0, 1], 1).into();
         Node {

@@ -169,6 +169,7 @@ pub async fn start(
     let nodes = std::mem::take(&mut cluster.nodes)
         .into_iter()
         .map(|n| Target {
+            lazyfs: None,
             node_name: n.id().to_string(),
             node: Arc::new(Mutex::new(n)),
             proxy: None,

@@ -63,6 +63,9 @@ pub enum AckMode {
 pub enum Fault {
     /// SIGKILL of the node's process.
     Kill9,
+    /// Every write of the dead node's data directory that was not fsynced is dropped (LazyFS):
+    /// a power loss.
+    UnsyncedDropped,
     /// The node runs again (same data directory and ports) and serves.
     Restarted { took_ms: u64 },
     /// SIGSTOP.
@@ -103,6 +106,7 @@ impl Fault {
             | Fault::ProxyBlackhole
             | Fault::Partition { .. } => true,
             Fault::Restarted { .. }
+            | Fault::UnsyncedDropped
             | Fault::Resume
             | Fault::ProxyHeal
             | Fault::ClientKilled { .. }

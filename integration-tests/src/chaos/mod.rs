@@ -7,6 +7,7 @@
 pub mod checker;
 pub mod cluster;
 pub mod history;
+pub mod lazyfs;
 pub mod nemesis;
 pub mod partition;
 pub mod proxy;

@@ -119,6 +119,8 @@ pub struct Target {
     pub node: Arc<Mutex<Node>>,
     pub node_name: String,
     pub proxy: Option<Arc<Proxy>>,
+    /// The node's data directory is on LazyFS: a kill drops its unsynced writes too.
+    pub lazyfs: Option<Arc<super::lazyfs::LazyFs>>,
 }
 
 /// Sends SIGCONT to a stopped process when dropped.
@@ -170,6 +172,10 @@ impl Target {
             FaultKind::Kill9 => {
                 self.with_node(Node::kill9).await?;
                 self.record(history, Fault::Kill9);
+                if let Some(fs) = self.lazyfs.clone() {
+                    tokio::task::spawn_blocking(move || fs.clear_cache()).await??;
+                    self.record(history, Fault::UnsyncedDropped);
+                }
                 tokio::time::sleep(lasting).await;
                 self.restart(history).await?;
             }

@@ -20,7 +20,7 @@ use super::workload::{self, ConsumerKind, ConsumerSpec, Ctx, DrainMode, Producer
 use crate::{Node, NodeOptions};
 
 /// The scenarios `scripts/chaos` knows.
-pub const SCENARIOS: [&str; 10] = [
+pub const SCENARIOS: [&str; 11] = [
     "kill9",
     "activemq-200k",
     "poison",
@@ -31,6 +31,7 @@ pub const SCENARIOS: [&str; 10] = [
     "cluster-meta",
     "cluster-auto-receive",
     "power-loss",
+    "lazyfs",
 ];
 
 /// The planted bugs `scripts/chaos --planted BUG` switches on (fault points of the `ferry-faults`
@@ -79,6 +80,8 @@ pub struct Spec {
     /// Fault points switched on in the node (`FAILPOINTS`); not empty: the node runs the
     /// `ferry-faults` build (one node only).
     pub fault_points: Vec<String>,
+    /// The node's data directory is on LazyFS, and each kill drops its unsynced writes.
+    pub lazyfs: bool,
 }
 
 /// Node settings every scenario shares: short connection leases, so a client that vanished
@@ -185,9 +188,10 @@ pub fn spec(name: &str, seed: u64, size: Size) -> anyhow::Result<Spec> {
         op_timeout: Duration::from_secs(5),
         cluster: vec![],
         fault_points: vec![],
+        lazyfs: false,
     };
     match name {
-        "kill9" | "kill9-auto-receive" | "power-loss" => {
+        "kill9" | "kill9-auto-receive" | "power-loss" | "lazyfs" => {
             if name == "kill9-auto-receive" {
                 s.consumers = auto_receive_consumers(&queue);
             }
@@ -196,6 +200,9 @@ pub fn spec(name: &str, seed: u64, size: Size) -> anyhow::Result<Spec> {
             if name == "power-loss" {
                 s.fault_points = vec![ferry_store::faults::POWER_LOSS.into()];
             }
+            // `lazyfs`: the same with the release build, its data on LazyFS, which drops
+            // whatever was not fsynced at each kill.
+            s.lazyfs = name == "lazyfs";
             s.faults.kinds = vec![FaultKind::Kill9];
             s.faults.for_ms_max = 500;
             s.ordered_queue = Some("chaos-ordered".into());
@@ -380,9 +387,14 @@ async fn start(spec: &Spec) -> anyhow::Result<Started> {
             _data: data,
         });
     }
+    let lazyfs = match spec.lazyfs {
+        true => Some(Arc::new(super::lazyfs::LazyFs::mount(data.path())?)),
+        false => None,
+    };
     let node = Node::start(
-        data.path(),
+        lazyfs.as_ref().map_or(data.path(), |fs| fs.dir.as_path()),
         NodeOptions {
+            log_dir: Some(data.path().into()),
             node_id: "n1".into(),
             extra_toml: spec.node_toml.clone(),
             env: match spec.fault_points.is_empty() {
@@ -421,6 +433,7 @@ async fn start(spec: &Spec) -> anyhow::Result<Started> {
             node: Arc::new(Mutex::new(node)),
             node_name: "n1".into(),
             proxy,
+            lazyfs,
         }),
         nodes,
         _data: data,
