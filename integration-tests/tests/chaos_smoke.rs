@@ -127,6 +127,14 @@ async fn cluster_meta_smoke_creates_queues_through_the_majority() -> anyhow::Res
     smoke("cluster-meta", 7).await
 }
 
+/// One-way cuts: every 2 s a random node is muted (its packets to the other two dropped),
+/// deafened (theirs to it dropped) or cut both ways; over TCP the side still heard sees its
+/// connections stall, not fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_one_way_smoke_loses_and_duplicates_nothing() -> anyhow::Result<()> {
+    smoke("cluster-one-way", 8).await
+}
+
 /// How `url`'s node sees node `id`: "up", "down" or "self" ("?" when it cannot tell).
 async fn health(url: &str, id: &str) -> String {
     match ferry_integration_tests::cluster::status_at(url).await {
@@ -159,8 +167,8 @@ async fn wait_health(url: &str, ids: &[&str], want: &str) -> anyhow::Result<()> 
 }
 
 /// The cluster scenarios' partitions cut a node's peer traffic both ways (it hears no one, no
-/// one hears it), the heal restores it, and dropping the firewall leaves no iptables rule and
-/// no cgroup behind.
+/// one hears it), one-way cuts silence it or deafen it, the heal restores it, and dropping the
+/// firewall leaves no iptables rule and no cgroup behind.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partition_cuts_a_node_both_ways_and_leaves_nothing_behind() -> anyhow::Result<()> {
     use ferry_integration_tests::chaos::cluster;
@@ -177,6 +185,20 @@ async fn a_partition_cuts_a_node_both_ways_and_leaves_nothing_behind() -> anyhow
     wait_health(n1, &["n2"], "up").await?;
     assert!(target.firewall.heal()?, "a partition was in place");
     wait_health(n1, &["n2", "n3"], "up").await?;
+    wait_health(n3, &["n1", "n2"], "up").await?;
+
+    // One way: n3 muted, the others hear nothing of it (and still each other); then deafened,
+    // it hears nothing of them.
+    target.firewall.cut_one_way(&target.ips[2], &others)?;
+    wait_health(n1, &["n3"], "down").await?;
+    wait_health(n1, &["n2"], "up").await?;
+    assert!(target.firewall.heal()?, "a one-way cut was in place");
+    wait_health(n1, &["n2", "n3"], "up").await?;
+    for o in &others {
+        target.firewall.cut_one_way(o, &[target.ips[2].clone()])?;
+    }
+    wait_health(n3, &["n1", "n2"], "down").await?;
+    assert!(target.firewall.heal()?, "a one-way cut was in place");
     wait_health(n3, &["n1", "n2"], "up").await?;
 
     let chain = format!("FERRY-CHAOS-{}", std::process::id());

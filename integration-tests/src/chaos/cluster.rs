@@ -54,10 +54,11 @@ impl ClusterTarget {
         }
         let name = f.node.as_deref().context("a cluster fault names no node")?;
         let i = self.index(name)?;
-        if f.kind != FaultKind::Partition {
-            return self.nodes[i].inject(history, f).await;
-        }
-        let healing = self.cut(history, i)?;
+        let healing = match f.kind {
+            FaultKind::Partition => self.cut(history, i)?,
+            FaultKind::Mute | FaultKind::Deaf => self.cut_one_way(history, i, f.kind)?,
+            _ => return self.nodes[i].inject(history, f).await,
+        };
         tokio::time::sleep(Duration::from_millis(f.for_ms)).await;
         drop(healing);
         history.record("nemesis", name, Op::Fault(Fault::PartitionHeal));
@@ -75,6 +76,33 @@ impl ClusterTarget {
         self.firewall.partition(&self.ips[i], &others)?;
         let name = &self.nodes[i].node_name;
         history.record("nemesis", name, Op::Fault(Fault::Partition { from: names }));
+        Ok(healing)
+    }
+
+    /// Node `i` muted (its packets to the others dropped) or deafened (theirs to it dropped)
+    /// until the guard returned is dropped.
+    fn cut_one_way(
+        &self,
+        history: &History,
+        i: usize,
+        kind: FaultKind,
+    ) -> anyhow::Result<Healing<'_>> {
+        let (mut others, mut names) = (vec![], vec![]);
+        for (j, t) in self.nodes.iter().enumerate().filter(|(j, _)| *j != i) {
+            others.push(self.ips[j].clone());
+            names.push(t.node_name.clone());
+        }
+        let healing = Healing(&self.firewall);
+        let fault = if kind == FaultKind::Mute {
+            self.firewall.cut_one_way(&self.ips[i], &others)?;
+            Fault::Mute { to: names }
+        } else {
+            for o in &others {
+                self.firewall.cut_one_way(o, &[self.ips[i].clone()])?;
+            }
+            Fault::Deaf { from: names }
+        };
+        history.record("nemesis", &self.nodes[i].node_name, Op::Fault(fault));
         Ok(healing)
     }
 

@@ -84,7 +84,11 @@ pub enum Fault {
     ClientKilled { client: String },
     /// The node is cut from these nodes, both ways (iptables).
     Partition { from: Vec<String> },
-    /// The node's partition ends.
+    /// Every packet the node sends to these nodes is dropped (iptables); theirs reach it.
+    Mute { to: Vec<String> },
+    /// Every packet these nodes send to the node is dropped (iptables); its reach them.
+    Deaf { from: Vec<String> },
+    /// The node's partition (both ways or one way) ends.
     PartitionHeal,
     /// While the metadata leader (the event's node) was cut off, a queue was created through
     /// node `via` of the majority, `took_ms` after the cut.
@@ -104,7 +108,9 @@ impl Fault {
             | Fault::ProxyReset { .. }
             | Fault::ProxyDelay { .. }
             | Fault::ProxyBlackhole
-            | Fault::Partition { .. } => true,
+            | Fault::Partition { .. }
+            | Fault::Mute { .. }
+            | Fault::Deaf { .. } => true,
             Fault::Restarted { .. }
             | Fault::UnsyncedDropped
             | Fault::Resume

@@ -26,6 +26,10 @@ pub enum FaultKind {
     ProxyBlackhole,
     /// A cluster node cut from the others, both ways.
     Partition,
+    /// A cluster node whose packets to the others are dropped (it still hears them).
+    Mute,
+    /// A cluster node that no packet from the others reaches (they still hear it).
+    Deaf,
     /// The cluster's metadata leader (found when the fault starts) cut from the others, and a
     /// queue created through the majority.
     PartitionLeader,
@@ -211,7 +215,7 @@ impl Target {
                 self.proxy()?.set_mode(Mode::Forward);
                 self.record(history, Fault::ProxyHeal);
             }
-            FaultKind::Partition | FaultKind::PartitionLeader => {
+            FaultKind::Partition | FaultKind::PartitionLeader | FaultKind::Mute | FaultKind::Deaf => {
                 anyhow::bail!("a partition needs a cluster")
             }
         }

@@ -151,6 +151,34 @@ impl Firewall {
         Ok(())
     }
 
+    /// Drops every packet `ip` sends to each of `others`, on connections either side opened,
+    /// until [`Firewall::heal`]; what they send to it still arrives. (Over TCP the side still
+    /// heard gets no acknowledgement back: its connections stall and retransmit, rather than
+    /// fail.)
+    pub fn cut_one_way(&self, ip: &str, others: &[String]) -> anyhow::Result<()> {
+        self.cut.store(true, Ordering::SeqCst);
+        for o in others {
+            // Connections `ip` opened: its packets, addressed from it.
+            iptables(&["-A", &self.chain, "-s", ip, "-d", o, "-j", "DROP"])?;
+            // Connections `o` opened: the replies `ip` sends on them (their reply tuple).
+            iptables(&[
+                "-A",
+                &self.chain,
+                "-m",
+                "conntrack",
+                "--ctreplsrc",
+                ip,
+                "--ctrepldst",
+                o,
+                "--ctdir",
+                "REPLY",
+                "-j",
+                "DROP",
+            ])?;
+        }
+        Ok(())
+    }
+
     /// Ends every partition; whether there was one.
     pub fn heal(&self) -> anyhow::Result<bool> {
         iptables(&["-F", &self.chain])?;

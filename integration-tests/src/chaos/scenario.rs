@@ -20,7 +20,7 @@ use super::workload::{self, ConsumerKind, ConsumerSpec, Ctx, DrainMode, Producer
 use crate::{Node, NodeOptions};
 
 /// The scenarios `scripts/chaos` knows.
-pub const SCENARIOS: [&str; 11] = [
+pub const SCENARIOS: [&str; 12] = [
     "kill9",
     "activemq-200k",
     "poison",
@@ -30,6 +30,7 @@ pub const SCENARIOS: [&str; 11] = [
     "cluster",
     "cluster-meta",
     "cluster-auto-receive",
+    "cluster-one-way",
     "power-loss",
     "lazyfs",
 ];
@@ -271,7 +272,7 @@ pub fn spec(name: &str, seed: u64, size: Size) -> anyhow::Result<Spec> {
                 s.load = Duration::from_secs(30);
             }
         }
-        "cluster" | "cluster-meta" | "cluster-auto-receive" => {
+        "cluster" | "cluster-meta" | "cluster-auto-receive" | "cluster-one-way" => {
             // Three nodes, a queue on each; 2 producers and 2 consumers per queue, each first
             // connected through a node that does not own its queue. `cluster`: every 10 s
             // (smoke: 2 s) one node is killed, paused or cut from the other two.
@@ -304,6 +305,11 @@ pub fn spec(name: &str, seed: u64, size: Size) -> anyhow::Result<Spec> {
                 .collect();
             s.faults.kinds = vec![FaultKind::Kill9, FaultKind::Pause, FaultKind::Partition];
             s.faults.for_ms_max = if smoke { 1_000 } else { 4_000 };
+            // `cluster-one-way`: a node muted (its packets to the others dropped), deafened
+            // (theirs to it dropped) or cut both ways.
+            if name == "cluster-one-way" {
+                s.faults.kinds = vec![FaultKind::Mute, FaultKind::Deaf, FaultKind::Partition];
+            }
             if name == "cluster-meta" {
                 s.faults.kinds = vec![FaultKind::PartitionLeader];
                 s.faults.interval_ms = if smoke { 6_000 } else { 15_000 };
