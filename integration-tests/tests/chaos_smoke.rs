@@ -79,6 +79,13 @@ async fn a_delivery_count_never_written_is_caught_as_unflagged_duplicates_after_
     Ok(())
 }
 
+/// The node's wall clock (libfaketime) stepped forward or back by 5 s to 2 min, past the
+/// connection and delivery leases, then back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clock_jump_smoke_loses_and_duplicates_nothing() -> anyhow::Result<()> {
+    smoke("clock", 9).await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill9_smoke_loses_and_duplicates_nothing() -> anyhow::Result<()> {
     smoke("kill9", 1).await

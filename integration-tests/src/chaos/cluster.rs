@@ -198,6 +198,7 @@ pub async fn start(
         .into_iter()
         .map(|n| Target {
             lazyfs: None,
+            clock: None,
             node_name: n.id().to_string(),
             node: Arc::new(Mutex::new(n)),
             proxy: None,

@@ -88,6 +88,10 @@ pub enum Fault {
     Mute { to: Vec<String> },
     /// Every packet these nodes send to the node is dropped (iptables); its reach them.
     Deaf { from: Vec<String> },
+    /// The node's wall clock stepped by `jump_ms` (forward if positive).
+    ClockJump { jump_ms: i64 },
+    /// The node's wall clock back to the true time.
+    ClockRestored,
     /// The node's partition (both ways or one way) ends.
     PartitionHeal,
     /// While the metadata leader (the event's node) was cut off, a queue was created through
@@ -110,9 +114,11 @@ impl Fault {
             | Fault::ProxyBlackhole
             | Fault::Partition { .. }
             | Fault::Mute { .. }
+            | Fault::ClockJump { .. }
             | Fault::Deaf { .. } => true,
             Fault::Restarted { .. }
             | Fault::UnsyncedDropped
+            | Fault::ClockRestored
             | Fault::Resume
             | Fault::ProxyHeal
             | Fault::ClientKilled { .. }

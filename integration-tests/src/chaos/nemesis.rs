@@ -3,6 +3,7 @@
 //! Every fault and every heal goes into the history with its time. A pause is always resumed,
 //! even when the run fails (a guard sends SIGCONT on drop).
 
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -28,6 +29,9 @@ pub enum FaultKind {
     Partition,
     /// A cluster node whose packets to the others are dropped (it still hears them).
     Mute,
+    /// The node's wall clock stepped by `jump_ms` (libfaketime), then back after `for_ms`
+    /// (its monotonic clock runs on).
+    ClockJump,
     /// A cluster node that no packet from the others reaches (they still hear it).
     Deaf,
     /// The cluster's metadata leader (found when the fault starts) cut from the others, and a
@@ -48,6 +52,9 @@ pub struct PlannedFault {
     /// In a cluster: the node it hits.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
+    /// ClockJump: the step, forward (positive) or back.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub jump_ms: Option<i64>,
 }
 
 /// How faults are drawn.
@@ -81,6 +88,15 @@ pub fn schedule(seed: u64, plan: &FaultPlan, load_ms: u64) -> Vec<PlannedFault> 
             _ => rng.random_range(longest / 4..=longest),
         };
         let delay_ms = (kind == FaultKind::ProxyDelay).then(|| rng.random_range(20..=200));
+        // 5 s to 2 min, either way: past the connection (4 s) and delivery (10 s) leases.
+        let jump_ms = (kind == FaultKind::ClockJump).then(|| {
+            let step = rng.random_range(5_000..=120_000i64);
+            if rng.random_bool(0.5) {
+                step
+            } else {
+                -step
+            }
+        });
         if at_ms + for_ms < load_ms {
             out.push(PlannedFault {
                 at_ms,
@@ -88,6 +104,7 @@ pub fn schedule(seed: u64, plan: &FaultPlan, load_ms: u64) -> Vec<PlannedFault> 
                 for_ms,
                 delay_ms,
                 node: None,
+                jump_ms,
             });
         }
         start += slot;
@@ -125,6 +142,34 @@ pub struct Target {
     pub proxy: Option<Arc<Proxy>>,
     /// The node's data directory is on LazyFS: a kill drops its unsynced writes too.
     pub lazyfs: Option<Arc<super::lazyfs::LazyFs>>,
+    /// The node runs under libfaketime, its wall clock's offset read from this file.
+    pub clock: Option<PathBuf>,
+}
+
+/// libfaketime (Debian's `faketime` package), preloaded into a node whose clock jumps.
+pub const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+
+/// The environment of a node under libfaketime whose wall clock offset is in `file` (read at
+/// most once a second); its monotonic clock is left alone.
+pub fn fake_clock_env(file: &Path) -> anyhow::Result<Vec<(String, String)>> {
+    anyhow::ensure!(
+        Path::new(LIBFAKETIME).exists(),
+        "the clock scenarios need libfaketime ({LIBFAKETIME}): apt-get install faketime"
+    );
+    set_clock_offset(file, 0)?;
+    Ok(vec![
+        ("LD_PRELOAD".into(), LIBFAKETIME.into()),
+        ("FAKETIME_TIMESTAMP_FILE".into(), file.display().to_string()),
+        ("FAKETIME_CACHE_DURATION".into(), "1".into()),
+        ("DONT_FAKE_MONOTONIC".into(), "1".into()),
+    ])
+}
+
+/// Sets the wall clock offset of the node reading `file`.
+fn set_clock_offset(file: &Path, offset_ms: i64) -> anyhow::Result<()> {
+    // libfaketime's relative format: "+12.5s" or "-3s".
+    let text = format!("{:+}s\n", offset_ms as f64 / 1000.0);
+    std::fs::write(file, text).with_context(|| format!("writing {}", file.display()))
 }
 
 /// Sends SIGCONT to a stopped process when dropped.
@@ -182,6 +227,18 @@ impl Target {
                 }
                 tokio::time::sleep(lasting).await;
                 self.restart(history).await?;
+            }
+            FaultKind::ClockJump => {
+                let file = self
+                    .clock
+                    .as_deref()
+                    .context("a clock jump on a node without a fake clock")?;
+                let jump_ms = f.jump_ms.unwrap_or(60_000);
+                set_clock_offset(file, jump_ms)?;
+                self.record(history, Fault::ClockJump { jump_ms });
+                tokio::time::sleep(lasting).await;
+                set_clock_offset(file, 0)?;
+                self.record(history, Fault::ClockRestored);
             }
             FaultKind::Pause => {
                 let pid = self

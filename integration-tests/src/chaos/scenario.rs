@@ -20,7 +20,7 @@ use super::workload::{self, ConsumerKind, ConsumerSpec, Ctx, DrainMode, Producer
 use crate::{Node, NodeOptions};
 
 /// The scenarios `scripts/chaos` knows.
-pub const SCENARIOS: [&str; 12] = [
+pub const SCENARIOS: [&str; 13] = [
     "kill9",
     "activemq-200k",
     "poison",
@@ -33,6 +33,7 @@ pub const SCENARIOS: [&str; 12] = [
     "cluster-one-way",
     "power-loss",
     "lazyfs",
+    "clock",
 ];
 
 /// The planted bugs `scripts/chaos --planted BUG` switches on (fault points of the `ferry-faults`
@@ -83,6 +84,8 @@ pub struct Spec {
     pub fault_points: Vec<String>,
     /// The node's data directory is on LazyFS, and each kill drops its unsynced writes.
     pub lazyfs: bool,
+    /// The node runs under libfaketime, so its wall clock can jump.
+    pub fake_clock: bool,
 }
 
 /// Node settings every scenario shares: short connection leases, so a client that vanished
@@ -190,6 +193,7 @@ pub fn spec(name: &str, seed: u64, size: Size) -> anyhow::Result<Spec> {
         cluster: vec![],
         fault_points: vec![],
         lazyfs: false,
+        fake_clock: false,
     };
     match name {
         "kill9" | "kill9-auto-receive" | "power-loss" | "lazyfs" => {
@@ -206,6 +210,14 @@ pub fn spec(name: &str, seed: u64, size: Size) -> anyhow::Result<Spec> {
             s.lazyfs = name == "lazyfs";
             s.faults.kinds = vec![FaultKind::Kill9];
             s.faults.for_ms_max = 500;
+            s.ordered_queue = Some("chaos-ordered".into());
+        }
+        "clock" => {
+            // The wall clock stepped 5 s to 2 min forward or back, for 1-4 s (smoke: up to
+            // 1 s), then back: leases, delays and timestamps run on it.
+            s.fake_clock = true;
+            s.faults.kinds = vec![FaultKind::ClockJump];
+            s.faults.for_ms_max = if smoke { 1_000 } else { 4_000 };
             s.ordered_queue = Some("chaos-ordered".into());
         }
         "pause" => {
@@ -397,19 +409,24 @@ async fn start(spec: &Spec) -> anyhow::Result<Started> {
         true => Some(Arc::new(super::lazyfs::LazyFs::mount(data.path())?)),
         false => None,
     };
+    let clock = spec.fake_clock.then(|| data.path().join("clock-offset"));
+    let mut env = match &clock {
+        Some(file) => nemesis::fake_clock_env(file)?,
+        None => vec![],
+    };
     let node = Node::start(
         lazyfs.as_ref().map_or(data.path(), |fs| fs.dir.as_path()),
         NodeOptions {
             log_dir: Some(data.path().into()),
             node_id: "n1".into(),
             extra_toml: spec.node_toml.clone(),
-            env: match spec.fault_points.is_empty() {
-                true => vec![],
-                false => {
+            env: {
+                if !spec.fault_points.is_empty() {
                     let points: Vec<String> =
                         spec.fault_points.iter().map(|p| format!("{p}=return")).collect();
-                    vec![("FAILPOINTS".into(), points.join(";"))]
+                    env.push(("FAILPOINTS".into(), points.join(";")));
                 }
+                env
             },
             bin: (!spec.fault_points.is_empty()).then(crate::ferry_faults_bin),
             ..NodeOptions::default()
@@ -440,6 +457,7 @@ async fn start(spec: &Spec) -> anyhow::Result<Started> {
             node_name: "n1".into(),
             proxy,
             lazyfs,
+            clock,
         }),
         nodes,
         _data: data,
