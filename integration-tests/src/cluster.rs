@@ -26,6 +26,8 @@ pub struct Cluster {
     prefix: String,
     /// Memory storage for every node.
     memory: bool,
+    /// Extra environment of a node, by id (set before it starts).
+    pub node_env: std::collections::BTreeMap<String, Vec<(String, String)>>,
 }
 
 impl Cluster {
@@ -56,6 +58,7 @@ impl Cluster {
             dir: dir.into(),
             prefix: format!("127.{x}.{y}."),
             memory,
+            node_env: Default::default(),
         }
     }
 
@@ -103,6 +106,7 @@ impl Cluster {
             extra_toml: toml.into(),
             memory: self.memory,
             cgroup_procs,
+            env: self.node_env.get(id).cloned().unwrap_or_default(),
             ..Default::default()
         };
         Node::start_at(

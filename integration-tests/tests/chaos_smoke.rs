@@ -142,6 +142,13 @@ async fn cluster_one_way_smoke_loses_and_duplicates_nothing() -> anyhow::Result<
     smoke("cluster-one-way", 8).await
 }
 
+/// Clock jumps in a cluster: every 2 s a random node's wall clock stepped 5 s to 2 min forward
+/// or back (libfaketime), then back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_clock_smoke_loses_and_duplicates_nothing() -> anyhow::Result<()> {
+    smoke("cluster-clock", 10).await
+}
+
 /// How `url`'s node sees node `id`: "up", "down" or "self" ("?" when it cannot tell).
 async fn health(url: &str, id: &str) -> String {
     match ferry_integration_tests::cluster::status_at(url).await {

@@ -171,9 +171,28 @@ pub async fn start(
     queues: &[(String, String)],
     config: &pb::QueueConfig,
 ) -> anyhow::Result<ClusterTarget> {
+    start_with_clocks(dir, ids, node_toml, queues, config, false).await
+}
+
+/// [`start`]; with `fake_clocks`, every node runs under libfaketime (its wall clock can jump).
+pub async fn start_with_clocks(
+    dir: &Path,
+    ids: &[&str],
+    node_toml: &str,
+    queues: &[(String, String)],
+    config: &pb::QueueConfig,
+    fake_clocks: bool,
+) -> anyhow::Result<ClusterTarget> {
     let mut firewall = Firewall::new()?;
     // Declared after the firewall: dropped (its nodes killed) before it, on every path.
     let mut cluster = Cluster::plan(dir, false);
+    let clock_file = |id: &str| fake_clocks.then(|| dir.join(format!("{id}.clock-offset")));
+    for id in ids {
+        if let Some(file) = clock_file(id) {
+            let env = super::nemesis::fake_clock_env(&file)?;
+            cluster.node_env.insert(id.to_string(), env);
+        }
+    }
     let mut procs = vec![];
     for (i, id) in ids.iter().enumerate() {
         procs.push(firewall.add_node(id, &cluster.ip(i))?);
@@ -198,7 +217,7 @@ pub async fn start(
         .into_iter()
         .map(|n| Target {
             lazyfs: None,
-            clock: None,
+            clock: clock_file(n.id()),
             node_name: n.id().to_string(),
             node: Arc::new(Mutex::new(n)),
             proxy: None,

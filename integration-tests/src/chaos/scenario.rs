@@ -20,7 +20,7 @@ use super::workload::{self, ConsumerKind, ConsumerSpec, Ctx, DrainMode, Producer
 use crate::{Node, NodeOptions};
 
 /// The scenarios `scripts/chaos` knows.
-pub const SCENARIOS: [&str; 13] = [
+pub const SCENARIOS: [&str; 14] = [
     "kill9",
     "activemq-200k",
     "poison",
@@ -31,6 +31,7 @@ pub const SCENARIOS: [&str; 13] = [
     "cluster-meta",
     "cluster-auto-receive",
     "cluster-one-way",
+    "cluster-clock",
     "power-loss",
     "lazyfs",
     "clock",
@@ -284,7 +285,8 @@ pub fn spec(name: &str, seed: u64, size: Size) -> anyhow::Result<Spec> {
                 s.load = Duration::from_secs(30);
             }
         }
-        "cluster" | "cluster-meta" | "cluster-auto-receive" | "cluster-one-way" => {
+        "cluster" | "cluster-meta" | "cluster-auto-receive" | "cluster-one-way"
+        | "cluster-clock" => {
             // Three nodes, a queue on each; 2 producers and 2 consumers per queue, each first
             // connected through a node that does not own its queue. `cluster`: every 10 s
             // (smoke: 2 s) one node is killed, paused or cut from the other two.
@@ -321,6 +323,12 @@ pub fn spec(name: &str, seed: u64, size: Size) -> anyhow::Result<Spec> {
             // (theirs to it dropped) or cut both ways.
             if name == "cluster-one-way" {
                 s.faults.kinds = vec![FaultKind::Mute, FaultKind::Deaf, FaultKind::Partition];
+            }
+            // `cluster-clock`: a node's wall clock stepped 5 s to 2 min forward or back, for
+            // 1-4 s (smoke: up to 1 s), then back; Raft runs on the monotonic clock.
+            if name == "cluster-clock" {
+                s.fake_clock = true;
+                s.faults.kinds = vec![FaultKind::ClockJump];
             }
             if name == "cluster-meta" {
                 s.faults.kinds = vec![FaultKind::PartitionLeader];
@@ -388,12 +396,13 @@ async fn start(spec: &Spec) -> anyhow::Result<Started> {
             .into_iter()
             .zip(spec.cluster.clone())
             .collect();
-        let target = super::cluster::start(
+        let target = super::cluster::start_with_clocks(
             data.path(),
             &ids,
             &spec.node_toml,
             &queues,
             &spec.queue_config,
+            spec.fake_clock,
         )
         .await?;
         let nemesis = Nemesis::Cluster(target);
