@@ -125,9 +125,21 @@ impl Cluster {
 
     /// Starts a node with `--join ADDR`; its index once it runs.
     pub fn start_joining_to(&mut self, id: &str, addr: &str) -> anyhow::Result<usize> {
+        self.start_joining_in(id, addr, "", None)
+    }
+
+    /// [`Cluster::start_joining_to`] with extra TOML, in the cgroup whose `cgroup.procs` is
+    /// given.
+    pub fn start_joining_in(
+        &mut self,
+        id: &str,
+        addr: &str,
+        extra_toml: &str,
+        cgroup_procs: Option<PathBuf>,
+    ) -> anyhow::Result<usize> {
         let index = self.nodes.len();
-        let toml = format!("[cluster]\njoin = \"{addr}\"\n");
-        let node = self.spawn(index, id, &toml, None)?;
+        let toml = format!("{extra_toml}\n[cluster]\njoin = \"{addr}\"\n");
+        let node = self.spawn(index, id, &toml, cgroup_procs)?;
         self.nodes.push(node);
         Ok(index)
     }

@@ -149,6 +149,14 @@ async fn cluster_clock_smoke_loses_and_duplicates_nothing() -> anyhow::Result<()
     smoke("cluster-clock", 10).await
 }
 
+/// A fourth node, a learner that clients use too, removed from the cluster halfway through the
+/// load and stopped: its clients go on through the others (with the `cluster` faults on the
+/// three voters).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_remove_smoke_loses_and_duplicates_nothing() -> anyhow::Result<()> {
+    smoke("cluster-remove", 11).await
+}
+
 /// How `url`'s node sees node `id`: "up", "down" or "self" ("?" when it cannot tell).
 async fn health(url: &str, id: &str) -> String {
     match ferry_integration_tests::cluster::status_at(url).await {

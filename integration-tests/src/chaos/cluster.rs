@@ -16,6 +16,7 @@ use super::history::{Fault, History, Op};
 use super::nemesis::{FaultKind, PlannedFault, Target};
 use super::partition::Firewall;
 use crate::cluster::{status_at, Cluster};
+use crate::Node;
 
 /// The nodes of a cluster and the firewall between them.
 #[derive(Debug, Clone)]
@@ -25,6 +26,8 @@ pub struct ClusterTarget {
     /// Each node's loopback address, in the order of `nodes`.
     pub ips: Vec<String>,
     pub firewall: Arc<Firewall>,
+    /// Nodes removed from the cluster and stopped for good: never restarted.
+    pub removed: Arc<Mutex<std::collections::BTreeSet<String>>>,
 }
 
 /// Heals every partition when dropped.
@@ -51,6 +54,9 @@ impl ClusterTarget {
     pub async fn inject(&self, history: &History, f: &PlannedFault) -> anyhow::Result<()> {
         if f.kind == FaultKind::PartitionLeader {
             return self.partition_leader(history, f).await;
+        }
+        if f.kind == FaultKind::RemoveNode {
+            return self.remove_node(history, f).await;
         }
         let name = f.node.as_deref().context("a cluster fault names no node")?;
         let i = self.index(name)?;
@@ -150,12 +156,77 @@ impl ClusterTarget {
         })
     }
 
-    /// Ends every fault: no partition, every node running (restarted if it is down).
+    /// Removes the node `f` names through the next node (retried for [`META_WRITE_MAX`]),
+    /// and stops it `f.for_ms` later, as an operator would; it is never restarted.
+    async fn remove_node(&self, history: &History, f: &PlannedFault) -> anyhow::Result<()> {
+        let name = f.node.as_deref().context("a removal names no node")?;
+        let i = self.index(name)?;
+        let urls = self.urls();
+        let (via_name, via_url) = urls[(i + 1) % urls.len()].clone();
+        let asked = tokio::time::Instant::now();
+        let deadline = asked + META_WRITE_MAX;
+        let mut last = String::from("no attempt");
+        // Bounded by the deadline; each attempt too.
+        let mut removed = false;
+        while !removed && tokio::time::Instant::now() < deadline {
+            let attempt = tokio::time::timeout_at(deadline, async {
+                let client = ferry_client::Client::connect(&via_url).await?;
+                client
+                    .cluster()
+                    .remove_node(pb::RemoveNodeRequest {
+                        node_id: name.into(),
+                    })
+                    .await?;
+                Ok::<(), anyhow::Error>(())
+            })
+            .await;
+            match attempt {
+                Ok(Ok(())) => removed = true,
+                Ok(Err(e)) => last = format!("{e:#}"),
+                Err(_) => last = "timed out".into(),
+            }
+            if !removed {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        anyhow::ensure!(removed, "removing {name} through {via_name}: {last}");
+        let took_ms = u64::try_from(asked.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let event = Fault::NodeRemoved {
+            via: via_name,
+            took_ms,
+        };
+        history.record("nemesis", name, Op::Fault(event));
+        self.removed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(name.to_string());
+        tokio::time::sleep(Duration::from_millis(f.for_ms)).await;
+        self.nodes[i].with_node(Node::kill9).await?;
+        history.record("nemesis", name, Op::Fault(Fault::Stopped));
+        Ok(())
+    }
+
+    /// Every node still in the cluster as (name, client URL).
+    pub fn member_urls(&self) -> Vec<(String, String)> {
+        let removed = self.removed.lock().unwrap_or_else(PoisonError::into_inner);
+        self.urls()
+            .into_iter()
+            .filter(|(name, _)| !removed.contains(name))
+            .collect()
+    }
+
+    /// Ends every fault: no partition, every node still in the cluster running (restarted if it
+    /// is down).
     pub async fn heal(&self, history: &History) -> anyhow::Result<()> {
         if self.firewall.heal()? {
             history.record("nemesis", "*", Op::Fault(Fault::PartitionHeal));
         }
-        for t in &self.nodes {
+        let removed = self
+            .removed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        for t in self.nodes.iter().filter(|t| !removed.contains(&t.node_name)) {
             t.heal(history).await?;
         }
         Ok(())
@@ -171,13 +242,15 @@ pub async fn start(
     queues: &[(String, String)],
     config: &pb::QueueConfig,
 ) -> anyhow::Result<ClusterTarget> {
-    start_with_clocks(dir, ids, node_toml, queues, config, false).await
+    start_with(dir, ids, None, node_toml, queues, config, false).await
 }
 
-/// [`start`]; with `fake_clocks`, every node runs under libfaketime (its wall clock can jump).
-pub async fn start_with_clocks(
+/// [`start`]; then `learner` joins as a learner owning no queue; with `fake_clocks`, every node
+/// runs under libfaketime (its wall clock can jump).
+pub async fn start_with(
     dir: &Path,
     ids: &[&str],
+    learner: Option<&str>,
     node_toml: &str,
     queues: &[(String, String)],
     config: &pb::QueueConfig,
@@ -187,7 +260,7 @@ pub async fn start_with_clocks(
     // Declared after the firewall: dropped (its nodes killed) before it, on every path.
     let mut cluster = Cluster::plan(dir, false);
     let clock_file = |id: &str| fake_clocks.then(|| dir.join(format!("{id}.clock-offset")));
-    for id in ids {
+    for id in ids.iter().chain(learner.iter()) {
         if let Some(file) = clock_file(id) {
             let env = super::nemesis::fake_clock_env(&file)?;
             cluster.node_env.insert(id.to_string(), env);
@@ -212,7 +285,23 @@ pub async fn start_with_clocks(
             .await
             .with_context(|| format!("creating {queue} on {owner}"))?;
     }
-    let ips = (0..ids.len()).map(|i| cluster.ip(i)).collect();
+    if let Some(id) = learner {
+        let procs = firewall.add_node(id, &cluster.ip(ids.len()))?;
+        let join = cluster.peer_addr(0);
+        let index = cluster.start_joining_in(id, &join, node_toml, Some(procs))?;
+        admin
+            .cluster()
+            .add_node(pb::AddNodeRequest {
+                node_id: id.into(),
+                peer_address: cluster.peer_addr(index),
+                learner: true,
+            })
+            .await
+            .with_context(|| format!("adding {id}"))?;
+        let all: Vec<&str> = ids.iter().chain([&id]).copied().collect();
+        cluster.wait_leader(&all, LEADER_WAIT).await?;
+    }
+    let ips = (0..cluster.nodes.len()).map(|i| cluster.ip(i)).collect();
     let nodes = std::mem::take(&mut cluster.nodes)
         .into_iter()
         .map(|n| Target {
@@ -227,6 +316,7 @@ pub async fn start_with_clocks(
         nodes,
         ips,
         firewall: Arc::new(firewall),
+        removed: Arc::default(),
     })
 }
 

@@ -92,6 +92,10 @@ pub enum Fault {
     ClockJump { jump_ms: i64 },
     /// The node's wall clock back to the true time.
     ClockRestored,
+    /// The node was removed from the cluster through node `via`, `took_ms` after the request.
+    NodeRemoved { via: String, took_ms: u64 },
+    /// A removed node stopped for good (kill -9), as its operator would stop it.
+    Stopped,
     /// The node's partition (both ways or one way) ends.
     PartitionHeal,
     /// While the metadata leader (the event's node) was cut off, a queue was created through
@@ -115,10 +119,12 @@ impl Fault {
             | Fault::Partition { .. }
             | Fault::Mute { .. }
             | Fault::ClockJump { .. }
+            | Fault::NodeRemoved { .. }
             | Fault::Deaf { .. } => true,
             Fault::Restarted { .. }
             | Fault::UnsyncedDropped
             | Fault::ClockRestored
+            | Fault::Stopped
             | Fault::Resume
             | Fault::ProxyHeal
             | Fault::ClientKilled { .. }

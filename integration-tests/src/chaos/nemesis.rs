@@ -32,6 +32,9 @@ pub enum FaultKind {
     /// The node's wall clock stepped by `jump_ms` (libfaketime), then back after `for_ms`
     /// (its monotonic clock runs on).
     ClockJump,
+    /// The node removed from the cluster (`RemoveNode` through another node) while clients use
+    /// it, and stopped (kill -9) `for_ms` later, for good.
+    RemoveNode,
     /// A cluster node that no packet from the others reaches (they still hear it).
     Deaf,
     /// The cluster's metadata leader (found when the fault starts) cut from the others, and a
@@ -194,7 +197,7 @@ fn signal(pid: u32, sig: &str) -> anyhow::Result<()> {
 }
 
 impl Target {
-    fn with_node<T: Send + 'static>(
+    pub(crate) fn with_node<T: Send + 'static>(
         &self,
         f: impl FnOnce(&mut Node) -> T + Send + 'static,
     ) -> tokio::task::JoinHandle<T> {
@@ -273,7 +276,11 @@ impl Target {
                 self.proxy()?.set_mode(Mode::Forward);
                 self.record(history, Fault::ProxyHeal);
             }
-            FaultKind::Partition | FaultKind::PartitionLeader | FaultKind::Mute | FaultKind::Deaf => {
+            FaultKind::Partition
+            | FaultKind::PartitionLeader
+            | FaultKind::Mute
+            | FaultKind::Deaf
+            | FaultKind::RemoveNode => {
                 anyhow::bail!("a partition needs a cluster")
             }
         }

@@ -20,7 +20,7 @@ use super::workload::{self, ConsumerKind, ConsumerSpec, Ctx, DrainMode, Producer
 use crate::{Node, NodeOptions};
 
 /// The scenarios `scripts/chaos` knows.
-pub const SCENARIOS: [&str; 14] = [
+pub const SCENARIOS: [&str; 15] = [
     "kill9",
     "activemq-200k",
     "poison",
@@ -32,6 +32,7 @@ pub const SCENARIOS: [&str; 14] = [
     "cluster-auto-receive",
     "cluster-one-way",
     "cluster-clock",
+    "cluster-remove",
     "power-loss",
     "lazyfs",
     "clock",
@@ -87,6 +88,9 @@ pub struct Spec {
     pub lazyfs: bool,
     /// The node runs under libfaketime, so its wall clock can jump.
     pub fake_clock: bool,
+    /// A cluster node that joins as a learner owning no queue (clients use it too), removed
+    /// halfway through the load and stopped.
+    pub learner: Option<String>,
 }
 
 /// Node settings every scenario shares: short connection leases, so a client that vanished
@@ -195,6 +199,7 @@ pub fn spec(name: &str, seed: u64, size: Size) -> anyhow::Result<Spec> {
         fault_points: vec![],
         lazyfs: false,
         fake_clock: false,
+        learner: None,
     };
     match name {
         "kill9" | "kill9-auto-receive" | "power-loss" | "lazyfs" => {
@@ -286,7 +291,7 @@ pub fn spec(name: &str, seed: u64, size: Size) -> anyhow::Result<Spec> {
             }
         }
         "cluster" | "cluster-meta" | "cluster-auto-receive" | "cluster-one-way"
-        | "cluster-clock" => {
+        | "cluster-clock" | "cluster-remove" => {
             // Three nodes, a queue on each; 2 producers and 2 consumers per queue, each first
             // connected through a node that does not own its queue. `cluster`: every 10 s
             // (smoke: 2 s) one node is killed, paused or cut from the other two.
@@ -329,6 +334,11 @@ pub fn spec(name: &str, seed: u64, size: Size) -> anyhow::Result<Spec> {
             if name == "cluster-clock" {
                 s.fake_clock = true;
                 s.faults.kinds = vec![FaultKind::ClockJump];
+            }
+            // `cluster-remove`: as `cluster`, with a fourth node, n4, a learner owning no queue
+            // that clients use too, removed halfway through the load and stopped 1 s later.
+            if name == "cluster-remove" {
+                s.learner = Some("n4".into());
             }
             if name == "cluster-meta" {
                 s.faults.kinds = vec![FaultKind::PartitionLeader];
@@ -396,9 +406,10 @@ async fn start(spec: &Spec) -> anyhow::Result<Started> {
             .into_iter()
             .zip(spec.cluster.clone())
             .collect();
-        let target = super::cluster::start_with_clocks(
+        let target = super::cluster::start_with(
             data.path(),
             &ids,
+            spec.learner.as_deref(),
             &spec.node_toml,
             &queues,
             &spec.queue_config,
@@ -492,13 +503,30 @@ pub async fn run(spec: &Spec, out_dir: &Path) -> anyhow::Result<Report> {
     let started = start(spec).await?;
     let history = History::new();
     let load_ms = u64::try_from(spec.load.as_millis())?;
-    let schedule = match spec.cluster.is_empty() {
+    let mut schedule = match spec.cluster.is_empty() {
         true => nemesis::schedule(spec.seed, &spec.faults, load_ms),
         false => {
             let ids: Vec<&str> = spec.cluster.iter().map(String::as_str).collect();
             nemesis::cluster_schedule(spec.seed, &spec.faults, load_ms, &ids)
         }
     };
+    if let Some(learner) = &spec.learner {
+        // Halfway through the load, between two slots of the other faults (the nemesis runs
+        // them one after another: a fault under way delays the next).
+        let at_ms = load_ms / 2;
+        let at = schedule.partition_point(|f| f.at_ms <= at_ms);
+        schedule.insert(
+            at,
+            nemesis::PlannedFault {
+                at_ms,
+                kind: FaultKind::RemoveNode,
+                for_ms: 1_000,
+                delay_ms: None,
+                node: Some(learner.clone()),
+                jump_ms: None,
+            },
+        );
+    }
     let (stop_tx, stop) = tokio::sync::watch::channel(false);
     let ctx = Ctx {
         history: history.clone(),
@@ -523,7 +551,11 @@ pub async fn run(spec: &Spec, out_dir: &Path) -> anyhow::Result<Report> {
     )
     .await;
     if !spec.cluster.is_empty() {
-        let agreed = super::cluster::wait_leader(&started.nodes, super::cluster::LEADER_WAIT);
+        let members = match &started.nemesis {
+            Nemesis::Cluster(c) => c.member_urls(),
+            Nemesis::Node(_) => started.nodes.clone(),
+        };
+        let agreed = super::cluster::wait_leader(&members, super::cluster::LEADER_WAIT);
         if let Err(e) = agreed.await {
             run_errors.push(format!("after the heal: {e:#}"));
         }
