@@ -10,7 +10,9 @@ use ferry_be_server::{BackendService, Broker};
 use ferry_cluster::meta::MetaState;
 use ferry_cluster::node::{HeldQueue, MetaView, QueueHost};
 use ferry_cluster::MetaNode;
-use ferry_fe_dispatcher::{BackendRef, Catalog, CatalogEntry, Owner, Placement, RemoteBackend};
+use ferry_fe_dispatcher::{
+    BackendRef, Catalog, CatalogEntry, Owner, Placement, Reachability, RemoteBackend,
+};
 use ferry_kernel::{NodeId, QueueName};
 use ferry_proto::pb;
 use ferry_proto::pb::backend_server::Backend as _;
@@ -131,7 +133,12 @@ pub struct PlacementBuilder {
     me: NodeId,
     local: BackendRef,
     remotes: HashMap<(NodeId, String), BackendRef>,
+    /// Whether a node is reachable from here (see [`RemoteBackend::with_reachability`]).
+    reachability: Option<ReachabilityOf>,
 }
+
+/// A node's reachability watch, by id.
+type ReachabilityOf = Box<dyn Fn(&NodeId) -> tokio::sync::watch::Receiver<bool> + Send + Sync>;
 
 impl PlacementBuilder {
     pub fn new(me: NodeId, local: BackendRef) -> Self {
@@ -139,7 +146,17 @@ impl PlacementBuilder {
             me,
             local,
             remotes: HashMap::new(),
+            reachability: None,
         }
+    }
+
+    /// Remote back-ends fail calls at once while `of` says their node is unreachable.
+    pub fn with_reachability(
+        mut self,
+        of: impl Fn(&NodeId) -> tokio::sync::watch::Receiver<bool> + Send + Sync + 'static,
+    ) -> Self {
+        self.reachability = Some(Box::new(of));
+        self
     }
 
     pub fn build(&mut self, meta: &MetaState) -> anyhow::Result<Placement> {
@@ -154,8 +171,14 @@ impl PlacementBuilder {
                 Some(b) => b,
                 None => {
                     let url = format!("http://{}", n.peer_addr);
-                    let remote = RemoteBackend::new(&url)
+                    let mut remote = RemoteBackend::new(&url)
                         .with_context(|| format!("peer address of node {id}: {url:?}"))?;
+                    if let Some(of) = &self.reachability {
+                        remote = remote.with_reachability(Reachability {
+                            node: id.to_string(),
+                            up: of(id),
+                        });
+                    }
                     Arc::new(remote) as BackendRef
                 }
             };

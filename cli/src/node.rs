@@ -82,7 +82,11 @@ pub async fn run(
     let meta = start_metadata(settings, &broker, &backend).await?;
     // The placement the router follows: rebuilt from the metadata at every change.
     let local: BackendRef = Arc::new(backend.clone());
-    let mut builder = crate::cluster::PlacementBuilder::new(node_id.clone(), local.clone());
+    let mut builder = {
+        let meta = meta.clone();
+        crate::cluster::PlacementBuilder::new(node_id.clone(), local.clone())
+            .with_reachability(move |node| meta.reachability(node))
+    };
     let first = builder
         .build(&meta.view().borrow().meta)
         .unwrap_or_else(|_| Placement::new(node_id.clone(), local));

@@ -33,7 +33,7 @@ pub use admin::AdminService;
 pub use catalog::{Catalog, CatalogEntry, CatalogRef};
 pub use error::Error;
 pub use messaging::MessagingService;
-pub use remote::RemoteBackend;
+pub use remote::{Reachability, RemoteBackend};
 pub use router::{
     Owner, Placement, Router, EPOCH_UNKNOWN, NOT_OWNER_RETRIES_MAX, REFRESH_WAIT_MAX, STATIC_EPOCH,
 };

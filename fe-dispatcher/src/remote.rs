@@ -1,9 +1,17 @@
 //! A back-end on another node, reached over gRPC at that node's peer listener (the only place a
 //! node serves `Backend`; its client port does not). It implements the same trait the in-process
 //! back-end does, so routing never cares which one it has.
+//!
+//! Given the node's [`Reachability`], a call to a node this one has not heard from within the
+//! cluster's liveness timeout fails at once with UNAVAILABLE, and a call under way when that
+//! happens stops waiting with UNAVAILABLE: a paused node, or one cut off from this one, would
+//! otherwise hold every call until the client's own deadline.
+
+use std::future::Future;
 
 use ferry_proto::pb;
 use ferry_proto::pb::backend_client::BackendClient;
+use tokio::sync::watch;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Response, Status};
 
@@ -14,6 +22,16 @@ const NODE_MESSAGE_BYTES_MAX: usize = 1 << 30;
 #[derive(Debug, Clone)]
 pub struct RemoteBackend {
     client: BackendClient<Channel>,
+    reach: Option<Reachability>,
+}
+
+/// Whether a node is reachable from this one, as the cluster's links see it.
+#[derive(Debug, Clone)]
+pub struct Reachability {
+    /// The node's id, for error messages.
+    pub node: String,
+    /// True while it is heard from.
+    pub up: watch::Receiver<bool>,
 }
 
 impl RemoteBackend {
@@ -32,7 +50,45 @@ impl RemoteBackend {
             client: BackendClient::new(channel)
                 .max_decoding_message_size(NODE_MESSAGE_BYTES_MAX)
                 .max_encoding_message_size(NODE_MESSAGE_BYTES_MAX),
+            reach: None,
         })
+    }
+
+    /// Fails calls at once while `reach` says the node is unreachable (see the module docs).
+    pub fn with_reachability(mut self, reach: Reachability) -> Self {
+        self.reach = Some(reach);
+        self
+    }
+
+    /// Runs `call` unless the node is unreachable, and stops waiting for it if the node becomes
+    /// unreachable meanwhile.
+    async fn guarded<T>(
+        &self,
+        call: impl Future<Output = Result<T, Status>>,
+    ) -> Result<T, Status> {
+        let Some(reach) = &self.reach else {
+            return call.await;
+        };
+        let mut up = reach.up.clone();
+        if !*up.borrow_and_update() {
+            return Err(Status::unavailable(format!(
+                "node {} owns this queue and is unreachable from this node (not heard from within the cluster's liveness timeout: down, paused or cut off); nothing was sent to it; retry, or connect to another node",
+                reach.node
+            )));
+        }
+        let lost = async {
+            if up.wait_for(|up| !*up).await.is_err() {
+                // The cluster stopped watching (the node is shutting down): wait for the call.
+                std::future::pending::<()>().await;
+            }
+        };
+        tokio::select! {
+            answered = call => answered,
+            () = lost => Err(Status::unavailable(format!(
+                "node {} owns this queue and became unreachable from this node while the call was under way (down, paused or cut off): it may or may not have taken effect; retry, or connect to another node",
+                reach.node
+            ))),
+        }
     }
 }
 
@@ -52,7 +108,7 @@ macro_rules! forward_all {
         impl pb::backend_server::Backend for RemoteBackend {
             $(
                 async fn $name(&self, req: Request<$req>) -> Result<Response<$resp>, Status> {
-                    self.client.clone().$name(forward(req)).await
+                    self.guarded(self.client.clone().$name(forward(req))).await
                 }
             )*
 
@@ -62,7 +118,9 @@ macro_rules! forward_all {
                 &self,
                 req: Request<pb::BackendWatchEventsRequest>,
             ) -> Result<Response<Self::WatchEventsStream>, Status> {
-                let stream = self.client.clone().watch_events(req.into_inner()).await?;
+                let stream = self
+                    .guarded(self.client.clone().watch_events(req.into_inner()))
+                    .await?;
                 Ok(Response::new(Box::pin(stream.into_inner())))
             }
         }

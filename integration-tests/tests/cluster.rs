@@ -608,3 +608,74 @@ async fn with_equal_queue_counts_the_node_holding_fewest_bytes_takes_the_next_qu
     assert_eq!(created.queue.unwrap().owner_node, "n2");
     Ok(())
 }
+
+/// Sends SIGCONT to a paused process when dropped, even when the test fails.
+struct Resume(u32);
+
+impl Drop for Resume {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("kill")
+            .args(["-CONT", &self.0.to_string()])
+            .status();
+    }
+}
+
+/// A paused owner (SIGSTOP: its ports still accept, nothing answers) is not waited for until
+/// the client's deadline: once the node routing the calls has not heard from it for the
+/// liveness timeout, a receive parked there ends, and new calls fail at once, with UNAVAILABLE
+/// naming it; when it resumes, calls go through again. (Before, both waited for the client's
+/// own deadline or HTTP/2 keepalive's, some 30 s.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_to_a_paused_owner_fail_fast_with_unavailable_and_go_through_once_it_resumes(
+) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (cluster, client) = three_nodes_with_a_queue_each(dir.path(), "n1").await?;
+    let conn = client.open_connection("t").await?;
+    let session = conn.create_session(AckMode::Auto).await?;
+    session.send("c", vec![Message::text("before")]).await?;
+    let got = session.receive("c", ReceiveOptions::no_wait()).await?;
+    assert_eq!(got.len(), 1);
+    // A receive parked at n3 through n1, for up to a minute.
+    let parked = {
+        let session = conn.create_session(AckMode::Auto).await?;
+        tokio::spawn(async move {
+            session
+                .receive("c", ReceiveOptions::timeout_ms(60_000))
+                .await
+        })
+    };
+    // The receive is parked at n3 before n3 stops.
+    wait_until(Duration::from_secs(10), "the receive parked", || async {
+        Ok(stats(&client, "c").await?.consumers == 1)
+    })
+    .await?;
+    let pid = cluster.node("n3").pid().expect("n3 runs");
+    let paused = Resume(pid);
+    assert!(std::process::Command::new("kill")
+        .args(["-STOP", &pid.to_string()])
+        .status()?
+        .success());
+    // Far less than the minute the receive would wait, or the half minute HTTP/2 keepalive
+    // takes to give up on a silent peer; the liveness timeout is 3 s.
+    let bound = Duration::from_secs(15);
+    let e = tokio::time::timeout(bound, parked)
+        .await
+        .map_err(|_| anyhow::anyhow!("the parked receive still waits on the paused owner"))??
+        .unwrap_err();
+    assert_eq!(e.code(), Some(Code::Unavailable), "{e}");
+    assert!(e.to_string().contains("n3"), "names the owner: {e}");
+    let e = tokio::time::timeout(bound, session.send("c", vec![Message::text("x")]))
+        .await
+        .map_err(|_| anyhow::anyhow!("a send still waits on the paused owner"))?
+        .unwrap_err();
+    assert_eq!(e.code(), Some(Code::Unavailable), "{e}");
+    assert!(e.to_string().contains("n3"), "names the owner: {e}");
+    // The other queues are untouched.
+    session.send("b", vec![Message::text("b")]).await?;
+    drop(paused);
+    wait_until(Duration::from_secs(30), "sends through again", || async {
+        Ok(session.send("c", vec![Message::text("after")]).await.is_ok())
+    })
+    .await?;
+    Ok(())
+}
