@@ -137,8 +137,8 @@ pub struct PlacementBuilder {
     reachability: Option<ReachabilityOf>,
 }
 
-/// A node's reachability watch, by id.
-type ReachabilityOf = Box<dyn Fn(&NodeId) -> tokio::sync::watch::Receiver<bool> + Send + Sync>;
+/// Whether a node is reachable from here, by id.
+type ReachabilityOf = Arc<dyn Fn(&NodeId) -> bool + Send + Sync>;
 
 impl PlacementBuilder {
     pub fn new(me: NodeId, local: BackendRef) -> Self {
@@ -153,9 +153,9 @@ impl PlacementBuilder {
     /// Remote back-ends fail calls at once while `of` says their node is unreachable.
     pub fn with_reachability(
         mut self,
-        of: impl Fn(&NodeId) -> tokio::sync::watch::Receiver<bool> + Send + Sync + 'static,
+        of: impl Fn(&NodeId) -> bool + Send + Sync + 'static,
     ) -> Self {
-        self.reachability = Some(Box::new(of));
+        self.reachability = Some(Arc::new(of));
         self
     }
 
@@ -174,9 +174,10 @@ impl PlacementBuilder {
                     let mut remote = RemoteBackend::new(&url)
                         .with_context(|| format!("peer address of node {id}: {url:?}"))?;
                     if let Some(of) = &self.reachability {
+                        let (of, node) = (Arc::clone(of), id.clone());
                         remote = remote.with_reachability(Reachability {
                             node: id.to_string(),
-                            up: of(id),
+                            up: Arc::new(move || of(&node)),
                         });
                     }
                     Arc::new(remote) as BackendRef

@@ -85,7 +85,7 @@ pub async fn run(
     let mut builder = {
         let meta = meta.clone();
         crate::cluster::PlacementBuilder::new(node_id.clone(), local.clone())
-            .with_reachability(move |node| meta.reachability(node))
+            .with_reachability(move |node| meta.is_reachable(node))
     };
     let first = builder
         .build(&meta.view().borrow().meta)

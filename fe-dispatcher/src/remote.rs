@@ -3,15 +3,16 @@
 //! back-end does, so routing never cares which one it has.
 //!
 //! Given the node's [`Reachability`], a call to a node this one has not heard from within the
-//! cluster's liveness timeout fails at once with UNAVAILABLE, and a call under way when that
-//! happens stops waiting with UNAVAILABLE: a paused node, or one cut off from this one, would
-//! otherwise hold every call until the client's own deadline.
+//! cluster's liveness timeout fails at once with UNAVAILABLE, nothing sent: a paused node, or one
+//! cut off from this one, would otherwise hold every new call until the client's own deadline.
+//! A call already under way keeps waiting for its answer (until the client's deadline): the
+//! owner may have acted on it, and an answer that arrives once the link heals (TCP retransmits
+//! it) still reaches the client; dropping it would strand what a receive was handed.
 
 use std::future::Future;
 
 use ferry_proto::pb;
 use ferry_proto::pb::backend_client::BackendClient;
-use tokio::sync::watch;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Response, Status};
 
@@ -26,12 +27,20 @@ pub struct RemoteBackend {
 }
 
 /// Whether a node is reachable from this one, as the cluster's links see it.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Reachability {
     /// The node's id, for error messages.
     pub node: String,
     /// True while it is heard from.
-    pub up: watch::Receiver<bool>,
+    pub up: std::sync::Arc<dyn Fn() -> bool + Send + Sync>,
+}
+
+impl std::fmt::Debug for Reachability {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reachability")
+            .field("node", &self.node)
+            .finish_non_exhaustive()
+    }
 }
 
 impl RemoteBackend {
@@ -60,35 +69,20 @@ impl RemoteBackend {
         self
     }
 
-    /// Runs `call` unless the node is unreachable, and stops waiting for it if the node becomes
-    /// unreachable meanwhile.
+    /// Runs `call` unless the node is unreachable (see the module docs).
     async fn guarded<T>(
         &self,
         call: impl Future<Output = Result<T, Status>>,
     ) -> Result<T, Status> {
-        let Some(reach) = &self.reach else {
-            return call.await;
-        };
-        let mut up = reach.up.clone();
-        if !*up.borrow_and_update() {
-            return Err(Status::unavailable(format!(
-                "node {} owns this queue and is unreachable from this node (not heard from within the cluster's liveness timeout: down, paused or cut off); nothing was sent to it; retry, or connect to another node",
-                reach.node
-            )));
-        }
-        let lost = async {
-            if up.wait_for(|up| !*up).await.is_err() {
-                // The cluster stopped watching (the node is shutting down): wait for the call.
-                std::future::pending::<()>().await;
+        if let Some(reach) = &self.reach {
+            if !(reach.up)() {
+                return Err(Status::unavailable(format!(
+                    "node {} owns this queue and is unreachable from this node (not heard from within the cluster's liveness timeout: down, paused or cut off); nothing was sent to it; retry, or connect to another node",
+                    reach.node
+                )));
             }
-        };
-        tokio::select! {
-            answered = call => answered,
-            () = lost => Err(Status::unavailable(format!(
-                "node {} owns this queue and became unreachable from this node while the call was under way (down, paused or cut off): it may or may not have taken effect; retry, or connect to another node",
-                reach.node
-            ))),
         }
+        call.await
     }
 }
 

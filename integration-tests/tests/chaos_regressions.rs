@@ -176,3 +176,47 @@ async fn an_auto_acknowledge_receive_never_acknowledges_what_it_has_not_returned
     );
     Ok(())
 }
+
+/// Bug 3 (docs/reliability.md), open: a receive through n2, parked on the owner n3; n2 is cut
+/// from n3 for less than the delivery lease; a message is handed to the parked receive, whose
+/// answer cannot reach n2; the application gives the receive up (its own timeout) and goes on
+/// with the session. Its heartbeats renew every lease of the session at n3, the lost delivery's
+/// too: the message stays leased to a delivery nobody has, as long as the session lives. It must
+/// come back within about a delivery lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "bug 3: heartbeats renew the lease of a delivery whose answer was lost"]
+async fn a_delivery_whose_answer_was_lost_is_not_renewed_by_the_sessions_heartbeats(
+) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (target, via2, owner) = start(dir.path()).await?;
+    let conn = via2.open_connection("consumer").await?;
+    let session = conn.create_session(AckMode::Client).await?;
+    let receive = {
+        let session = session.clone();
+        tokio::spawn(async move {
+            let opts = ReceiveOptions::timeout_ms(30_000).max(1);
+            tokio::time::timeout(Duration::from_secs(2), session.receive("q", opts)).await
+        })
+    };
+    wait_until(
+        Duration::from_secs(10),
+        "the receive parked on n3",
+        || async { Ok(stats(&owner, "q").await?.consumers == 1) },
+    )
+    .await?;
+    target
+        .firewall
+        .partition(&target.ips[1], &[target.ips[2].clone()])?;
+    send_one(&target).await?;
+    wait_until(Duration::from_secs(10), "the message delivered", || async {
+        Ok(stats(&owner, "q").await?.delivered_total == 1)
+    })
+    .await?;
+    let got = receive.await?;
+    assert!(got.is_err(), "the answer crossed the partition: {got:?}");
+    // Healed well within the delivery lease (10 s); the session lives on.
+    assert!(target.firewall.heal()?);
+    wait_message_back(&owner).await?;
+    drop(session);
+    Ok(())
+}

@@ -142,10 +142,10 @@ pub(crate) struct Shared {
     shutdown_tx: watch::Sender<bool>,
     shutdown: watch::Receiver<bool>,
     thread: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
-    /// Per node asked about ([`MetaNode::reachability`]): whether it is heard from, and since
-    /// when this node has been asking (a node never heard from is given the liveness timeout
-    /// from then, so a node that just started does not find every peer down).
-    reach: std::sync::Mutex<HashMap<NodeId, (watch::Sender<bool>, std::time::Instant)>>,
+    /// When this node first asked whether each node is reachable ([`MetaNode::is_reachable`]):
+    /// a node never heard from is given the liveness timeout from then, so a node that just
+    /// started does not find every peer unreachable.
+    first_asked: std::sync::Mutex<HashMap<NodeId, std::time::Instant>>,
 }
 
 impl MetaNode {
@@ -232,12 +232,11 @@ impl MetaNode {
             shutdown_tx,
             shutdown,
             thread: std::sync::Mutex::new(Some(thread)),
-            reach: std::sync::Mutex::default(),
+            first_asked: std::sync::Mutex::default(),
         });
         let node = MetaNode { shared };
         tokio::spawn(node.clone().follow());
         tokio::spawn(node.clone().count_bytes());
-        tokio::spawn(node.clone().follow_reachability());
         if !resumed {
             match &node.shared.settings.start {
                 StartMode::Initial(_) => {
@@ -349,53 +348,30 @@ impl MetaNode {
         }
     }
 
-    /// Whether `node` is reachable from here: true while it was heard from within the liveness
-    /// timeout (a node never heard from: within the liveness timeout of this call), false
-    /// after. Kept up to date every probe interval until the group stops. The front-end fails
-    /// calls to an unreachable node's back-end at once with UNAVAILABLE instead of waiting for
-    /// an answer that cannot come.
-    pub fn reachability(&self, node: &NodeId) -> watch::Receiver<bool> {
-        let mut reach = self
-            .shared
-            .reach
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let (tx, _) = reach
-            .entry(node.clone())
-            .or_insert_with(|| (watch::Sender::new(true), std::time::Instant::now()));
-        tx.subscribe()
-    }
-
-    /// Updates every [`MetaNode::reachability`] watch each probe interval.
-    async fn follow_reachability(self) {
-        let mut shutdown = self.shared.shutdown.clone();
-        let mut tick = tokio::time::interval(self.shared.settings.probe_interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            let stopping = tokio::select! {
-                _ = tick.tick() => false,
-                _ = shutdown.wait_for(|s| *s) => true,
-            };
-            if stopping {
-                return;
-            }
-            let view = self.shared.view.borrow().clone();
-            let timeout = self.shared.settings.liveness_timeout;
-            let reach = self
-                .shared
-                .reach
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            for (id, (tx, asked_since)) in reach.iter() {
-                let up = match view.meta.node(id) {
-                    // Not (or no longer) a member: the metadata routes nothing to it.
-                    None => true,
-                    Some(n) => match self.shared.links.last_heard(n.raft_id.0) {
-                        Some(silent) => silent <= timeout,
-                        None => asked_since.elapsed() <= timeout,
-                    },
-                };
-                tx.send_if_modified(|was| std::mem::replace(was, up) != up);
+    /// Whether `node` is reachable from here: heard from within the liveness timeout (a node
+    /// never heard from: within the liveness timeout of the first time it was asked about); true
+    /// for a node the metadata does not know. The front-end fails calls to an unreachable
+    /// node's back-end at once with UNAVAILABLE instead of waiting for an answer that cannot
+    /// come.
+    pub fn is_reachable(&self, node: &NodeId) -> bool {
+        let view = self.shared.view.borrow().clone();
+        let Some(n) = view.meta.node(node) else {
+            return true;
+        };
+        let timeout = self.shared.settings.liveness_timeout;
+        match self.shared.links.last_heard(n.raft_id.0) {
+            Some(silent) => silent <= timeout,
+            None => {
+                let mut first = self
+                    .shared
+                    .first_asked
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                first
+                    .entry(node.clone())
+                    .or_insert_with(std::time::Instant::now)
+                    .elapsed()
+                    <= timeout
             }
         }
     }
