@@ -70,10 +70,7 @@ impl RemoteBackend {
     }
 
     /// Runs `call` unless the node is unreachable (see the module docs).
-    async fn guarded<T>(
-        &self,
-        call: impl Future<Output = Result<T, Status>>,
-    ) -> Result<T, Status> {
+    async fn guarded<T>(&self, call: impl Future<Output = Result<T, Status>>) -> Result<T, Status> {
         if let Some(reach) = &self.reach {
             if !(reach.up)() {
                 return Err(Status::unavailable(format!(

@@ -185,9 +185,7 @@ impl Node {
             (None, Some(n)) => {
                 // prlimit sets the limit and then execs the server: the same process id.
                 let mut c = Command::new("prlimit");
-                c.arg(format!("--nofile={n}:{n}"))
-                    .arg("--")
-                    .arg(&bin);
+                c.arg(format!("--nofile={n}:{n}")).arg("--").arg(&bin);
                 c
             }
             (Some(_), Some(_)) => bail!("a node takes a cgroup or a file limit, not both"),

@@ -38,6 +38,28 @@ async fn send_one(target: &ClusterTarget) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Once a receive through n2 is parked on n3: cuts n2 from n3, sends a message through n1 and
+/// waits until n3 handed it to the parked receive (whose answer cannot reach n2).
+async fn cut_and_deliver_to_the_parked_receive(
+    target: &ClusterTarget,
+    owner: &Client,
+) -> anyhow::Result<()> {
+    wait_until(
+        Duration::from_secs(10),
+        "the receive parked on n3",
+        || async { Ok(stats(owner, "q").await?.consumers == 1) },
+    )
+    .await?;
+    target
+        .firewall
+        .partition(&target.ips[1], &[target.ips[2].clone()])?;
+    send_one(target).await?;
+    wait_until(Duration::from_secs(10), "the message delivered", || async {
+        Ok(stats(owner, "q").await?.delivered_total == 1)
+    })
+    .await
+}
+
 /// Waits until the owner holds the message as ready again (its lease given back or run out):
 /// 30 s covers the connection lease (4 s) and the delivery lease (10 s) with room to spare.
 async fn wait_message_back(owner: &Client) -> anyhow::Result<()> {
@@ -76,20 +98,7 @@ async fn a_receive_whose_answer_a_partition_cut_gives_its_message_back() -> anyh
         let got = tokio::time::timeout(Duration::from_secs(10), session.receive("q", opts)).await;
         (session, got)
     });
-    wait_until(
-        Duration::from_secs(10),
-        "the receive parked on n3",
-        || async { Ok(stats(&owner, "q").await?.consumers == 1) },
-    )
-    .await?;
-    target
-        .firewall
-        .partition(&target.ips[1], &[target.ips[2].clone()])?;
-    send_one(&target).await?;
-    wait_until(Duration::from_secs(10), "the message delivered", || async {
-        Ok(stats(&owner, "q").await?.delivered_total == 1)
-    })
-    .await?;
+    cut_and_deliver_to_the_parked_receive(&target, &owner).await?;
     let (_session, got) = receive.await?;
     assert!(
         !matches!(&got, Ok(Ok(m)) if !m.is_empty()),
@@ -198,20 +207,7 @@ async fn a_delivery_whose_answer_was_lost_is_not_renewed_by_the_sessions_heartbe
             tokio::time::timeout(Duration::from_secs(2), session.receive("q", opts)).await
         })
     };
-    wait_until(
-        Duration::from_secs(10),
-        "the receive parked on n3",
-        || async { Ok(stats(&owner, "q").await?.consumers == 1) },
-    )
-    .await?;
-    target
-        .firewall
-        .partition(&target.ips[1], &[target.ips[2].clone()])?;
-    send_one(&target).await?;
-    wait_until(Duration::from_secs(10), "the message delivered", || async {
-        Ok(stats(&owner, "q").await?.delivered_total == 1)
-    })
-    .await?;
+    cut_and_deliver_to_the_parked_receive(&target, &owner).await?;
     let got = receive.await?;
     assert!(got.is_err(), "the answer crossed the partition: {got:?}");
     // Healed well within the delivery lease (10 s); the session lives on.

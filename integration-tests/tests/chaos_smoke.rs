@@ -59,7 +59,11 @@ async fn planted(bug: &str, seed: u64) -> anyhow::Result<Verdict> {
     let report = scenario::run(&spec, out.path()).await?;
     print!("{}", report.summary());
     assert!(!report.valid, "{bug}: the checker found nothing");
-    assert!(report.run_errors.is_empty(), "{bug}: {:?}", report.run_errors);
+    assert!(
+        report.run_errors.is_empty(),
+        "{bug}: {:?}",
+        report.run_errors
+    );
     Ok(report.verdict)
 }
 

@@ -651,17 +651,23 @@ async fn calls_to_a_paused_owner_fail_fast_with_unavailable_and_go_through_once_
     assert_eq!(e.code(), Some(Code::Unavailable), "{e}");
     assert!(e.to_string().contains("n3"), "names the owner: {e}");
     assert!(e.to_string().contains("nothing was sent"), "{e}");
-    let e = tokio::time::timeout(bound, session.receive("c", ReceiveOptions::timeout_ms(30_000)))
-        .await
-        .map_err(|_| anyhow::anyhow!("a receive still waits on the paused owner"))?
-        .unwrap_err();
+    let e = tokio::time::timeout(
+        bound,
+        session.receive("c", ReceiveOptions::timeout_ms(30_000)),
+    )
+    .await
+    .map_err(|_| anyhow::anyhow!("a receive still waits on the paused owner"))?
+    .unwrap_err();
     assert_eq!(e.code(), Some(Code::Unavailable), "{e}");
     assert!(e.to_string().contains("n3"), "names the owner: {e}");
     // The other queues are untouched.
     session.send("b", vec![Message::text("b")]).await?;
     drop(paused);
     wait_until(Duration::from_secs(30), "sends through again", || async {
-        Ok(session.send("c", vec![Message::text("after")]).await.is_ok())
+        Ok(session
+            .send("c", vec![Message::text("after")])
+            .await
+            .is_ok())
     })
     .await?;
     Ok(())

@@ -226,7 +226,11 @@ impl ClusterTarget {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
-        for t in self.nodes.iter().filter(|t| !removed.contains(&t.node_name)) {
+        for t in self
+            .nodes
+            .iter()
+            .filter(|t| !removed.contains(&t.node_name))
+        {
             t.heal(history).await?;
         }
         Ok(())

@@ -49,8 +49,11 @@ impl LazyFs {
             dir: under.join("mnt"),
             fifo: under.join("faults.fifo"),
         };
-        run(&fs.script, &[Path::new("mount"), &fs.dir, &under.join("root"), &fs.fifo])
-            .context("the lazyfs scenario needs LazyFS: run scripts/lazyfs install")?;
+        run(
+            &fs.script,
+            &[Path::new("mount"), &fs.dir, &under.join("root"), &fs.fifo],
+        )
+        .context("the lazyfs scenario needs LazyFS: run scripts/lazyfs install")?;
         Ok(fs)
     }
 

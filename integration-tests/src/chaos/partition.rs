@@ -7,9 +7,11 @@
 //! partition of node N from node O is, in the `filter` table's INPUT:
 //!
 //! - `-s N -d O -j DROP` and `-s O -d N -j DROP`: the packets of connections each opened;
-//! - `-m conntrack --ctreplsrc N --ctrepldst O -j DROP` and the same with N and O swapped: the
-//!   answers on those connections, whose destination the kernel turned back into 127.0.0.1
-//!   before INPUT sees them.
+//! - `-m conntrack --ctreplsrc N --ctrepldst O --ctdir REPLY -j DROP` and the same with N and O
+//!   swapped: the answers on the connections the other opened, whose destination the kernel
+//!   turned back into 127.0.0.1 before INPUT sees them.
+//!
+//! A one-way cut (N's packets to O dropped, O's to N not) is the first rule of each pair.
 //!
 //! Every rule lives in chains of the run's own (`FERRY-CHAOS-<pid>`, one in `filter` jumped to
 //! from INPUT, one in `nat` jumped to from POSTROUTING): [`Firewall`]'s drop unhooks, flushes and
@@ -132,21 +134,8 @@ impl Firewall {
     pub fn partition(&self, ip: &str, others: &[String]) -> anyhow::Result<()> {
         self.cut.store(true, Ordering::SeqCst);
         for o in others {
-            for (a, b) in [(ip, o.as_str()), (o.as_str(), ip)] {
-                iptables(&["-A", &self.chain, "-s", a, "-d", b, "-j", "DROP"])?;
-                iptables(&[
-                    "-A",
-                    &self.chain,
-                    "-m",
-                    "conntrack",
-                    "--ctreplsrc",
-                    a,
-                    "--ctrepldst",
-                    b,
-                    "-j",
-                    "DROP",
-                ])?;
-            }
+            self.drop_sent(ip, o)?;
+            self.drop_sent(o, ip)?;
         }
         Ok(())
     }
@@ -158,25 +147,30 @@ impl Firewall {
     pub fn cut_one_way(&self, ip: &str, others: &[String]) -> anyhow::Result<()> {
         self.cut.store(true, Ordering::SeqCst);
         for o in others {
-            // Connections `ip` opened: its packets, addressed from it.
-            iptables(&["-A", &self.chain, "-s", ip, "-d", o, "-j", "DROP"])?;
-            // Connections `o` opened: the replies `ip` sends on them (their reply tuple).
-            iptables(&[
-                "-A",
-                &self.chain,
-                "-m",
-                "conntrack",
-                "--ctreplsrc",
-                ip,
-                "--ctrepldst",
-                o,
-                "--ctdir",
-                "REPLY",
-                "-j",
-                "DROP",
-            ])?;
+            self.drop_sent(ip, o)?;
         }
         Ok(())
+    }
+
+    /// Drops what `from` sends to `to`: on connections `from` opened, its packets, addressed from
+    /// it; on connections `to` opened, the replies `from` sends on them (matched by their reply
+    /// tuple, as the kernel has already turned them back toward 127.0.0.1).
+    fn drop_sent(&self, from: &str, to: &str) -> anyhow::Result<()> {
+        iptables(&["-A", &self.chain, "-s", from, "-d", to, "-j", "DROP"])?;
+        iptables(&[
+            "-A",
+            &self.chain,
+            "-m",
+            "conntrack",
+            "--ctreplsrc",
+            from,
+            "--ctrepldst",
+            to,
+            "--ctdir",
+            "REPLY",
+            "-j",
+            "DROP",
+        ])
     }
 
     /// Ends every partition; whether there was one.

@@ -155,7 +155,10 @@ impl Report {
             self.end_to_end_latency.max_ms,
         );
         if !self.fault_points.is_empty() {
-            s.push_str(&format!("  fault points: {}\n", self.fault_points.join(", ")));
+            s.push_str(&format!(
+                "  fault points: {}\n",
+                self.fault_points.join(", ")
+            ));
         }
         if !self.longest_unavailability_by_queue_ms.is_empty() {
             s.push_str("  longest unavailability by queue:");

@@ -290,8 +290,12 @@ pub fn spec(name: &str, seed: u64, size: Size) -> anyhow::Result<Spec> {
                 s.load = Duration::from_secs(30);
             }
         }
-        "cluster" | "cluster-meta" | "cluster-auto-receive" | "cluster-one-way"
-        | "cluster-clock" | "cluster-remove" => {
+        "cluster"
+        | "cluster-meta"
+        | "cluster-auto-receive"
+        | "cluster-one-way"
+        | "cluster-clock"
+        | "cluster-remove" => {
             // Three nodes, a queue on each; 2 producers and 2 consumers per queue, each first
             // connected through a node that does not own its queue. `cluster`: every 10 s
             // (smoke: 2 s) one node is killed, paused or cut from the other two.
@@ -362,7 +366,10 @@ impl Spec {
             anyhow::bail!("no planted bug {bug:?}; there are {names:?}");
         }
         if !self.cluster.is_empty() {
-            anyhow::bail!("planted bugs run on one node; {} is a cluster scenario", self.name);
+            anyhow::bail!(
+                "planted bugs run on one node; {} is a cluster scenario",
+                self.name
+            );
         }
         self.fault_points.push(format!("planted-{bug}"));
         Ok(())
@@ -442,8 +449,11 @@ async fn start(spec: &Spec) -> anyhow::Result<Started> {
             extra_toml: spec.node_toml.clone(),
             env: {
                 if !spec.fault_points.is_empty() {
-                    let points: Vec<String> =
-                        spec.fault_points.iter().map(|p| format!("{p}=return")).collect();
+                    let points: Vec<String> = spec
+                        .fault_points
+                        .iter()
+                        .map(|p| format!("{p}=return"))
+                        .collect();
                     env.push(("FAILPOINTS".into(), points.join(";")));
                 }
                 env
