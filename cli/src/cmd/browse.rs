@@ -2,7 +2,7 @@ use anyhow::Context as _;
 use ferry_proto::pb;
 
 use super::{connect, ClientArgs};
-use crate::output::{message_json, message_text, Format};
+use crate::output::{message_json, message_text, outln, Format};
 
 #[derive(Debug, clap::Args)]
 pub struct BrowseArgs {
@@ -40,13 +40,13 @@ pub async fn run(c: &ClientArgs, a: BrowseArgs) -> anyhow::Result<()> {
                         .to_lowercase()
                         .into();
                     v["delivery_count"] = b.delivery_count.into();
-                    println!("{v}");
+                    outln!("{v}")?;
                 }
-                Format::Human => println!(
+                Format::Human => outln!(
                     "{}  [{}]",
                     message_text(&msg, None),
                     state.trim_start_matches("MESSAGE_STATE_").to_lowercase()
-                ),
+                )?,
             }
         }
         shown += r.messages.len() as u64;

@@ -5,7 +5,7 @@ use ferry_proto::pb;
 use serde_json::json;
 
 use super::{connect, ClientArgs};
-use crate::output::Format;
+use crate::output::{outln, Format};
 
 #[derive(Debug, clap::Args)]
 pub struct EventsArgs {
@@ -48,7 +48,7 @@ pub async fn run(c: &ClientArgs, a: EventsArgs) -> anyhow::Result<()> {
         };
         seen += 1;
         match c.output {
-            Format::Json => println!(
+            Format::Json => outln!(
                 "{}",
                 json!({
                     "at_ms": e.at_ms,
@@ -59,7 +59,7 @@ pub async fn run(c: &ClientArgs, a: EventsArgs) -> anyhow::Result<()> {
                     "value": e.value,
                     "node": e.node,
                 })
-            ),
+            )?,
             Format::Human => {
                 let mut line = format!("{} {} {}", e.at_ms, e.kind, e.queue);
                 for part in [&e.message_id, &e.reason] {
@@ -71,7 +71,7 @@ pub async fn run(c: &ClientArgs, a: EventsArgs) -> anyhow::Result<()> {
                 if e.value > 0 {
                     line.push_str(&format!(" value={}", e.value));
                 }
-                println!("{line}");
+                outln!("{line}")?;
             }
         }
     }

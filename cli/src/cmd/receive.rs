@@ -2,7 +2,7 @@ use anyhow::Context as _;
 use ferry_client::{AckMode, ReceiveOptions};
 
 use super::{connect, ClientArgs};
-use crate::output::{message_json, message_text, Format};
+use crate::output::{errln, message_json, message_text, outln, Format};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Ack {
@@ -64,8 +64,8 @@ pub async fn run(c: &ClientArgs, a: ReceiveArgs) -> anyhow::Result<()> {
             }
             for r in &batch {
                 match c.output {
-                    Format::Json => println!("{}", message_json(r.message(), Some(&r.delivery))),
-                    Format::Human => println!("{}", message_text(r.message(), Some(&r.delivery))),
+                    Format::Json => outln!("{}", message_json(r.message(), Some(&r.delivery)))?,
+                    Format::Human => outln!("{}", message_text(r.message(), Some(&r.delivery)))?,
                 }
             }
             match a.ack {
@@ -88,7 +88,7 @@ pub async fn run(c: &ClientArgs, a: ReceiveArgs) -> anyhow::Result<()> {
     connection.close().await?;
     result?;
     if got == 0 && c.output == Format::Human {
-        eprintln!("no message arrived");
+        errln!("no message arrived");
     }
     Ok(())
 }

@@ -8,7 +8,7 @@ use ferry_proto::pb;
 use serde_json::json;
 
 use super::{connect, ClientArgs};
-use crate::output::{message_json, message_text, Format};
+use crate::output::{errln, message_json, message_text, outln, Format};
 
 #[derive(Debug, clap::Args)]
 pub struct RequestArgs {
@@ -66,8 +66,8 @@ pub async fn request(c: &ClientArgs, a: RequestArgs) -> anyhow::Result<()> {
         );
     };
     match c.output {
-        Format::Json => println!("{}", message_json(reply.message(), Some(&reply.delivery))),
-        Format::Human => println!("{}", message_text(reply.message(), Some(&reply.delivery))),
+        Format::Json => outln!("{}", message_json(reply.message(), Some(&reply.delivery)))?,
+        Format::Human => outln!("{}", message_text(reply.message(), Some(&reply.delivery)))?,
     }
     Ok(())
 }
@@ -108,10 +108,8 @@ pub async fn reply(c: &ClientArgs, a: ReplyArgs) -> anyhow::Result<()> {
                         .context("cannot acknowledge the request")?;
                     let rid = request.message_id();
                     match c.output {
-                        Format::Json => {
-                            println!("{}", json!({ "request_id": rid, "reply_id": id }))
-                        }
-                        Format::Human => println!("answered {rid} with {id}"),
+                        Format::Json => outln!("{}", json!({ "request_id": rid, "reply_id": id }))?,
+                        Format::Human => outln!("answered {rid} with {id}")?,
                     }
                 }
                 // The requester is gone with its temporary queue: nobody can take an answer.
@@ -120,7 +118,7 @@ pub async fn reply(c: &ClientArgs, a: ReplyArgs) -> anyhow::Result<()> {
                         .ack(this)
                         .await
                         .context("cannot acknowledge the request")?;
-                    eprintln!("could not answer {}: {e}", request.message_id());
+                    errln!("could not answer {}: {e}", request.message_id());
                 }
                 // Anything else may pass: give the request back to be answered again.
                 Err(e) => {

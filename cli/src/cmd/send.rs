@@ -6,7 +6,7 @@ use ferry_proto::pb;
 use serde_json::json;
 
 use super::{connect, ClientArgs};
-use crate::output::Format;
+use crate::output::{outln, Format};
 
 /// Messages per Send call when sending many.
 const BATCH: usize = 500;
@@ -154,15 +154,15 @@ pub async fn run(c: &ClientArgs, a: SendArgs) -> anyhow::Result<()> {
             .with_context(|| format!("cannot send to queue {}", a.queue))?;
         for id in &ids {
             match c.output {
-                Format::Json => println!("{}", json!({ "message_id": id, "queue": a.queue })),
-                Format::Human if count <= 10 => println!("{id}"),
+                Format::Json => outln!("{}", json!({ "message_id": id, "queue": a.queue }))?,
+                Format::Human if count <= 10 => outln!("{id}")?,
                 Format::Human => {}
             }
         }
         sent += n;
     }
     if c.output == Format::Human && count > 10 {
-        println!("sent {count} messages to {}", a.queue);
+        outln!("sent {count} messages to {}", a.queue)?;
     }
     connection.close().await?;
     Ok(())
