@@ -12,6 +12,7 @@ use std::process::ExitCode;
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 use clap::Parser;
+use ferry_cli::cmd::Interrupted;
 use ferry_cli::output::{write_err_line, StdoutClosed, EXIT_STDOUT_CLOSED};
 
 /// RocksDB (C++) allocates with the C library's `malloc`, not jemalloc: memtable arena blocks
@@ -68,6 +69,10 @@ fn exit_status(e: &anyhow::Error) -> ExitCode {
     // killed by SIGPIPE does.
     if StdoutClosed::ended(e) {
         return ExitCode::from(EXIT_STDOUT_CLOSED);
+    }
+    // Ctrl-c or SIGTERM: the command closed its connection and stops quietly.
+    if let Some(i) = e.downcast_ref::<Interrupted>() {
+        return ExitCode::from(i.exit_status());
     }
     write_err_line(format_args!("error: {e:#}"));
     ExitCode::FAILURE

@@ -377,6 +377,30 @@ pub fn send_signal(pid: u32, signal: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The client connections open on the node, through the admin API.
+pub async fn connections(client: &Client) -> anyhow::Result<Vec<ferry_client::pb::ConnectionInfo>> {
+    let r = client
+        .admin()
+        .list_connections(ferry_client::pb::ListConnectionsRequest::default())
+        .await?
+        .into_inner();
+    Ok(r.connections)
+}
+
+/// The names of the node's temporary queues, through the admin API.
+pub async fn temporary_queues(client: &Client) -> anyhow::Result<Vec<String>> {
+    let r = client
+        .admin()
+        .list_queues(ferry_client::pb::ListQueuesRequest::default())
+        .await?
+        .into_inner();
+    Ok(r.queues
+        .into_iter()
+        .filter(|q| q.temporary)
+        .map(|q| q.name)
+        .collect())
+}
+
 /// Queue statistics through the admin API.
 pub async fn stats(client: &Client, queue: &str) -> anyhow::Result<ferry_client::pb::QueueStats> {
     let r = client

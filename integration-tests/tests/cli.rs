@@ -358,3 +358,91 @@ async fn a_reader_that_closes_early_ends_a_command_quietly() -> anyhow::Result<(
     assert_eq!((s.ready, s.leased), (1_000, 0), "{s:?}");
     Ok(())
 }
+
+/// Connections and temporary queues open on the node.
+async fn leftovers(client: &ferry_client::Client) -> anyhow::Result<(usize, Vec<String>)> {
+    let open = ferry_integration_tests::connections(client).await?.len();
+    Ok((
+        open,
+        ferry_integration_tests::temporary_queues(client).await?,
+    ))
+}
+
+// Postmortem: a command that failed returned before closing its connection, so the node kept it,
+// and `request`'s temporary queue, until its lease ran out 30 s later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_command_closes_its_connection_before_it_exits() -> anyhow::Result<()> {
+    let (_dir, node, client) = ferry_integration_tests::memory_node(&["orders"]).await?;
+    let failing: [(&[&str], &str); 4] = [
+        (
+            &[
+                "request",
+                "--queue",
+                "pricing",
+                "quote",
+                "--timeout-ms",
+                "5000",
+            ],
+            "queue \"pricing\" does not exist",
+        ),
+        (
+            &["send", "--queue", "nope", "x"],
+            "queue \"nope\" does not exist",
+        ),
+        (
+            &["receive", "--queue", "nope", "--timeout-ms", "0"],
+            "queue \"nope\" does not exist",
+        ),
+        (
+            &[
+                "receive",
+                "--queue",
+                "orders",
+                "--selector",
+                "bad((",
+                "--timeout-ms",
+                "0",
+            ],
+            "selector is invalid",
+        ),
+    ];
+    for (args, why) in failing {
+        let (ok, _, err) = ferry_cli(&node, args)?;
+        assert!(!ok && err.contains(why), "ferry {args:?}: {err}");
+        // No wait: the command closed before it exited.
+        assert_eq!(
+            leftovers(&client).await?,
+            (0, vec![]),
+            "after ferry {args:?}"
+        );
+    }
+    Ok(())
+}
+
+// Postmortem: ctrl-c killed a waiting `ferry receive` at once, and the node kept its connection
+// until the lease ran out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctrl_c_on_a_waiting_receive_closes_its_connection() -> anyhow::Result<()> {
+    let (_dir, node, client) = ferry_integration_tests::memory_node(&["idle"]).await?;
+    let child = ferry_command(&node, &["receive", "--queue", "idle"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()?;
+    ferry_integration_tests::wait_until(
+        std::time::Duration::from_secs(10),
+        "the receive to wait",
+        || async {
+            Ok(ferry_integration_tests::stats(&client, "idle")
+                .await?
+                .consumers
+                == 1)
+        },
+    )
+    .await?;
+    ferry_integration_tests::send_signal(child.id(), "INT")?;
+    let out = child.wait_with_output()?;
+    // 130 = 128 + SIGINT, as a shell reports a command ctrl-c stopped.
+    assert_eq!(out.status.code(), Some(130), "{out:?}");
+    assert_eq!(leftovers(&client).await?, (0, vec![]));
+    Ok(())
+}

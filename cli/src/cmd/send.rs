@@ -1,11 +1,11 @@
 use std::io::{IsTerminal, Read};
 
 use anyhow::{bail, Context as _};
-use ferry_client::{AckMode, Message};
+use ferry_client::{AckMode, Message, Session};
 use ferry_proto::pb;
 use serde_json::json;
 
-use super::{connect, ClientArgs};
+use super::{connect, with_connection, ClientArgs};
 use crate::output::{outln, Format};
 
 /// Messages per Send call when sending many.
@@ -117,12 +117,23 @@ pub async fn run(c: &ClientArgs, a: SendArgs) -> anyhow::Result<()> {
     };
     let count = a.count.unwrap_or(1);
     let client = connect(c).await?;
-    let connection = client.open_connection("ferry-cli").await?;
-    let session = connection.create_session(AckMode::Auto).await?;
+    with_connection(&client, "ferry-cli", async |connection| {
+        let session = connection.create_session(AckMode::Auto).await?;
+        send_all(c, &a, &session, body.as_deref(), count).await
+    })
+    .await
+}
+
+/// Sends `count` messages in batches, printing their ids.
+async fn send_all(
+    c: &ClientArgs,
+    a: &SendArgs,
+    session: &Session,
+    body: Option<&[u8]>,
+    count: u64,
+) -> anyhow::Result<()> {
     let make = |i: u64| {
-        let body = body
-            .clone()
-            .unwrap_or_else(|| format!("message {i}").into_bytes());
+        let body = body.map_or_else(|| format!("message {i}").into_bytes(), <[u8]>::to_vec);
         let mut m = Message::bytes(body);
         for (k, v) in &a.properties {
             m.0.properties.insert(k.clone(), v.clone());
@@ -164,7 +175,6 @@ pub async fn run(c: &ClientArgs, a: SendArgs) -> anyhow::Result<()> {
     if c.output == Format::Human && count > 10 {
         outln!("sent {count} messages to {}", a.queue)?;
     }
-    connection.close().await?;
     Ok(())
 }
 
