@@ -43,7 +43,13 @@ pub async fn run(c: &ClientArgs, a: EventsArgs) -> anyhow::Result<()> {
         .into_inner();
     let mut seen = 0u64;
     while a.count.is_none_or(|n| seen < n) {
-        let Some(e) = stream.message().await? else {
+        // The node ends the stream with a status saying why (UNAVAILABLE: it is shutting down).
+        let Some(e) = stream
+            .message()
+            .await
+            .map_err(ferry_client::ClientError::from)
+            .context("the event stream ended")?
+        else {
             break;
         };
         seen += 1;
