@@ -237,9 +237,9 @@ fn check(step: &Step, out: &std::process::Output) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A `bash -c` of `step` against `node`, with `ferry` on the PATH.
-fn shell(node: &Node, step: &Step) -> tokio::process::Command {
-    let bin_dir = ferry_bin().parent().unwrap().to_path_buf();
+/// A `bash -c` of `step` against `node`, with `bin_dir` (holding `ferry`) first on the PATH.
+fn shell(node: &Node, bin_dir: &Path, step: &Step) -> tokio::process::Command {
+    let bin_dir = bin_dir.to_path_buf();
     let path = std::env::var_os("PATH").unwrap_or_default();
     let path =
         std::env::join_paths(std::iter::once(bin_dir).chain(std::env::split_paths(&path))).unwrap();
@@ -295,10 +295,14 @@ async fn the_walkthrough_prints_what_it_says() -> anyhow::Result<()> {
         },
     )?;
     node.client().await?;
+    // The binary under test as `ferry` (FERRY_BIN may name it otherwise).
+    let bin_dir = dir.path().join("bin");
+    std::fs::create_dir(&bin_dir)?;
+    std::os::unix::fs::symlink(ferry_bin(), bin_dir.join("ferry"))?;
     for block in parse(&script)? {
         let mut background = vec![];
         for step in &block.steps {
-            let mut cmd = shell(&node, step);
+            let mut cmd = shell(&node, &bin_dir, step);
             if step.background {
                 background.push((step, cmd.spawn()?));
                 continue;
