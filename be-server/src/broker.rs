@@ -119,6 +119,11 @@ impl Broker {
         self.inner.queues.outbox.history.get(id)
     }
 
+    /// Completes once [`Broker::shutdown`] began: streams end with UNAVAILABLE then.
+    pub fn stopped(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        self.inner.queues.stopped()
+    }
+
     /// Dead letters and expiries from now on, as they become durable.
     pub fn subscribe_events(&self) -> tokio::sync::broadcast::Receiver<crate::BrokerEvent> {
         self.inner.queues.outbox.subscribe()
@@ -436,7 +441,7 @@ impl Broker {
         self.handle(queue)?.call(|reply| Cmd::Stats { reply }).await
     }
 
-    /// Stops every queue: parked receivers are answered empty, writes already submitted finish
+    /// Stops every queue: parked receivers are answered UNAVAILABLE, writes already submitted finish
     /// durably, and every call fails with UNAVAILABLE from then on. The node then stops its
     /// group-commit writer, which closes the store.
     pub async fn shutdown(&self) {

@@ -54,6 +54,8 @@ pub(crate) struct Queues {
     admin: tokio::sync::Mutex<()>,
     /// Set by [`Queues::stop_all`]: every call fails with UNAVAILABLE from then on.
     stopping: AtomicBool,
+    /// Turns true with `stopping`, for the streams that wait on it (see [`Queues::stopped`]).
+    stopped_tx: tokio::sync::watch::Sender<bool>,
 }
 
 /// A queue read back from the store, with its delayed messages (kept in memory).
@@ -80,6 +82,7 @@ impl Queues {
             map: RwLock::new(HashMap::new()),
             admin: tokio::sync::Mutex::new(()),
             stopping: false.into(),
+            stopped_tx: tokio::sync::watch::Sender::new(false),
         };
         let now = this.clock.now_ms();
         let mut messages = 0u64;
@@ -360,10 +363,20 @@ impl Queues {
         Ok(held)
     }
 
-    /// Stops every queue: calls fail with UNAVAILABLE from now on, parked receivers are
-    /// answered empty, writes already submitted finish.
+    /// Completes once [`Queues::stop_all`] began.
+    pub(crate) fn stopped(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut rx = self.stopped_tx.subscribe();
+        async move {
+            // An error means the sender is gone: the queues are gone all the same.
+            let _ = rx.wait_for(|stopped| *stopped).await;
+        }
+    }
+
+    /// Stops every queue: calls fail with UNAVAILABLE from now on, and so do parked receivers;
+    /// writes already submitted finish.
     pub(crate) async fn stop_all(&self) {
         self.stopping.store(true, Ordering::Release);
+        self.stopped_tx.send_replace(true);
         let all: Vec<_> = {
             let mut map = self.map.write().unwrap_or_else(PoisonError::into_inner);
             map.drain().map(|(_, o)| o.handle).collect()

@@ -441,7 +441,7 @@ impl pb::backend_server::Backend for BackendService {
         &self,
         _req: Request<pb::BackendWatchEventsRequest>,
     ) -> Reply<Self::WatchEventsStream> {
-        use tokio_stream::StreamExt as _;
+        use futures::StreamExt as _;
         let node = self.broker.node_id().to_string();
         let clock = self.broker.clock().clone();
         let events = tokio_stream::wrappers::BroadcastStream::new(self.broker.subscribe_events())
@@ -468,6 +468,10 @@ impl pb::backend_server::Backend for BackendService {
                     }
                 })
             });
+        // The node stopping ends the stream at once, saying so: its graceful shutdown does not
+        // wait for watchers (other nodes' front-ends) to go away.
+        let end = futures::stream::once(async { Err(Status::from(Error::ShuttingDown)) });
+        let events = events.take_until(self.broker.stopped()).chain(end);
         Ok(Response::new(Box::pin(events)))
     }
 

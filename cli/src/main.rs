@@ -1,3 +1,7 @@
+//! The `ferry` binary: parses the command line and runs it (see `ferry_cli`).
+
+#![deny(clippy::print_stdout, clippy::print_stderr)]
+
 use std::process::ExitCode;
 
 /// jemalloc, not the system allocator: a broker frees and allocates message-sized blocks by the
@@ -8,6 +12,8 @@ use std::process::ExitCode;
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 use clap::Parser;
+use ferry_cli::cmd::Interrupted;
+use ferry_cli::output::{write_err_line, StdoutClosed, EXIT_STDOUT_CLOSED};
 
 /// RocksDB (C++) allocates with the C library's `malloc`, not jemalloc: memtable arena blocks
 /// of 2 MiB, freed when a memtable is flushed. glibc serves blocks this large with `mmap`, but
@@ -55,15 +61,27 @@ fn main() -> ExitCode {
     let rt = match rt {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
+            write_err_line(format_args!("error: cannot start the async runtime: {e}"));
             return ExitCode::FAILURE;
         }
     };
     match rt.block_on(ferry_cli::cmd::run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::FAILURE
-        }
+        Err(e) => exit_status(&e),
     }
+}
+
+/// How a command that failed exits.
+fn exit_status(e: &anyhow::Error) -> ExitCode {
+    // The reader of stdout went away (`ferry browse | head -1`): stop quietly, as a Unix tool
+    // killed by SIGPIPE does.
+    if StdoutClosed::ended(e) {
+        return ExitCode::from(EXIT_STDOUT_CLOSED);
+    }
+    // Ctrl-c or SIGTERM: the command closed its connection and stops quietly.
+    if let Some(i) = e.downcast_ref::<Interrupted>() {
+        return ExitCode::from(i.exit_status());
+    }
+    write_err_line(format_args!("error: {e:#}"));
+    ExitCode::FAILURE
 }

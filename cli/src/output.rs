@@ -1,9 +1,71 @@
 //! Printing for humans (default) or scripts (`-o json`: one JSON object per line).
+//!
+//! Commands print through [`outln!`] and [`errln!`], never `println!`: `println!` panics when its
+//! reader went away (`ferry browse | head -1`). A write to a closed stdout is an error
+//! ([`StdoutClosed`]) that ends the command through its usual cleanup (connections closed,
+//! unacknowledged messages returned), and the binary then exits quietly with status 141, as a
+//! Unix tool killed by SIGPIPE does.
 
 use std::collections::BTreeMap;
+use std::io::Write as _;
 
 use ferry_proto::pb;
 use serde_json::{json, Value};
+
+/// Writing to stdout failed.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot write to standard output: {0}")]
+pub struct StdoutClosed(#[from] std::io::Error);
+
+impl StdoutClosed {
+    /// Whether the reader closed its end (a pipe to `head`, a pager quit early): the end of the
+    /// output, not a failure to report.
+    pub fn is_broken_pipe(&self) -> bool {
+        self.0.kind() == std::io::ErrorKind::BrokenPipe
+    }
+
+    /// Whether `e` ended because its output's reader went away.
+    pub fn ended(e: &anyhow::Error) -> bool {
+        e.chain()
+            .any(|c| c.downcast_ref::<Self>().is_some_and(Self::is_broken_pipe))
+    }
+}
+
+/// The exit status after stdout's reader went away: 128 + SIGPIPE, what a shell reports for a
+/// Unix tool killed by SIGPIPE (`cat big | head -1`).
+pub const EXIT_STDOUT_CLOSED: u8 = 141;
+
+/// Writes one line to stdout; fails (never panics) when it cannot.
+pub fn write_line(line: std::fmt::Arguments<'_>) -> Result<(), StdoutClosed> {
+    let mut out = std::io::stdout().lock();
+    out.write_fmt(line)?;
+    out.write_all(b"\n")?;
+    // Stdout is line-buffered: the line is out (or the pipe is known closed) before this returns.
+    out.flush()?;
+    Ok(())
+}
+
+/// Writes one line to stderr; if stderr is gone too there is nobody left to tell.
+pub fn write_err_line(line: std::fmt::Arguments<'_>) {
+    let mut err = std::io::stderr().lock();
+    let _ = err.write_fmt(line).and_then(|()| err.write_all(b"\n"));
+}
+
+/// `println!` that returns `Result<(), StdoutClosed>` instead of panicking.
+macro_rules! outln {
+    ($($arg:tt)*) => {
+        $crate::output::write_line(format_args!($($arg)*))
+    };
+}
+pub(crate) use outln;
+
+/// `eprintln!` that never panics.
+macro_rules! errln {
+    ($($arg:tt)*) => {
+        $crate::output::write_err_line(format_args!($($arg)*))
+    };
+}
+pub(crate) use errln;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Format {

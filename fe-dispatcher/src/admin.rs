@@ -462,6 +462,7 @@ impl pb::admin_server::Admin for AdminService {
             self.router().clone(),
             self.core.clock.clone(),
             local,
+            self.core.stopping.clone(),
             req.into_inner(),
         )
         .await?;

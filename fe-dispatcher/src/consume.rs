@@ -201,6 +201,8 @@ pub(crate) async fn start(
 enum Next {
     Continue,
     End,
+    /// The node is stopping: end the stream with its status.
+    NodeStopping,
 }
 
 /// One Consume stream's state, driven by [`run`].
@@ -239,11 +241,10 @@ async fn run(
         start,
         tx,
     };
-    loop {
+    let last = loop {
         // Traffic on the stream keeps the connection alive; a session that is gone ends it.
         if let Err(status) = s.svc.touch_session(&s.start.session_id, None) {
-            let _ = s.tx.send(Err(status)).await;
-            break;
+            break Some(status);
         }
         s.open_receives();
         let next = tokio::select! {
@@ -259,13 +260,15 @@ async fn run(
             },
             res = s.receives.next(), if !s.receives.is_empty() => s.on_deliveries(res).await,
             () = s.tx.closed() => Next::End,
-            () = crate::stopped(&mut stopping) => Next::End,
+            () = crate::stopped(&mut stopping) => Next::NodeStopping,
         };
-        if let Next::End = next {
-            break;
+        match next {
+            Next::Continue => {}
+            Next::End => break None,
+            Next::NodeStopping => break Some(s.svc.stopping_status()),
         }
-    }
-    s.finish().await;
+    };
+    s.finish(last).await;
 }
 
 impl Stream {
@@ -384,13 +387,16 @@ impl Stream {
     /// However the stream ends: the open receive gives back what it holds, and every ack, nack
     /// and release the client wrote before the end takes effect (and is answered, if the client
     /// still listens). Dropping them would leave acknowledged messages leased, to be delivered
-    /// again when their leases run out.
-    async fn finish(mut self) {
+    /// again when their leases run out. `last`, if any, is the status the stream ends with.
+    async fn finish(mut self, last: Option<Status>) {
         give_back(&self.svc, &self.start.session_id, self.receives.open).await;
         while let Some(reply) = self.acks.next().await {
             if let Some(reply) = reply {
                 let _ = self.tx.send(reply).await;
             }
+        }
+        if let Some(status) = last {
+            let _ = self.tx.send(Err(status)).await;
         }
     }
 }

@@ -49,6 +49,10 @@ pub enum Error {
     },
     #[error("the first message on a Consume stream must be `start`")]
     ConsumeNotStarted,
+    /// Ends parked receives and open streams when the node stops, so its graceful shutdown
+    /// does not wait on them and clients can tell the end from "no message came".
+    #[error("node {node} is shutting down; retry on another node or after it restarts")]
+    NodeStopping { node: NodeId },
 }
 
 impl From<Error> for Status {
@@ -57,7 +61,7 @@ impl From<Error> for Status {
             Error::Kernel(k) => ferry_proto::convert::kernel_error_code(k),
             Error::ConnectionNotFound { .. } | Error::SessionNotFound { .. } => Code::NotFound,
             Error::NegativeWait { .. } | Error::ConsumeNotStarted => Code::InvalidArgument,
-            Error::UnknownNode { .. } => Code::Unavailable,
+            Error::UnknownNode { .. } | Error::NodeStopping { .. } => Code::Unavailable,
             Error::OwnerUnsettled { .. } => Code::FailedPrecondition,
             Error::LimitReached { .. } => Code::ResourceExhausted,
             Error::RolledBack { .. } => Code::Aborted,

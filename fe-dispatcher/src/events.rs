@@ -1,6 +1,7 @@
 //! `Admin.WatchEvents`: one stream per watcher, merging every back-end's events (dead letters,
 //! expiries), this front-end's (replies to a queue that is gone) and the thresholds the watcher
-//! set, checked every `check_every_ms` with hysteresis so each crossing is told once.
+//! set, checked every `check_every_ms` with hysteresis so each crossing is told once. A stream
+//! ends with UNAVAILABLE when the node stops.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -9,9 +10,10 @@ use std::time::Duration;
 use ferry_kernel::ClockRef;
 use ferry_proto::{pb, EventStream};
 use futures::stream::{SelectAll, StreamExt};
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::{broadcast, mpsc, watch};
 use tonic::{Request, Status};
 
+use crate::error::Error;
 use crate::router::Router;
 
 /// Whether a threshold is currently crossed, per queue.
@@ -32,6 +34,7 @@ pub(crate) async fn watch(
     router: Arc<Router>,
     clock: ClockRef,
     local: broadcast::Receiver<pb::Event>,
+    stopping: watch::Receiver<bool>,
     req: pb::WatchEventsRequest,
 ) -> Result<EventStream, Status> {
     let depth_low = req.depth_low.unwrap_or(req.depth_high / 2);
@@ -67,7 +70,7 @@ pub(crate) async fn watch(
         only,
         thresholds: t,
     };
-    tokio::spawn(watcher.run(sources, local, every, tx));
+    tokio::spawn(watcher.run(sources, local, stopping, every, tx));
     Ok(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx)))
 }
 
@@ -86,11 +89,13 @@ struct Watcher {
 }
 
 impl Watcher {
-    /// Forwards events to `tx` until the watcher goes away (or this node's bus closes).
+    /// Forwards events to `tx` until the watcher goes away, this node's bus closes or the node
+    /// stops (the stream then ends with UNAVAILABLE).
     async fn run(
         self,
         mut sources: SelectAll<EventStream>,
         mut local: broadcast::Receiver<pb::Event>,
+        mut stopping: watch::Receiver<bool>,
         every: Duration,
         tx: mpsc::Sender<Result<pb::Event, Status>>,
     ) {
@@ -101,6 +106,11 @@ impl Watcher {
         loop {
             let out: Vec<pb::Event> = tokio::select! {
                 () = tx.closed() => return,
+                () = crate::stopped(&mut stopping) => {
+                    let node = self.router.local_node().clone();
+                    let _ = tx.send(Err(Error::NodeStopping { node }.into())).await;
+                    return;
+                }
                 Some(e) = sources.next(), if !sources.is_empty() => match e {
                     Ok(e) => vec![e],
                     Err(s) => {

@@ -30,6 +30,8 @@ pub(crate) struct FakeBackend {
     always: Mutex<Option<Status>>,
     /// How many messages each `send` carried.
     sent: Mutex<Vec<usize>>,
+    /// Receives wait for ever (a receive parked at an empty queue).
+    park_receives: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for FakeBackend {
@@ -59,6 +61,12 @@ impl FakeBackend {
     /// Runs `hook` when the first scripted answer is given.
     pub(crate) fn on_scripted(&self, hook: impl FnOnce() + Send + 'static) {
         *lock(&self.on_scripted) = Some(Box::new(hook));
+    }
+
+    /// Receives from now on wait for ever, as at an empty queue (they are still recorded).
+    pub(crate) fn park_receives(&self) {
+        self.park_receives
+            .store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Every call is answered with `status` (after the script).
@@ -149,7 +157,14 @@ impl pb::backend_server::Backend for FakeBackend {
         r: Request<pb::BackendReceiveRequest>,
     ) -> Reply<pb::BackendReceiveResponse> {
         let r = r.into_inner();
-        self.answer("receive", vec![r.queue], vec![r.placement_epoch])
+        let answer = self.answer("receive", vec![r.queue], vec![r.placement_epoch]);
+        if self
+            .park_receives
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            std::future::pending::<()>().await;
+        }
+        answer
     }
     async fn ack(&self, r: Request<pb::BackendLeaseRequest>) -> Reply<pb::BackendLeaseResponse> {
         let r = r.into_inner();

@@ -104,8 +104,8 @@ pub(crate) async fn stopped(rx: &mut tokio::sync::watch::Receiver<bool>) {
 pub struct StopHandle(Arc<tokio::sync::watch::Sender<bool>>);
 
 impl StopHandle {
-    /// Long polls answer empty and consume streams end, so the server's graceful shutdown does
-    /// not wait on them.
+    /// Long polls, `Consume` and `Publish` streams and event watchers end at once with
+    /// UNAVAILABLE, so the server's graceful shutdown does not wait on them.
     pub fn stop(&self) {
         let _ = self.0.send(true);
     }

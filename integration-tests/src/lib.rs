@@ -310,13 +310,7 @@ impl Node {
         let Some(mut c) = self.child.take() else {
             bail!("not running")
         };
-        let status = Command::new("kill")
-            .arg("-TERM")
-            .arg(c.id().to_string())
-            .status()?;
-        if !status.success() {
-            bail!("kill -TERM failed");
-        }
+        send_signal(c.id(), "TERM")?;
         Ok(c.wait()?)
     }
 
@@ -376,20 +370,60 @@ where
     }
 }
 
-/// Runs the `ferry` binary with `args` against `node`, returning (success, stdout, stderr).
-pub fn ferry_cli(node: &Node, args: &[&str]) -> anyhow::Result<(bool, String, String)> {
-    let out = Command::new(ferry_bin())
-        .args(args)
+/// The `ferry` binary with `args` against `node` (stdin empty), to run or spawn.
+pub fn ferry_command(node: &Node, args: &[&str]) -> Command {
+    let mut cmd = Command::new(ferry_bin());
+    cmd.args(args)
         .arg("--server")
         .arg(node.addr.to_string())
         .env_remove("FERRY_SERVER")
-        .stdin(Stdio::null())
-        .output()?;
+        .env_remove("FERRY_OUTPUT")
+        .stdin(Stdio::null());
+    cmd
+}
+
+/// Runs the `ferry` binary with `args` against `node`, returning (success, stdout, stderr).
+pub fn ferry_cli(node: &Node, args: &[&str]) -> anyhow::Result<(bool, String, String)> {
+    let out = ferry_command(node, args).output()?;
     Ok((
         out.status.success(),
         String::from_utf8(out.stdout)?,
         String::from_utf8(out.stderr)?,
     ))
+}
+
+/// Sends `signal` (a name `kill` takes: `INT`, `TERM`) to process `pid`.
+pub fn send_signal(pid: u32, signal: &str) -> anyhow::Result<()> {
+    let status = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .status()?;
+    anyhow::ensure!(status.success(), "kill -{signal} {pid} failed");
+    Ok(())
+}
+
+/// The client connections open on the node, through the admin API.
+pub async fn connections(client: &Client) -> anyhow::Result<Vec<ferry_client::pb::ConnectionInfo>> {
+    let r = client
+        .admin()
+        .list_connections(ferry_client::pb::ListConnectionsRequest::default())
+        .await?
+        .into_inner();
+    Ok(r.connections)
+}
+
+/// The names of the node's temporary queues, through the admin API.
+pub async fn temporary_queues(client: &Client) -> anyhow::Result<Vec<String>> {
+    let r = client
+        .admin()
+        .list_queues(ferry_client::pb::ListQueuesRequest::default())
+        .await?
+        .into_inner();
+    Ok(r.queues
+        .into_iter()
+        .filter(|q| q.temporary)
+        .map(|q| q.name)
+        .collect())
 }
 
 /// Queue statistics through the admin API.

@@ -2,7 +2,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-use ferry_integration_tests::{ferry_cli, Node, NodeOptions};
+use ferry_integration_tests::{ferry_cli, ferry_command, Node, NodeOptions};
 use serde_json::Value;
 
 fn json_lines(s: &str) -> Vec<Value> {
@@ -281,5 +281,168 @@ async fn the_command_lines_own_variables_do_not_stop_a_server() -> anyhow::Resul
     );
     let json: serde_json::Value = serde_json::from_slice(&out.stdout)?;
     assert_eq!(json["node_id"], "node-1");
+    Ok(())
+}
+
+/// 1 000 messages of 1 KiB in `queue`: their listing is far more than a pipe holds (64 KiB), so a
+/// command printing them is still writing when its reader goes away.
+async fn fill_past_a_pipe(client: &ferry_client::Client, queue: &str) -> anyhow::Result<()> {
+    let session = client
+        .open_connection("fill")
+        .await?
+        .create_session(ferry_client::AckMode::Auto)
+        .await?;
+    let batch: Vec<_> = (0..1_000)
+        .map(|_| ferry_client::Message::text("x".repeat(1024)))
+        .collect();
+    session.send(queue, batch).await?;
+    Ok(())
+}
+
+/// Spawns `ferry ARGS` against `node`, reads one line of its stdout, closes the pipe, and returns
+/// how the command exited and what it wrote on stderr.
+fn read_one_line_then_close(
+    node: &Node,
+    args: &[&str],
+) -> anyhow::Result<(std::process::ExitStatus, String)> {
+    use std::io::BufRead as _;
+    let mut child = ferry_command(node, args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()?;
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut first = String::new();
+    stdout.read_line(&mut first)?;
+    assert!(!first.is_empty(), "ferry {args:?} printed nothing");
+    drop(stdout);
+    let out = child.wait_with_output()?;
+    Ok((
+        out.status,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    ))
+}
+
+// Postmortem: `ferry browse ... | head -1` panicked ("failed printing to stdout: Broken pipe",
+// exit 101): println! panics when stdout's reader has gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_that_closes_early_ends_a_command_quietly() -> anyhow::Result<()> {
+    let (_dir, node, client) = ferry_integration_tests::memory_node(&["orders"]).await?;
+    fill_past_a_pipe(&client, "orders").await?;
+    let commands: [&[&str]; 3] = [
+        &["browse", "--queue", "orders", "--max", "1000"],
+        &["browse", "--queue", "orders", "--max", "1000", "-o", "json"],
+        &[
+            "receive",
+            "--queue",
+            "orders",
+            "--count",
+            "1000",
+            "--timeout-ms",
+            "0",
+            "--ack",
+            "client",
+        ],
+    ];
+    for args in commands {
+        let (status, err) = read_one_line_then_close(&node, args)?;
+        // 141 = 128 + SIGPIPE, what a shell reports for `cat big | head -1`.
+        assert_eq!(
+            status.code(),
+            Some(141),
+            "ferry {args:?}: {status:?}, {err}"
+        );
+        assert_eq!(err, "", "ferry {args:?} said nothing on stderr");
+    }
+    // The receive closed its connection on the way out: what it held went back at once.
+    let s = ferry_integration_tests::stats(&client, "orders").await?;
+    assert_eq!((s.ready, s.leased), (1_000, 0), "{s:?}");
+    Ok(())
+}
+
+/// Connections and temporary queues open on the node.
+async fn leftovers(client: &ferry_client::Client) -> anyhow::Result<(usize, Vec<String>)> {
+    let open = ferry_integration_tests::connections(client).await?.len();
+    Ok((
+        open,
+        ferry_integration_tests::temporary_queues(client).await?,
+    ))
+}
+
+// Postmortem: a command that failed returned before closing its connection, so the node kept it,
+// and `request`'s temporary queue, until its lease ran out 30 s later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_command_closes_its_connection_before_it_exits() -> anyhow::Result<()> {
+    let (_dir, node, client) = ferry_integration_tests::memory_node(&["orders"]).await?;
+    let failing: [(&[&str], &str); 4] = [
+        (
+            &[
+                "request",
+                "--queue",
+                "pricing",
+                "quote",
+                "--timeout-ms",
+                "5000",
+            ],
+            "queue \"pricing\" does not exist",
+        ),
+        (
+            &["send", "--queue", "nope", "x"],
+            "queue \"nope\" does not exist",
+        ),
+        (
+            &["receive", "--queue", "nope", "--timeout-ms", "0"],
+            "queue \"nope\" does not exist",
+        ),
+        (
+            &[
+                "receive",
+                "--queue",
+                "orders",
+                "--selector",
+                "bad((",
+                "--timeout-ms",
+                "0",
+            ],
+            "selector is invalid",
+        ),
+    ];
+    for (args, why) in failing {
+        let (ok, _, err) = ferry_cli(&node, args)?;
+        assert!(!ok && err.contains(why), "ferry {args:?}: {err}");
+        // No wait: the command closed before it exited.
+        assert_eq!(
+            leftovers(&client).await?,
+            (0, vec![]),
+            "after ferry {args:?}"
+        );
+    }
+    Ok(())
+}
+
+// Postmortem: ctrl-c killed a waiting `ferry receive` at once, and the node kept its connection
+// until the lease ran out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctrl_c_on_a_waiting_receive_closes_its_connection() -> anyhow::Result<()> {
+    let (_dir, node, client) = ferry_integration_tests::memory_node(&["idle"]).await?;
+    let child = ferry_command(&node, &["receive", "--queue", "idle"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()?;
+    ferry_integration_tests::wait_until(
+        std::time::Duration::from_secs(10),
+        "the receive to wait",
+        || async {
+            Ok(ferry_integration_tests::stats(&client, "idle")
+                .await?
+                .consumers
+                == 1)
+        },
+    )
+    .await?;
+    ferry_integration_tests::send_signal(child.id(), "INT")?;
+    let out = child.wait_with_output()?;
+    // 130 = 128 + SIGINT, as a shell reports a command ctrl-c stopped.
+    assert_eq!(out.status.code(), Some(130), "{out:?}");
+    assert_eq!(leftovers(&client).await?, (0, vec![]));
     Ok(())
 }

@@ -122,7 +122,7 @@ pub(crate) enum Cmd {
         reply: Reply<QueueStats>,
     },
     /// Ends the task; pending writes finish first. Parked receivers are answered NOT_FOUND
-    /// when the queue is `deleted`, else (the node is stopping) empty.
+    /// when the queue is `deleted`, else (the node is stopping) UNAVAILABLE.
     Stop {
         deleted: bool,
         reply: oneshot::Sender<u64>,

@@ -169,13 +169,13 @@ impl QueueActor {
 
     async fn stop(&mut self, deleted: bool) {
         for (_, parked) in self.waiters.drain() {
-            // A receiver of a deleted queue must not read its end as "no message came".
+            // A receiver must not read either end as "no message came".
             let answer = if deleted {
                 Err(Error::QueueNotFound {
                     queue: self.queue.name().to_string(),
                 })
             } else {
-                Ok(vec![])
+                Err(Error::ShuttingDown)
             };
             let _ = parked.reply.send(answer);
         }

@@ -15,7 +15,7 @@ use hdrhistogram::Histogram;
 use serde_json::json;
 
 use super::{connect, latency, ClientArgs};
-use crate::output::Format;
+use crate::output::{outln, Format};
 
 /// Producer id (u32), sequence number (u64), due time in ns since the Unix epoch (u64).
 const HEADER_BYTES: usize = 20;
@@ -324,7 +324,7 @@ pub async fn run(c: &ClientArgs, a: BenchArgs) -> anyhow::Result<()> {
                 "mb_per_sec": (mb_per_sec * 100.0).round() / 100.0,
                 "errors": errors,
             });
-            println!("{}", latency::with_quantiles(summary, &h));
+            outln!("{}", latency::with_quantiles(summary, &h))?;
         }
         Format::Human => {
             let cells = vec![
@@ -334,8 +334,8 @@ pub async fn run(c: &ClientArgs, a: BenchArgs) -> anyhow::Result<()> {
                 format!("{mb_per_sec:.2}"),
             ];
             let t = latency::table(&["sent", "received", "msgs/s", "MB/s"], cells, &h);
-            println!("{t}");
-            println!(
+            outln!("{t}")?;
+            outln!(
                 "{} producers, {} consumers, {} B {} messages, {:.2} s",
                 a.producers,
                 a.consumers,
@@ -346,21 +346,21 @@ pub async fn run(c: &ClientArgs, a: BenchArgs) -> anyhow::Result<()> {
                     "persistent"
                 },
                 secs
-            );
+            )?;
             for e in &errors {
-                println!("error: {e}");
+                outln!("error: {e}")?;
             }
             if fill_only {
-                println!("filled: {sent} messages sent to {queue} and left there (no consumer, no latency)");
+                outln!("filled: {sent} messages sent to {queue} and left there (no consumer, no latency)")?;
             } else if missing == 0 {
-                println!(
+                outln!(
                     "verified: every message sent ({sent}) was received{}",
                     if duplicates == 0 {
                         " exactly once".to_string()
                     } else {
                         format!(", {duplicates} of them more than once (redeliveries)")
                     }
-                );
+                )?;
             }
         }
     }
@@ -657,13 +657,13 @@ async fn request_reply(c: &ClientArgs, a: BenchArgs) -> anyhow::Result<()> {
                 "elapsed_ms": elapsed.as_millis() as u64,
                 "rounds_per_sec": per_sec.round(),
             });
-            println!("{}", latency::with_quantiles(summary, &rtt));
+            outln!("{}", latency::with_quantiles(summary, &rtt))?;
         }
         Format::Human => {
             let cells = vec![rounds.to_string(), format!("{per_sec:.0}")];
             let t = latency::table(&["round trips", "per second"], cells, &rtt);
-            println!("{t}");
-            println!(
+            outln!("{t}")?;
+            outln!(
                 "request-reply, {} B {} messages, {:.2} s",
                 a.size,
                 if persistent {
@@ -672,9 +672,9 @@ async fn request_reply(c: &ClientArgs, a: BenchArgs) -> anyhow::Result<()> {
                     "non-persistent"
                 },
                 elapsed.as_secs_f64()
-            );
+            )?;
             if failures == 0 {
-                println!("verified: every request ({rounds}) got its own reply");
+                outln!("verified: every request ({rounds}) got its own reply")?;
             }
         }
     }

@@ -2,7 +2,7 @@ use anyhow::Context as _;
 use ferry_proto::pb;
 
 use super::{connect, ClientArgs};
-use crate::output::{message_json, message_text, Format};
+use crate::output::{errln, message_json, message_text, outln, Format};
 
 #[derive(Debug, clap::Args)]
 pub struct BrowseArgs {
@@ -27,6 +27,7 @@ pub async fn run(c: &ClientArgs, a: BrowseArgs) -> anyhow::Result<()> {
         let r = m
             .browse(req)
             .await
+            .map_err(ferry_client::ClientError::from)
             .with_context(|| format!("cannot browse queue {}", a.queue))?
             .into_inner();
         for b in &r.messages {
@@ -40,13 +41,13 @@ pub async fn run(c: &ClientArgs, a: BrowseArgs) -> anyhow::Result<()> {
                         .to_lowercase()
                         .into();
                     v["delivery_count"] = b.delivery_count.into();
-                    println!("{v}");
+                    outln!("{v}")?;
                 }
-                Format::Human => println!(
+                Format::Human => outln!(
                     "{}  [{}]",
                     message_text(&msg, None),
                     state.trim_start_matches("MESSAGE_STATE_").to_lowercase()
-                ),
+                )?,
             }
         }
         shown += r.messages.len() as u64;
@@ -54,6 +55,10 @@ pub async fn run(c: &ClientArgs, a: BrowseArgs) -> anyhow::Result<()> {
             break;
         }
         page_token = r.next_page_token;
+    }
+    // Say so, rather than print nothing at all; JSON output stays one object per message.
+    if shown == 0 && c.output == Format::Human {
+        errln!("no messages in queue {}", a.queue);
     }
     Ok(())
 }

@@ -14,7 +14,7 @@ use hdrhistogram::Histogram;
 use serde_json::json;
 
 use super::{latency, ClientArgs};
-use crate::output::Format;
+use crate::output::{outln, Format};
 
 #[derive(Debug, clap::Args)]
 pub struct CheckDiskArgs {
@@ -71,26 +71,26 @@ pub fn run(c: &ClientArgs, a: CheckDiskArgs) -> anyhow::Result<()> {
                 "syncs_per_sec": per_sec.round(),
                 "online_discard": discard,
             });
-            println!("{}", latency::with_quantiles(summary, &syncs));
+            outln!("{}", latency::with_quantiles(summary, &syncs))?;
         }
         Format::Human => {
             let cells = vec![a.count.to_string(), format!("{per_sec:.0}")];
             let t = latency::table(&["synced appends", "per second"], cells, &syncs);
-            println!("{t}");
-            println!(
+            outln!("{t}")?;
+            outln!(
                 "appends of {} B, each followed by fdatasync, in {}",
                 a.size,
                 dir.display()
-            );
-            println!(
+            )?;
+            outln!(
                 "a persistent send takes at least the p50 plus a network round trip (ferry rtt)"
-            );
+            )?;
             match discard {
-                Some(true) => println!(
+                Some(true) => outln!(
                     "warning: this file system is mounted with `discard`: file deletions stall later syncs; mount without it and run fstrim periodically"
-                ),
+                )?,
                 Some(false) => {}
-                None => println!("(could not tell whether the file system trims online)"),
+                None => outln!("(could not tell whether the file system trims online)")?,
             }
         }
     }

@@ -6,7 +6,7 @@ use ferry_proto::pb;
 use serde_json::json;
 
 use super::{connect, ClientArgs};
-use crate::output::Format;
+use crate::output::{outln, Format};
 
 #[derive(Debug, clap::Subcommand)]
 pub enum NodeCommand {
@@ -59,8 +59,8 @@ pub async fn node(c: &ClientArgs, cmd: NodeCommand) -> anyhow::Result<()> {
                 .into_inner();
             let role = r.node.map(|n| n.role).unwrap_or_default();
             match c.output {
-                Format::Json => println!("{}", json!({ "node_id": node_id, "role": role })),
-                Format::Human => println!("added node {node_id} as a {role}"),
+                Format::Json => outln!("{}", json!({ "node_id": node_id, "role": role }))?,
+                Format::Human => outln!("added node {node_id} as a {role}")?,
             }
         }
         NodeCommand::Remove { node_id } => {
@@ -71,8 +71,8 @@ pub async fn node(c: &ClientArgs, cmd: NodeCommand) -> anyhow::Result<()> {
                 .await
                 .with_context(|| format!("cannot remove node {node_id}"))?;
             match c.output {
-                Format::Json => println!("{}", json!({ "removed": node_id })),
-                Format::Human => println!("removed node {node_id}"),
+                Format::Json => outln!("{}", json!({ "removed": node_id }))?,
+                Format::Human => outln!("removed node {node_id}")?,
             }
         }
         NodeCommand::Promote { node_ids } => {
@@ -83,8 +83,8 @@ pub async fn node(c: &ClientArgs, cmd: NodeCommand) -> anyhow::Result<()> {
                 .await
                 .with_context(|| format!("cannot promote {}", node_ids.join(", ")))?;
             match c.output {
-                Format::Json => println!("{}", json!({ "promoted": node_ids })),
-                Format::Human => println!("promoted {} to voter", node_ids.join(", ")),
+                Format::Json => outln!("{}", json!({ "promoted": node_ids }))?,
+                Format::Human => outln!("promoted {} to voter", node_ids.join(", "))?,
             }
         }
         NodeCommand::List => {
@@ -92,10 +92,10 @@ pub async fn node(c: &ClientArgs, cmd: NodeCommand) -> anyhow::Result<()> {
             match c.output {
                 Format::Json => {
                     for n in &s.nodes {
-                        println!("{}", node_json(n, &s.leader_node_id));
+                        outln!("{}", node_json(n, &s.leader_node_id))?;
                     }
                 }
-                Format::Human => println!("{}", node_table(&s)),
+                Format::Human => outln!("{}", node_table(&s))?,
             }
         }
     }
@@ -114,7 +114,7 @@ pub async fn cluster(c: &ClientArgs, cmd: ClusterCommand) -> anyhow::Result<()> 
                         .iter()
                         .map(|n| node_json(n, &s.leader_node_id))
                         .collect();
-                    println!(
+                    outln!(
                         "{}",
                         json!({
                             "cluster_id": s.cluster_id,
@@ -125,7 +125,7 @@ pub async fn cluster(c: &ClientArgs, cmd: ClusterCommand) -> anyhow::Result<()> 
                             "applied_index": s.applied_index,
                             "nodes": nodes,
                         })
-                    );
+                    )?;
                 }
                 Format::Human => {
                     let or_none = |s: &str| {
@@ -135,14 +135,15 @@ pub async fn cluster(c: &ClientArgs, cmd: ClusterCommand) -> anyhow::Result<()> 
                             s.to_owned()
                         }
                     };
-                    println!("cluster   {}", or_none(&s.cluster_id));
-                    println!("asked     {}", s.node_id);
-                    println!("leader    {} (term {})", or_none(&s.leader_node_id), s.term);
-                    println!(
+                    outln!("cluster   {}", or_none(&s.cluster_id))?;
+                    outln!("asked     {}", s.node_id)?;
+                    outln!("leader    {} (term {})", or_none(&s.leader_node_id), s.term)?;
+                    outln!(
                         "metadata  committed {}, applied {}",
-                        s.commit_index, s.applied_index
-                    );
-                    println!("{}", node_table(&s));
+                        s.commit_index,
+                        s.applied_index
+                    )?;
+                    outln!("{}", node_table(&s))?;
                 }
             }
         }

@@ -6,7 +6,7 @@ use ferry_proto::pb;
 use serde_json::json;
 
 use super::{connect, ClientArgs};
-use crate::output::Format;
+use crate::output::{outln, Format};
 
 #[derive(Debug, clap::Subcommand)]
 pub enum ConnectionsCommand {
@@ -38,7 +38,7 @@ pub async fn run(c: &ClientArgs, cmd: ConnectionsCommand) -> anyhow::Result<()> 
             match c.output {
                 Format::Json => {
                     for x in list {
-                        println!(
+                        outln!(
                             "{}",
                             json!({
                                 "connection_id": x.connection_id,
@@ -48,7 +48,7 @@ pub async fn run(c: &ClientArgs, cmd: ConnectionsCommand) -> anyhow::Result<()> 
                                 "lease_left_ms": x.lease_left_ms,
                                 "node": x.node,
                             })
-                        );
+                        )?;
                     }
                 }
                 Format::Human => {
@@ -71,7 +71,7 @@ pub async fn run(c: &ClientArgs, cmd: ConnectionsCommand) -> anyhow::Result<()> 
                             x.node,
                         ]);
                     }
-                    println!("{t}");
+                    outln!("{t}")?;
                 }
             }
         }
@@ -84,14 +84,14 @@ pub async fn run(c: &ClientArgs, cmd: ConnectionsCommand) -> anyhow::Result<()> 
                 .with_context(|| format!("cannot close connection {connection_id}"))?
                 .into_inner();
             match c.output {
-                Format::Json => println!(
+                Format::Json => outln!(
                     "{}",
                     json!({ "connection_id": connection_id, "released": r.released })
-                ),
-                Format::Human => println!(
+                )?,
+                Format::Human => outln!(
                     "closed connection {connection_id}; {} messages went back to their queues",
                     r.released
-                ),
+                )?,
             }
         }
     }

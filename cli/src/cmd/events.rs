@@ -5,7 +5,7 @@ use ferry_proto::pb;
 use serde_json::json;
 
 use super::{connect, ClientArgs};
-use crate::output::Format;
+use crate::output::{outln, Format};
 
 #[derive(Debug, clap::Args)]
 pub struct EventsArgs {
@@ -43,12 +43,18 @@ pub async fn run(c: &ClientArgs, a: EventsArgs) -> anyhow::Result<()> {
         .into_inner();
     let mut seen = 0u64;
     while a.count.is_none_or(|n| seen < n) {
-        let Some(e) = stream.message().await? else {
+        // The node ends the stream with a status saying why (UNAVAILABLE: it is shutting down).
+        let Some(e) = stream
+            .message()
+            .await
+            .map_err(ferry_client::ClientError::from)
+            .context("the event stream ended")?
+        else {
             break;
         };
         seen += 1;
         match c.output {
-            Format::Json => println!(
+            Format::Json => outln!(
                 "{}",
                 json!({
                     "at_ms": e.at_ms,
@@ -59,7 +65,7 @@ pub async fn run(c: &ClientArgs, a: EventsArgs) -> anyhow::Result<()> {
                     "value": e.value,
                     "node": e.node,
                 })
-            ),
+            )?,
             Format::Human => {
                 let mut line = format!("{} {} {}", e.at_ms, e.kind, e.queue);
                 for part in [&e.message_id, &e.reason] {
@@ -71,7 +77,7 @@ pub async fn run(c: &ClientArgs, a: EventsArgs) -> anyhow::Result<()> {
                 if e.value > 0 {
                     line.push_str(&format!(" value={}", e.value));
                 }
-                println!("{line}");
+                outln!("{line}")?;
             }
         }
     }

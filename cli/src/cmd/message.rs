@@ -5,7 +5,7 @@ use ferry_proto::pb;
 use serde_json::json;
 
 use super::{connect, ClientArgs};
-use crate::output::Format;
+use crate::output::{outln, Format};
 
 #[derive(Debug, clap::Subcommand)]
 pub enum MessageCommand {
@@ -39,7 +39,7 @@ pub async fn run(c: &ClientArgs, cmd: MessageCommand) -> anyhow::Result<()> {
             match c.output {
                 Format::Json => {
                     for s in steps {
-                        println!(
+                        outln!(
                             "{}",
                             json!({
                                 "at_ms": s.at_ms,
@@ -48,7 +48,7 @@ pub async fn run(c: &ClientArgs, cmd: MessageCommand) -> anyhow::Result<()> {
                                 "detail": s.detail,
                                 "node": s.node,
                             })
-                        );
+                        )?;
                     }
                 }
                 Format::Human => {
@@ -57,7 +57,7 @@ pub async fn run(c: &ClientArgs, cmd: MessageCommand) -> anyhow::Result<()> {
                     for s in steps {
                         t.add_row([s.at_ms.to_string(), s.queue, s.event, s.detail, s.node]);
                     }
-                    println!("{t}");
+                    outln!("{t}")?;
                 }
             }
         }
@@ -70,8 +70,8 @@ pub async fn run(c: &ClientArgs, cmd: MessageCommand) -> anyhow::Result<()> {
                 .await
                 .with_context(|| format!("cannot delete {message_id} from {queue}"))?;
             match c.output {
-                Format::Json => println!("{}", json!({ "queue": queue, "deleted": message_id })),
-                Format::Human => println!("deleted {message_id} from {queue}"),
+                Format::Json => outln!("{}", json!({ "queue": queue, "deleted": message_id }))?,
+                Format::Human => outln!("deleted {message_id} from {queue}")?,
             }
         }
     }

@@ -4,6 +4,7 @@ mod bench;
 mod browse;
 mod check_disk;
 mod cluster;
+mod connection;
 mod connections;
 mod events;
 mod latency;
@@ -20,6 +21,8 @@ use clap::{Parser, Subcommand};
 use crate::config::DEFAULT_PORT;
 use crate::output::Format;
 
+pub(crate) use connection::with_connection;
+pub use connection::Interrupted;
 pub use send::parse_property;
 
 /// Ferry: a JMS-style message broker.

@@ -4,7 +4,7 @@ use ferry_proto::pb;
 use serde_json::json;
 
 use super::{connect, ClientArgs};
-use crate::output::Format;
+use crate::output::{outln, Format};
 
 #[derive(Debug, clap::Subcommand)]
 pub enum QueueCommand {
@@ -190,12 +190,12 @@ pub async fn run(c: &ClientArgs, cmd: QueueCommand) -> anyhow::Result<()> {
                 .into_inner();
             let owner = r.queue.map(|q| q.owner_node).unwrap_or_default();
             match c.output {
-                Format::Json => println!(
+                Format::Json => outln!(
                     "{}",
                     json!({ "queue": name, "created": r.created, "owner_node": owner })
-                ),
-                Format::Human if r.created => println!("created queue {name} on {owner}"),
-                Format::Human => println!("queue {name} already exists (on {owner})"),
+                )?,
+                Format::Human if r.created => outln!("created queue {name} on {owner}")?,
+                Format::Human => outln!("queue {name} already exists (on {owner})")?,
             }
         }
         QueueCommand::Move {
@@ -218,7 +218,7 @@ pub async fn run(c: &ClientArgs, cmd: QueueCommand) -> anyhow::Result<()> {
                 .with_context(|| format!("cannot move messages from {from} to {to}"))?
                 .into_inner();
             if detach {
-                print_move(c.output, &task);
+                print_move(c.output, &task)?;
                 return Ok(());
             }
             let bar = crate::output::progress_bar(c.output, Some(task.source_messages_at_start));
@@ -234,7 +234,7 @@ pub async fn run(c: &ClientArgs, cmd: QueueCommand) -> anyhow::Result<()> {
                     .into_inner();
             }
             bar.finish_and_clear();
-            print_move(c.output, &task);
+            print_move(c.output, &task)?;
             if task.state == pb::MoveState::Failed as i32 {
                 anyhow::bail!(
                     "the move failed after {} messages: {}",
@@ -248,7 +248,7 @@ pub async fn run(c: &ClientArgs, cmd: QueueCommand) -> anyhow::Result<()> {
                 .get_move_task(pb::GetMoveTaskRequest { task_id })
                 .await?
                 .into_inner();
-            print_move(c.output, &task);
+            print_move(c.output, &task)?;
         }
         QueueCommand::Show { name } => {
             let q = admin
@@ -308,14 +308,14 @@ pub async fn run(c: &ClientArgs, cmd: QueueCommand) -> anyhow::Result<()> {
                         .iter()
                         .map(|(k, v)| (k.replace([' ', '-'], "_"), json!(v)))
                         .collect();
-                    println!("{}", serde_json::Value::Object(map));
+                    outln!("{}", serde_json::Value::Object(map))?;
                 }
                 Format::Human => {
                     let mut t = Table::new();
                     for (k, v) in rows {
                         t.add_row([k.to_string(), v]);
                     }
-                    println!("{t}");
+                    outln!("{t}")?;
                 }
             }
         }
@@ -337,10 +337,10 @@ pub async fn run(c: &ClientArgs, cmd: QueueCommand) -> anyhow::Result<()> {
             match c.output {
                 Format::Json => {
                     for q in queues {
-                        println!(
+                        outln!(
                             "{}",
                             json!({ "name": q.name, "owner_node": q.owner_node, "temporary": q.temporary })
-                        );
+                        )?;
                     }
                 }
                 Format::Human => {
@@ -357,7 +357,7 @@ pub async fn run(c: &ClientArgs, cmd: QueueCommand) -> anyhow::Result<()> {
                             },
                         ]);
                     }
-                    println!("{t}");
+                    outln!("{t}")?;
                 }
             }
         }
@@ -368,11 +368,11 @@ pub async fn run(c: &ClientArgs, cmd: QueueCommand) -> anyhow::Result<()> {
                 .with_context(|| format!("cannot delete queue {name}"))?
                 .into_inner();
             match c.output {
-                Format::Json => println!(
+                Format::Json => outln!(
                     "{}",
                     json!({ "queue": name, "deleted_messages": r.deleted_messages })
-                ),
-                Format::Human => println!("deleted queue {name} ({} messages)", r.deleted_messages),
+                )?,
+                Format::Human => outln!("deleted queue {name} ({} messages)", r.deleted_messages)?,
             }
         }
         QueueCommand::Purge { name } => {
@@ -382,8 +382,8 @@ pub async fn run(c: &ClientArgs, cmd: QueueCommand) -> anyhow::Result<()> {
                 .with_context(|| format!("cannot purge queue {name}"))?
                 .into_inner();
             match c.output {
-                Format::Json => println!("{}", json!({ "queue": name, "purged": r.purged })),
-                Format::Human => println!("purged {} messages from {name}", r.purged),
+                Format::Json => outln!("{}", json!({ "queue": name, "purged": r.purged }))?,
+                Format::Human => outln!("purged {} messages from {name}", r.purged)?,
             }
         }
         QueueCommand::Stats {
@@ -401,7 +401,7 @@ pub async fn run(c: &ClientArgs, cmd: QueueCommand) -> anyhow::Result<()> {
             match c.output {
                 Format::Json => {
                     for s in queues {
-                        println!("{}", stats_json(&s));
+                        outln!("{}", stats_json(&s))?;
                     }
                 }
                 Format::Human => {
@@ -441,7 +441,7 @@ pub async fn run(c: &ClientArgs, cmd: QueueCommand) -> anyhow::Result<()> {
                             s.owner_node,
                         ]);
                     }
-                    println!("{t}");
+                    outln!("{t}")?;
                 }
             }
             if !watch {
@@ -489,7 +489,7 @@ fn memory_text(memory_bytes: u64, budget_bytes: u64) -> String {
     }
 }
 
-fn print_move(format: Format, t: &pb::MoveTask) {
+fn print_move(format: Format, t: &pb::MoveTask) -> Result<(), crate::output::StdoutClosed> {
     let state = match pb::MoveState::try_from(t.state) {
         Ok(pb::MoveState::Running) => "running",
         Ok(pb::MoveState::Done) => "done",
@@ -497,7 +497,7 @@ fn print_move(format: Format, t: &pb::MoveTask) {
         _ => "unknown",
     };
     match format {
-        Format::Json => println!(
+        Format::Json => outln!(
             "{}",
             json!({
                 "task_id": t.task_id,
@@ -508,9 +508,9 @@ fn print_move(format: Format, t: &pb::MoveTask) {
                 "error": t.error,
                 "source_messages_at_start": t.source_messages_at_start,
             })
-        ),
+        )?,
         Format::Human => {
-            println!(
+            outln!(
                 "{}: {} → {}: {} moved, {state}{}",
                 t.task_id,
                 t.from_queue,
@@ -521,7 +521,8 @@ fn print_move(format: Format, t: &pb::MoveTask) {
                 } else {
                     format!(" ({})", t.error)
                 }
-            );
+            )?;
         }
     }
+    Ok(())
 }

@@ -1,8 +1,8 @@
 use anyhow::Context as _;
-use ferry_client::{AckMode, ReceiveOptions};
+use ferry_client::{AckMode, ReceiveOptions, Session};
 
-use super::{connect, ClientArgs};
-use crate::output::{message_json, message_text, Format};
+use super::{connect, with_connection, ClientArgs};
+use crate::output::{errln, message_json, message_text, outln, Format};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Ack {
@@ -38,57 +38,59 @@ pub struct ReceiveArgs {
 
 pub async fn run(c: &ClientArgs, a: ReceiveArgs) -> anyhow::Result<()> {
     let client = connect(c).await?;
-    let connection = client.open_connection("ferry-cli").await?;
     let mode = match a.ack {
         Ack::Auto => AckMode::Auto,
         Ack::Client | Ack::None => AckMode::Client,
         Ack::Individual | Ack::Reject => AckMode::Individual,
     };
-    let session = connection.create_session(mode).await?;
-    let mut got = 0u64;
-    let result = async {
-        while got < a.count {
-            let max = u32::try_from((a.count - got).min(500)).unwrap_or(500);
-            let opts = ReceiveOptions {
-                timeout_ms: a.timeout_ms,
-                max_messages: max,
-                lease_ms: None,
-            };
-            let batch = match &a.selector {
-                Some(s) => session.receive_selected(&a.queue, s, opts).await,
-                None => session.receive(&a.queue, opts).await,
-            }
-            .with_context(|| format!("cannot receive from queue {}", a.queue))?;
-            if batch.is_empty() {
-                break;
-            }
-            for r in &batch {
-                match c.output {
-                    Format::Json => println!("{}", message_json(r.message(), Some(&r.delivery))),
-                    Format::Human => println!("{}", message_text(r.message(), Some(&r.delivery))),
-                }
-            }
-            match a.ack {
-                Ack::Client | Ack::Individual => {
-                    session.ack(&batch).await.context("cannot acknowledge")?;
-                }
-                Ack::Reject => {
-                    session
-                        .reject(&batch, "rejected with ferry receive --ack reject")
-                        .await
-                        .context("cannot reject")?;
-                }
-                Ack::Auto | Ack::None => {}
-            }
-            got += batch.len() as u64;
-        }
-        anyhow::Ok(())
-    }
-    .await;
-    connection.close().await?;
-    result?;
+    let got = with_connection(&client, "ferry-cli", async |connection| {
+        let session = connection.create_session(mode).await?;
+        receive_all(c, &a, &session).await
+    })
+    .await?;
     if got == 0 && c.output == Format::Human {
-        eprintln!("no message arrived");
+        errln!("no message arrived");
     }
     Ok(())
+}
+
+/// Receives up to `--count` messages, printing and settling each batch; returns how many came.
+async fn receive_all(c: &ClientArgs, a: &ReceiveArgs, session: &Session) -> anyhow::Result<u64> {
+    let mut got = 0u64;
+    while got < a.count {
+        let max = u32::try_from((a.count - got).min(500)).unwrap_or(500);
+        let opts = ReceiveOptions {
+            timeout_ms: a.timeout_ms,
+            max_messages: max,
+            lease_ms: None,
+        };
+        let batch = match &a.selector {
+            Some(s) => session.receive_selected(&a.queue, s, opts).await,
+            None => session.receive(&a.queue, opts).await,
+        }
+        .with_context(|| format!("cannot receive from queue {}", a.queue))?;
+        if batch.is_empty() {
+            break;
+        }
+        for r in &batch {
+            match c.output {
+                Format::Json => outln!("{}", message_json(r.message(), Some(&r.delivery)))?,
+                Format::Human => outln!("{}", message_text(r.message(), Some(&r.delivery)))?,
+            }
+        }
+        match a.ack {
+            Ack::Client | Ack::Individual => {
+                session.ack(&batch).await.context("cannot acknowledge")?;
+            }
+            Ack::Reject => {
+                session
+                    .reject(&batch, "rejected with ferry receive --ack reject")
+                    .await
+                    .context("cannot reject")?;
+            }
+            Ack::Auto | Ack::None => {}
+        }
+        got += batch.len() as u64;
+    }
+    Ok(got)
 }

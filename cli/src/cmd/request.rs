@@ -3,12 +3,12 @@
 use std::time::Duration;
 
 use anyhow::{bail, Context as _};
-use ferry_client::{AckMode, Message, ReceiveOptions, Requestor};
+use ferry_client::{AckMode, Message, ReceiveOptions, Requestor, Session};
 use ferry_proto::pb;
 use serde_json::json;
 
-use super::{connect, ClientArgs};
-use crate::output::{message_json, message_text, Format};
+use super::{connect, with_connection, ClientArgs};
+use crate::output::{errln, message_json, message_text, outln, Format};
 
 #[derive(Debug, clap::Args)]
 pub struct RequestArgs {
@@ -46,18 +46,22 @@ pub struct ReplyArgs {
 
 pub async fn request(c: &ClientArgs, a: RequestArgs) -> anyhow::Result<()> {
     let client = connect(c).await?;
-    let connection = client.open_connection("ferry-cli-request").await?;
-    let mut requestor = Requestor::new(&connection).await?;
     let mut msg = Message::text(a.body);
     for (k, v) in a.properties {
         msg.0.properties.insert(k, v);
     }
     let timeout = Duration::from_millis(a.timeout_ms);
-    let reply = requestor
-        .request(&a.queue, msg, timeout)
-        .await
-        .with_context(|| format!("cannot send the request to queue {}", a.queue))?;
-    connection.close().await?;
+    // Closing the connection deletes the temporary reply queue with it.
+    let reply = with_connection(&client, "ferry-cli-request", async |connection| {
+        let mut requestor = Requestor::new(connection)
+            .await
+            .context("cannot set up a temporary queue for the reply")?;
+        requestor
+            .request(&a.queue, msg, timeout)
+            .await
+            .with_context(|| format!("cannot send the request to queue {}", a.queue))
+    })
+    .await?;
     let Some(reply) = reply else {
         bail!(
             "no reply within {} ms: is a replier running? (ferry reply --queue {})",
@@ -66,77 +70,77 @@ pub async fn request(c: &ClientArgs, a: RequestArgs) -> anyhow::Result<()> {
         );
     };
     match c.output {
-        Format::Json => println!("{}", message_json(reply.message(), Some(&reply.delivery))),
-        Format::Human => println!("{}", message_text(reply.message(), Some(&reply.delivery))),
+        Format::Json => outln!("{}", message_json(reply.message(), Some(&reply.delivery)))?,
+        Format::Human => outln!("{}", message_text(reply.message(), Some(&reply.delivery)))?,
     }
     Ok(())
 }
 
 pub async fn reply(c: &ClientArgs, a: ReplyArgs) -> anyhow::Result<()> {
     let client = connect(c).await?;
-    let connection = client.open_connection("ferry-cli-reply").await?;
-    // Client acknowledge: a request is acknowledged only once its reply was sent.
-    let session = connection.create_session(AckMode::Client).await?;
+    with_connection(&client, "ferry-cli-reply", async |connection| {
+        // Client acknowledge: a request is acknowledged only once its reply was sent.
+        let session = connection.create_session(AckMode::Client).await?;
+        answer_all(c, &a, &session).await
+    })
+    .await
+}
+
+/// Answers up to `--count` requests.
+async fn answer_all(c: &ClientArgs, a: &ReplyArgs, session: &Session) -> anyhow::Result<()> {
     let mut answered = 0u64;
-    let result = async {
-        while answered < a.count {
-            let opts = ReceiveOptions {
-                timeout_ms: a.timeout_ms,
-                ..ReceiveOptions::default()
-            };
-            let got = session
-                .receive(&a.queue, opts)
-                .await
-                .with_context(|| format!("cannot receive from queue {}", a.queue))?;
-            let Some(request) = got.into_iter().next() else {
-                break;
-            };
-            let body = a
-                .body
-                .clone()
-                .map_or_else(|| request.body().to_vec(), String::into_bytes);
-            let mut reply = Message::bytes(body);
-            if let Some(ttl) = a.ttl_ms {
-                reply = reply.ttl_ms(ttl);
-            }
-            let this = std::slice::from_ref(&request);
-            match session.reply(&request, reply).await {
-                Ok(id) => {
-                    session
-                        .ack(this)
-                        .await
-                        .context("cannot acknowledge the request")?;
-                    let rid = request.message_id();
-                    match c.output {
-                        Format::Json => {
-                            println!("{}", json!({ "request_id": rid, "reply_id": id }))
-                        }
-                        Format::Human => println!("answered {rid} with {id}"),
-                    }
-                }
-                // The requester is gone with its temporary queue: nobody can take an answer.
-                Err(e) if e.code() == Some(tonic::Code::NotFound) => {
-                    session
-                        .ack(this)
-                        .await
-                        .context("cannot acknowledge the request")?;
-                    eprintln!("could not answer {}: {e}", request.message_id());
-                }
-                // Anything else may pass: give the request back to be answered again.
-                Err(e) => {
-                    session
-                        .nack(this, None)
-                        .await
-                        .context("cannot give the request back")?;
-                    let what = format!("cannot answer {}", request.message_id());
-                    return Err(anyhow::Error::new(e).context(what));
-                }
-            }
-            answered += 1;
+    while answered < a.count {
+        let opts = ReceiveOptions {
+            timeout_ms: a.timeout_ms,
+            ..ReceiveOptions::default()
+        };
+        let got = session
+            .receive(&a.queue, opts)
+            .await
+            .with_context(|| format!("cannot receive from queue {}", a.queue))?;
+        let Some(request) = got.into_iter().next() else {
+            break;
+        };
+        let body = a
+            .body
+            .clone()
+            .map_or_else(|| request.body().to_vec(), String::into_bytes);
+        let mut reply = Message::bytes(body);
+        if let Some(ttl) = a.ttl_ms {
+            reply = reply.ttl_ms(ttl);
         }
-        anyhow::Ok(())
+        let this = std::slice::from_ref(&request);
+        match session.reply(&request, reply).await {
+            Ok(id) => {
+                session
+                    .ack(this)
+                    .await
+                    .context("cannot acknowledge the request")?;
+                let rid = request.message_id();
+                match c.output {
+                    Format::Json => outln!("{}", json!({ "request_id": rid, "reply_id": id }))?,
+                    Format::Human => outln!("answered {rid} with {id}")?,
+                }
+            }
+            // The requester is gone with its temporary queue: nobody can take an answer.
+            Err(e) if e.code() == Some(tonic::Code::NotFound) => {
+                session
+                    .ack(this)
+                    .await
+                    .context("cannot acknowledge the request")?;
+                errln!("could not answer {}: {e}", request.message_id());
+            }
+            // Anything else may pass: give the request back to be answered again.
+            Err(e) => {
+                session
+                    .nack(this, None)
+                    .await
+                    .context("cannot give the request back")?;
+                let what = format!("cannot answer {}", request.message_id());
+                return Err(anyhow::Error::new(e).context(what));
+            }
+        }
+        answered += 1;
     }
-    .await;
-    connection.close().await?;
-    result
+    Ok(())
 }

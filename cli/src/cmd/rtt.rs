@@ -9,7 +9,7 @@ use ferry_proto::pb;
 use serde_json::json;
 
 use super::{connect, latency, ClientArgs};
-use crate::output::Format;
+use crate::output::{outln, Format};
 
 #[derive(Debug, clap::Args)]
 pub struct RttArgs {
@@ -51,7 +51,7 @@ pub async fn run(c: &ClientArgs, a: RttArgs) -> anyhow::Result<()> {
                 "calls_per_sec": per_sec.round(),
                 "min_ms": latency::ms(rtt.min()),
             });
-            println!("{}", latency::with_quantiles(summary, &rtt));
+            outln!("{}", latency::with_quantiles(summary, &rtt))?;
         }
         Format::Human => {
             let cells = vec![
@@ -60,8 +60,8 @@ pub async fn run(c: &ClientArgs, a: RttArgs) -> anyhow::Result<()> {
                 format!("{:.3}", latency::ms(rtt.min())),
             ];
             let t = latency::table(&["calls", "per second", "min ms"], cells, &rtt);
-            println!("{t}");
-            println!("round trips of a Heartbeat call to {}", c.server);
+            outln!("{t}")?;
+            outln!("round trips of a Heartbeat call to {}", c.server)?;
         }
     }
     Ok(())

@@ -1,12 +1,12 @@
 use std::io::{IsTerminal, Read};
 
 use anyhow::{bail, Context as _};
-use ferry_client::{AckMode, Message};
+use ferry_client::{AckMode, Message, Session};
 use ferry_proto::pb;
 use serde_json::json;
 
-use super::{connect, ClientArgs};
-use crate::output::Format;
+use super::{connect, with_connection, ClientArgs};
+use crate::output::{outln, Format};
 
 /// Messages per Send call when sending many.
 const BATCH: usize = 500;
@@ -117,12 +117,23 @@ pub async fn run(c: &ClientArgs, a: SendArgs) -> anyhow::Result<()> {
     };
     let count = a.count.unwrap_or(1);
     let client = connect(c).await?;
-    let connection = client.open_connection("ferry-cli").await?;
-    let session = connection.create_session(AckMode::Auto).await?;
+    with_connection(&client, "ferry-cli", async |connection| {
+        let session = connection.create_session(AckMode::Auto).await?;
+        send_all(c, &a, &session, body.as_deref(), count).await
+    })
+    .await
+}
+
+/// Sends `count` messages in batches, printing their ids.
+async fn send_all(
+    c: &ClientArgs,
+    a: &SendArgs,
+    session: &Session,
+    body: Option<&[u8]>,
+    count: u64,
+) -> anyhow::Result<()> {
     let make = |i: u64| {
-        let body = body
-            .clone()
-            .unwrap_or_else(|| format!("message {i}").into_bytes());
+        let body = body.map_or_else(|| format!("message {i}").into_bytes(), <[u8]>::to_vec);
         let mut m = Message::bytes(body);
         for (k, v) in &a.properties {
             m.0.properties.insert(k.clone(), v.clone());
@@ -154,17 +165,16 @@ pub async fn run(c: &ClientArgs, a: SendArgs) -> anyhow::Result<()> {
             .with_context(|| format!("cannot send to queue {}", a.queue))?;
         for id in &ids {
             match c.output {
-                Format::Json => println!("{}", json!({ "message_id": id, "queue": a.queue })),
-                Format::Human if count <= 10 => println!("{id}"),
+                Format::Json => outln!("{}", json!({ "message_id": id, "queue": a.queue }))?,
+                Format::Human if count <= 10 => outln!("{id}")?,
                 Format::Human => {}
             }
         }
         sent += n;
     }
     if c.output == Format::Human && count > 10 {
-        println!("sent {count} messages to {}", a.queue);
+        outln!("sent {count} messages to {}", a.queue)?;
     }
-    connection.close().await?;
     Ok(())
 }
 

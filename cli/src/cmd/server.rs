@@ -9,6 +9,7 @@ use tracing_subscriber::fmt::FormatFields;
 use tracing_subscriber::EnvFilter;
 
 use crate::config::{Config, LogFormat, Overrides, Storage};
+use crate::output::outln;
 
 #[derive(Debug, clap::Args)]
 pub struct ServerArgs {
@@ -64,15 +65,16 @@ pub async fn run(a: ServerArgs) -> anyhow::Result<()> {
     // Lines on stdout once the node serves, for people and for scripts that started it on port 0
     // and wait for it: the client address first (scripts read that line), then the peer address,
     // then the metrics URL when metrics are on.
+    // A node whose stdout nobody reads any more (a pipe closed early) keeps serving.
     let ready = |addrs: &crate::node::Addresses| {
-        println!(
+        let _ = outln!(
             "ferry {} listening on {}",
             env!("CARGO_PKG_VERSION"),
             addrs.client
         );
-        println!("peer listener on {}", addrs.peer);
+        let _ = outln!("peer listener on {}", addrs.peer);
         if let Some(m) = addrs.metrics {
-            println!("metrics on http://{m}/metrics");
+            let _ = outln!("metrics on http://{m}/metrics");
         }
     };
     crate::node::run(config, listeners, crate::node::shutdown_signal(), ready).await

@@ -33,7 +33,8 @@ pub(crate) struct Dispatch {
     pub(crate) config: FrontendConfig,
     pub(crate) router: Arc<Router>,
     pub(crate) sessions: Arc<Sessions>,
-    /// Becomes true when the node stops: long polls answer empty, streams end.
+    /// Becomes true when the node stops: long polls and streams end with
+    /// [`Dispatch::stopping_status`].
     pub(crate) stopping: watch::Receiver<bool>,
     /// What this front-end saw that operators watch for (sends to a reply queue that is gone).
     pub(crate) events: broadcast::Sender<pb::Event>,
@@ -60,6 +61,16 @@ impl Dispatch {
             events: broadcast::channel(EVENTS_BUFFERED_MAX).0,
             clock,
         }
+    }
+}
+
+impl Dispatch {
+    /// What a parked receive or an open stream ends with when the node stops (UNAVAILABLE).
+    pub(crate) fn stopping_status(&self) -> Status {
+        Error::NodeStopping {
+            node: self.router.local_node().clone(),
+        }
+        .into()
     }
 }
 

@@ -1,5 +1,5 @@
 //! Unary `Receive`: a long poll at the owning back-end, bounded by the asked wait and the call's
-//! deadline, ended empty when the node stops.
+//! deadline, ended with UNAVAILABLE when the node stops.
 
 use std::time::Duration;
 
@@ -45,8 +45,9 @@ impl Dispatch {
         let mut stopping = self.stopping.clone();
         let deliveries = tokio::select! {
             out = receive => out?.deliveries,
-            // The node is stopping: a long poll ends empty (dropping the receive removes it).
-            () = crate::stopped(&mut stopping) => vec![],
+            // The node is stopping: the long poll ends at once (dropping the receive removes it),
+            // with an error, so the receiver does not take it for "no message came".
+            () = crate::stopped(&mut stopping) => return Err(self.stopping_status()),
         };
         Ok(pb::ReceiveResponse { deliveries })
     }

@@ -21,7 +21,8 @@ struct Fixture {
     a: Arc<FakeBackend>,
     b: Arc<FakeBackend>,
     _placement: watch::Sender<Arc<Placement>>,
-    _stop: watch::Sender<bool>,
+    /// Set: the node is stopping.
+    stop: watch::Sender<bool>,
 }
 
 fn node(n: &str) -> NodeId {
@@ -57,7 +58,7 @@ fn fixture() -> Fixture {
         a,
         b,
         _placement: placement_tx,
-        _stop: stop_tx,
+        stop: stop_tx,
     }
 }
 
@@ -111,6 +112,28 @@ async fn sends_and_receives_carry_the_placement_epoch() {
     f.core.receive(receive, None).await.expect("received");
     assert_eq!(f.b.calls(), vec![call("send", "invoices", STATIC_EPOCH)]);
     assert_eq!(f.a.calls(), vec![call("receive", "scratch", EPOCH_UNKNOWN)]);
+}
+
+// Postmortem: a receive parked when the node stopped was answered empty, and `ferry receive`
+// said "no message arrived" and exited 0.
+#[tokio::test(start_paused = true)]
+async fn a_parked_receive_ends_unavailable_when_the_node_stops() {
+    let f = fixture();
+    f.a.park_receives();
+    let receive = pb::ReceiveRequest {
+        queue: "orders".into(),
+        ..Default::default()
+    };
+    let mut receive = std::pin::pin!(f.core.receive(receive, None));
+    assert!(futures::poll!(&mut receive).is_pending(), "parked");
+    assert_eq!(f.a.calls(), vec![call("receive", "orders", STATIC_EPOCH)]);
+    f.stop.send_replace(true);
+    let e = receive.await.expect_err("the stop ends it with an error");
+    assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
+    assert_eq!(
+        e.message(),
+        "node a is shutting down; retry on another node or after it restarts"
+    );
 }
 
 #[tokio::test(start_paused = true)]
