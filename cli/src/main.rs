@@ -38,7 +38,9 @@ fn main() -> ExitCode {
     #[cfg(feature = "failpoints")]
     let _fault_points = {
         if let Ok(points) = std::env::var("FAILPOINTS") {
-            eprintln!("ferry-faults: fault injection on: FAILPOINTS={points}");
+            write_err_line(format_args!(
+                "ferry-faults: fault injection on: FAILPOINTS={points}"
+            ));
         }
         fail::FailScenario::setup()
     };
