@@ -33,7 +33,7 @@ fn return_large_c_blocks_to_the_os() {
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
 fn return_large_c_blocks_to_the_os() {}
 
-fn main() -> ExitCode {
+pub fn main() -> ExitCode {
     // `ferry-faults` only (docs/reliability.md): fault points named by `FAILPOINTS`.
     #[cfg(feature = "failpoints")]
     let _fault_points = {

@@ -1,3 +1,9 @@
 //! `ferry` with fault injection compiled in, for the chaos harness only (docs/reliability.md):
 //! the same program, built with the `failpoints` feature.
-include!("../main.rs");
+
+#[path = "../main.rs"]
+mod ferry;
+
+fn main() -> std::process::ExitCode {
+    ferry::main()
+}
