@@ -100,6 +100,19 @@ fn terminate_quickly(node: &mut Node) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Stops the node with SIGTERM, quickly; the spawned `ferry` command must then fail, saying the
+/// node is shutting down, and never print `not`.
+fn stop_and_expect_told(node: &mut Node, child: Child, not: &str) -> anyhow::Result<()> {
+    terminate_quickly(node)?;
+    let (status, err) = ended(child)?;
+    assert!(!status.success(), "{status:?}");
+    assert!(
+        err.contains("node node-1 is shutting down") && !err.contains(not),
+        "{err}"
+    );
+    Ok(())
+}
+
 /// How a spawned `ferry` command ended: its status and stderr.
 fn ended(child: Child) -> anyhow::Result<(std::process::ExitStatus, String)> {
     let out = child.wait_with_output()?;
@@ -131,14 +144,7 @@ async fn sigterm_ends_an_event_watcher_at_once_and_tells_it_why() -> anyhow::Res
     let mut first = String::new();
     BufReader::new(child.stdout.take().context("stdout")?).read_line(&mut first)?;
     assert!(first.contains("queue-depth-high idle"), "{first:?}");
-    terminate_quickly(&mut node)?;
-    let (status, err) = ended(child)?;
-    assert!(!status.success(), "{status:?}");
-    assert!(
-        err.contains("node node-1 is shutting down") && !err.contains("h2 protocol error"),
-        "{err}"
-    );
-    Ok(())
+    stop_and_expect_told(&mut node, child, "h2 protocol error")
 }
 
 // Postmortem: a receive parked at SIGTERM was answered empty, so `ferry receive` printed "no
@@ -155,14 +161,7 @@ async fn sigterm_ends_a_parked_receive_with_an_error_naming_the_shutdown() -> an
         Ok(stats(&client, "idle").await?.consumers == 1)
     })
     .await?;
-    terminate_quickly(&mut node)?;
-    let (status, err) = ended(child)?;
-    assert!(!status.success(), "{status:?}");
-    assert!(
-        err.contains("node node-1 is shutting down") && !err.contains("no message arrived"),
-        "{err}"
-    );
-    Ok(())
+    stop_and_expect_told(&mut node, child, "no message arrived")
 }
 
 // A consumer (a `Consume` stream) waiting for messages is told too, rather than seeing its

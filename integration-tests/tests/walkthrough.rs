@@ -13,7 +13,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::{bail, Context as _};
-use ferry_integration_tests::{ferry_bin, Node, NodeOptions};
+use ferry_integration_tests::{ferry_bin, memory_node, Node};
 
 /// Blocks of the README's walkthrough section the test does not run, by their first line: each
 /// needs more than one node on fixed ports, or minutes.
@@ -286,15 +286,7 @@ fn the_readme_shows_the_walkthrough_as_the_script_has_it() -> anyhow::Result<()>
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_walkthrough_prints_what_it_says() -> anyhow::Result<()> {
     let (_, script) = repo_file("docs/walkthrough.sh")?;
-    let dir = tempfile::tempdir()?;
-    let node = Node::start(
-        dir.path(),
-        NodeOptions {
-            memory: true,
-            ..Default::default()
-        },
-    )?;
-    node.client().await?;
+    let (dir, node, _) = memory_node(&[]).await?;
     // The binary under test as `ferry` (FERRY_BIN may name it otherwise).
     let bin_dir = dir.path().join("bin");
     std::fs::create_dir(&bin_dir)?;
