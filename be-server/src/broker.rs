@@ -5,8 +5,8 @@
 use std::sync::Arc;
 
 use ferry_kernel::{
-    Caller, ClockRef, Delivery, LeaseRef, MessageId, NewMessage, NodeId, QueueConfig, QueueName,
-    QueueStats, ReceiveRequest, SessionId,
+    Caller, ClockRef, Delivery, LeaseId, LeaseRef, MessageId, NewMessage, NodeId, QueueConfig,
+    QueueName, QueueStats, ReceiveRequest, Seq, SessionId,
 };
 use ferry_store::{GroupCommit, QueueStore};
 
@@ -19,6 +19,9 @@ use crate::outbox::Outbox;
 use crate::queues::{Queues, Recovered};
 
 pub use crate::queues::QueueSummary;
+
+/// Deliveries named by queue, message and lease (a renewal's, or what it found gone).
+pub type DeliveryRefs = Vec<(QueueName, Vec<(Seq, LeaseId)>)>;
 
 /// See the module docs. Cheap to clone.
 #[derive(Debug, Clone)]
@@ -382,6 +385,39 @@ impl Broker {
             }
         }
         Ok(renewed)
+    }
+
+    /// A session is alive and holds exactly these deliveries (what its front-end passed on):
+    /// they alone are renewed (`Queue::renew_named`). Queues that no longer exist are skipped
+    /// (their deliveries are gone). Returns how many leases were renewed and, by queue, the named
+    /// deliveries the session no longer holds.
+    pub async fn renew_named(
+        &self,
+        session: SessionId,
+        held: DeliveryRefs,
+    ) -> Result<(u64, DeliveryRefs), Error> {
+        let mut renewed = 0;
+        let mut not_held = vec![];
+        for (q, named) in held {
+            let gone = match self.handle(&q) {
+                Ok(h) => {
+                    let r = h
+                        .call(|reply| Cmd::RenewNamed {
+                            session,
+                            named,
+                            reply,
+                        })
+                        .await?;
+                    renewed += r.renewed;
+                    r.not_held
+                }
+                Err(_) => named,
+            };
+            if !gone.is_empty() {
+                not_held.push((q, gone));
+            }
+        }
+        Ok((renewed, not_held))
     }
 
     /// Deliveries that never reached their consumer's application: back at once, not counted

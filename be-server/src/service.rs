@@ -12,7 +12,7 @@ use ferry_proto::convert;
 use ferry_proto::pb;
 use tonic::{Request, Response, Status};
 
-use crate::broker::{Broker, QueueSummary};
+use crate::broker::{Broker, DeliveryRefs, QueueSummary};
 use crate::error::Error;
 
 /// See the module docs.
@@ -145,6 +145,38 @@ fn session_and_queues(
         .map(|q| queue_name(q))
         .collect::<Result<Vec<_>, _>>()?;
     Ok((session, queues))
+}
+
+/// The deliveries a renewal names, by queue; each queue must be one of the request's `queues`
+/// (whose placements were checked).
+fn delivery_refs(
+    held: &[pb::BackendDeliveryRefs],
+    queues: &[QueueName],
+) -> Result<DeliveryRefs, Status> {
+    held.iter()
+        .map(|h| {
+            let queue = queue_name(&h.queue)?;
+            if !queues.contains(&queue) {
+                return Err(Status::invalid_argument(format!(
+                    "held names queue {queue}, which is not in queues; list every queue of held in queues"
+                )));
+            }
+            if h.seqs.len() != h.leases.len() {
+                return Err(Status::invalid_argument(format!(
+                    "held for queue {queue} has {} seqs and {} leases; they are pairs",
+                    h.seqs.len(),
+                    h.leases.len()
+                )));
+            }
+            let refs = h
+                .seqs
+                .iter()
+                .zip(&h.leases)
+                .map(|(&s, &l)| (Seq(s), LeaseId(l)))
+                .collect();
+            Ok((queue, refs))
+        })
+        .collect()
 }
 
 fn lease_response<T>(
@@ -352,10 +384,25 @@ impl pb::backend_server::Backend for BackendService {
     async fn release_session(
         &self,
         req: Request<pb::BackendReleaseSessionRequest>,
-    ) -> Reply<pb::BackendCountResponse> {
+    ) -> Reply<pb::BackendReleaseSessionResponse> {
         let r = req.into_inner();
         let (session, queues) = session_and_queues(&r.session_id, &r.queues)?;
         self.check_placements(&queues, &r.placement_epochs)?;
+        if r.renew && !r.held.is_empty() {
+            let held = delivery_refs(&r.held, &queues)?;
+            let (count, not_held) = self.broker.renew_named(session, held).await?;
+            return Ok(Response::new(pb::BackendReleaseSessionResponse {
+                count,
+                not_held: not_held
+                    .into_iter()
+                    .map(|(q, refs)| pb::BackendDeliveryRefs {
+                        queue: q.to_string(),
+                        seqs: refs.iter().map(|(s, _)| s.0).collect(),
+                        leases: refs.iter().map(|(_, l)| l.0).collect(),
+                    })
+                    .collect(),
+            }));
+        }
         let count = if r.renew {
             self.broker.renew_session(session, &queues).await?
         } else {
@@ -363,7 +410,10 @@ impl pb::backend_server::Backend for BackendService {
                 .release_session(session, &queues, r.recover)
                 .await?
         };
-        Ok(Response::new(pb::BackendCountResponse { count }))
+        Ok(Response::new(pb::BackendReleaseSessionResponse {
+            count,
+            not_held: vec![],
+        }))
     }
 
     async fn browse(

@@ -38,7 +38,7 @@ use tonic::{Request, Status, Streaming};
 
 use crate::dispatch::{queue_name, Dispatch};
 use crate::error::Error;
-use ferry_kernel::QueueName;
+use ferry_kernel::{QueueName, SessionId};
 
 pub type ConsumeStream =
     Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::ConsumeResponse, Status>> + Send>>;
@@ -183,7 +183,8 @@ pub(crate) async fn start(
         ferry_kernel::Selector::parse(&start.selector, &ferry_kernel::SelectorLimits::default())
             .map_err(Error::from)?;
     }
-    if let Some(sid) = svc.touch_session(&start.session_id, Some(&queue))? {
+    let session = svc.touch_session(&start.session_id, Some(&queue))?;
+    if let Some(sid) = session {
         if svc.sessions.is_transacted(sid)? {
             return Err(crate::error::Error::Transacted {
                 id: sid.to_string(),
@@ -193,7 +194,7 @@ pub(crate) async fn start(
         }
     }
     let (tx, rx) = mpsc::channel(16);
-    tokio::spawn(run(svc, queue, start, inbound, tx));
+    tokio::spawn(run(svc, queue, session, start, inbound, tx));
     Ok(Box::pin(ReceiverStream::new(rx)))
 }
 
@@ -209,6 +210,8 @@ enum Next {
 struct Stream {
     svc: Arc<Dispatch>,
     queue: QueueName,
+    /// The session the stream receives for, if any: its heartbeats renew what is pushed.
+    session: Option<SessionId>,
     start: pb::ConsumeStart,
     tx: mpsc::Sender<Result<pb::ConsumeResponse, Status>>,
     credits: u64,
@@ -225,6 +228,7 @@ struct Stream {
 async fn run(
     svc: Arc<Dispatch>,
     queue: QueueName,
+    session: Option<SessionId>,
     start: pb::ConsumeStart,
     mut inbound: Streaming<pb::ConsumeRequest>,
     tx: mpsc::Sender<Result<pb::ConsumeResponse, Status>>,
@@ -238,6 +242,7 @@ async fn run(
         stopped: false,
         svc,
         queue,
+        session,
         start,
         tx,
     };
@@ -380,6 +385,11 @@ impl Stream {
             // as deliveries (nobody saw them).
             let _ = release(&self.svc, &self.start.session_id, &handles).await;
             return Next::End;
+        }
+        if let Some(sid) = self.session {
+            self.svc
+                .sessions
+                .note_delivered(sid, handles.iter().map(String::as_str));
         }
         Next::Continue
     }

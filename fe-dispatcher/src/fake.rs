@@ -184,7 +184,7 @@ impl pb::backend_server::Backend for FakeBackend {
     async fn release_session(
         &self,
         r: Request<pb::BackendReleaseSessionRequest>,
-    ) -> Reply<pb::BackendCountResponse> {
+    ) -> Reply<pb::BackendReleaseSessionResponse> {
         let r = r.into_inner();
         self.answer("release_session", r.queues, r.placement_epochs)
     }

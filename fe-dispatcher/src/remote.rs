@@ -130,7 +130,7 @@ forward_all! {
     ack(pb::BackendLeaseRequest) -> pb::BackendLeaseResponse;
     nack(pb::BackendLeaseRequest) -> pb::BackendLeaseResponse;
     extend_lease(pb::BackendLeaseRequest) -> pb::BackendLeaseResponse;
-    release_session(pb::BackendReleaseSessionRequest) -> pb::BackendCountResponse;
+    release_session(pb::BackendReleaseSessionRequest) -> pb::BackendReleaseSessionResponse;
     browse(pb::BackendBrowseRequest) -> pb::BackendBrowseResponse;
     commit(pb::BackendCommitRequest) -> pb::BackendCountResponse;
     rollback(pb::BackendRollbackRequest) -> pb::BackendCountResponse;

@@ -6,7 +6,7 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Mutex, PoisonError};
 
-use ferry_kernel::{NodeId, QueueName, SessionId};
+use ferry_kernel::{LeaseId, NodeId, QueueName, ReceiptHandle, Seq, SessionId};
 use ferry_proto::pb::AckMode;
 use tokio::time::{Duration, Instant};
 
@@ -30,9 +30,16 @@ struct Session {
     /// Queues this session received from or staged sends in: where its leases and uncommitted
     /// sends may be.
     queues: HashSet<QueueName>,
+    /// The deliveries this front-end passed on to the client, by queue: message and lease.
+    /// Heartbeats renew these alone, so a delivery whose answer was lost on its way here runs
+    /// out and is redelivered. Settled ones are forgotten when a renewal finds them gone.
+    held: HashMap<QueueName, HashMap<Seq, LeaseId>>,
     /// The open transaction of a transacted session.
     tx: Option<Transaction>,
 }
+
+/// The deliveries a heartbeat renews for one session, by queue.
+pub(crate) type Held = Vec<(QueueName, Vec<(Seq, LeaseId)>)>;
 
 /// The longest `client_id` a connection may give (it is shown in listings and logs).
 pub(crate) const CLIENT_ID_BYTES_MAX: usize = 256;
@@ -238,6 +245,7 @@ impl Sessions {
                 connection: connection.into(),
                 ack_mode,
                 queues: HashSet::new(),
+                held: HashMap::new(),
                 tx: (ack_mode == AckMode::Transacted).then(Transaction::default),
             },
         );
@@ -368,11 +376,32 @@ impl Sessions {
         Ok(sess.tx.is_some())
     }
 
-    /// The sessions of a connection with the queues where each may hold leases.
-    pub(crate) fn connection_sessions(
+    /// Deliveries passed on to a session's client (by their receipt handles): heartbeats renew
+    /// them until they are settled. A session that has since closed records nothing.
+    pub(crate) fn note_delivered<'a>(
+        &self,
+        id: SessionId,
+        handles: impl IntoIterator<Item = &'a str>,
+    ) {
+        let mut s = self.lock();
+        let Some(sess) = s.sessions.get_mut(&id) else {
+            return;
+        };
+        for h in handles {
+            // Handles come from the back-ends; one that does not parse cannot be renewed
+            // (nor acknowledged): it runs out and is redelivered.
+            if let Ok(r) = h.parse::<ReceiptHandle>() {
+                sess.held.entry(r.queue).or_default().insert(r.seq, r.lease);
+            }
+        }
+    }
+
+    /// What a connection's heartbeat renews: per session, the deliveries passed on to its
+    /// client and not yet found settled. Sessions holding nothing are left out.
+    pub(crate) fn connection_held(
         &self,
         connection: &str,
-    ) -> Result<Vec<(SessionId, Vec<QueueName>)>, Error> {
+    ) -> Result<Vec<(SessionId, Held)>, Error> {
         let s = self.lock();
         let c = s
             .connections
@@ -383,10 +412,45 @@ impl Sessions {
         Ok(c.sessions
             .iter()
             .filter_map(|id| {
-                let sess = s.sessions.get(id)?;
-                (!sess.queues.is_empty()).then(|| (*id, sess.queues.iter().cloned().collect()))
+                let held: Held = s
+                    .sessions
+                    .get(id)?
+                    .held
+                    .iter()
+                    .filter(|(_, d)| !d.is_empty())
+                    .map(|(q, d)| (q.clone(), d.iter().map(|(s, l)| (*s, *l)).collect()))
+                    .collect();
+                (!held.is_empty()).then_some((*id, held))
             })
             .collect())
+    }
+
+    /// Forgets deliveries a back-end says the session no longer holds (acknowledged, returned,
+    /// expired, redelivered). A delivery of the same message made since keeps its place.
+    pub(crate) fn forget_held(&self, id: SessionId, queue: &QueueName, gone: &[(Seq, LeaseId)]) {
+        let mut s = self.lock();
+        let Some(held) = s.sessions.get_mut(&id).map(|sess| &mut sess.held) else {
+            return;
+        };
+        if let Some(d) = held.get_mut(queue) {
+            for (seq, lease) in gone {
+                if d.get(seq) == Some(lease) {
+                    d.remove(seq);
+                }
+            }
+            if d.is_empty() {
+                held.remove(queue);
+            }
+        }
+    }
+
+    /// How many deliveries a session's client holds, as far as this front-end knows.
+    #[cfg(test)]
+    pub(crate) fn held_count(&self, id: SessionId) -> usize {
+        let s = self.lock();
+        s.sessions
+            .get(&id)
+            .map_or(0, |sess| sess.held.values().map(HashMap::len).sum())
     }
 
     /// The queues where a session may hold leases.
@@ -574,6 +638,49 @@ mod tests {
         s.add_temporary_queue(&a, &node).expect("first");
         let e = s.add_temporary_queue(&b, &node).expect_err("over the cap");
         assert_eq!(limit_name(e), "temporary_queues_max");
+    }
+
+    fn handle(queue: &str, seq: u64, lease: u64) -> String {
+        ReceiptHandle {
+            queue: QueueName::new(queue).expect("a queue name"),
+            uid: ferry_kernel::QueueUid(7),
+            seq: Seq(seq),
+            lease: LeaseId(lease),
+            delivery_count: 1,
+            tag: 9,
+        }
+        .to_string()
+    }
+
+    // Bug 3: heartbeats must name what was handed to the client, no more, and stop naming what
+    // the back-end found settled, without dropping a newer delivery of the same message.
+    #[test]
+    fn heartbeats_name_the_deliveries_handed_over_until_a_back_end_finds_them_gone() {
+        let s = limited();
+        let (c, _) = s.open("c".into(), None).expect("open");
+        let idle = s.create_session(&c, AckMode::Client).expect("a session");
+        let busy = s.create_session(&c, AckMode::Client).expect("a session");
+        let h = [handle("a", 1, 10), handle("a", 2, 11), handle("b", 1, 12)];
+        s.note_delivered(busy, h.iter().map(String::as_str).chain(["not a handle"]));
+        assert_eq!(s.held_count(busy), 3);
+        assert_eq!(s.held_count(idle), 0);
+        let mut held = s.connection_held(&c).expect("the connection");
+        assert_eq!(held.len(), 1, "a session holding nothing is not renewed");
+        let (sid, mut by_queue) = held.remove(0);
+        assert_eq!(sid, busy);
+        by_queue.sort_by(|x, y| x.0.cmp(&y.0));
+        let a = QueueName::new("a").expect("a queue name");
+        let mut in_a = by_queue[0].1.clone();
+        in_a.sort();
+        assert_eq!(in_a, vec![(Seq(1), LeaseId(10)), (Seq(2), LeaseId(11))]);
+        // Message 1 of `a` was redelivered to the session meanwhile (lease 20): the back-end's
+        // "lease 10 is gone" must not drop it.
+        s.note_delivered(busy, [handle("a", 1, 20).as_str()]);
+        s.forget_held(busy, &a, &[(Seq(1), LeaseId(10)), (Seq(2), LeaseId(11))]);
+        assert_eq!(s.held_count(busy), 2);
+        s.close_session(busy).expect("close");
+        s.note_delivered(busy, [handle("a", 3, 30).as_str()]);
+        assert!(s.connection_held(&c).expect("the connection").is_empty());
     }
 
     #[test]

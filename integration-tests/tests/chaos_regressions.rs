@@ -186,14 +186,13 @@ async fn an_auto_acknowledge_receive_never_acknowledges_what_it_has_not_returned
     Ok(())
 }
 
-/// Bug 3 (docs/reliability.md), open: a receive through n2, parked on the owner n3; n2 is cut
+/// Bug 3 (docs/reliability.md): a receive through n2, parked on the owner n3; n2 is cut
 /// from n3 for less than the delivery lease; a message is handed to the parked receive, whose
 /// answer cannot reach n2; the application gives the receive up (its own timeout) and goes on
-/// with the session. Its heartbeats renew every lease of the session at n3, the lost delivery's
-/// too: the message stays leased to a delivery nobody has, as long as the session lives. It must
-/// come back within about a delivery lease.
+/// with the session. Its heartbeats renewed every lease of the session at n3, the lost delivery's
+/// too: the message stayed leased to a delivery nobody had, as long as the session lived. Now
+/// they renew only what n2 passed on, and the message comes back within about a delivery lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bug 3: heartbeats renew the lease of a delivery whose answer was lost"]
 async fn a_delivery_whose_answer_was_lost_is_not_renewed_by_the_sessions_heartbeats(
 ) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;

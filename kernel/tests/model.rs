@@ -98,6 +98,11 @@ enum Op {
     Heartbeat {
         session: u8,
     },
+    /// The heartbeat names deliveries (what its front-end passed on): those alone are renewed.
+    HeartbeatNamed {
+        session: u8,
+        picks: Vec<usize>,
+    },
     Advance {
         ms: u16,
     },
@@ -176,6 +181,8 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(session, pick)| Op::Commit { session, pick }),
         1 => (0..3u8).prop_map(|session| Op::Rollback { session }),
         1 => (0..3u8).prop_map(|session| Op::Heartbeat { session }),
+        1 => (0..3u8, proptest::collection::vec(any::<usize>(), 0..4))
+            .prop_map(|(session, picks)| Op::HeartbeatNamed { session, picks }),
         3 => (0..300u16).prop_map(|ms| Op::Advance { ms }),
         1 => Just(Op::Restart),
     ]
@@ -700,6 +707,47 @@ fn run(ops: Vec<Op>, budget: Option<u64>) -> Result<(), TestCaseError> {
                     }
                 }
                 prop_assert_eq!(renewed, n);
+                m.dispatch(now, &mut h);
+                fx
+            }
+            Op::HeartbeatNamed { session, picks } => {
+                let owner = SessionId(session.into());
+                let mut named: Vec<(Seq, LeaseId)> = vec![];
+                if !leases.is_empty() {
+                    for p in picks {
+                        let r = leases[p % leases.len()];
+                        if !named.iter().any(|(s, _)| *s == r.seq) {
+                            named.push((r.seq, r.lease));
+                        }
+                    }
+                }
+                let (renewed, fx) = q.renew_named(owner, &named, now);
+                m.fire(now, &mut h, &mut e);
+                let (mut n, mut gone) = (0, vec![]);
+                for &(seq, lease) in &named {
+                    let held = m.msgs.get_mut(&seq.0).and_then(|mm| match mm.state {
+                        MessageState::Leased {
+                            lease: l,
+                            owner: o,
+                            until_ms,
+                        } if l == lease && o == Some(owner) => Some((mm, until_ms)),
+                        _ => None,
+                    });
+                    let Some((mm, until_ms)) = held else {
+                        gone.push((seq, lease));
+                        continue;
+                    };
+                    if now + mm.lease_ms > until_ms {
+                        mm.state = MessageState::Leased {
+                            lease,
+                            owner: Some(owner),
+                            until_ms: now + mm.lease_ms,
+                        };
+                        n += 1;
+                    }
+                }
+                prop_assert_eq!(renewed.renewed, n);
+                prop_assert_eq!(renewed.not_held, gone);
                 m.dispatch(now, &mut h);
                 fx
             }

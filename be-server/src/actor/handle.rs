@@ -5,8 +5,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use ferry_kernel::{
-    Caller, Delivery, KernelError, LeaseRef, MessageId, MessageState, NewMessage, QueueStats,
-    ReceiveRequest, SessionId,
+    Caller, Delivery, KernelError, LeaseId, LeaseRef, MessageId, MessageState, NewMessage,
+    QueueStats, ReceiveRequest, Renewed, Seq, SessionId,
 };
 use ferry_store::{StoreError, StoreOp};
 use tokio::sync::{mpsc, oneshot};
@@ -98,6 +98,12 @@ pub(crate) enum Cmd {
     RenewSession {
         session: SessionId,
         reply: Reply<u64>,
+    },
+    /// A session is alive and holds these deliveries: renew them alone.
+    RenewNamed {
+        session: SessionId,
+        named: Vec<(Seq, LeaseId)>,
+        reply: Reply<Renewed>,
     },
     /// A session ended (`recover: false`) or is recovering (`true`).
     ReleaseSession {

@@ -285,6 +285,14 @@ impl QueueActor {
                 let (renewed, fx) = self.queue.renew_session(session, now);
                 self.finish(fx, vec![answer(reply, renewed)]).await;
             }
+            Cmd::RenewNamed {
+                session,
+                named,
+                reply,
+            } => {
+                let (renewed, fx) = self.queue.renew_named(session, &named, now);
+                self.finish(fx, vec![answer(reply, renewed)]).await;
+            }
             Cmd::ReleaseSession {
                 session,
                 recover,

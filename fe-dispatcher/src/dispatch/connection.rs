@@ -1,14 +1,15 @@
 //! Connections and sessions: open, heartbeat, close, recover; and telling the back-ends that a
 //! session ended (its leases return at once) or is alive (its leases are renewed).
 
+use std::collections::HashMap;
 use std::time::Duration;
 
-use ferry_kernel::{QueueName, SessionId};
+use ferry_kernel::{LeaseId, QueueName, Seq, SessionId};
 use ferry_proto::pb;
 use tonic::{Request, Status};
 
 use super::{count_u32, session_id, Dispatch};
-use crate::sessions::Closed;
+use crate::sessions::{Closed, Held};
 
 impl Dispatch {
     pub(crate) fn open_connection(
@@ -29,10 +30,10 @@ impl Dispatch {
     ) -> Result<pb::HeartbeatResponse, Status> {
         let connection = r.connection_id;
         let at = self.sessions.touch(&connection)?;
-        // A consumer heartbeat: the connection's sessions are alive, so their deliveries' leases
-        // are renewed (each for its own length).
-        for (session, queues) in self.sessions.connection_sessions(&connection)? {
-            self.renew_session_queues(session, queues).await;
+        // A consumer heartbeat: the connection's sessions are alive, so the leases of the
+        // deliveries they were given are renewed (each for its own length).
+        for (session, held) in self.sessions.connection_held(&connection)? {
+            self.renew_held(session, held).await;
         }
         let left = at.saturating_duration_since(tokio::time::Instant::now());
         let lease_expires_at_ms =
@@ -146,14 +147,62 @@ impl Dispatch {
         queues: Vec<QueueName>,
         recover: bool,
     ) -> u64 {
-        self.session_queues_op(session, queues, recover, false)
-            .await
+        self.session_queues_op(session, queues, recover).await
     }
 
-    /// Tells the back-ends holding a session's leases that it is alive (its connection's
-    /// heartbeat): they renew its delivery leases.
-    async fn renew_session_queues(&self, session: SessionId, queues: Vec<QueueName>) -> u64 {
-        self.session_queues_op(session, queues, false, true).await
+    /// Tells the back-ends holding deliveries passed on to a session's client that it is alive:
+    /// they renew those leases, and name the ones already settled, which are forgotten here.
+    /// A back-end that cannot be reached is not retried: its own timers return the deliveries if
+    /// the session stays out of touch longer than their leases.
+    async fn renew_held(&self, session: SessionId, held: Held) -> u64 {
+        let session_id = session.to_string();
+        let by_queue: HashMap<QueueName, Vec<(Seq, LeaseId)>> = held.into_iter().collect();
+        let queues = by_queue.keys().cloned().collect();
+        let answers = self
+            .router
+            .call_each(queues, |be, queues| {
+                let mut req = pb::BackendReleaseSessionRequest {
+                    session_id: session_id.clone(),
+                    renew: true,
+                    ..Default::default()
+                };
+                for (q, epoch) in queues {
+                    let refs = by_queue.get(&q).map(Vec::as_slice).unwrap_or_default();
+                    req.held.push(pb::BackendDeliveryRefs {
+                        queue: q.to_string(),
+                        seqs: refs.iter().map(|(s, _)| s.0).collect(),
+                        leases: refs.iter().map(|(_, l)| l.0).collect(),
+                    });
+                    req.queues.push(q.to_string());
+                    req.placement_epochs.push(epoch);
+                }
+                async move { be.release_session(Request::new(req)).await }
+            })
+            .await;
+        let mut renewed = 0;
+        for (node, answer) in answers {
+            match answer {
+                Ok(r) => {
+                    renewed += r.count;
+                    for gone in r.not_held {
+                        let Ok(q) = QueueName::new(gone.queue) else {
+                            continue;
+                        };
+                        let refs: Vec<_> = gone
+                            .seqs
+                            .into_iter()
+                            .zip(gone.leases)
+                            .map(|(s, l)| (Seq(s), LeaseId(l)))
+                            .collect();
+                        self.sessions.forget_held(session, &q, &refs);
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(%node, session = %self.sessions.public_session(session), error = %e, "could not renew a session's leases")
+                }
+            }
+        }
+        renewed
     }
 
     async fn session_queues_op(
@@ -161,7 +210,6 @@ impl Dispatch {
         session: SessionId,
         queues: Vec<QueueName>,
         recover: bool,
-        renew: bool,
     ) -> u64 {
         let session_id = session.to_string();
         let answers = self
@@ -175,7 +223,8 @@ impl Dispatch {
                     session_id: session_id.clone(),
                     queues,
                     recover,
-                    renew,
+                    renew: false,
+                    held: vec![],
                     placement_epochs,
                 };
                 async move { be.release_session(Request::new(req)).await }

@@ -18,7 +18,8 @@ impl Dispatch {
     ) -> Result<pb::ReceiveResponse, Status> {
         let queue = queue_name(&r.queue)?;
         let wait_ms = self.backend_wait(r.wait_ms, deadline)?;
-        if let Some(sid) = self.touch_session(&r.session_id, Some(&queue))? {
+        let session = self.touch_session(&r.session_id, Some(&queue))?;
+        if let Some(sid) = session {
             self.sessions
                 .tx_touch(sid, &queue, &self.router.owner_of(&queue).node)?;
         }
@@ -49,6 +50,10 @@ impl Dispatch {
             // with an error, so the receiver does not take it for "no message came".
             () = crate::stopped(&mut stopping) => return Err(self.stopping_status()),
         };
+        if let Some(sid) = session {
+            self.sessions
+                .note_delivered(sid, deliveries.iter().map(|d| d.receipt_handle.as_str()));
+        }
         Ok(pb::ReceiveResponse { deliveries })
     }
 

@@ -4,7 +4,7 @@
 
 use super::{DeadLetterReason, Effects, LeaseRef, MessageState, Queue, ReturnCause, Transition};
 use crate::error::KernelError;
-use crate::types::{Seq, SessionId};
+use crate::types::{LeaseId, Seq, SessionId};
 
 /// Who names a delivery in an ack, nack, release or lease extension.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -14,6 +14,23 @@ pub enum Caller {
     /// A client's call, with the session it named (`None`: none). It may act only on
     /// deliveries of that session (with `None`, only on deliveries made outside any session).
     Client(Option<SessionId>),
+}
+
+/// What a heartbeat naming deliveries did ([`Queue::renew_named`]).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Renewed {
+    /// Deliveries whose lease now runs later.
+    pub renewed: u64,
+    /// Named deliveries the session no longer holds here.
+    pub not_held: Vec<(Seq, LeaseId)>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Renewal {
+    Renewed,
+    /// Held, and its lease already runs at least as long as a renewal would make it.
+    AlreadyLonger,
+    NotHeld,
 }
 
 impl Queue {
@@ -107,38 +124,83 @@ impl Queue {
     /// A session is alive (its connection's heartbeat): every delivery it holds here is renewed
     /// for its own lease length, counted from now (a lease is never shortened). Deliveries whose
     /// lease already ran out are not revived. Returns how many were renewed.
+    ///
+    /// This renews deliveries whose hand-off may have been lost on the way to the client too;
+    /// front-ends name what they passed on instead ([`Queue::renew_named`]). It stays for
+    /// front-ends that do not.
     pub fn renew_session(&mut self, owner: SessionId, now_ms: u64) -> (u64, Effects) {
         let mut effects = Effects::default();
         self.fire_due(now_ms, &mut effects);
-        let held = self.held_by(owner);
-        let mut renewed = 0;
-        for seq in held {
-            let Some(e) = self.entries.get(&seq) else {
-                continue;
-            };
-            let MessageState::Leased {
-                lease,
-                owner: o,
-                until_ms,
-            } = e.state
-            else {
-                continue;
-            };
-            let until = now_ms.saturating_add(e.lease_ms);
-            if until > until_ms {
-                self.set_state(
-                    seq,
-                    MessageState::Leased {
-                        lease,
-                        owner: o,
-                        until_ms: until,
-                    },
-                );
-                renewed += 1;
+        let renewed = self
+            .held_by(owner)
+            .into_iter()
+            .filter(|&seq| self.renew_one(seq, None, owner, now_ms) == Renewal::Renewed)
+            .count() as u64;
+        self.dispatch(now_ms, &mut effects);
+        (renewed, effects)
+    }
+
+    /// A session is alive and still holds these deliveries (the ones its front-end passed on to
+    /// the client and has not seen settled): each is renewed as [`Queue::renew_session`] renews.
+    /// Any other delivery of the session is left to run out, so a delivery whose answer was lost
+    /// on the way is redelivered however long the session lives. Names that are not live
+    /// deliveries of `owner` (acknowledged, returned, expired, redelivered since) come back in
+    /// [`Renewed::not_held`], for the front-end to forget.
+    pub fn renew_named(
+        &mut self,
+        owner: SessionId,
+        named: &[(Seq, LeaseId)],
+        now_ms: u64,
+    ) -> (Renewed, Effects) {
+        let mut effects = Effects::default();
+        self.fire_due(now_ms, &mut effects);
+        let mut out = Renewed::default();
+        for &(seq, lease) in named {
+            match self.renew_one(seq, Some(lease), owner, now_ms) {
+                Renewal::Renewed => out.renewed += 1,
+                Renewal::AlreadyLonger => {}
+                Renewal::NotHeld => out.not_held.push((seq, lease)),
             }
         }
         self.dispatch(now_ms, &mut effects);
-        (renewed, effects)
+        (out, effects)
+    }
+
+    /// Renews one delivery of `owner` (with `lease`: only that delivery of the message).
+    fn renew_one(
+        &mut self,
+        seq: Seq,
+        lease: Option<LeaseId>,
+        owner: SessionId,
+        now_ms: u64,
+    ) -> Renewal {
+        let Some(e) = self.entries.get(&seq) else {
+            return Renewal::NotHeld;
+        };
+        let MessageState::Leased {
+            lease: l,
+            owner: o,
+            until_ms,
+        } = e.state
+        else {
+            return Renewal::NotHeld;
+        };
+        if o != Some(owner) || lease.is_some_and(|lease| lease != l) {
+            return Renewal::NotHeld;
+        }
+        let until = now_ms.saturating_add(e.lease_ms);
+        if until <= until_ms {
+            return Renewal::AlreadyLonger;
+        }
+        self.set_state(
+            seq,
+            MessageState::Leased {
+                lease: l,
+                owner: o,
+                until_ms: until,
+            },
+        );
+        Renewal::Renewed
     }
 
     /// The messages a session holds here, oldest first.

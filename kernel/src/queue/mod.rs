@@ -32,7 +32,7 @@ use crate::types::{LeaseId, Priority, QueueName, QueueUid, Seq, SessionId, Share
 /// The headers resident messages are indexed by.
 const INDEXED_HEADERS: [IndexedHeader; 2] = [IndexedHeader::CorrelationId, IndexedHeader::GroupId];
 
-pub use ack::Caller;
+pub use ack::{Caller, Renewed};
 pub use admin::{DeadLetterCounts, QueueStats, RecoveredMessage};
 pub use history::{HistoryEntry, ReturnCause, Transition};
 pub use paging::{Page, PageSource, PagedError, SCAN_CHUNK, SCAN_LOOK_MAX};

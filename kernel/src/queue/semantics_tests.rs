@@ -745,6 +745,59 @@ fn a_heartbeat_renews_the_sessions_leases_for_their_own_length_and_revives_none(
     assert!(res[0].is_err());
 }
 
+// Bug 3 (docs/reliability.md): a delivery whose answer was lost between back-end and front-end
+// was renewed by every heartbeat of its session, so it stayed leased as long as the session
+// lived. A heartbeat that names deliveries renews those alone.
+#[test]
+fn a_heartbeat_naming_deliveries_renews_those_alone_and_names_the_ones_gone() {
+    let mut q = queue();
+    let _ = q
+        .send(vec![msg("a"), msg("b"), msg("c"), msg("d")], T0)
+        .unwrap();
+    let passed_on = take(&mut q, 1, 1, T0);
+    let lost = take(&mut q, 1, 1, T0);
+    let acked = take(&mut q, 1, 1, T0);
+    let other = take(&mut q, 2, 1, T0);
+    let (res, _) = q.ack(
+        Caller::Client(Some(SessionId(1))),
+        &[acked[0].lease_ref()],
+        T0,
+    );
+    assert!(res[0].is_ok());
+    let named = |d: &Delivery| (d.message.seq, d.lease_ref().lease);
+    let (r, _) = q.renew_named(
+        SessionId(1),
+        &[named(&passed_on[0]), named(&acked[0]), named(&other[0])],
+        T0 + 50,
+    );
+    q.check_invariants();
+    assert_eq!(r.renewed, 1);
+    assert_eq!(
+        r.not_held,
+        vec![named(&acked[0]), named(&other[0])],
+        "settled, and another session's"
+    );
+    let until = |q: &Queue, d: &Delivery| match q.state_of(d.message.seq) {
+        Some(MessageState::Leased { until_ms, .. }) => until_ms,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(until(&q, &passed_on[0]), T0 + 60_050);
+    assert_eq!(until(&q, &lost[0]), T0 + 60_000, "not named: not renewed");
+    assert_eq!(until(&q, &other[0]), T0 + 60_000);
+    // The unnamed delivery runs out and is delivered again, however often the session beats.
+    let (r, _) = q.renew_named(SessionId(1), &[named(&passed_on[0])], T0 + 60_001);
+    q.check_invariants();
+    assert_eq!(r.renewed, 1);
+    assert_eq!(q.state_of(lost[0].message.seq), Some(MessageState::Ready));
+    let again = take(&mut q, 1, 1, T0 + 60_002);
+    assert_eq!(bodies(&again), vec!["b".to_string()]);
+    // The lost delivery's old lease names nothing now, though the session holds the message
+    // again under a new one.
+    let (r, _) = q.renew_named(SessionId(1), &[named(&lost[0])], T0 + 60_003);
+    assert_eq!((r.renewed, r.not_held), (0, vec![named(&lost[0])]));
+    assert_eq!(until(&q, &again[0]), T0 + 120_002);
+}
+
 #[test]
 fn a_group_whose_holder_lets_its_last_lease_lapse_is_free_again() {
     let mut q = queue();
