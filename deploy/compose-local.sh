@@ -26,7 +26,8 @@
 # Settings (environment): FERRY_COMPOSE_LOCAL_DIR, where data, logs and plans go (default
 # ./compose-local; a restart resumes the same cluster); FERRY_COMPOSE_LOCAL_ADDRS, PREFIX (default
 # 127.0.100, not 127.0.0); FERRY_COMPOSE_FILE (default deploy/compose.yaml); FERRY_BIN, the
-# binary (default: the release build). Needs jq, curl (the healthcheck) and compose v2:
+# binary (default: the release build). Needs jq, curl (the healthcheck) and compose v2 (exit 3
+# when one is missing):
 # `docker compose`, or `docker-compose` on the PATH or in ~/.cache/ferry-tools/bin, where
 # scripts/install-deps --tests puts one.
 set -euo pipefail
@@ -63,7 +64,8 @@ compose() {
       return
     fi
   done
-  die "no Docker Compose v2 here (docker compose, or docker-compose v2): scripts/install-deps --tests installs one"
+  echo "error: no Docker Compose v2 here (docker compose, or docker-compose v2): scripts/install-deps --tests installs one" >&2
+  exit 3
 }
 
 # The last stage of a Dockerfile: its `ENV KEY=VALUE` lines and exec-form ENTRYPOINT, as JSON.
@@ -84,11 +86,21 @@ image_json() {
   jq -cn --argjson env "$env" --argjson entrypoint "$entrypoint" '{env: $env, entrypoint: $entrypoint}'
 }
 
+# Exits 3 when a tool the script needs is missing.
+need_tools() {
+  local t
+  for t in jq curl; do
+    command -v "$t" >/dev/null 2>&1 ||
+      { echo "error: $t is missing: scripts/install-deps --tests installs it" >&2; exit 3; }
+  done
+}
+
 # Writes $DIR/plans.sh: for each service a function setting addr, grace_s,
 # health_timeout_s, environment, argv, health and dirs.
 make_plans() {
   [[ "$PREFIX" =~ ^127\.[0-9]{1,3}\.[0-9]{1,3}$ && "$PREFIX" != "127.0.0" ]] ||
     die "FERRY_COMPOSE_LOCAL_ADDRS=$PREFIX: give three numbers of a loopback address, 127.X.Y, other than 127.0.0"
+  need_tools
   mkdir -p "$DIR"
   compose -f "$COMPOSE_FILE" config --format json >"$DIR/compose.json" ||
     die "docker compose config refused $COMPOSE_FILE (above)"
@@ -169,11 +181,17 @@ use_plan() {
   "plan_${1//[^A-Za-z0-9_]/_}"
 }
 
+# The process id of service $1's node while it runs (an exited one not yet reaped does not).
 running_pid() {
   local f="$DIR/$1/ferry.pid" pid
   [[ -f "$f" ]] || return 1
   pid=$(cat "$f")
-  kill -0 "$pid" 2>/dev/null && echo "$pid"
+  alive "$pid" && echo "$pid"
+}
+
+alive() {
+  local state
+  state=$(ps -o stat= -p "$1" 2>/dev/null) && [[ "$state" != Z* ]]
 }
 
 client_addr() {
@@ -292,11 +310,11 @@ stop() {
     pid=${svc##*:} svc=${svc%:*}
     use_plan "$svc"
     waited=0
-    while kill -0 "$pid" 2>/dev/null && ((waited < grace_s * 10)); do
+    while alive "$pid" && ((waited < grace_s * 10)); do
       sleep 0.1
       waited=$((waited + 1))
     done
-    if kill -0 "$pid" 2>/dev/null; then
+    if alive "$pid"; then
       kill -KILL "$pid" 2>/dev/null || true
       echo "$svc: killed (SIGKILL) after its stop_grace_period, ${grace_s} s"
     else
