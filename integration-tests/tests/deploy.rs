@@ -335,6 +335,10 @@ fn the_compose_topology_forms_a_cluster_as_plain_processes() -> anyhow::Result<(
     // The compose file's healthcheck, run against each node.
     let health = local.run("health")?;
     let report = text(&health.stdout);
+    ensure!(
+        !report.contains("no healthcheck"),
+        "every service needs a healthcheck:\n{report}"
+    );
     if !health.status.success() {
         // GET /healthz on the metrics port comes with issue 17, item 7 (node status and health).
         // Until the binary serves it, a 404 there is the only failure allowed.
