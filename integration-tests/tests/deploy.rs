@@ -21,7 +21,7 @@ use ferry_integration_tests::ferry_bin;
 const TOOL_MISSING: i32 = 3;
 
 /// The ports the image and the compose file give every node: client, peer, metrics.
-const NODE_PORTS: [u16; 3] = [7400, 7410, 9464];
+const NODE_PORTS: [u16; 3] = [7400, 7410, 7420];
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
