@@ -97,8 +97,40 @@ pub fn property_text(v: &pb::PropertyValue) -> String {
     }
 }
 
+/// How message bodies are shown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum BodyAs {
+    /// As text when the body is UTF-8; a body that is not is shown as base64, marked so
+    /// (JSON: `body` null and `body_base64`).
+    #[default]
+    Text,
+    /// Always as base64 (JSON: `body_base64`, no `body`): for binary payloads.
+    Base64,
+}
+
+/// The options of commands that print messages.
+#[derive(Debug, Clone, Copy, clap::Args)]
+pub struct BodyArgs {
+    /// How to show message bodies.
+    #[arg(long = "body-as", value_enum, default_value_t = BodyAs::Text)]
+    pub body_as: BodyAs,
+}
+
+/// A body as text, or `None` when it is to be shown as base64.
+fn body_text(body: &[u8], how: BodyAs) -> Option<&str> {
+    match how {
+        BodyAs::Text => std::str::from_utf8(body).ok(),
+        BodyAs::Base64 => None,
+    }
+}
+
+fn base64(body: &[u8]) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(body)
+}
+
 /// One message as a JSON object.
-pub fn message_json(m: &pb::Message, delivery: Option<&pb::Delivery>) -> Value {
+pub fn message_json(m: &pb::Message, delivery: Option<&pb::Delivery>, how: BodyAs) -> Value {
     let properties: BTreeMap<&String, Value> = m
         .properties
         .iter()
@@ -107,7 +139,6 @@ pub fn message_json(m: &pb::Message, delivery: Option<&pb::Delivery>) -> Value {
     let mut v = json!({
         "message_id": m.message_id,
         "queue": m.queue,
-        "body": String::from_utf8_lossy(&m.body),
         "properties": properties,
         "correlation_id": m.correlation_id,
         "reply_to": (!m.reply_to.is_empty()).then_some(&m.reply_to),
@@ -117,6 +148,15 @@ pub fn message_json(m: &pb::Message, delivery: Option<&pb::Delivery>) -> Value {
         "expiration_ms": m.expiration_ms,
         "persistent": m.delivery_mode != pb::DeliveryMode::NonPersistent as i32,
     });
+    match (body_text(&m.body, how), how) {
+        (Some(text), _) => v["body"] = json!(text),
+        // Never lossy: bytes that are not UTF-8 come out exactly, in base64.
+        (None, BodyAs::Text) => {
+            v["body"] = Value::Null;
+            v["body_base64"] = json!(base64(&m.body));
+        }
+        (None, BodyAs::Base64) => v["body_base64"] = json!(base64(&m.body)),
+    }
     if let Some(d) = delivery {
         v["delivery_count"] = json!(d.delivery_count);
         v["redelivered"] = json!(d.redelivered);
@@ -126,7 +166,7 @@ pub fn message_json(m: &pb::Message, delivery: Option<&pb::Delivery>) -> Value {
 }
 
 /// One message for a person to read.
-pub fn message_text(m: &pb::Message, delivery: Option<&pb::Delivery>) -> String {
+pub fn message_text(m: &pb::Message, delivery: Option<&pb::Delivery>, how: BodyAs) -> String {
     let mut s = m.message_id.clone();
     if let Some(d) = delivery {
         s += &format!(
@@ -147,7 +187,17 @@ pub fn message_text(m: &pb::Message, delivery: Option<&pb::Delivery>) -> String 
     for (k, v) in props {
         s += &format!("  {k} = {}\n", property_text(v));
     }
-    s += &format!("  {}", String::from_utf8_lossy(&m.body));
+    match (body_text(&m.body, how), how) {
+        (Some(text), _) => s += &format!("  {text}"),
+        (None, BodyAs::Text) => {
+            s += &format!(
+                "  (not UTF-8; {} bytes as base64) {}",
+                m.body.len(),
+                base64(&m.body)
+            );
+        }
+        (None, BodyAs::Base64) => s += &format!("  {}", base64(&m.body)),
+    }
     s
 }
 

@@ -329,8 +329,10 @@ async fn a_reader_that_closes_early_ends_a_command_quietly() -> anyhow::Result<(
     let (_dir, node, client) = ferry_integration_tests::memory_node(&["orders"]).await?;
     fill_past_a_pipe(&client, "orders").await?;
     let commands: [&[&str]; 3] = [
-        &["browse", "--queue", "orders", "--max", "1000"],
-        &["browse", "--queue", "orders", "--max", "1000", "-o", "json"],
+        &["browse", "--queue", "orders", "--count", "1000"],
+        &[
+            "browse", "--queue", "orders", "--count", "1000", "-o", "json",
+        ],
         &[
             "receive",
             "--queue",
@@ -444,5 +446,123 @@ async fn ctrl_c_on_a_waiting_receive_closes_its_connection() -> anyhow::Result<(
     // 130 = 128 + SIGINT, as a shell reports a command ctrl-c stopped.
     assert_eq!(out.status.code(), Some(130), "{out:?}");
     assert_eq!(leftovers(&client).await?, (0, vec![]));
+    Ok(())
+}
+
+/// Bodies that are not UTF-8 come out exactly: as base64, marked so, never with replacement
+/// characters (which lose the bytes); `--body-as base64` shows every body that way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_that_are_not_utf8_are_shown_as_base64_never_lossily() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let node = Node::start(dir.path(), NodeOptions::default())?;
+    let client = node.client().await?;
+    let (ok, _, err) = ferry_cli(&node, &["queue", "create", "blobs"])?;
+    assert!(ok, "{err}");
+    let session = client
+        .open_connection("blobs")
+        .await?
+        .create_session(ferry_client::AckMode::Auto)
+        .await?;
+    let binary = vec![0xff, 0x00, 0x80, b'a'];
+    session
+        .send(
+            "blobs",
+            vec![
+                ferry_client::Message::bytes(binary),
+                ferry_client::Message::text("plain"),
+            ],
+        )
+        .await?;
+
+    let (ok, out, err) = ferry_cli(&node, &["browse", "-q", "blobs", "-o", "json"])?;
+    assert!(ok, "{err}");
+    let m = json_lines(&out);
+    assert_eq!(m[0]["body"], Value::Null);
+    assert_eq!(m[0]["body_base64"], "/wCAYQ==");
+    assert_eq!(m[1]["body"], "plain");
+    assert!(m[1].get("body_base64").is_none(), "{}", m[1]);
+
+    let (ok, out, err) = ferry_cli(&node, &["browse", "-q", "blobs", "--body-as", "base64"])?;
+    assert!(ok, "{err}");
+    assert!(out.contains("/wCAYQ=="), "{out}");
+    assert!(out.contains("cGxhaW4="), "the text body too: {out}");
+
+    let (ok, out, err) = ferry_cli(&node, &["receive", "-q", "blobs", "--timeout-ms", "0"])?;
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("(not UTF-8; 4 bytes as base64) /wCAYQ=="),
+        "{out}"
+    );
+    assert!(!out.contains('\u{fffd}'), "{out}");
+    Ok(())
+}
+
+/// `ferry completions SHELL` prints a script the shell accepts, naming the commands and flags.
+#[test]
+fn completion_scripts_parse_in_their_shells() -> anyhow::Result<()> {
+    let out = std::process::Command::new(ferry_integration_tests::ferry_bin())
+        .args(["completions", "bash"])
+        .output()?;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let script = String::from_utf8(out.stdout)?;
+    for word in ["queue", "receive", "--body-as", "--server", "completions"] {
+        assert!(script.contains(word), "{word} missing from the bash script");
+    }
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("ferry.bash");
+    std::fs::write(&path, &script)?;
+    let check = std::process::Command::new("bash")
+        .arg("-n")
+        .arg(&path)
+        .output()?;
+    assert!(
+        check.status.success(),
+        "bash -n: {}",
+        String::from_utf8_lossy(&check.stderr)
+    );
+    let out = std::process::Command::new(ferry_integration_tests::ferry_bin())
+        .args(["completions", "tcsh"])
+        .output()?;
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("possible values"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
+
+/// `server` and `check-disk` talk to no node: their help does not list `--server`, and giving it
+/// says so rather than being ignored.
+#[test]
+fn commands_that_talk_to_no_node_do_not_take_server() -> anyhow::Result<()> {
+    for cmd in ["server", "check-disk"] {
+        let out = std::process::Command::new(ferry_integration_tests::ferry_bin())
+            .args([cmd, "--help"])
+            .output()?;
+        let help = String::from_utf8(out.stdout)?;
+        assert!(help.contains("Examples:"), "{cmd}: {help}");
+        assert!(!help.contains("--server"), "{cmd} lists --server: {help}");
+        let out = std::process::Command::new(ferry_integration_tests::ferry_bin())
+            .args([cmd, "--server", "127.0.0.1:1"])
+            .env_remove("FERRY_SERVER")
+            .output()?;
+        assert!(!out.status.success());
+        let err = String::from_utf8(out.stderr)?;
+        assert!(err.contains("takes no --server"), "{cmd}: {err}");
+    }
+    let out = std::process::Command::new(ferry_integration_tests::ferry_bin())
+        .args(["receive", "--help"])
+        .output()?;
+    let help = String::from_utf8(out.stdout)?;
+    let global = help
+        .find("Global options:")
+        .expect("a Global options section");
+    assert!(help[global..].contains("--server"), "{help}");
+    assert!(!help[..global].contains("--server"), "{help}");
     Ok(())
 }

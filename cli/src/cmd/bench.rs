@@ -36,6 +36,7 @@ pub struct BenchArgs {
     /// the end.
     #[arg(long, short)]
     queue: Option<String>,
+    /// Producers: concurrent senders.
     #[arg(long, default_value_t = 1)]
     producers: u32,
     /// Consumers; 0 only fills the queue (needs --queue, which keeps the messages).
@@ -63,6 +64,7 @@ pub struct BenchArgs {
     /// Keep messages in memory only.
     #[arg(long)]
     non_persistent: bool,
+    /// How consumers acknowledge.
     #[arg(long, value_enum, default_value_t = BenchAck::Auto)]
     ack: BenchAck,
     /// Producers send and consumers receive in transactions of this many messages (0: no

@@ -28,6 +28,8 @@ pub struct CheckDiskArgs {
     /// Bytes appended before each sync (a 1 KiB message's log record is about 1.1 KiB).
     #[arg(long, default_value_t = 1_100, value_parser = clap::value_parser!(u64).range(1..=16_777_216))]
     size: u64,
+    #[command(flatten)]
+    not_a_client: super::NotAClient,
 }
 
 /// Removes the test file however the check ends (short of the process being killed: an
@@ -41,6 +43,10 @@ impl Drop for Scratch {
 }
 
 pub fn run(c: &ClientArgs, a: CheckDiskArgs) -> anyhow::Result<()> {
+    a.not_a_client.check(
+        "check-disk",
+        "it times the disk under --data-dir on this machine",
+    )?;
     // The directories this run creates (the data directory and any missing parents), deepest
     // first: removed again at the end, unless something else was put in them meanwhile.
     let created: Vec<PathBuf> = a

@@ -23,9 +23,13 @@ pub enum NodeCommand {
         learner: bool,
     },
     /// Remove a node that owns no queue (delete or move its queues first).
-    Remove { node_id: String },
+    Remove {
+        /// The node to remove.
+        node_id: String,
+    },
     /// Make learners voters, together, so the voters go from 1 to 3 or from 3 to 5.
     Promote {
+        /// The learners to make voters.
         #[arg(required = true)]
         node_ids: Vec<String>,
     },

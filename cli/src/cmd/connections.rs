@@ -14,7 +14,10 @@ pub enum ConnectionsCommand {
     List,
     /// Close a connection as if its client had: its unacknowledged messages return at once, its
     /// temporary queues are deleted.
-    Close { connection_id: String },
+    Close {
+        /// The connection, as `connections list` shows it.
+        connection_id: String,
+    },
 }
 
 pub async fn run(c: &ClientArgs, cmd: ConnectionsCommand) -> anyhow::Result<()> {

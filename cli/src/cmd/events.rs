@@ -21,6 +21,7 @@ pub struct EventsArgs {
     /// Tell when a queue's oldest ready message is this old (0: off).
     #[arg(long, default_value_t = 0)]
     age_high_ms: u64,
+    /// How often the thresholds are checked (default 250 ms, at least 50).
     #[arg(long)]
     check_every_ms: Option<u64>,
     /// Stop after this many events.

@@ -17,6 +17,7 @@ pub enum MessageCommand {
     },
     /// Delete one message by its id (refused while a consumer holds it).
     Delete {
+        /// The queue the message is in.
         #[arg(long, short)]
         queue: String,
         /// The id `ferry send` printed (ID:...).

@@ -35,69 +35,160 @@ pub struct Cli {
     pub command: Command,
 }
 
-/// Options every client subcommand takes, before or after the subcommand's name.
+/// Options every client subcommand takes, before or after the subcommand's name. Help lists
+/// them apart, under "Global options"; `server` and `check-disk` talk to no node and do not
+/// take `--server` ([`NotAClient`]).
 #[derive(Debug, Clone, clap::Args)]
 pub struct ClientArgs {
-    /// The node to talk to.
-    #[arg(long, env = "FERRY_SERVER", default_value_t = format!("127.0.0.1:{DEFAULT_PORT}"), global = true)]
+    /// The node to talk to, HOST:PORT.
+    #[arg(long, env = "FERRY_SERVER", default_value_t = format!("127.0.0.1:{DEFAULT_PORT}"), global = true, help_heading = GLOBAL)]
     pub server: String,
     /// Output for people or for scripts (one JSON object per line).
-    #[arg(short = 'o', long = "output", env = "FERRY_OUTPUT", value_enum, default_value_t = Format::Human, global = true)]
+    #[arg(short = 'o', long = "output", env = "FERRY_OUTPUT", value_enum, default_value_t = Format::Human, global = true, help_heading = GLOBAL)]
     pub output: Format,
+}
+
+const GLOBAL: &str = "Global options";
+
+/// Takes the place of the global `--server` in commands that talk to no node, so help does not
+/// list it there and giving it is an error that says so, not an option silently ignored.
+#[derive(Debug, Clone, clap::Args)]
+pub struct NotAClient {
+    #[arg(long = "server", hide = true)]
+    server: Option<String>,
+}
+
+impl NotAClient {
+    pub(crate) fn check(&self, command: &str, instead: &str) -> anyhow::Result<()> {
+        match &self.server {
+            Some(_) => anyhow::bail!(
+                "`ferry {command}` talks to no node, so it takes no --server; {instead}"
+            ),
+            None => Ok(()),
+        }
+    }
 }
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run a node.
+    #[command(after_help = r#"Examples:
+  ferry server                                   one node; data in ./ferry-data, clients on 127.0.0.1:7400
+  ferry server --config /etc/ferry/ferry.toml    settings from a file (deploy/ferry.toml lists them all)
+  FERRY_LIMITS__MAX_MESSAGE_SIZE_BYTES=1048576 ferry server    any setting: FERRY_ and its TOML path, `__` between
+  ferry server --node-id n2 --join 10.0.0.1:7401 --peer-listen 10.0.0.2:7401    a node joining a cluster"#)]
     Server(server::ServerArgs),
     /// Create, list, delete, purge queues and show their statistics.
+    #[command(after_help = r#"Examples:
+  ferry queue create orders --max-redeliveries 5 --dead-letter-queue orders.dlq
+  ferry queue list
+  ferry queue stats orders
+  ferry queue show orders
+  ferry queue purge orders
+  ferry queue delete orders"#)]
     Queue {
         #[command(subcommand)]
         command: queue::QueueCommand,
     },
     /// Send messages to a queue; prints the id of each.
+    #[command(after_help = r#"Examples:
+  ferry send -q orders 'order 1'
+  ferry send -q orders --count 3 -p region=eu -p amount:long=120 'order 2'
+  ferry send -q orders --priority 9 --ttl-ms 60000 --correlation-id abc urgent"#)]
     Send(send::SendArgs),
     /// Receive messages from a queue.
+    #[command(after_help = r#"Examples:
+  ferry receive -q orders                                one message, waiting until it comes
+  ferry receive -q orders --count 10 --timeout-ms 0      up to 10, without waiting
+  ferry receive -q orders --selector "region = 'eu'" --ack client
+  ferry receive -q orders -o json --body-as base64       binary bodies, for scripts"#)]
     Receive(receive::ReceiveArgs),
     /// Look at a queue's messages without taking them.
+    #[command(after_help = r#"Examples:
+  ferry browse -q orders
+  ferry browse -q orders.dlq --count 10 -o json"#)]
     Browse(browse::BrowseArgs),
     /// Send a request and wait for its reply (on a temporary queue, matched by correlation id).
+    #[command(after_help = r#"Examples:
+  ferry request -q pricing 'price of 42'
+  ferry request -q pricing --timeout-ms 1000 -p currency=EUR 'price of 42'"#)]
     Request(request::RequestArgs),
     /// Answer requests: reply to each request's reply-to queue with its message id as the
     /// correlation id.
+    #[command(after_help = r#"Examples:
+  ferry reply -q pricing                           answer one request, echoing its body
+  ferry reply -q pricing --count 100 --body ok     answer 100 requests with "ok""#)]
     Reply(request::ReplyArgs),
     /// One message at a time: delete by id.
+    #[command(after_help = r#"Examples:
+  ferry message history ID      where a message went: sent, delivered to whom, returned, acknowledged
+  ferry message delete ID --queue orders"#)]
     Message {
         #[command(subcommand)]
         command: message::MessageCommand,
     },
     /// The client connections open on a node: list them, close one.
+    #[command(after_help = r#"Examples:
+  ferry connections list
+  ferry connections close CONNECTION      its unacknowledged messages return at once"#)]
     Connections {
         #[command(subcommand)]
         command: connections::ConnectionsCommand,
     },
     /// Watch events: dead letters, expiries, replies to a queue that is gone, and queue depth or
     /// oldest-message age crossing thresholds you set.
+    #[command(after_help = r#"Examples:
+  ferry events                               every event of the node, until ctrl-c
+  ferry events -q orders --depth-high 10000 --depth-low 1000
+  ferry events -q orders --age-high-ms 60000 -o json"#)]
     Events(events::EventsArgs),
     /// Measure: producers and consumers on one queue; throughput, latency percentiles, and a
     /// check that every message sent was received.
+    #[command(after_help = r#"Examples:
+  ferry bench                                           the default workload on a fresh queue
+  ferry bench --producers 4 --consumers 4 --size 1024 --count 100000
+  ferry bench --rate 5000 --duration-ms 60000           latency at a fixed rate"#)]
     Bench(bench::BenchArgs),
     /// Time the round trip of the cheapest call to the node (a connection heartbeat): the floor
     /// under every send and receive, like `nats rtt`.
+    #[command(after_help = r#"Examples:
+  ferry rtt
+  ferry rtt --server 10.0.0.2:7400 --count 100"#)]
     Rtt(rtt::RttArgs),
     /// The nodes of the cluster: add, remove, promote, list.
+    #[command(after_help = r#"Examples:
+  ferry node list
+  ferry node add n4 --address 10.0.0.4:7401    after starting it with `ferry server --join ...`
+  ferry node promote n4 n5
+  ferry node remove n4"#)]
     Node {
         #[command(subcommand)]
         command: cluster::NodeCommand,
     },
     /// The cluster as a node sees it: leader, term, nodes' roles, health and queues.
+    #[command(after_help = r#"Examples:
+  ferry cluster status
+  ferry cluster status -o json"#)]
     Cluster {
         #[command(subcommand)]
         command: cluster::ClusterCommand,
     },
     /// Time synced appends in a data directory, as the node's write-ahead log makes them: the
     /// disk's floor under every persistent send; warns about online `discard`.
+    #[command(after_help = r#"Examples:
+  ferry check-disk                                 the default ./ferry-data
+  ferry check-disk --data-dir /var/lib/ferry --count 5000"#)]
     CheckDisk(check_disk::CheckDiskArgs),
+    /// Print the shell completion script for bash, zsh, fish, elvish or powershell.
+    #[command(after_help = r#"Examples:
+  ferry completions bash > /etc/bash_completion.d/ferry
+  ferry completions zsh > "${fpath[1]}/_ferry"
+  ferry completions fish > ~/.config/fish/completions/ferry.fish"#)]
+    Completions {
+        /// The shell to complete in.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
 }
 
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
@@ -118,7 +209,18 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Connections { command } => connections::run(&cli.client, command).await,
         Command::Node { command } => cluster::node(&cli.client, command).await,
         Command::Cluster { command } => cluster::cluster(&cli.client, command).await,
+        Command::Completions { shell } => completions(shell),
     }
+}
+
+/// Writes the completion script through the CLI's stdout (a closed pipe ends quietly).
+fn completions(shell: clap_complete::Shell) -> anyhow::Result<()> {
+    use clap::CommandFactory as _;
+    let mut script = vec![];
+    clap_complete::generate(shell, &mut Cli::command(), "ferry", &mut script);
+    let script = String::from_utf8(script)?;
+    crate::output::outln!("{}", script.trim_end())?;
+    Ok(())
 }
 
 /// Connects, turning "connection refused" into advice.
@@ -144,5 +246,54 @@ where
             return Ok(all);
         }
         token = next;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory as _;
+
+    use super::Cli;
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+
+    /// Every command says what it does, every option what it is for, and every top-level
+    /// command shows examples.
+    #[test]
+    fn help_describes_every_command_and_option_and_shows_examples() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            if cmd.get_about().is_none() {
+                missing.push(format!("{path}: no description"));
+            }
+            for arg in cmd.get_arguments() {
+                let id = arg.get_id().as_str();
+                if arg.is_hide_set() || id == "help" || id == "version" {
+                    continue;
+                }
+                if arg.get_help().is_none() && arg.get_long_help().is_none() {
+                    missing.push(format!("{path} {id}: no description"));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                if sub.get_name() != "help" {
+                    walk(sub, &format!("{path} {}", sub.get_name()), missing);
+                }
+            }
+        }
+        let cli = Cli::command();
+        let mut missing = vec![];
+        walk(&cli, "ferry", &mut missing);
+        for sub in cli.get_subcommands().filter(|s| s.get_name() != "help") {
+            let examples = sub
+                .get_after_help()
+                .is_some_and(|h| h.to_string().starts_with("Examples:"));
+            if !examples {
+                missing.push(format!("ferry {}: no examples", sub.get_name()));
+            }
+        }
+        assert!(missing.is_empty(), "{}", missing.join("\n"));
     }
 }

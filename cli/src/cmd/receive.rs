@@ -2,7 +2,7 @@ use anyhow::Context as _;
 use ferry_client::{AckMode, ReceiveOptions, Session};
 
 use super::{connect, with_connection, ClientArgs};
-use crate::output::{errln, message_json, message_text, outln, Format};
+use crate::output::{errln, message_json, message_text, outln, BodyArgs, Format};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Ack {
@@ -32,8 +32,11 @@ pub struct ReceiveArgs {
     /// Only messages matching this JMS selector.
     #[arg(long)]
     selector: Option<String>,
+    /// How the received messages are acknowledged.
     #[arg(long, value_enum, default_value_t = Ack::Auto)]
     ack: Ack,
+    #[command(flatten)]
+    body: BodyArgs,
 }
 
 pub async fn run(c: &ClientArgs, a: ReceiveArgs) -> anyhow::Result<()> {
@@ -74,8 +77,14 @@ async fn receive_all(c: &ClientArgs, a: &ReceiveArgs, session: &Session) -> anyh
         }
         for r in &batch {
             match c.output {
-                Format::Json => outln!("{}", message_json(r.message(), Some(&r.delivery)))?,
-                Format::Human => outln!("{}", message_text(r.message(), Some(&r.delivery)))?,
+                Format::Json => outln!(
+                    "{}",
+                    message_json(r.message(), Some(&r.delivery), a.body.body_as)
+                )?,
+                Format::Human => outln!(
+                    "{}",
+                    message_text(r.message(), Some(&r.delivery), a.body.body_as)
+                )?,
             }
         }
         match a.ack {

@@ -8,7 +8,7 @@ use ferry_proto::pb;
 use serde_json::json;
 
 use super::{connect, with_connection, ClientArgs};
-use crate::output::{errln, message_json, message_text, outln, Format};
+use crate::output::{errln, message_json, message_text, outln, BodyArgs, Format};
 
 #[derive(Debug, clap::Args)]
 pub struct RequestArgs {
@@ -23,6 +23,8 @@ pub struct RequestArgs {
     /// How long to wait for the reply.
     #[arg(long, default_value_t = 5_000)]
     timeout_ms: u64,
+    #[command(flatten)]
+    body_as: BodyArgs,
 }
 
 #[derive(Debug, clap::Args)]
@@ -70,8 +72,14 @@ pub async fn request(c: &ClientArgs, a: RequestArgs) -> anyhow::Result<()> {
         );
     };
     match c.output {
-        Format::Json => outln!("{}", message_json(reply.message(), Some(&reply.delivery)))?,
-        Format::Human => outln!("{}", message_text(reply.message(), Some(&reply.delivery)))?,
+        Format::Json => outln!(
+            "{}",
+            message_json(reply.message(), Some(&reply.delivery), a.body_as.body_as)
+        )?,
+        Format::Human => outln!(
+            "{}",
+            message_text(reply.message(), Some(&reply.delivery), a.body_as.body_as)
+        )?,
     }
     Ok(())
 }

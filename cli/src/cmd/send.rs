@@ -25,6 +25,7 @@ pub struct SendArgs {
     /// string; NAME:TYPE=VALUE forces the type (string, int, long, double, bool). Repeatable.
     #[arg(long = "property", short = 'p', value_parser = parse_property)]
     properties: Vec<(String, pb::PropertyValue)>,
+    /// The JMS correlation id: what a reply carries to name its request, or any id of yours.
     #[arg(long)]
     correlation_id: Option<String>,
     /// Queue for replies (must exist).

@@ -41,9 +41,15 @@ pub struct ServerArgs {
     /// the node waits until an admin runs `ferry node add`. Read only on the first start.
     #[arg(long, value_name = "HOST:PORT")]
     join: Option<String>,
+    #[command(flatten)]
+    not_a_client: super::NotAClient,
 }
 
 pub async fn run(a: ServerArgs) -> anyhow::Result<()> {
+    a.not_a_client.check(
+        "server",
+        "it is the node: set the address clients dial with --listen (or `listen` in its configuration)",
+    )?;
     let overrides = Overrides {
         node_id: a.node_id,
         listen: a.listen,
