@@ -9,12 +9,14 @@ mod connections;
 mod events;
 mod latency;
 mod message;
+mod partial;
 mod queue;
 mod receive;
 mod request;
 mod rtt;
 mod send;
 mod server;
+mod status;
 
 use clap::{Parser, Subcommand};
 
@@ -23,6 +25,7 @@ use crate::output::Format;
 
 pub(crate) use connection::with_connection;
 pub use connection::Interrupted;
+pub use partial::{PartialAnswer, EXIT_PARTIAL};
 pub use send::parse_property;
 
 /// Ferry: a JMS-style message broker.
@@ -50,6 +53,10 @@ pub struct ClientArgs {
 pub enum Command {
     /// Run a node.
     Server(server::ServerArgs),
+    /// The node asked: version, uptime, readiness and alarms, data directory, store and disk
+    /// guard, listeners, peers with their reachability, and the configuration in effect with
+    /// where each value came from.
+    Status(status::StatusArgs),
     /// Create, list, delete, purge queues and show their statistics.
     Queue {
         #[command(subcommand)]
@@ -103,6 +110,7 @@ pub enum Command {
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Server(a) => server::run(a).await,
+        Command::Status(a) => status::run(&cli.client, a).await,
         Command::Queue { command } => queue::run(&cli.client, command).await,
         Command::Send(a) => send::run(&cli.client, a).await,
         Command::Receive(a) => receive::run(&cli.client, a).await,
