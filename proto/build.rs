@@ -6,6 +6,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/ferry/v1/admin.proto",
         "proto/ferry/v1/backend.proto",
         "proto/ferry/v1/cluster.proto",
+        "proto/ferry/v1/node.proto",
     ];
     for p in &protos {
         println!("cargo:rerun-if-changed={p}");

@@ -20,6 +20,14 @@ pub const DEFAULT_PORT: u16 = 7400;
 /// The port a node serves other nodes on (`peer_listen`) by default.
 pub const DEFAULT_PEER_PORT: u16 = 7410;
 
+/// With `metrics.listen` unset, metrics (and `/healthz`, `/readyz`) are served on the host of
+/// `listen` at its port plus this: 7420 for the default 7400, 7421 for a node on 7401, so nodes
+/// side by side on one host do not collide; a node on port 0 gets a free port for them too.
+pub const METRICS_PORT_OFFSET: u16 = 20;
+
+/// The metrics port of a node on the default port.
+pub const DEFAULT_METRICS_PORT: u16 = DEFAULT_PORT + METRICS_PORT_OFFSET;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Storage {
@@ -240,13 +248,31 @@ impl Default for HistoryConfig {
     }
 }
 
-/// The Prometheus endpoint.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// The HTTP endpoint for Prometheus (`GET /metrics`) and health checks (`GET /healthz`,
+/// `GET /readyz`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MetricsConfig {
-    /// `HOST:PORT` to serve `GET /metrics` on (port 0 picks one, printed at startup); empty: off.
+    /// false: no HTTP endpoint at all.
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+    /// `HOST:PORT` to serve on (port 0 picks one, printed at startup); empty: the host of
+    /// `listen` at its port + [`METRICS_PORT_OFFSET`] (7420 by default).
     #[serde(default)]
     pub listen: String,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            listen: String::new(),
+        }
+    }
 }
 
 impl Default for Config {
@@ -271,6 +297,17 @@ impl Default for Config {
             paging: PagingConfig::default(),
         }
     }
+}
+
+/// One setting in effect, and where its value came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Setting {
+    /// Dotted, as in the TOML file: `limits.max_message_size_bytes`.
+    pub key: String,
+    /// As TOML writes it (strings quoted).
+    pub value: String,
+    /// `default`, `file <path>`, `env <VARIABLE>` or `flag --<name>`.
+    pub source: String,
 }
 
 /// Values given on the command line; they override everything else.
@@ -308,6 +345,14 @@ impl ClusterOverrides {
 impl Config {
     /// Defaults < `file` < `FERRY_*` environment < `overrides`.
     pub fn load(file: Option<&Path>, overrides: &Overrides) -> Result<Config, String> {
+        Self::load_explained(file, overrides).map(|(config, _)| config)
+    }
+
+    /// [`Config::load`], with every setting in effect and its source, in key order.
+    pub fn load_explained(
+        file: Option<&Path>,
+        overrides: &Overrides,
+    ) -> Result<(Config, Vec<Setting>), String> {
         let mut fig = Figment::from(Serialized::defaults(Config::default()));
         if let Some(path) = file {
             if !path.exists() {
@@ -322,7 +367,40 @@ impl Config {
             .extract()
             .map_err(|e| format!("invalid configuration: {e}"))?;
         config.check()?;
-        Ok(config)
+        let settings = explain(&fig, &config);
+        Ok((config, settings))
+    }
+
+    /// Where metrics and health are served (see [`MetricsConfig`]); `None`: off.
+    pub fn metrics_listen(&self) -> Result<Option<String>, String> {
+        let m = &self.metrics;
+        if !m.enabled {
+            return Ok(None);
+        }
+        if !m.listen.is_empty() {
+            m.listen.parse::<SocketAddr>().map_err(|_| {
+                format!(
+                    "metrics.listen = {:?}: write it as HOST:PORT, e.g. 127.0.0.1:{DEFAULT_METRICS_PORT}, or leave it empty for the host of listen at its port + {METRICS_PORT_OFFSET}",
+                    m.listen
+                )
+            })?;
+            return Ok(Some(m.listen.clone()));
+        }
+        let mut addr = self
+            .listen
+            .parse::<SocketAddr>()
+            .map_err(|_| format!("listen = {:?}: write it as HOST:PORT", self.listen))?;
+        let port = match addr.port() {
+            0 => 0,
+            p => p.checked_add(METRICS_PORT_OFFSET).ok_or_else(|| {
+                format!(
+                    "listen = {:?}: its port + {METRICS_PORT_OFFSET} (the metrics port) is past 65535; set metrics.listen",
+                    self.listen
+                )
+            })?,
+        };
+        addr.set_port(port);
+        Ok(Some(addr.to_string()))
     }
 
     fn check(&self) -> Result<(), String> {
@@ -348,7 +426,64 @@ impl Config {
             ));
         }
         ferry_kernel::NodeId::new(self.node_id.as_str()).map_err(|e| e.to_string())?;
+        self.metrics_listen()?;
         self.limits.check()
+    }
+}
+
+/// Every setting of `config` with the source `fig` took it from.
+fn explain(fig: &Figment, config: &Config) -> Vec<Setting> {
+    let mut leaves = vec![];
+    if let Ok(value) = serde_json::to_value(config) {
+        flatten("", &value, &mut leaves);
+    }
+    leaves.sort_by(|a, b| a.0.cmp(&b.0));
+    leaves
+        .into_iter()
+        .map(|(key, value)| {
+            let source = fig
+                .find_metadata(&key)
+                .map_or_else(|| "default".to_owned(), |m| source_of(m, &key));
+            Setting { key, value, source }
+        })
+        .collect()
+}
+
+/// The leaves of `value` as (dotted key, value as TOML writes it); nulls are left out.
+fn flatten(prefix: &str, value: &serde_json::Value, out: &mut Vec<(String, String)>) {
+    match value {
+        serde_json::Value::Object(map) => {
+            for (k, v) in map {
+                let key = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                flatten(&key, v, out);
+            }
+        }
+        serde_json::Value::Null => {}
+        leaf => out.push((prefix.to_owned(), leaf.to_string())),
+    }
+}
+
+/// Which layer gave `key` its value: the defaults, the file, a `FERRY_` variable or a flag.
+fn source_of(m: &figment::Metadata, key: &str) -> String {
+    if m.name.contains(std::any::type_name::<Overrides>()) {
+        let flag = match key {
+            "storage" => "memory",
+            "cluster.initial" => "initial-cluster",
+            "cluster.join" => "join",
+            other => other,
+        };
+        return format!("flag --{}", flag.replace('_', "-"));
+    }
+    if m.name.contains("environment") {
+        return format!("env FERRY_{}", key.replace('.', "__").to_uppercase());
+    }
+    match &m.source {
+        Some(figment::Source::File(path)) => format!("file {}", path.display()),
+        _ => "default".to_owned(),
     }
 }
 
@@ -399,6 +534,92 @@ mod tests {
             &Overrides::default()
         )
         .is_err());
+    }
+}
+
+#[cfg(test)]
+mod sources_and_metrics {
+    use super::*;
+
+    fn source<'a>(settings: &'a [Setting], key: &str) -> &'a str {
+        settings
+            .iter()
+            .find(|s| s.key == key)
+            .map(|s| s.source.as_str())
+            .unwrap_or_else(|| panic!("no {key} in {settings:?}"))
+    }
+
+    #[test]
+    fn each_setting_names_the_layer_its_value_came_from() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("ferry.toml");
+        std::fs::write(
+            &path,
+            "[limits]
+receive_batch_max = 7
+",
+        )
+        .expect("write");
+        let o = Overrides {
+            listen: Some("127.0.0.1:9001".into()),
+            storage: Some(Storage::Memory),
+            cluster: ClusterOverrides {
+                join: Some("127.0.0.1:7410".into()),
+                initial: None,
+            },
+            ..Default::default()
+        };
+        let (c, settings) = Config::load_explained(Some(&path), &o).expect("loads");
+        assert_eq!(c.limits.receive_batch_max, 7);
+        assert_eq!(
+            source(&settings, "limits.receive_batch_max"),
+            format!("file {}", path.display())
+        );
+        assert_eq!(source(&settings, "listen"), "flag --listen");
+        assert_eq!(source(&settings, "storage"), "flag --memory");
+        assert_eq!(source(&settings, "cluster.join"), "flag --join");
+        assert_eq!(source(&settings, "shutdown_grace_ms"), "default");
+        let listen = settings.iter().find(|s| s.key == "listen").expect("listen");
+        assert_eq!(listen.value, "\"127.0.0.1:9001\"");
+        // In key order, every leaf once.
+        let keys: Vec<&str> = settings.iter().map(|s| s.key.as_str()).collect();
+        let mut sorted = keys.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(keys, sorted);
+        assert!(
+            keys.contains(&"metrics.enabled") && keys.contains(&"paging.node_memory_budget_bytes")
+        );
+    }
+
+    #[test]
+    fn metrics_are_on_by_default_beside_the_client_port() {
+        let at = |listen: &str, metrics: &str| {
+            let mut c = Config {
+                listen: listen.into(),
+                ..Config::default()
+            };
+            c.metrics.listen = metrics.into();
+            c.metrics_listen()
+        };
+        assert_eq!(at("127.0.0.1:7400", ""), Ok(Some("127.0.0.1:7420".into())));
+        assert_eq!(at("10.0.0.5:7401", ""), Ok(Some("10.0.0.5:7421".into())));
+        assert_eq!(at("127.0.0.1:0", ""), Ok(Some("127.0.0.1:0".into())));
+        assert_eq!(at("[::1]:7400", ""), Ok(Some("[::1]:7420".into())));
+        assert_eq!(
+            at("127.0.0.1:7400", "0.0.0.0:9464"),
+            Ok(Some("0.0.0.0:9464".into()))
+        );
+        assert!(at("127.0.0.1:65530", "")
+            .unwrap_err()
+            .contains("metrics.listen"));
+        assert!(at("127.0.0.1:7400", "nowhere")
+            .unwrap_err()
+            .contains("metrics.listen"));
+        let mut off = Config::default();
+        off.metrics.enabled = false;
+        assert_eq!(off.metrics_listen(), Ok(None));
+        assert_eq!(DEFAULT_METRICS_PORT, 7420);
     }
 }
 

@@ -12,3 +12,5 @@ pub mod config;
 pub mod metrics;
 pub mod node;
 pub mod output;
+pub mod process;
+pub mod status;

@@ -80,6 +80,10 @@ fn exit_status(e: &anyhow::Error) -> ExitCode {
     if StdoutClosed::ended(e) {
         return ExitCode::from(EXIT_STDOUT_CLOSED);
     }
+    // Some nodes did not answer: the command printed what the others hold and named them.
+    if e.downcast_ref::<ferry_cli::cmd::PartialAnswer>().is_some() {
+        return ExitCode::from(ferry_cli::cmd::EXIT_PARTIAL);
+    }
     // Ctrl-c or SIGTERM: the command closed its connection and stops quietly.
     if let Some(i) = e.downcast_ref::<Interrupted>() {
         return ExitCode::from(i.exit_status());

@@ -1,3 +1,8 @@
+//! The node's HTTP endpoint: `GET /metrics` (below), `GET /healthz` (200 while the process
+//! serves HTTP at all: for a liveness probe) and `GET /readyz` (200 when the node serves clients,
+//! else 503 with the reasons, one a line: for a readiness probe or a load balancer; see
+//! [`crate::status`]).
+//!
 //! `GET /metrics` in the Prometheus text format. Values are read at scrape time from the queues
 //! (their statistics) and the front-end (connections, sessions); names follow what operators
 //! know from RabbitMQ's exporter: messages ready / unacked, consumers, published / delivered /
@@ -24,6 +29,11 @@ struct QueueLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AlarmLabel {
+    alarm: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReasonLabel {
     queue: String,
     reason: String,
@@ -35,28 +45,64 @@ pub struct Sources {
     pub broker: Broker,
     pub frontend: Arc<Frontend>,
     pub meta: ferry_cluster::MetaNode,
+    pub node: crate::status::NodeState,
 }
 
-/// Serves `/metrics` on `listener` until the task is dropped.
+const TEXT: &str = "text/plain; charset=utf-8";
+
+/// Serves `/metrics`, `/healthz` and `/readyz` on `listener` until the task is dropped.
 pub async fn serve(listener: tokio::net::TcpListener, sources: Sources) -> std::io::Result<()> {
-    let app = axum::Router::new().route(
-        "/metrics",
-        axum::routing::get(move || {
-            let sources = sources.clone();
-            async move {
-                let body = render(&sources).await;
-                (
-                    [(
-                        CONTENT_TYPE,
-                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                    )],
-                    body,
-                )
-                    .into_response()
-            }
-        }),
-    );
+    let node = sources.node.clone();
+    let app = axum::Router::new()
+        .route(
+            "/metrics",
+            axum::routing::get(move || {
+                let sources = sources.clone();
+                async move {
+                    let body = render(&sources).await;
+                    (
+                        [(
+                            CONTENT_TYPE,
+                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                        )],
+                        body,
+                    )
+                        .into_response()
+                }
+            }),
+        )
+        .route(
+            "/healthz",
+            axum::routing::get(|| async { ([(CONTENT_TYPE, TEXT)], "ok\n").into_response() }),
+        )
+        .route(
+            "/readyz",
+            axum::routing::get(move || {
+                let node = node.clone();
+                async move { readyz(&node).into_response() }
+            }),
+        );
     axum::serve(listener, app).await
+}
+
+/// 200 `ready`, or 503 `not ready` and a line `- reason` for each reason.
+fn readyz(node: &crate::status::NodeState) -> impl IntoResponse {
+    use axum::http::StatusCode;
+    let why = node.not_ready();
+    if why.is_empty() {
+        return (StatusCode::OK, [(CONTENT_TYPE, TEXT)], "ready\n".to_owned());
+    }
+    let mut body = "not ready\n".to_owned();
+    for reason in why {
+        body.push_str("- ");
+        body.push_str(&reason);
+        body.push('\n');
+    }
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        [(CONTENT_TYPE, TEXT)],
+        body,
+    )
 }
 
 fn gauge_family(registry: &mut Registry, name: &str, help: &str) -> Family<QueueLabel, Gauge> {
@@ -373,6 +419,7 @@ pub async fn render(s: &Sources) -> String {
         r.register(name, help, c);
     }
     register_cluster(&mut r, s);
+    register_node(&mut r, &s.node).await;
     let (write_micros, batch) = s.broker.commit_histograms();
     r.register_collector(Box::new(Snapshot {
         name: "group_commit_write_seconds",
@@ -386,11 +433,108 @@ pub async fn render(s: &Sources) -> String {
         units_per_exported: 1.0,
         snapshot: batch,
     }));
+    let process = process_registry();
     let mut out = String::new();
-    if prometheus_client::encoding::text::encode(&mut out, &r).is_err() {
+    let encoded = prometheus_client::encoding::text::encode_registry(&mut out, &r)
+        .and_then(|()| prometheus_client::encoding::text::encode_registry(&mut out, &process))
+        .and_then(|()| prometheus_client::encoding::text::encode_eof(&mut out));
+    if encoded.is_err() {
         return "# encoding failed\n".into();
     }
     out
+}
+
+/// The node as a whole: build, readiness, alarms, the store's size on disk.
+async fn register_node(r: &mut Registry, node: &crate::status::NodeState) {
+    r.register(
+        "build",
+        "The ferry release this node runs",
+        prometheus_client::metrics::info::Info::new(vec![
+            ("version", crate::status::VERSION.to_owned()),
+            ("node", node.node_id().to_owned()),
+        ]),
+    );
+    node_gauge(
+        r,
+        "ready",
+        "1 when the node serves clients (GET /readyz answers 200), else 0",
+        u64::from(node.not_ready().is_empty()),
+    );
+    let alarms = Family::<AlarmLabel, Gauge>::default();
+    r.register(
+        "alarm",
+        "1 while the alarm is raised: disk_free_low (sends refused: the disk holding the data directory has less free space than disk_free_min_bytes), store_poisoned (a write failed; writes refused until restart)",
+        alarms.clone(),
+    );
+    let raised = node.alarms();
+    for alarm in crate::status::ALARMS {
+        alarms
+            .get_or_create(&AlarmLabel {
+                alarm: alarm.to_owned(),
+            })
+            .set(i64::from(raised.contains(&alarm)));
+    }
+    if let Some(bytes) = node.store_size_bytes().await {
+        node_gauge(
+            r,
+            "store_size_bytes",
+            "Bytes of the files under the data directory (queues and the Raft log)",
+            bytes,
+        );
+    }
+    let uptime = Gauge::<f64, AtomicU64>::default();
+    uptime.set(node.uptime_seconds());
+    r.register("uptime_seconds", "Seconds since the node started", uptime);
+}
+
+/// The standard `process_*` metrics, without the `ferry_` prefix (the names every Prometheus
+/// client library exports, which dashboards expect); none where `/proc` cannot be read.
+fn process_registry() -> Registry {
+    let mut r = Registry::default();
+    let Some(p) = crate::process::read() else {
+        return r;
+    };
+    let cpu = Counter::<f64, AtomicU64>::default();
+    cpu.inc_by(p.cpu_seconds);
+    r.register(
+        "process_cpu_seconds",
+        "User and system CPU time spent, in seconds",
+        cpu,
+    );
+    let start = Gauge::<f64, AtomicU64>::default();
+    start.set(p.start_time_seconds);
+    r.register(
+        "process_start_time_seconds",
+        "When the process started, in seconds since the Unix epoch",
+        start,
+    );
+    for (name, help, value) in [
+        (
+            "process_resident_memory_bytes",
+            "Resident memory size in bytes",
+            Some(p.resident_memory_bytes),
+        ),
+        (
+            "process_virtual_memory_bytes",
+            "Virtual memory size in bytes",
+            Some(p.virtual_memory_bytes),
+        ),
+        (
+            "process_open_fds",
+            "Open file descriptors",
+            Some(p.open_fds),
+        ),
+        (
+            "process_max_fds",
+            "The most file descriptors the process may open (soft limit)",
+            p.max_fds,
+        ),
+    ] {
+        if let Some(v) = value {
+            node_gauge(&mut r, name, help, v);
+        }
+    }
+    r
 }
 
 #[cfg(test)]

@@ -25,7 +25,8 @@ use tokio::sync::watch;
 use tonic::transport::Server;
 
 use crate::accept::{incoming, ConnectionSettings};
-use crate::config::{Config, Limits, Storage};
+use crate::config::{Config, Limits, Setting, Storage};
+use crate::status::{NodeFacts, NodeService, NodeState};
 
 /// The node's listeners, bound by the caller (port 0 in tests).
 #[derive(Debug)]
@@ -50,9 +51,11 @@ type MessagingServer = pb::messaging_server::MessagingServer<MessagingService>;
 /// Runs a node on `listeners` until `shutdown` completes, then stops gracefully: no new calls are
 /// accepted, parked receivers are answered empty, writes already submitted finish durably, and
 /// calls still queued fail with UNAVAILABLE. `on_ready` is called once every queue is recovered,
-/// just before the node serves.
+/// just before the node serves. `settings` are the configuration's values with their sources,
+/// as `ferry status` shows them.
 pub async fn run(
     config: Config,
+    settings: Vec<Setting>,
     listeners: Listeners,
     shutdown: impl Future<Output = ()> + Send,
     on_ready: impl FnOnce(&Addresses),
@@ -60,9 +63,9 @@ pub async fn run(
     let node_id = NodeId::new(config.node_id.as_str())?;
     let client_addr = listeners.client.local_addr()?;
     let peer_addr = listeners.peer.local_addr()?;
-    let settings = meta_settings(&config, &node_id, client_addr, peer_addr)?;
-    let store = open_store(&config)?;
+    let meta_start = meta_settings(&config, &node_id, client_addr, peer_addr)?;
     let started = std::time::Instant::now();
+    let store = open_store(&config)?;
     // One group-commit writer per node: the back-end is handed it (the Raft groups of the node
     // will share it), and the node stops it last, once nothing writes any more.
     let writer = CommitWriter::start(Arc::clone(&store), commit_settings(&config))?;
@@ -79,7 +82,7 @@ pub async fn run(
         "back-end ready"
     );
     let backend = BackendService::new(broker.clone());
-    let meta = start_metadata(settings, &broker, &backend).await?;
+    let meta = start_metadata(meta_start, &broker, &backend).await?;
     // The placement the router follows: rebuilt from the metadata at every change.
     let local: BackendRef = Arc::new(backend.clone());
     let mut builder = {
@@ -108,17 +111,38 @@ pub async fn run(
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<MessagingServer>().await;
     let store_watch = tokio::spawn(watch_store(broker.clone(), health.clone()));
-    let metrics = start_metrics(&config, &broker, &frontend, &meta).await?;
+    let metrics_listener = bind_metrics(&config).await?;
     let addresses = Addresses {
         client: listeners.client.local_addr()?,
         peer: listeners.peer.local_addr()?,
-        metrics: metrics.as_ref().map(|(addr, _)| *addr),
+        metrics: match &metrics_listener {
+            Some(l) => Some(l.local_addr()?),
+            None => None,
+        },
     };
+    // `begun` turns true when shutdown starts; the peer listener stops with the client one.
+    let (begun_tx, begun) = watch::channel(false);
+    let facts = NodeFacts {
+        node_id: node_id.to_string(),
+        started,
+        data_dir: config.data_dir.clone(),
+        storage: config.storage,
+        settings,
+        listeners: listener_reports(&addresses),
+    };
+    let node_state = NodeState::new(facts, broker.clone(), meta.clone(), begun.clone());
+    let metrics = metrics_listener.map(|l| {
+        let sources = crate::metrics::Sources {
+            broker: broker.clone(),
+            frontend: frontend.clone(),
+            meta: meta.clone(),
+            node: node_state.clone(),
+        };
+        tokio::spawn(crate::metrics::serve(l, sources))
+    });
     tracing::info!(node = %node_id, addr = %addresses.client, peer_addr = %addresses.peer, "listening");
     on_ready(&addresses);
 
-    // `begun` turns true when shutdown starts; the peer listener stops with the client one.
-    let (begun_tx, begun) = watch::channel(false);
     let stopping = {
         let (broker, health, meta) = (broker.clone(), health.clone(), meta.clone());
         let stop_frontend = frontend.stop_handle();
@@ -144,6 +168,7 @@ pub async fn run(
                 .max_decoding_message_size(max),
         )
         .add_service(meta.cluster_service())
+        .add_service(pb::node_server::NodeServer::new(NodeService(node_state)))
         .add_service(health_service)
         .add_service(reflection)
         .add_service(reflection_alpha)
@@ -166,7 +191,7 @@ pub async fn run(
     store_watch.abort();
     placement_task.abort();
     meta.stop().await;
-    if let Some((_, task)) = metrics {
+    if let Some(task) = metrics {
         task.abort();
     }
     broker.shutdown().await;
@@ -364,6 +389,7 @@ fn client_reflection() -> anyhow::Result<(
         pb::messaging_server::SERVICE_NAME,
         pb::admin_server::SERVICE_NAME,
         pb::cluster_server::SERVICE_NAME,
+        pb::node_server::SERVICE_NAME,
         tonic_health::pb::health_server::SERVICE_NAME,
     ];
     let builder = || {
@@ -408,36 +434,40 @@ fn connection_settings(l: &Limits) -> ConnectionSettings {
     }
 }
 
-type MetricsTask = (SocketAddr, tokio::task::JoinHandle<std::io::Result<()>>);
-
-async fn start_metrics(
-    config: &Config,
-    broker: &Broker,
-    frontend: &Arc<Frontend>,
-    meta: &MetaNode,
-) -> anyhow::Result<Option<MetricsTask>> {
-    if config.metrics.listen.is_empty() {
+/// Binds the metrics and health endpoint where the configuration says (see
+/// [`Config::metrics_listen`]); `None` when it is off.
+async fn bind_metrics(config: &Config) -> anyhow::Result<Option<TcpListener>> {
+    let Some(addr) = config.metrics_listen().map_err(anyhow::Error::msg)? else {
         return Ok(None);
-    }
-    let l = TcpListener::bind(&config.metrics.listen)
-        .await
-        .with_context(|| {
-            format!(
-                "metrics.listen = {:?}: cannot listen there (another server? pick another port)",
-                config.metrics.listen
-            )
-        })?;
-    let addr = l.local_addr()?;
-    let sources = crate::metrics::Sources {
-        broker: broker.clone(),
-        frontend: frontend.clone(),
-        meta: meta.clone(),
     };
-    tracing::info!(%addr, "serving metrics at /metrics");
-    Ok(Some((
-        addr,
-        tokio::spawn(crate::metrics::serve(l, sources)),
-    )))
+    let l = TcpListener::bind(&addr).await.with_context(|| {
+        format!(
+            "cannot serve metrics on {addr} (another server there? set metrics.listen to another HOST:PORT, or metrics.enabled = false)"
+        )
+    })?;
+    tracing::info!(addr = %l.local_addr()?, "serving /metrics, /healthz and /readyz");
+    Ok(Some(l))
+}
+
+/// The node's listeners as `ferry status` shows them.
+fn listener_reports(a: &Addresses) -> Vec<pb::Listener> {
+    let one = |name: &str, addr: SocketAddr, serves: &str| pb::Listener {
+        name: name.to_owned(),
+        address: addr.to_string(),
+        serves: serves.to_owned(),
+    };
+    let mut all = vec![
+        one(
+            "client",
+            a.client,
+            "clients: Messaging, Admin, Cluster, Node, gRPC health, reflection",
+        ),
+        one("peer", a.peer, "other nodes only: Backend, Peer"),
+    ];
+    if let Some(m) = a.metrics {
+        all.push(one("metrics", m, "HTTP: /metrics, /healthz, /readyz"));
+    }
+    all
 }
 
 /// Completes on SIGTERM or ctrl-c.

@@ -66,6 +66,11 @@ impl Client {
         ferry_proto::pb::cluster_client::ClusterClient::new(self.channel.clone())
     }
 
+    /// The `Node` service of the node: its version, configuration, readiness and peers.
+    pub fn node(&self) -> ferry_proto::pb::node_client::NodeClient<Channel> {
+        ferry_proto::pb::node_client::NodeClient::new(self.channel.clone())
+    }
+
     /// Opens a connection and keeps it alive with heartbeats until it is closed or dropped.
     pub async fn open_connection(&self, client_id: &str) -> Result<Connection, ClientError> {
         let mut m = self.messaging();

@@ -127,20 +127,109 @@ impl AdminService {
             .await
     }
 
-    /// Every queue of every node, by name. Asks each node for what it holds, not a queue's
-    /// owner.
-    async fn all_queues(&self) -> Result<Vec<pb::QueueInfo>, Status> {
-        let mut all = vec![];
-        for (_, be) in self.router().nodes() {
-            all.extend(
-                be.list_queues(Request::new(pb::BackendListQueuesRequest {}))
-                    .await?
-                    .into_inner()
-                    .queues,
-            );
+    /// Every queue of every node that answers, by name, and the nodes that did not. Asks each
+    /// node for what it holds (not a queue's owner), all at once, each for at most
+    /// [`NODE_ANSWER_WAIT`]: one node down, paused or cut off leaves its queues out of the answer
+    /// instead of failing it whole.
+    async fn all_queues(&self) -> Listing {
+        let placement = self.router().placement();
+        let asks = placement.nodes().into_iter().map(|(node, be)| async move {
+            let ask = be.list_queues(Request::new(pb::BackendListQueuesRequest {}));
+            let answer = tokio::time::timeout(NODE_ANSWER_WAIT, ask).await;
+            (node, answer)
+        });
+        let mut listing = Listing::default();
+        for (node, answer) in futures::future::join_all(asks).await {
+            match answer {
+                Ok(Ok(r)) => listing.queues.extend(r.into_inner().queues),
+                Ok(Err(status)) => listing.missing(&placement, &node, status.message()),
+                Err(_) => listing.missing(&placement, &node, &no_answer()),
+            }
         }
-        all.sort_by(|a, b| a.name.cmp(&b.name));
-        Ok(all)
+        listing.queues.sort_by(|a, b| a.name.cmp(&b.name));
+        listing
+    }
+
+    /// The statistics of every queue in `listing`, each from its owner; an owner that is
+    /// unavailable or stays silent for [`NODE_ANSWER_WAIT`] joins the unreachable nodes, its
+    /// queues left out.
+    async fn all_stats(&self, listing: Listing) -> Result<pb::GetQueueStatsResponse, Status> {
+        let Listing {
+            queues: names,
+            mut unreachable,
+        } = listing;
+        let mut queues = vec![];
+        for info in names {
+            let name = match queue_name(&info.name) {
+                Ok(name) => name,
+                Err(_) => continue, // a back-end holds only valid names
+            };
+            let owner = self.router().owner_of(&name).node;
+            if unreachable.iter().any(|u| u.node_id == owner.as_str()) {
+                continue;
+            }
+            let ask = self.queue_call(&name, |be, req| async move {
+                be.get_queue_stats(Request::new(req)).await
+            });
+            match tokio::time::timeout(NODE_ANSWER_WAIT, ask).await {
+                Ok(Ok(s)) => queues.push(s),
+                // Deleted between the listing and now: leave it out of "every queue".
+                Ok(Err(e)) if e.code() == tonic::Code::NotFound => {}
+                Ok(Err(e)) if e.code() == tonic::Code::Unavailable => {
+                    let placement = self.router().placement();
+                    unreachable.push(unreachable_node(&placement, &owner, e.message()));
+                }
+                Ok(Err(e)) => return Err(e),
+                Err(_) => {
+                    let placement = self.router().placement();
+                    unreachable.push(unreachable_node(&placement, &owner, &no_answer()));
+                }
+            }
+        }
+        Ok(pb::GetQueueStatsResponse {
+            queues,
+            unreachable_nodes: unreachable,
+        })
+    }
+}
+
+/// How long a listing waits for each node's part (and a listing of statistics for each queue's)
+/// before it names the node unreachable and answers with the rest: a paused node accepts
+/// connections and never answers, and the cluster takes its liveness timeout to show it down.
+pub const NODE_ANSWER_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+fn no_answer() -> String {
+    format!("no answer within {} s", NODE_ANSWER_WAIT.as_secs())
+}
+
+/// The queues of the nodes that answered a listing, and the nodes that did not.
+#[derive(Debug, Default)]
+struct Listing {
+    queues: Vec<pb::QueueInfo>,
+    unreachable: Vec<pb::UnreachableNode>,
+}
+
+impl Listing {
+    fn missing(&mut self, placement: &crate::Placement, node: &ferry_kernel::NodeId, reason: &str) {
+        self.unreachable
+            .push(unreachable_node(placement, node, reason));
+    }
+}
+
+/// `node`, why its part is missing, and the queues the placement gives it.
+fn unreachable_node(
+    placement: &crate::Placement,
+    node: &ferry_kernel::NodeId,
+    reason: &str,
+) -> pb::UnreachableNode {
+    pb::UnreachableNode {
+        node_id: node.to_string(),
+        reason: reason.to_owned(),
+        queues: placement
+            .queues_on(node)
+            .into_iter()
+            .map(|q| q.to_string())
+            .collect(),
     }
 }
 
@@ -260,11 +349,12 @@ impl pb::admin_server::Admin for AdminService {
         req: Request<pb::ListQueuesRequest>,
     ) -> Reply<pb::ListQueuesResponse> {
         let r = req.into_inner();
-        let all = self.all_queues().await?;
-        let (queues, next_page_token) = page(all, |q| &q.name, r.page_size, &r.page_token)?;
+        let all = self.all_queues().await;
+        let (queues, next_page_token) = page(all.queues, |q| &q.name, r.page_size, &r.page_token)?;
         Ok(Response::new(pb::ListQueuesResponse {
             queues,
             next_page_token,
+            unreachable_nodes: all.unreachable,
         }))
     }
 
@@ -317,31 +407,19 @@ impl pb::admin_server::Admin for AdminService {
         req: Request<pb::GetQueueStatsRequest>,
     ) -> Reply<pb::GetQueueStatsResponse> {
         let name = req.into_inner().name;
-        let listing = name.is_empty();
-        let names = if listing {
-            self.all_queues()
-                .await?
-                .into_iter()
-                .map(|q| q.name)
-                .collect()
-        } else {
-            vec![name]
-        };
-        let mut queues = vec![];
-        for name in names {
-            let stats = self
-                .queue_call(&queue_name(&name)?, |be, req| async move {
-                    be.get_queue_stats(Request::new(req)).await
-                })
-                .await;
-            match stats {
-                Ok(s) => queues.push(s),
-                // Deleted between the listing and now: leave it out of "every queue".
-                Err(e) if listing && e.code() == tonic::Code::NotFound => {}
-                Err(e) => return Err(e),
-            }
+        if name.is_empty() {
+            let listing = self.all_queues().await;
+            return Ok(Response::new(self.all_stats(listing).await?));
         }
-        Ok(Response::new(pb::GetQueueStatsResponse { queues }))
+        let stats = self
+            .queue_call(&queue_name(&name)?, |be, req| async move {
+                be.get_queue_stats(Request::new(req)).await
+            })
+            .await?;
+        Ok(Response::new(pb::GetQueueStatsResponse {
+            queues: vec![stats],
+            unreachable_nodes: vec![],
+        }))
     }
 
     async fn delete_message(
@@ -614,6 +692,74 @@ mod tests {
         let e = admin.create_queue(create("")).await.unwrap_err();
         assert_eq!(e.code(), Code::Unavailable, "{e:?}");
         assert!(e.message().contains("node b"), "{e:?}");
+    }
+
+    /// Node a (answers, empty) and node b holding `orders` by the placement.
+    fn admin_with_orders_on_b(b: &Arc<FakeBackend>) -> (AdminService, Keep) {
+        let a = FakeBackend::new();
+        let placement = Placement::new(NodeId::new("a").expect("id"), a.backend())
+            .with_node(NodeId::new("b").expect("id"), b.backend())
+            .with_queue(QueueName::new("orders").expect("name"), owner_b());
+        let (router, placement_tx) = Router::fixed(placement);
+        let (stop_tx, stopping) = watch::channel(false);
+        let core = Dispatch::new(
+            FrontendConfig::default(),
+            Arc::new(router),
+            stopping,
+            ManualClock::new(0),
+        );
+        (AdminService::new(Arc::new(core)), (placement_tx, stop_tx))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_listing_with_a_node_down_answers_the_rest_and_names_it_with_its_queues() {
+        let b = FakeBackend::new();
+        b.always(Status::unavailable("tcp connect error"));
+        let (admin, _keep) = admin_with_orders_on_b(&b);
+        let list = admin
+            .list_queues(Request::new(pb::ListQueuesRequest::default()))
+            .await
+            .expect("a partial answer, not an error")
+            .into_inner();
+        assert!(list.queues.is_empty());
+        assert_eq!(
+            list.unreachable_nodes,
+            [pb::UnreachableNode {
+                node_id: "b".into(),
+                reason: "tcp connect error".into(),
+                queues: vec!["orders".into()],
+            }]
+        );
+        let stats = admin
+            .get_queue_stats(Request::new(pb::GetQueueStatsRequest::default()))
+            .await
+            .expect("a partial answer, not an error")
+            .into_inner();
+        assert_eq!(stats.unreachable_nodes, list.unreachable_nodes);
+        // One named queue is not a listing: its owner's failure is the call's.
+        let e = admin
+            .get_queue_stats(Request::new(pb::GetQueueStatsRequest {
+                name: "orders".into(),
+            }))
+            .await
+            .expect_err("the owner is down");
+        assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_listing_waits_for_a_silent_node_five_seconds_then_answers_without_it() {
+        let b = FakeBackend::new();
+        b.park_listings();
+        let (admin, _keep) = admin_with_orders_on_b(&b);
+        let started = tokio::time::Instant::now();
+        let list = admin
+            .list_queues(Request::new(pb::ListQueuesRequest::default()))
+            .await
+            .expect("a partial answer")
+            .into_inner();
+        assert_eq!(started.elapsed(), super::NODE_ANSWER_WAIT);
+        assert_eq!(list.unreachable_nodes.len(), 1);
+        assert_eq!(list.unreachable_nodes[0].reason, "no answer within 5 s");
     }
 
     #[tokio::test(start_paused = true)]

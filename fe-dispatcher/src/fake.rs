@@ -32,6 +32,8 @@ pub(crate) struct FakeBackend {
     sent: Mutex<Vec<usize>>,
     /// Receives wait for ever (a receive parked at an empty queue).
     park_receives: std::sync::atomic::AtomicBool,
+    /// Listings wait for ever (a paused node).
+    park_listings: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for FakeBackend {
@@ -66,6 +68,12 @@ impl FakeBackend {
     /// Receives from now on wait for ever, as at an empty queue (they are still recorded).
     pub(crate) fn park_receives(&self) {
         self.park_receives
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Listings from now on never answer, as a paused node's (they are still recorded).
+    pub(crate) fn park_listings(&self) {
+        self.park_listings
             .store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
@@ -127,7 +135,14 @@ impl pb::backend_server::Backend for FakeBackend {
         &self,
         _: Request<pb::BackendListQueuesRequest>,
     ) -> Reply<pb::BackendListQueuesResponse> {
-        self.answer("list_queues", vec![], vec![])
+        let answer = self.answer("list_queues", vec![], vec![]);
+        if self
+            .park_listings
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            std::future::pending::<()>().await;
+        }
+        answer
     }
     async fn delete_queue(
         &self,

@@ -74,7 +74,7 @@ impl RemoteBackend {
         if let Some(reach) = &self.reach {
             if !(reach.up)() {
                 return Err(Status::unavailable(format!(
-                    "node {} owns this queue and is unreachable from this node (not heard from within the cluster's liveness timeout: down, paused or cut off); nothing was sent to it; retry, or connect to another node",
+                    "node {} is unreachable from this node (not heard from within the cluster's liveness timeout: down, paused or cut off); nothing was sent to it; retry, or connect to another node",
                     reach.node
                 )));
             }

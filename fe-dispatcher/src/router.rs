@@ -135,6 +135,19 @@ impl Placement {
             .ok_or_else(|| Error::UnknownNode { node: node.clone() })
     }
 
+    /// The queues placed on `node` by an entry, in name order (those placed by a rule, such as
+    /// temporary queues, are not listed).
+    pub fn queues_on(&self, node: &NodeId) -> Vec<QueueName> {
+        let mut on: Vec<QueueName> = self
+            .queues
+            .iter()
+            .filter(|(_, owner)| owner.node == *node)
+            .map(|(q, _)| q.clone())
+            .collect();
+        on.sort();
+        on
+    }
+
     /// Every node with its back-end, this node's first.
     pub fn nodes(&self) -> Vec<(NodeId, BackendRef)> {
         let mut all: Vec<_> = self

@@ -16,6 +16,7 @@ use ferry_client::Client;
 
 pub mod chaos;
 pub mod cluster;
+pub mod raw;
 
 /// Path of the `ferry` binary under test.
 pub fn ferry_bin() -> PathBuf {
@@ -103,6 +104,8 @@ pub struct Node {
     name: String,
     /// The server's stdout lines after the first (the metrics address, when enabled).
     more_lines: Option<std::sync::mpsc::Receiver<String>>,
+    /// The metrics URL, once read from `more_lines`.
+    metrics: Option<String>,
 }
 
 impl Node {
@@ -145,6 +148,7 @@ impl Node {
             options,
             name,
             more_lines: None,
+            metrics: None,
         }
     }
 
@@ -204,6 +208,10 @@ impl Node {
             // The harness's own setting; the server reads every FERRY_ variable as config.
             .env_remove("FERRY_BIN")
             .env_remove("FERRY_FAULTS_BIN")
+            // Metrics (and /healthz, /readyz) are on by default at the client port + 20: a free
+            // port instead, so nodes restarted on their bound ports never meet another test's.
+            // A test's own `env` may set it otherwise (or FERRY_METRICS__ENABLED=false).
+            .env("FERRY_METRICS__LISTEN", format!("{}:0", host_of(listen)))
             .envs(options.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -222,6 +230,7 @@ impl Node {
             }
         });
         self.child = Some(child);
+        self.metrics = None;
         // First the client address, then the peer address.
         let started = Instant::now();
         let mut addrs = [None, None];
@@ -249,18 +258,32 @@ impl Node {
         Ok(())
     }
 
-    /// The metrics URL the server printed (start it with `[metrics] listen = "127.0.0.1:0"`).
+    /// The metrics URL the server printed (`http://HOST:PORT/metrics`; `/healthz` and `/readyz`
+    /// are beside it).
     pub fn metrics_url(&mut self) -> anyhow::Result<String> {
+        if let Some(url) = &self.metrics {
+            return Ok(url.clone());
+        }
         let rx = self
             .more_lines
             .as_ref()
             .context("the server is not running")?;
         let line = rx
             .recv_timeout(Duration::from_secs(10))
-            .context("the server printed no metrics address (is [metrics] listen set?)")?;
-        line.strip_prefix("metrics on ")
+            .context("the server printed no metrics address (are metrics off?)")?;
+        let url = line
+            .strip_prefix("metrics on ")
             .map(str::to_owned)
-            .with_context(|| format!("unexpected line from the server: {line:?}"))
+            .with_context(|| format!("unexpected line from the server: {line:?}"))?;
+        self.metrics = Some(url.clone());
+        Ok(url)
+    }
+
+    /// `http://HOST:PORT/<path>` on the node's metrics listener (`healthz`, `readyz`).
+    pub fn http_url(&mut self, path: &str) -> anyhow::Result<String> {
+        let metrics = self.metrics_url()?;
+        let base = metrics.strip_suffix("/metrics").unwrap_or(&metrics);
+        Ok(format!("{base}/{path}"))
     }
 
     /// The client listener's URL.
@@ -349,6 +372,22 @@ impl Drop for Node {
         }
         self.kill9();
     }
+}
+
+/// The host part of `HOST:PORT` (`[::1]:0` gives `[::1]`).
+fn host_of(addr: &str) -> &str {
+    addr.rsplit_once(':').map_or(addr, |(host, _)| host)
+}
+
+/// An HTTP GET: the status code and the body (any status; an error only when nothing answered).
+pub fn http_get(url: &str) -> anyhow::Result<(u16, String)> {
+    let mut answer = ureq::get(url)
+        .config()
+        .http_status_as_error(false)
+        .build()
+        .call()?;
+    let status = answer.status().as_u16();
+    Ok((status, answer.body_mut().read_to_string()?))
 }
 
 /// Waits until `check` returns true, looking every 10 ms, failing after `timeout`. For conditions

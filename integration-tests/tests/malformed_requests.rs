@@ -7,10 +7,9 @@
 #![allow(clippy::unwrap_used)]
 
 use ferry_client::pb;
+use ferry_integration_tests::raw::RawCodec;
 use ferry_integration_tests::{create_queue, memory_node, Node, NodeOptions};
-use prost::bytes::{Buf, BufMut};
 use prost::Message as _;
-use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::codegen::http::uri::PathAndQuery;
 use tonic::{Code, Status};
 
@@ -33,40 +32,6 @@ async fn call_raw(node: &Node, path: &'static str, body: Vec<u8>) -> Result<Vec<
         )
         .await?;
     Ok(answer.into_inner())
-}
-
-/// Bytes in, bytes out: no protobuf on this side.
-#[derive(Debug, Clone, Copy, Default)]
-struct RawCodec;
-
-impl Codec for RawCodec {
-    type Encode = Vec<u8>;
-    type Decode = Vec<u8>;
-    type Encoder = RawCodec;
-    type Decoder = RawCodec;
-    fn encoder(&mut self) -> RawCodec {
-        RawCodec
-    }
-    fn decoder(&mut self) -> RawCodec {
-        RawCodec
-    }
-}
-
-impl Encoder for RawCodec {
-    type Item = Vec<u8>;
-    type Error = Status;
-    fn encode(&mut self, item: Vec<u8>, buf: &mut EncodeBuf<'_>) -> Result<(), Status> {
-        buf.put_slice(&item);
-        Ok(())
-    }
-}
-
-impl Decoder for RawCodec {
-    type Item = Vec<u8>;
-    type Error = Status;
-    fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<Vec<u8>>, Status> {
-        Ok(Some(buf.copy_to_bytes(buf.remaining()).to_vec()))
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -116,5 +116,93 @@ async fn metrics_follow_a_scripted_workload() -> anyhow::Result<()> {
         after.contains("le=\"+Inf\""),
         "a histogram ends at +Inf: {after}"
     );
+    check_openmetrics(&after);
+    Ok(())
+}
+
+/// The page against the rules of OpenMetrics' text format that strict parsers (Python's
+/// `prometheus_client.openmetrics.parser`) enforce: each family declared once by `# TYPE` and
+/// its samples right after it (not interleaved with another's), each sample named by its family
+/// and a suffix its type allows, each value a number, `+Inf`, `-Inf` or `NaN`, and `# EOF` once,
+/// last.
+fn check_openmetrics(page: &str) {
+    let lines: Vec<&str> = page.lines().collect();
+    assert_eq!(lines.last(), Some(&"# EOF"), "{page}");
+    let mut declared = std::collections::HashSet::new();
+    let mut family: Option<(&str, &str)> = None;
+    for line in &lines[..lines.len() - 1] {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').expect("# TYPE name type");
+            assert!(declared.insert(name), "{name} declared twice");
+            family = Some((name, kind));
+            continue;
+        }
+        if line.starts_with("# HELP ") || line.starts_with("# UNIT ") {
+            continue;
+        }
+        assert!(!line.starts_with('#'), "not OpenMetrics: {line:?}");
+        let (name, kind) = family.unwrap_or_else(|| panic!("{line:?} before any # TYPE"));
+        let sample = line.split(['{', ' ']).next().unwrap_or_default();
+        let suffix = sample
+            .strip_prefix(name)
+            .unwrap_or_else(|| panic!("{line:?} is not of family {name}"));
+        let allowed: &[&str] = match kind {
+            "counter" => &["_total", "_created"],
+            "gauge" | "unknown" => &[""],
+            "histogram" => &["_bucket", "_count", "_sum", "_created"],
+            "info" => &["_info"],
+            other => panic!("type {other} of {name}"),
+        };
+        assert!(
+            allowed.contains(&suffix),
+            "{line:?}: a {kind} has no {suffix:?}"
+        );
+        let value = line.rsplit(' ').next().unwrap_or_default();
+        assert!(
+            ["+Inf", "-Inf", "NaN"].contains(&value) || value.parse::<f64>().is_ok(),
+            "{line:?}: value {value:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_node_its_alarms_and_its_process_are_on_the_page() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut node = Node::start(dir.path(), NodeOptions::default())?;
+    let client = node.client().await?;
+    create_queue(&client, "orders").await?;
+    let url = node.metrics_url()?;
+    let page = tokio::task::spawn_blocking(move || scrape(&url)).await??;
+    check_openmetrics(&page);
+    let version = env!("CARGO_PKG_VERSION");
+    assert_eq!(
+        sample(
+            &page,
+            &format!("ferry_build_info{{version=\"{version}\",node=\"node-1\"}}")
+        ),
+        Some(1.0),
+        "{page}"
+    );
+    assert_eq!(sample(&page, "ferry_ready"), Some(1.0));
+    for alarm in ["disk_free_low", "store_poisoned"] {
+        let line = format!("ferry_alarm{{alarm=\"{alarm}\"}}");
+        assert_eq!(sample(&page, &line), Some(0.0), "{page}");
+    }
+    assert!(sample(&page, "ferry_store_size_bytes").unwrap_or_default() > 0.0);
+    assert!(sample(&page, "ferry_uptime_seconds").is_some());
+    // The standard process metrics, read from /proc/self of the node.
+    assert!(sample(&page, "process_resident_memory_bytes").unwrap_or_default() > 1e6);
+    assert!(sample(&page, "process_virtual_memory_bytes").unwrap_or_default() > 1e6);
+    assert!(sample(&page, "process_open_fds").unwrap_or_default() >= 5.0);
+    assert!(sample(&page, "process_max_fds").unwrap_or_default() >= 5.0);
+    assert!(sample(&page, "process_cpu_seconds_total").unwrap_or_default() > 0.0);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_secs_f64();
+    let start = sample(&page, "process_start_time_seconds").unwrap_or_default();
+    assert!(
+        start > now - 600.0 && start <= now + 1.0,
+        "{start} vs {now}"
+    );
     Ok(())
 }

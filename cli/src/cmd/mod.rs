@@ -9,12 +9,14 @@ mod connections;
 mod events;
 mod latency;
 mod message;
+mod partial;
 mod queue;
 mod receive;
 mod request;
 mod rtt;
 mod send;
 mod server;
+mod status;
 
 use clap::{Parser, Subcommand};
 
@@ -23,6 +25,7 @@ use crate::output::Format;
 
 pub(crate) use connection::with_connection;
 pub use connection::Interrupted;
+pub use partial::{PartialAnswer, EXIT_PARTIAL};
 pub use send::parse_property;
 
 /// Ferry: a JMS-style message broker.
@@ -78,6 +81,10 @@ pub enum Command {
   FERRY_LIMITS__MAX_MESSAGE_SIZE_BYTES=1048576 ferry server    any setting: FERRY_ and its TOML path, `__` between
   ferry server --node-id n2 --join 10.0.0.1:7401 --peer-listen 10.0.0.2:7401    a node joining a cluster"#)]
     Server(server::ServerArgs),
+    /// The node asked: version, uptime, readiness and alarms, data directory, store and disk
+    /// guard, listeners, peers with their reachability, and the configuration in effect with
+    /// where each value came from.
+    Status(status::StatusArgs),
     /// Create, list, delete, purge queues and show their statistics.
     #[command(after_help = r#"Examples:
   ferry queue create orders --max-redeliveries 5 --dead-letter-queue orders.dlq
@@ -194,6 +201,7 @@ pub enum Command {
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Server(a) => server::run(a).await,
+        Command::Status(a) => status::run(&cli.client, a).await,
         Command::Queue { command } => queue::run(&cli.client, command).await,
         Command::Send(a) => send::run(&cli.client, a).await,
         Command::Receive(a) => receive::run(&cli.client, a).await,

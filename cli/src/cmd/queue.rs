@@ -320,20 +320,7 @@ pub async fn run(c: &ClientArgs, cmd: QueueCommand) -> anyhow::Result<()> {
             }
         }
         QueueCommand::List => {
-            let queues = super::all_pages(|page_token| {
-                let mut admin = admin.clone();
-                async move {
-                    let page = admin
-                        .list_queues(pb::ListQueuesRequest {
-                            page_size: 0,
-                            page_token,
-                        })
-                        .await?
-                        .into_inner();
-                    Ok((page.queues, page.next_page_token))
-                }
-            })
-            .await?;
+            let (queues, unreachable) = super::partial::list_queues(&mut admin).await?;
             match c.output {
                 Format::Json => {
                     for q in queues {
@@ -360,6 +347,8 @@ pub async fn run(c: &ClientArgs, cmd: QueueCommand) -> anyhow::Result<()> {
                     outln!("{t}")?;
                 }
             }
+            super::partial::tell(c.output, &unreachable)?;
+            super::partial::complete(&unreachable)?;
         }
         QueueCommand::Delete { name } => {
             let r = admin
@@ -391,13 +380,15 @@ pub async fn run(c: &ClientArgs, cmd: QueueCommand) -> anyhow::Result<()> {
             watch,
             interval_ms,
         } => loop {
-            let queues = admin
+            let pb::GetQueueStatsResponse {
+                queues,
+                unreachable_nodes,
+            } = admin
                 .get_queue_stats(pb::GetQueueStatsRequest {
                     name: name.clone().unwrap_or_default(),
                 })
                 .await?
-                .into_inner()
-                .queues;
+                .into_inner();
             match c.output {
                 Format::Json => {
                     for s in queues {
@@ -444,7 +435,9 @@ pub async fn run(c: &ClientArgs, cmd: QueueCommand) -> anyhow::Result<()> {
                     outln!("{t}")?;
                 }
             }
+            super::partial::tell(c.output, &unreachable_nodes)?;
             if !watch {
+                super::partial::complete(&unreachable_nodes)?;
                 break;
             }
             tokio::time::sleep(std::time::Duration::from_millis(interval_ms.max(100))).await;

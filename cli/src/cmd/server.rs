@@ -61,7 +61,8 @@ pub async fn run(a: ServerArgs) -> anyhow::Result<()> {
             join: a.join,
         },
     };
-    let config = Config::load(a.config.as_deref(), &overrides).map_err(anyhow::Error::msg)?;
+    let (config, settings) =
+        Config::load_explained(a.config.as_deref(), &overrides).map_err(anyhow::Error::msg)?;
     init_logging(&config)?;
     let listeners = crate::node::Listeners {
         client: bind(&config.listen, "--listen").await?,
@@ -83,7 +84,14 @@ pub async fn run(a: ServerArgs) -> anyhow::Result<()> {
             let _ = outln!("metrics on http://{m}/metrics");
         }
     };
-    crate::node::run(config, listeners, crate::node::shutdown_signal(), ready).await
+    crate::node::run(
+        config,
+        settings,
+        listeners,
+        crate::node::shutdown_signal(),
+        ready,
+    )
+    .await
 }
 
 async fn bind(addr: &str, flag: &str) -> anyhow::Result<tokio::net::TcpListener> {

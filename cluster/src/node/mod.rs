@@ -17,6 +17,7 @@
 mod driver;
 mod host;
 mod propose;
+mod reach;
 mod service;
 mod transport;
 mod view;
@@ -34,6 +35,7 @@ use tokio::sync::watch;
 pub use driver::{next_conf_change, META_GROUP};
 pub use host::{HeldQueue, QueueHost};
 pub use propose::{meta_status, CreatedQueue, IMPORT_MARKER};
+pub use reach::utc_text;
 use view::RaftCounters;
 pub use view::{MetaView, RaftMetrics};
 
@@ -237,6 +239,7 @@ impl MetaNode {
         let node = MetaNode { shared };
         tokio::spawn(node.clone().follow());
         tokio::spawn(node.clone().count_bytes());
+        tokio::spawn(node.clone().log_reachability());
         if !resumed {
             match &node.shared.settings.start {
                 StartMode::Initial(_) => {
@@ -345,6 +348,37 @@ impl MetaNode {
             }
             let bytes = self.shared.host.stored_bytes().await;
             self.shared.links.set_local_bytes(bytes);
+        }
+    }
+
+    /// Logs each peer's reachability once known and at every change (see [`reach`]), looking
+    /// every probe interval. Ends at shutdown.
+    async fn log_reachability(self) {
+        let mut shutdown = self.shared.shutdown.clone();
+        let mut tick = tokio::time::interval(self.shared.settings.probe_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut log = reach::ReachLog::new(self.shared.settings.liveness_timeout);
+        let me = &self.shared.settings.node_id;
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = shutdown.wait_for(|s| *s) => return,
+            }
+            let view = self.shared.view.borrow().clone();
+            let peers: Vec<reach::PeerSeen> = view
+                .meta
+                .nodes()
+                .iter()
+                .filter(|(id, n)| *id != me && n.is_active())
+                .map(|(id, n)| reach::PeerSeen {
+                    node: id.clone(),
+                    peer_addr: n.peer_addr.clone(),
+                    silent_for: self.shared.links.last_heard(n.raft_id.0),
+                })
+                .collect();
+            for change in log.look(std::time::Instant::now(), &peers) {
+                reach::log(&change);
+            }
         }
     }
 
