@@ -121,11 +121,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
-/// Connects, turning "connection refused" into advice.
+/// Connects; a failure is reported in words, with advice (see `output::error_report`).
 pub(crate) async fn connect(args: &ClientArgs) -> anyhow::Result<ferry_client::Client> {
-    ferry_client::Client::connect(&args.server).await.map_err(|e| {
-        anyhow::anyhow!("{e}\n  is a node running there? start one with `ferry server`, or pass --server HOST:PORT")
-    })
+    Ok(ferry_client::Client::connect(&args.server).await?)
 }
 
 /// Every page of a paged listing: `fetch(token)` answers one page and the next token (empty:
