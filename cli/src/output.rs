@@ -395,15 +395,28 @@ where
     Fut: std::future::Future<Output = anyhow::Result<String>>,
 {
     use std::io::IsTerminal as _;
+    if !watch {
+        let text = render().await?;
+        let text = text.trim_end_matches('\n');
+        if !text.is_empty() || format == Format::Human {
+            outln!("{text}")?;
+        }
+        return Ok(());
+    }
     let terminal = std::io::stdout().is_terminal();
+    // One listener for the whole watch: a ctrl-c while a refresh is on its way ends it too.
+    let interrupted = tokio::signal::ctrl_c();
+    tokio::pin!(interrupted);
     let mut shown = 0u64;
     loop {
-        let text = render().await?;
+        let text = tokio::select! {
+            text = render() => text?,
+            _ = &mut interrupted => return Ok(()),
+        };
         let text = text.trim_end_matches('\n');
         match format {
             Format::Json if text.is_empty() => {}
             Format::Json => outln!("{text}")?,
-            Format::Human if !watch => outln!("{text}")?,
             Format::Human => {
                 let stamp = watch_header(now_ms(), interval);
                 // Home and clear the screen: the new table replaces the old one.
@@ -412,12 +425,12 @@ where
             }
         }
         shown += 1;
-        if !watch || count.is_some_and(|c| shown >= c) {
+        if count.is_some_and(|c| shown >= c) {
             return Ok(());
         }
         tokio::select! {
             () = tokio::time::sleep(interval) => {}
-            _ = tokio::signal::ctrl_c() => return Ok(()),
+            _ = &mut interrupted => return Ok(()),
         }
     }
 }
