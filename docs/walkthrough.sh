@@ -88,11 +88,16 @@ ferry queue create jobs --max-redeliveries 3 --redelivery-initial-delay-ms 1000 
     --collision-avoidance-percent 10 --max-redelivery-delay-ms 60000
 #> created queue jobs on node-1
 ferry queue show jobs                                # every setting, defaults included
-#> ...
-#> | max redeliveries | 3 |
-#> ...
-#> | dead-letter queue | jobs.DLQ |
-#> ...
+#> queue jobs on node-1
+#>   lease 30 s by default, 12 h at most
+#>   max message size 1 MiB
+#>   max messages unlimited
+#>   max bytes unlimited
+#>   max redeliveries 3
+#>   redelivery delay first 1 s, then 1 s, x2 each time, +/- 10 %, at most 1 min
+#>   dead letters to jobs.DLQ
+#>   expired to jobs.DLQ
+#>   dedup window 10 min
 ferry send --queue jobs 'bad input'
 #> ID:...
 ferry receive --queue jobs --ack reject              # straight to jobs.DLQ, reason "rejected"

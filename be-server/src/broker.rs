@@ -253,6 +253,42 @@ impl Broker {
         self.inner.queues.delete(name).await
     }
 
+    /// Applies `patch` to a durable queue's settings (each field set replaces the queue's),
+    /// checked as at creation, durable before the queue follows them. Returns the settings
+    /// before and after, or `None` when they were already so.
+    pub async fn update_queue(
+        &self,
+        name: &QueueName,
+        patch: ferry_proto::pb::QueueConfig,
+    ) -> Result<Option<(QueueConfig, QueueConfig)>, Error> {
+        self.inner.queues.update(name, patch).await
+    }
+
+    /// How long a seal holds when its deletion never comes (see [`Broker::seal_queue`]).
+    pub const SEAL_MS: u64 = 30_000;
+
+    /// `seal`: refuses with [`Error::NotEmpty`] unless the queue holds no message; otherwise the
+    /// queue refuses sends ([`Error::QueueDeleting`]) for [`Broker::SEAL_MS`], or until it is
+    /// deleted or unsealed. The check and the seal are one step of the queue's owner task.
+    /// `!seal`: takes sends again.
+    pub async fn seal_queue(&self, name: &QueueName, seal: bool) -> Result<(), Error> {
+        let until_ms = seal.then(|| self.clock().now_ms().saturating_add(Self::SEAL_MS));
+        self.handle(name)?
+            .call(|reply| Cmd::Seal { until_ms, reply })
+            .await
+    }
+
+    /// How many deliveries each session holds in `queue`, in order.
+    pub async fn session_leases(
+        &self,
+        queue: &QueueName,
+        sessions: Vec<SessionId>,
+    ) -> Result<Vec<u64>, Error> {
+        self.handle(queue)?
+            .call(|reply| Cmd::SessionLeases { sessions, reply })
+            .await
+    }
+
     /// Sends to a queue. A durable queue refuses with [`Error::DiskFull`] while the data
     /// directory's disk is short of space (see `disk.rs`).
     pub async fn send(

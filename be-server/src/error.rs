@@ -7,6 +7,21 @@ use tonic::{Code, Status};
 pub enum Error {
     #[error("queue {queue:?} does not exist; create it first (ferry queue create {queue})")]
     QueueNotFound { queue: String },
+    /// A delete that asked for an empty queue found messages in it.
+    #[error("queue {queue:?} is not empty: it holds {ready} ready, {scheduled} scheduled, {leased} delivered and not acknowledged, {staged} staged in open transactions; receive or purge them first (`ferry queue purge {queue}`), or delete without --if-empty")]
+    NotEmpty {
+        queue: String,
+        ready: u64,
+        scheduled: u64,
+        leased: u64,
+        staged: u64,
+    },
+    /// The queue was found empty and is being deleted: sends are refused.
+    #[error("queue {queue:?} is being deleted (it was empty); send to another queue")]
+    QueueDeleting { queue: String },
+    /// A setting that cannot change on a queue that exists.
+    #[error("{field}: {reason}")]
+    CannotUpdate { field: &'static str, reason: String },
     #[error("queue {queue:?} already exists")]
     QueueExists { queue: String },
     #[error(transparent)]
@@ -71,6 +86,8 @@ impl From<Error> for Status {
         }
         let code = match &e {
             Error::QueueNotFound { .. } => Code::NotFound,
+            Error::NotEmpty { .. } | Error::QueueDeleting { .. } => Code::FailedPrecondition,
+            Error::CannotUpdate { .. } => Code::InvalidArgument,
             Error::QueueExists { .. } => Code::AlreadyExists,
             Error::Kernel(k) => ferry_proto::convert::kernel_error_code(k),
             Error::Store(s) => match s {

@@ -46,6 +46,8 @@ pub struct BrokerEvent {
     pub message_id: String,
     /// `dead-lettered`: why; `expired`: `moved` or `discarded`.
     pub reason: &'static str,
+    /// `queue-updated`: what changed.
+    pub detail: String,
 }
 
 /// See the module docs. Cheap to clone.

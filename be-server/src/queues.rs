@@ -363,6 +363,69 @@ impl Queues {
         Ok(held)
     }
 
+    /// Applies `patch` to a durable queue's settings (each field set replaces the queue's; see
+    /// `ferry_proto::convert::queue_config_from_pb`), checked as at creation and written to the
+    /// store before the queue follows them; its new dead-letter and expiry queues are created
+    /// first. Returns the settings before and after, or `None` when they were already so.
+    pub(crate) async fn update(
+        &self,
+        name: &QueueName,
+        patch: ferry_proto::pb::QueueConfig,
+    ) -> Result<Option<(QueueConfig, QueueConfig)>, Error> {
+        let _admin = self.admin.lock().await;
+        let owned = self.owned(name)?;
+        if owned.temporary {
+            return Err(Error::CannotUpdate {
+                field: "name",
+                reason: format!(
+                    "{name} is a temporary queue: it has no settings to change, and lives only as long as its connection"
+                ),
+            });
+        }
+        let before = owned.def.config.clone();
+        let config = ferry_proto::convert::queue_config_from_pb(Some(patch), &before)?;
+        validate_config(name, &config)?;
+        if before == config {
+            return Ok(None);
+        }
+        if targets_up_front(name, false) {
+            self.create_targets(name, &config).await?;
+        }
+        let def = QueueDef {
+            config: config.clone(),
+            ..owned.def.clone()
+        };
+        self.commit
+            .commit(vec![StoreOp::PutQueue(def.clone())])
+            .await?;
+        owned
+            .handle
+            .call(|reply| crate::actor::Cmd::SetConfig {
+                config: config.clone(),
+                reply,
+            })
+            .await?;
+        if let Some(o) = self
+            .map
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get_mut(name)
+        {
+            o.def = def;
+        }
+        let changes = crate::queues::changes(name, &before, &config);
+        tracing::info!(queue = %name, changes = %changes, "queue updated");
+        self.outbox.event(crate::outbox::BrokerEvent {
+            at_ms: self.clock.now_ms(),
+            kind: "queue-updated",
+            queue: name.clone(),
+            message_id: String::new(),
+            reason: "",
+            detail: changes,
+        });
+        Ok(Some((before, config)))
+    }
+
     /// Completes once [`Queues::stop_all`] began.
     pub(crate) fn stopped(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
         let mut rx = self.stopped_tx.subscribe();
@@ -487,3 +550,15 @@ pub(crate) fn validate_config(name: &QueueName, c: &QueueConfig) -> Result<(), E
 
 /// The largest `max_message_size_bytes` a queue may have (64 MiB).
 pub const MESSAGE_SIZE_BYTES_CEILING: u64 = 64 * 1024 * 1024;
+
+/// What differs between two settings of `name`, as "field: old -> new" pairs joined by ", ".
+pub(crate) fn changes(name: &QueueName, before: &QueueConfig, after: &QueueConfig) -> String {
+    ferry_proto::settings::queue_config_changes(
+        &ferry_proto::convert::queue_config_to_pb(name, before),
+        &ferry_proto::convert::queue_config_to_pb(name, after),
+    )
+    .into_iter()
+    .map(|c| format!("{}: {} -> {}", c.field, c.before, c.after))
+    .collect::<Vec<_>>()
+    .join(", ")
+}

@@ -485,6 +485,33 @@ impl pb::backend_server::Backend for BackendService {
         Ok(Response::new(pb::BackendCountResponse { count: 1 }))
     }
 
+    async fn seal_queue(
+        &self,
+        req: Request<pb::BackendSealQueueRequest>,
+    ) -> Reply<pb::BackendCountResponse> {
+        let r = req.into_inner();
+        let name = queue_name(&r.name)?;
+        self.broker.check_placement(&name, r.placement_epoch)?;
+        self.broker.seal_queue(&name, r.seal).await?;
+        Ok(Response::new(pb::BackendCountResponse { count: 0 }))
+    }
+
+    async fn session_leases(
+        &self,
+        req: Request<pb::BackendSessionLeasesRequest>,
+    ) -> Reply<pb::BackendSessionLeasesResponse> {
+        let r = req.into_inner();
+        let queue = queue_name(&r.queue)?;
+        self.broker.check_placement(&queue, r.placement_epoch)?;
+        let sessions = r
+            .session_ids
+            .iter()
+            .map(|s| SessionId::from_str(s).map_err(Error::from))
+            .collect::<Result<Vec<_>, _>>()?;
+        let leased = self.broker.session_leases(&queue, sessions).await?;
+        Ok(Response::new(pb::BackendSessionLeasesResponse { leased }))
+    }
+
     type WatchEventsStream = ferry_proto::EventStream;
 
     async fn watch_events(
@@ -505,6 +532,7 @@ impl pb::backend_server::Backend for BackendService {
                         reason: e.reason.into(),
                         value: 0,
                         node: node.clone(),
+                        detail: e.detail,
                     },
                     // A watcher that falls behind is told how much it missed.
                     Err(tokio_stream::wrappers::errors::BroadcastStreamRecvError::Lagged(n)) => {

@@ -88,6 +88,13 @@ impl QueueHost for BrokerHost {
             Err(e) => Err(e.to_string()),
         }
     }
+
+    async fn update(&self, name: &QueueName, settings: &pb::QueueConfig) -> Result<(), String> {
+        match self.broker.update_queue(name, settings.clone()).await {
+            Ok(_) => Ok(()),
+            Err(e) => Err(e.to_string()),
+        }
+    }
 }
 
 /// The front-end's catalog: the metadata group.
@@ -122,6 +129,21 @@ impl Catalog for MetaCatalog {
             node: owner.node,
             epoch: owner.epoch,
         })
+    }
+
+    async fn update_queue(
+        &self,
+        name: &QueueName,
+        patch: &pb::QueueConfig,
+    ) -> Result<(Owner, bool), Status> {
+        let updated = self.0.update_queue(name, patch).await?;
+        Ok((
+            Owner {
+                node: updated.owner.node,
+                epoch: updated.owner.epoch,
+            },
+            updated.changed,
+        ))
     }
 }
 

@@ -13,7 +13,7 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 use clap::Parser;
 use ferry_cli::cmd::Interrupted;
-use ferry_cli::output::{write_err_line, StdoutClosed, EXIT_STDOUT_CLOSED};
+use ferry_cli::output::{error_report, write_err_line, StdoutClosed, EXIT_STDOUT_CLOSED};
 
 /// RocksDB (C++) allocates with the C library's `malloc`, not jemalloc: memtable arena blocks
 /// of 2 MiB, freed when a memtable is flushed. glibc serves blocks this large with `mmap`, but
@@ -67,14 +67,15 @@ pub fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let server = cli.client.server.clone();
     match rt.block_on(ferry_cli::cmd::run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => exit_status(&e),
+        Err(e) => exit_status(&e, &server),
     }
 }
 
 /// How a command that failed exits.
-fn exit_status(e: &anyhow::Error) -> ExitCode {
+fn exit_status(e: &anyhow::Error, server: &str) -> ExitCode {
     // The reader of stdout went away (`ferry browse | head -1`): stop quietly, as a Unix tool
     // killed by SIGPIPE does.
     if StdoutClosed::ended(e) {
@@ -88,6 +89,6 @@ fn exit_status(e: &anyhow::Error) -> ExitCode {
     if let Some(i) = e.downcast_ref::<Interrupted>() {
         return ExitCode::from(i.exit_status());
     }
-    write_err_line(format_args!("error: {e:#}"));
+    write_err_line(format_args!("{}", error_report(e, server)));
     ExitCode::FAILURE
 }

@@ -382,6 +382,7 @@ fn random_command(sim: &mut Sim) -> Option<MetaCommand> {
         50..=59 => MetaCommand::UpdateQueue {
             name,
             settings: random_settings(rng),
+            expected: None,
         },
         60..=74 => MetaCommand::DeleteQueue { name },
         75..=84 => {

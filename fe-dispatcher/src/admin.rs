@@ -110,6 +110,71 @@ impl AdminService {
         &self.core.router
     }
 
+    /// Seals a queue at its owner (see `Backend.SealQueue`), or unseals it.
+    async fn seal(&self, name: &QueueName, seal: bool) -> Result<(), Status> {
+        self.router()
+            .call(name, |be, placement_epoch| {
+                let req = pb::BackendSealQueueRequest {
+                    name: name.to_string(),
+                    placement_epoch,
+                    seal,
+                };
+                async move { be.seal_queue(Request::new(req)).await }
+            })
+            .await?;
+        Ok(())
+    }
+
+    /// Deliveries held by each listed connection's sessions, asked of each queue's owner: the
+    /// count per connection, and the queues whose owner did not answer.
+    async fn unacked(
+        &self,
+        connections: &[crate::sessions::ConnectionSummary],
+    ) -> Vec<(u64, Vec<String>)> {
+        use std::collections::BTreeMap;
+        let mut by_queue: BTreeMap<QueueName, Vec<(usize, ferry_kernel::SessionId)>> =
+            BTreeMap::new();
+        for (i, c) in connections.iter().enumerate() {
+            for (session, queues) in &c.session_queues {
+                for q in queues {
+                    by_queue.entry(q.clone()).or_default().push((i, *session));
+                }
+            }
+        }
+        let mut out = vec![(0u64, Vec::new()); connections.len()];
+        for (queue, holders) in by_queue {
+            let session_ids: Vec<String> = holders.iter().map(|(_, s)| s.to_string()).collect();
+            let answer = self
+                .router()
+                .call(&queue, |be, placement_epoch| {
+                    let req = pb::BackendSessionLeasesRequest {
+                        queue: queue.to_string(),
+                        placement_epoch,
+                        session_ids: session_ids.clone(),
+                    };
+                    async move { be.session_leases(Request::new(req)).await }
+                })
+                .await;
+            match answer {
+                Ok(r) => {
+                    for ((i, _), n) in holders.iter().zip(r.leased) {
+                        out[*i].0 += n;
+                    }
+                }
+                // Deleted since: it holds nothing for anyone.
+                Err(e) if e.code() == tonic::Code::NotFound => {}
+                Err(_) => {
+                    for (i, _) in &holders {
+                        if !out[*i].1.contains(&queue.to_string()) {
+                            out[*i].1.push(queue.to_string());
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+
     /// A call naming one queue, to its owner (see [`Router::call`]).
     async fn queue_call<T, F, Fut>(&self, queue: &QueueName, f: F) -> Result<T, Status>
     where
@@ -362,17 +427,32 @@ impl pb::admin_server::Admin for AdminService {
         &self,
         req: Request<pb::DeleteQueueRequest>,
     ) -> Reply<pb::DeleteQueueResponse> {
-        let name = queue_name(&req.into_inner().name)?;
+        let r = req.into_inner();
+        let name = queue_name(&r.name)?;
+        if r.if_empty {
+            // The owner checks and, if empty, refuses sends until the queue is gone: nothing
+            // sent meanwhile is deleted with it.
+            self.seal(&name, true).await?;
+        }
         if let Some(catalog) = &self.catalog {
             // What it holds as it goes (its owner deletes it once it applies the deletion).
-            let held = self
-                .queue_call(&name, |be, req| async move {
+            let held = if r.if_empty {
+                0
+            } else {
+                self.queue_call(&name, |be, req| async move {
                     be.get_queue_stats(Request::new(req)).await
                 })
                 .await
                 .map(|s| s.ready + s.scheduled + s.leased)
-                .unwrap_or(0);
-            catalog.delete_queue(&name).await?;
+                .unwrap_or(0)
+            };
+            if let Err(e) = catalog.delete_queue(&name).await {
+                if r.if_empty {
+                    // Best effort: the seal lapses by itself otherwise.
+                    let _ = self.seal(&name, false).await;
+                }
+                return Err(e);
+            }
             return Ok(Response::new(pb::DeleteQueueResponse {
                 deleted_messages: held,
             }));
@@ -447,25 +527,101 @@ impl pb::admin_server::Admin for AdminService {
     ) -> Reply<pb::ListConnectionsResponse> {
         let r = req.into_inner();
         let node = self.router().local_node().to_string();
-        let all: Vec<pb::ConnectionInfo> = self
-            .core
-            .sessions
-            .list()
+        let listed = self.core.sessions.list();
+        let (listed, next_page_token) = page(listed, |c| &c.id, r.page_size, &r.page_token)?;
+        let unacked = self.unacked(&listed).await;
+        let now_ms = self.core.clock.now_ms();
+        let connections = listed
             .into_iter()
-            .map(|c| pb::ConnectionInfo {
+            .zip(unacked)
+            .map(|(c, (unacked, unknown))| pb::ConnectionInfo {
                 connection_id: c.id,
                 client_id: c.client_id,
                 sessions: u32::try_from(c.sessions).unwrap_or(u32::MAX),
                 temporary_queues: u32::try_from(c.temporary_queues).unwrap_or(u32::MAX),
                 lease_left_ms: u64::try_from(c.lease_left.as_millis()).unwrap_or(u64::MAX),
                 node: node.clone(),
+                client_address: c.client_address,
+                connected_at_ms: now_ms
+                    .saturating_sub(u64::try_from(c.open_for.as_millis()).unwrap_or(u64::MAX)),
+                unacked,
+                unacked_unknown_queues: unknown,
             })
             .collect();
-        let (connections, next_page_token) =
-            page(all, |c| &c.connection_id, r.page_size, &r.page_token)?;
         Ok(Response::new(pb::ListConnectionsResponse {
             connections,
             next_page_token,
+        }))
+    }
+
+    async fn update_queue(
+        &self,
+        req: Request<pb::UpdateQueueRequest>,
+    ) -> Reply<pb::UpdateQueueResponse> {
+        let r = req.into_inner();
+        let name = queue_name(&r.name)?;
+        if name.as_str().starts_with("tmp.") {
+            return Err(Status::invalid_argument(format!(
+                "name: {name} is a temporary queue: it has no settings to change, and lives only as long as its connection"
+            )));
+        }
+        let Some(catalog) = &self.catalog else {
+            return Err(Status::unimplemented(
+                "changing a queue's settings needs the cluster catalog, which this node does not have",
+            ));
+        };
+        let patch = r.config.unwrap_or_default();
+        // As its owner serves it now.
+        let before = self
+            .queue_call(&name, |be, req| async move {
+                be.get_queue(Request::new(req)).await
+            })
+            .await?;
+        if !r.node.is_empty() && r.node != before.owner_node {
+            return Err(Status::invalid_argument(format!(
+                "node: queue {name} lives on node {}, and a queue cannot move to another node ({}); leave --node out, or create a new queue on {} and move the messages (`ferry queue move`)",
+                before.owner_node, r.node, r.node
+            )));
+        }
+        let previous = before.config.clone().unwrap_or_default();
+        // What the owner will serve: the change applied to what it serves now.
+        let expected = {
+            let current = ferry_proto::convert::queue_config_from_pb(
+                Some(previous.clone()),
+                &ferry_kernel::QueueConfig::default(),
+            )
+            .map_err(crate::error::Error::from)?;
+            let after = ferry_proto::convert::queue_config_from_pb(Some(patch.clone()), &current)
+                .map_err(crate::error::Error::from)?;
+            ferry_proto::convert::queue_config_to_pb(&name, &after)
+        };
+        let (owner, _) = catalog.update_queue(&name, &patch).await?;
+        let changed = expected != previous;
+        let backend = self.router().placement().backend(&owner.node)?.clone();
+        let deadline = tokio::time::Instant::now() + OWNER_CREATE_WAIT;
+        // The owner applies the change when it applies the metadata: wait until it serves it.
+        let info = loop {
+            let req = pb::BackendQueueRequest {
+                name: name.to_string(),
+                placement_epoch: owner.epoch,
+            };
+            let info = backend.get_queue(Request::new(req)).await?.into_inner();
+            if !changed || info.config.as_ref() == Some(&expected) {
+                break info;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(Status::unavailable(format!(
+                    "the change to queue {name} is committed, but its owner, node {}, has not applied it within {} s; is that node up? (`ferry cluster status`)",
+                    owner.node,
+                    OWNER_CREATE_WAIT.as_secs()
+                )));
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        };
+        Ok(Response::new(pb::UpdateQueueResponse {
+            queue: Some(info),
+            previous: Some(previous),
+            changed,
         }))
     }
 

@@ -34,6 +34,19 @@ pub trait Catalog: Send + Sync + 'static {
 
     /// Deletes a queue's definition; returns where it lived.
     async fn delete_queue(&self, name: &QueueName) -> Result<Owner, Status>;
+
+    /// Changes a queue's settings: each field set in `patch` replaces the queue's. Returns where
+    /// it lives and whether its definition changed.
+    async fn update_queue(
+        &self,
+        name: &QueueName,
+        patch: &pb::QueueConfig,
+    ) -> Result<(Owner, bool), Status> {
+        let _ = patch;
+        Err(Status::unimplemented(format!(
+            "this catalog cannot change the settings of queue {name}"
+        )))
+    }
 }
 
 /// A shared catalog.

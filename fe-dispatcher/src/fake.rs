@@ -252,4 +252,20 @@ impl pb::backend_server::Backend for FakeBackend {
     ) -> Reply<pb::GetMessageHistoryResponse> {
         self.answer("get_message_history", vec![], vec![])
     }
+
+    async fn seal_queue(
+        &self,
+        r: Request<pb::BackendSealQueueRequest>,
+    ) -> Reply<pb::BackendCountResponse> {
+        let r = r.into_inner();
+        self.answer("seal_queue", vec![r.name], vec![r.placement_epoch])
+    }
+
+    async fn session_leases(
+        &self,
+        r: Request<pb::BackendSessionLeasesRequest>,
+    ) -> Reply<pb::BackendSessionLeasesResponse> {
+        let r = r.into_inner();
+        self.answer("session_leases", vec![r.queue], vec![r.placement_epoch])
+    }
 }

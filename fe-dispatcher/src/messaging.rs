@@ -29,9 +29,14 @@ impl pb::messaging_server::Messaging for MessagingService {
         &self,
         req: Request<pb::OpenConnectionRequest>,
     ) -> Reply<pb::OpenConnectionResponse> {
-        self.core
-            .open_connection(req.into_inner())
-            .map(Response::new)
+        let from = req.remote_addr();
+        let opened = self.core.open_connection(req.into_inner())?;
+        if let Some(addr) = from {
+            self.core
+                .sessions
+                .set_client_address(&opened.connection_id, addr.to_string());
+        }
+        Ok(Response::new(opened))
     }
 
     async fn heartbeat(&self, req: Request<pb::HeartbeatRequest>) -> Reply<pb::HeartbeatResponse> {

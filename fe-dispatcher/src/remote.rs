@@ -136,4 +136,6 @@ forward_all! {
     rollback(pb::BackendRollbackRequest) -> pb::BackendCountResponse;
     delete_message(pb::BackendDeleteMessageRequest) -> pb::BackendCountResponse;
     get_message_history(pb::GetMessageHistoryRequest) -> pb::GetMessageHistoryResponse;
+    seal_queue(pb::BackendSealQueueRequest) -> pb::BackendCountResponse;
+    session_leases(pb::BackendSessionLeasesRequest) -> pb::BackendSessionLeasesResponse;
 }

@@ -16,6 +16,10 @@ use crate::FrontendConfig;
 #[derive(Debug)]
 struct Connection {
     client_id: String,
+    /// Where the client connected from (`host:port`; empty if unknown).
+    client_address: String,
+    /// When it was opened.
+    opened: Instant,
     lease: Duration,
     expires_at: Instant,
     sessions: BTreeSet<SessionId>,
@@ -70,6 +74,12 @@ pub(crate) struct ConnectionSummary {
     pub(crate) temporary_queues: usize,
     /// Until it is closed unless it heartbeats.
     pub(crate) lease_left: Duration,
+    pub(crate) client_address: String,
+    /// How long it has been open.
+    pub(crate) open_for: Duration,
+    /// Its sessions that received from or staged sends in queues, with those queues (where
+    /// they may hold deliveries).
+    pub(crate) session_queues: Vec<(SessionId, Vec<QueueName>)>,
 }
 
 /// What the back-ends must be told after a session or connection ended.
@@ -160,6 +170,8 @@ impl Sessions {
             id.clone(),
             Connection {
                 client_id,
+                client_address: String::new(),
+                opened: Instant::now(),
                 lease,
                 expires_at: Instant::now() + lease,
                 sessions: BTreeSet::new(),
@@ -183,10 +195,29 @@ impl Sessions {
                 sessions: c.sessions.len(),
                 temporary_queues: c.temporary_queues.len(),
                 lease_left: c.expires_at.saturating_duration_since(now),
+                client_address: c.client_address.clone(),
+                open_for: now.saturating_duration_since(c.opened),
+                session_queues: c
+                    .sessions
+                    .iter()
+                    .filter_map(|sid| {
+                        let sess = s.sessions.get(sid)?;
+                        let mut queues: Vec<QueueName> = sess.queues.iter().cloned().collect();
+                        queues.sort();
+                        (!queues.is_empty()).then_some((*sid, queues))
+                    })
+                    .collect(),
             })
             .collect();
         all.sort_by(|a, b| a.id.cmp(&b.id));
         all
+    }
+
+    /// Records where a connection's client connected from (shown in listings).
+    pub(crate) fn set_client_address(&self, connection: &str, address: String) {
+        if let Some(c) = self.lock().connections.get_mut(connection) {
+            c.client_address = address;
+        }
     }
 
     /// Open connections and sessions.

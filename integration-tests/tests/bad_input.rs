@@ -209,6 +209,7 @@ async fn bad_input_is_refused_with_the_right_code() -> anyhow::Result<()> {
     let e = admin
         .delete_queue(pb::DeleteQueueRequest {
             name: "nope".into(),
+            if_empty: false,
         })
         .await
         .unwrap_err();

@@ -265,11 +265,13 @@ async fn a_node_added_while_traffic_flows_takes_the_next_queues() -> anyhow::Res
     via1.admin()
         .delete_queue(pb::DeleteQueueRequest {
             name: "next".into(),
+            if_empty: false,
         })
         .await?;
     via1.admin()
         .delete_queue(pb::DeleteQueueRequest {
             name: "next.DLQ".into(),
+            if_empty: false,
         })
         .await?;
     cluster_client

@@ -464,6 +464,7 @@ async fn every_rpc_refuses_hostile_input_with_the_right_code_and_stays_well() ->
             Box::pin(async move {
                 a.delete_queue(pb::DeleteQueueRequest {
                     name: "nope".into(),
+                    if_empty: false,
                 })
                 .await
                 .map(drop)
@@ -565,6 +566,40 @@ async fn every_rpc_refuses_hostile_input_with_the_right_code_and_stays_well() ->
                     .map(drop)
             })
         }),
+        ("UpdateQueue: unknown", Code::NotFound, {
+            let mut a = a.clone();
+            Box::pin(async move {
+                a.update_queue(pb::UpdateQueueRequest {
+                    name: "nope".into(),
+                    config: Some(pb::QueueConfig {
+                        max_messages: Some(1),
+                        ..Default::default()
+                    }),
+                    node: String::new(),
+                })
+                .await
+                .map(drop)
+            })
+        }),
+        (
+            "UpdateQueue: dedup_window_ms = u64::MAX",
+            Code::InvalidArgument,
+            {
+                let mut a = a.clone();
+                Box::pin(async move {
+                    a.update_queue(pb::UpdateQueueRequest {
+                        name: "q".into(),
+                        config: Some(pb::QueueConfig {
+                            dedup_window_ms: Some(u64::MAX),
+                            ..Default::default()
+                        }),
+                        node: String::new(),
+                    })
+                    .await
+                    .map(drop)
+                })
+            },
+        ),
     ];
 
     let mut failures = vec![];

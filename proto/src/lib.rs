@@ -21,6 +21,7 @@ pub mod v1 {
 pub mod codec;
 pub mod convert;
 pub mod not_owner;
+pub mod settings;
 
 pub use not_owner::{not_owner_of, not_owner_status, NOT_OWNER_TYPE_URL};
 

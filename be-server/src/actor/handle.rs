@@ -127,6 +127,22 @@ pub(crate) enum Cmd {
     Stats {
         reply: Reply<QueueStats>,
     },
+    /// New settings, from the next operation on (see `Queue::set_config`).
+    SetConfig {
+        config: ferry_kernel::QueueConfig,
+        reply: Reply<()>,
+    },
+    /// `until_ms: Some(t)`: refuse sends until `t` (or until unsealed), if the queue holds no
+    /// message (else refused, [`Error::NotEmpty`]). `None`: take sends again.
+    Seal {
+        until_ms: Option<u64>,
+        reply: Reply<()>,
+    },
+    /// How many deliveries each session holds here.
+    SessionLeases {
+        sessions: Vec<SessionId>,
+        reply: Reply<Vec<u64>>,
+    },
     /// Ends the task; pending writes finish first. Parked receivers are answered NOT_FOUND
     /// when the queue is `deleted`, else (the node is stopping) UNAVAILABLE.
     Stop {

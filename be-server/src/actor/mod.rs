@@ -75,6 +75,9 @@ pub(crate) struct QueueActor {
     /// Dead letters of the command being handled, on their way to their dead-letter queues:
     /// each says when its move is done (see `collect`).
     moving: Vec<oneshot::Receiver<Result<(), Error>>>,
+    /// Sends are refused until this time (wall clock, ms): the queue is being deleted because
+    /// it was found empty (see [`Cmd::Seal`]).
+    sealed_until_ms: Option<u64>,
 }
 
 /// A receive parked at the queue, waiting for messages.
@@ -110,6 +113,7 @@ impl QueueActor {
             pending: FuturesOrdered::new(),
             last_write: Ok(()),
             moving: Vec::new(),
+            sealed_until_ms: None,
         };
         tokio::spawn(actor.run(delayed));
         QueueHandle::new(tx)
@@ -202,8 +206,36 @@ impl QueueActor {
         result
     }
 
+    /// Refuses a send while the queue is sealed for deletion (see [`Cmd::Seal`]).
+    fn check_unsealed(&mut self, now: u64) -> Result<(), Error> {
+        match self.sealed_until_ms {
+            Some(until) if now < until => Err(Error::QueueDeleting {
+                queue: self.queue.name().to_string(),
+            }),
+            Some(_) => {
+                self.sealed_until_ms = None;
+                Ok(())
+            }
+            None => Ok(()),
+        }
+    }
+
     async fn handle(&mut self, cmd: Cmd) {
         let now = self.clock.now_ms();
+        if matches!(
+            cmd,
+            Cmd::Send { .. } | Cmd::Stage { .. } | Cmd::AcceptDeadLetters { .. }
+        ) {
+            if let Err(e) = self.check_unsealed(now) {
+                if let Cmd::Send { reply, .. }
+                | Cmd::Stage { reply, .. }
+                | Cmd::AcceptDeadLetters { reply, .. } = cmd
+                {
+                    let _ = reply.send(Err(e));
+                }
+                return;
+            }
+        }
         match cmd {
             Cmd::Send { messages, reply } => match self.queue.send(messages, now) {
                 Ok((ids, fx)) => self.finish(fx, vec![answer(reply, ids)]).await,
@@ -322,6 +354,41 @@ impl QueueActor {
                 let mut stats = self.queue.stats();
                 stats.waiters = self.receivers();
                 let _ = reply.send(Ok(stats));
+            }
+            Cmd::SetConfig { config, reply } => {
+                self.queue.set_config(config);
+                let _ = reply.send(Ok(()));
+            }
+            Cmd::Seal { until_ms, reply } => {
+                let answer = match until_ms {
+                    None => {
+                        self.sealed_until_ms = None;
+                        Ok(())
+                    }
+                    Some(until) => {
+                        let s = self.queue.stats();
+                        if s.ready + s.scheduled + s.leased + s.staged > 0 {
+                            Err(Error::NotEmpty {
+                                queue: self.queue.name().to_string(),
+                                ready: s.ready,
+                                scheduled: s.scheduled,
+                                leased: s.leased,
+                                staged: s.staged,
+                            })
+                        } else {
+                            self.sealed_until_ms = Some(until);
+                            Ok(())
+                        }
+                    }
+                };
+                let _ = reply.send(answer);
+            }
+            Cmd::SessionLeases { sessions, reply } => {
+                let counts = sessions
+                    .iter()
+                    .map(|s| self.queue.leases_held_by(*s))
+                    .collect();
+                let _ = reply.send(Ok(counts));
             }
             Cmd::Stop { .. } => unreachable!("handled in run"),
         }
@@ -859,6 +926,7 @@ fn dead_letter_event(source: &QueueName, dl: &DeadLetter, moved: bool, now_ms: u
             (true, false) => "discarded",
             (false, _) => dl.reason.as_str(),
         },
+        detail: String::new(),
     }
 }
 

@@ -570,7 +570,10 @@ async fn drop_bench_queue(client: &ferry_client::Client, queue: &str, temporary:
         // Best effort: the figures are already in; a queue left behind is only clutter.
         let _ = client
             .admin()
-            .delete_queue(pb::DeleteQueueRequest { name: queue.into() })
+            .delete_queue(pb::DeleteQueueRequest {
+                name: queue.into(),
+                if_empty: false,
+            })
             .await;
     }
 }

@@ -65,11 +65,17 @@ pub async fn run(c: &ClientArgs, a: EventsArgs) -> anyhow::Result<()> {
                     "reason": e.reason,
                     "value": e.value,
                     "node": e.node,
+                    "detail": e.detail,
                 })
             )?,
             Format::Human => {
-                let mut line = format!("{} {} {}", e.at_ms, e.kind, e.queue);
-                for part in [&e.message_id, &e.reason] {
+                let mut line = format!(
+                    "{} {} {}",
+                    crate::output::timestamp_text(e.at_ms),
+                    e.kind,
+                    e.queue
+                );
+                for part in [&e.message_id, &e.reason, &e.detail] {
                     if !part.is_empty() {
                         line.push(' ');
                         line.push_str(part);

@@ -84,15 +84,22 @@ pub enum Command {
     /// The node asked: version, uptime, readiness and alarms, data directory, store and disk
     /// guard, listeners, peers with their reachability, and the configuration in effect with
     /// where each value came from.
+    #[command(after_help = r#"Examples:
+  ferry status                              what differs from the defaults, with where each value came from
+  ferry status --all                        every setting
+  ferry status --server 10.0.0.2:7400 -o json"#)]
     Status(status::StatusArgs),
     /// Create, list, delete, purge queues and show their statistics.
     #[command(after_help = r#"Examples:
   ferry queue create orders --max-redeliveries 5 --dead-letter-queue orders.dlq
+  ferry queue update orders --max-redeliveries 3     live, on the queue's owner
   ferry queue list
-  ferry queue stats orders
+  ferry queue stats                                  every queue, in 80 columns
+  ferry queue stats --columns name,messages,consumers --watch
   ferry queue show orders
+  ferry queue move --from orders.dlq --to orders --rate 100
   ferry queue purge orders
-  ferry queue delete orders"#)]
+  ferry queue delete orders --if-empty"#)]
     Queue {
         #[command(subcommand)]
         command: queue::QueueCommand,
@@ -231,11 +238,9 @@ fn completions(shell: clap_complete::Shell) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Connects, turning "connection refused" into advice.
+/// Connects; a failure is reported in words, with advice (see `output::error_report`).
 pub(crate) async fn connect(args: &ClientArgs) -> anyhow::Result<ferry_client::Client> {
-    ferry_client::Client::connect(&args.server).await.map_err(|e| {
-        anyhow::anyhow!("{e}\n  is a node running there? start one with `ferry server`, or pass --server HOST:PORT")
-    })
+    Ok(ferry_client::Client::connect(&args.server).await?)
 }
 
 /// Every page of a paged listing: `fetch(token)` answers one page and the next token (empty:

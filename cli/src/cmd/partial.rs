@@ -29,10 +29,7 @@ pub(crate) fn tell(
 ) -> Result<(), StdoutClosed> {
     for u in unreachable {
         match format {
-            Format::Json => outln!(
-                "{}",
-                json!({ "unreachable_node": u.node_id, "reason": u.reason, "queues": u.queues })
-            )?,
+            Format::Json => outln!("{}", unreachable_json(u))?,
             Format::Human => {
                 let missing = if u.queues.is_empty() {
                     "whatever it holds is missing above".to_owned()
@@ -48,6 +45,11 @@ pub(crate) fn tell(
         }
     }
     Ok(())
+}
+
+/// One node that did not answer, as a JSON line.
+pub(crate) fn unreachable_json(u: &pb::UnreachableNode) -> serde_json::Value {
+    json!({ "unreachable_node": u.node_id, "reason": u.reason, "queues": u.queues })
 }
 
 /// Fails with [`PartialAnswer`] when a node did not answer.

@@ -4,12 +4,13 @@ use ferry_proto::pb;
 use serde_json::json;
 
 use super::{connect, ClientArgs};
-use crate::output::{outln, Format};
+use crate::output::{bytes_text, duration_text, errln, now_ms, outln, Format};
 
 #[derive(Debug, clap::Subcommand)]
 pub enum QueueCommand {
     /// Create a queue.
     Create {
+        /// The queue's name.
         name: String,
         /// Succeed if it already exists.
         #[arg(long)]
@@ -34,43 +35,101 @@ pub enum QueueCommand {
         #[command(flatten)]
         policy: PolicyArgs,
     },
+    /// Change settings of a queue while it runs: each one given replaces the queue's, the others
+    /// stay. Checked like `create`'s; applied by the queue's owner from its next delivery,
+    /// redelivery or send on, and shown to `ferry events` watchers as `queue-updated`.
+    Update {
+        /// The queue to change.
+        name: String,
+        /// A queue stays on its node: naming another is refused.
+        #[arg(long)]
+        node: Option<String>,
+        /// Lease of a delivery when the receiver asks for none.
+        #[arg(long)]
+        lease_ms: Option<u64>,
+        /// Largest message (body + properties + headers).
+        #[arg(long)]
+        max_message_size_bytes: Option<u64>,
+        /// The most messages the queue may hold; 0: no limit.
+        #[arg(long)]
+        max_messages: Option<u64>,
+        /// The most bytes of messages the queue may hold; 0: no limit.
+        #[arg(long)]
+        max_bytes: Option<u64>,
+        #[command(flatten)]
+        policy: PolicyArgs,
+    },
     /// Show a queue's settings.
-    Show { name: String },
+    Show {
+        /// The queue to show.
+        name: String,
+    },
     /// List queues.
     List,
     /// Delete a queue and its messages.
-    Delete { name: String },
+    Delete {
+        /// The queue to delete.
+        name: String,
+        /// Only if it holds no message (checked by its owner, which takes no send meanwhile);
+        /// otherwise refused, saying what it holds.
+        #[arg(long)]
+        if_empty: bool,
+    },
     /// Remove every message that is not currently being processed.
-    Purge { name: String },
+    Purge {
+        /// The queue to empty.
+        name: String,
+    },
     /// Move messages (all, or those a selector matches) to another queue, at most --rate per
     /// second, as a background task on the node; shows its progress until it ends.
     Move {
+        /// The queue to take messages from (e.g. a dead-letter queue).
         #[arg(long)]
         from: String,
+        /// The queue to put them in.
         #[arg(long)]
         to: String,
+        /// Only messages matching this JMS selector.
         #[arg(long)]
         selector: Option<String>,
         /// Messages per second; 0: as fast as possible.
         #[arg(long, default_value_t = 0)]
         rate: u64,
-        /// Stop after this many; 0: until none is left.
-        #[arg(long, default_value_t = 0)]
+        /// Stop after this many; 0: until none is left (`--max` is an older name for it).
+        #[arg(long = "count", alias = "max", default_value_t = 0)]
         max: u64,
         /// Print the task id and return at once (follow it with `ferry queue move-status`).
         #[arg(long)]
         detach: bool,
     },
     /// Show a move task's progress.
-    MoveStatus { task_id: String },
-    /// Show statistics of one queue, or of every queue.
+    MoveStatus {
+        /// The task id `queue move --detach` printed.
+        task_id: String,
+    },
+    /// Show statistics of one queue, or of every queue: by default the columns that fit 80
+    /// characters (queue, ready, scheduled, leased, consumers, bytes, oldest ready message).
     Stats {
+        /// One queue; absent: every queue of the cluster.
         name: Option<String>,
-        /// Show them again every --interval-ms until interrupted.
+        /// Show them again every --interval-ms, in place, until interrupted (ctrl-c).
         #[arg(long)]
         watch: bool,
+        /// With --watch: how often to refresh.
         #[arg(long, default_value_t = 1_000)]
         interval_ms: u64,
+        /// With --watch: stop after this many refreshes.
+        #[arg(long, requires = "watch")]
+        count: Option<u64>,
+        /// Every column.
+        #[arg(long, conflicts_with = "columns")]
+        wide: bool,
+        /// These columns, comma-separated, e.g. `name,messages,consumers` (of: name, messages,
+        /// ready, scheduled, leased, consumers, bytes, oldest, paged_out, memory, sent,
+        /// delivered, acked, redelivered, dead_lettered, expired, lease_expired, purged, staged,
+        /// groups, owner). `-o json` always carries every field.
+        #[arg(long, value_delimiter = ',')]
+        columns: Vec<String>,
     },
 }
 
@@ -94,6 +153,10 @@ pub struct PolicyArgs {
     /// Multiply the delay by --backoff-multiplier at each redelivery.
     #[arg(long)]
     exponential_backoff: bool,
+    /// Turn exponential backoff off (for `update`).
+    #[arg(long, conflicts_with = "exponential_backoff")]
+    no_exponential_backoff: bool,
+    /// With --exponential-backoff: the factor each delay grows by.
     #[arg(long)]
     backoff_multiplier: Option<f64>,
     /// Spread each delay by up to ± this percent at random.
@@ -138,7 +201,11 @@ impl PolicyArgs {
             unlimited_redeliveries: self.unlimited_redeliveries,
             initial_delay_ms: self.redelivery_initial_delay_ms,
             delay_ms: self.redelivery_delay_ms,
-            exponential_backoff: self.exponential_backoff.then_some(true),
+            exponential_backoff: if self.no_exponential_backoff {
+                Some(false)
+            } else {
+                self.exponential_backoff.then_some(true)
+            },
             backoff_multiplier: self.backoff_multiplier,
             collision_avoidance_percent: self.collision_avoidance_percent,
             max_delay_ms: self.max_redelivery_delay_ms,
@@ -181,21 +248,117 @@ pub async fn run(c: &ClientArgs, cmd: QueueCommand) -> anyhow::Result<()> {
             let r = admin
                 .create_queue(pb::CreateQueueRequest {
                     name: name.clone(),
-                    config: Some(config),
+                    config: Some(config.clone()),
                     if_not_exists,
                     node: node.unwrap_or_default(),
                 })
                 .await
                 .with_context(|| format!("cannot create queue {name}"))?
                 .into_inner();
-            let owner = r.queue.map(|q| q.owner_node).unwrap_or_default();
+            let queue = r.queue.unwrap_or_default();
+            let owner = queue.owner_node.clone();
+            // An existing queue is left as it is: say where it differs from what was asked.
+            let differences = if r.created {
+                vec![]
+            } else {
+                let existing = queue.config.clone().unwrap_or_default();
+                let asked = ferry_proto::settings::merge_queue_config(&existing, &config);
+                ferry_proto::settings::queue_config_changes(&existing, &asked)
+            };
+            match c.output {
+                Format::Json => {
+                    let mut v = json!({ "queue": name, "created": r.created, "owner_node": owner });
+                    if !differences.is_empty() {
+                        v["different_settings"] = differences
+                            .iter()
+                            .map(|d| json!({ "setting": d.field, "existing": d.before, "asked": d.after }))
+                            .collect();
+                    }
+                    outln!("{v}")?;
+                }
+                Format::Human if r.created => outln!("created queue {name} on {owner}")?,
+                Format::Human => outln!("queue {name} already exists (on {owner})")?,
+            }
+            if !differences.is_empty() {
+                errln!(
+                    "warning: queue {name} exists with other settings than asked; it keeps its own (change them with `ferry queue update {name} ...`):"
+                );
+                for d in &differences {
+                    errln!(
+                        "  {}: {} (asked {})",
+                        setting_label(d.field),
+                        setting_value(d.field, &d.before),
+                        setting_value(d.field, &d.after)
+                    );
+                }
+            }
+        }
+        QueueCommand::Update {
+            name,
+            node,
+            lease_ms,
+            max_message_size_bytes,
+            max_messages,
+            max_bytes,
+            policy,
+        } => {
+            let mut patch = pb::QueueConfig {
+                default_lease_ms: lease_ms,
+                max_message_size_bytes,
+                max_messages,
+                max_bytes,
+                ..Default::default()
+            };
+            policy.apply(&mut patch);
+            if patch.redelivery == Some(pb::RedeliveryPolicy::default()) {
+                patch.redelivery = None;
+            }
+            if patch == pb::QueueConfig::default() {
+                anyhow::bail!(
+                    "nothing to change: name at least one setting (`ferry queue update --help` lists them)"
+                );
+            }
+            let r = admin
+                .update_queue(pb::UpdateQueueRequest {
+                    name: name.clone(),
+                    config: Some(patch),
+                    node: node.unwrap_or_default(),
+                })
+                .await
+                .with_context(|| format!("cannot update queue {name}"))?
+                .into_inner();
+            let queue = r.queue.unwrap_or_default();
+            let changes = ferry_proto::settings::queue_config_changes(
+                &r.previous.unwrap_or_default(),
+                &queue.config.unwrap_or_default(),
+            );
             match c.output {
                 Format::Json => outln!(
                     "{}",
-                    json!({ "queue": name, "created": r.created, "owner_node": owner })
+                    json!({
+                        "queue": name,
+                        "changed": r.changed,
+                        "owner_node": queue.owner_node,
+                        "changes": changes
+                            .iter()
+                            .map(|d| json!({ "setting": d.field, "before": d.before, "after": d.after }))
+                            .collect::<Vec<_>>(),
+                    })
                 )?,
-                Format::Human if r.created => outln!("created queue {name} on {owner}")?,
-                Format::Human => outln!("queue {name} already exists (on {owner})")?,
+                Format::Human if changes.is_empty() => {
+                    outln!("queue {name} already has these settings; nothing changed")?;
+                }
+                Format::Human => {
+                    outln!("updated queue {name} on {}", queue.owner_node)?;
+                    for d in &changes {
+                        outln!(
+                            "  {}: {} -> {}",
+                            setting_label(d.field),
+                            setting_value(d.field, &d.before),
+                            setting_value(d.field, &d.after)
+                        )?;
+                    }
+                }
             }
         }
         QueueCommand::Move {
@@ -258,65 +421,9 @@ pub async fn run(c: &ClientArgs, cmd: QueueCommand) -> anyhow::Result<()> {
                 .into_inner()
                 .queue
                 .unwrap_or_default();
-            let cfg = q.config.unwrap_or_default();
-            let r = cfg.redelivery.unwrap_or_default();
-            let opt = |v: Option<u64>| v.map_or_else(String::new, |v| v.to_string());
-            let limit = |v: Option<u64>| match v {
-                Some(n) if n > 0 => n.to_string(),
-                _ => "unlimited".into(),
-            };
-            let rows: Vec<(&str, String)> = vec![
-                ("queue", q.name.clone()),
-                ("owner node", q.owner_node.clone()),
-                ("temporary", q.temporary.to_string()),
-                ("default lease ms", opt(cfg.default_lease_ms)),
-                ("lease max ms", opt(cfg.lease_max_ms)),
-                ("max message size bytes", opt(cfg.max_message_size_bytes)),
-                ("max messages", limit(cfg.max_messages)),
-                ("max bytes", limit(cfg.max_bytes)),
-                (
-                    "max redeliveries",
-                    if r.unlimited_redeliveries {
-                        "unlimited".into()
-                    } else {
-                        opt(r.max_redeliveries.map(u64::from))
-                    },
-                ),
-                ("redelivery initial delay ms", opt(r.initial_delay_ms)),
-                ("redelivery delay ms", opt(r.delay_ms)),
-                (
-                    "exponential backoff",
-                    r.exponential_backoff.unwrap_or_default().to_string(),
-                ),
-                (
-                    "backoff multiplier",
-                    r.backoff_multiplier
-                        .map_or_else(String::new, |m| m.to_string()),
-                ),
-                (
-                    "collision avoidance percent",
-                    opt(r.collision_avoidance_percent.map(u64::from)),
-                ),
-                ("max redelivery delay ms", opt(r.max_delay_ms)),
-                ("dead-letter queue", target_text(cfg.dead_letter.as_ref())),
-                ("expiry queue", target_text(cfg.expiry.as_ref())),
-                ("dedup window ms", opt(cfg.dedup_window_ms)),
-            ];
             match c.output {
-                Format::Json => {
-                    let map: serde_json::Map<String, serde_json::Value> = rows
-                        .iter()
-                        .map(|(k, v)| (k.replace([' ', '-'], "_"), json!(v)))
-                        .collect();
-                    outln!("{}", serde_json::Value::Object(map))?;
-                }
-                Format::Human => {
-                    let mut t = Table::new();
-                    for (k, v) in rows {
-                        t.add_row([k.to_string(), v]);
-                    }
-                    outln!("{t}")?;
-                }
+                Format::Json => outln!("{}", show_json(&q))?,
+                Format::Human => outln!("{}", show_text(&q))?,
             }
         }
         QueueCommand::List => {
@@ -350,9 +457,12 @@ pub async fn run(c: &ClientArgs, cmd: QueueCommand) -> anyhow::Result<()> {
             super::partial::tell(c.output, &unreachable)?;
             super::partial::complete(&unreachable)?;
         }
-        QueueCommand::Delete { name } => {
+        QueueCommand::Delete { name, if_empty } => {
             let r = admin
-                .delete_queue(pb::DeleteQueueRequest { name: name.clone() })
+                .delete_queue(pb::DeleteQueueRequest {
+                    name: name.clone(),
+                    if_empty,
+                })
                 .await
                 .with_context(|| format!("cannot delete queue {name}"))?
                 .into_inner();
@@ -379,69 +489,65 @@ pub async fn run(c: &ClientArgs, cmd: QueueCommand) -> anyhow::Result<()> {
             name,
             watch,
             interval_ms,
-        } => loop {
-            let pb::GetQueueStatsResponse {
-                queues,
-                unreachable_nodes,
-            } = admin
-                .get_queue_stats(pb::GetQueueStatsRequest {
-                    name: name.clone().unwrap_or_default(),
-                })
-                .await?
-                .into_inner();
-            match c.output {
-                Format::Json => {
-                    for s in queues {
-                        outln!("{}", stats_json(&s))?;
-                    }
+            count,
+            wide,
+            columns,
+        } => {
+            let columns = stats_columns(wide, &columns)?;
+            let format = c.output;
+            let interval = std::time::Duration::from_millis(interval_ms.max(100));
+            // The nodes the last answer missed: a one-shot listing that missed some exits 3.
+            let missed = std::sync::Arc::new(std::sync::Mutex::new(vec![]));
+            crate::output::watch(watch, interval, count, format, || {
+                let mut admin = admin.clone();
+                let (name, columns) = (name.clone(), &columns);
+                let missed = missed.clone();
+                async move {
+                    let pb::GetQueueStatsResponse {
+                        queues,
+                        unreachable_nodes,
+                    } = admin
+                        .get_queue_stats(pb::GetQueueStatsRequest {
+                            name: name.clone().unwrap_or_default(),
+                        })
+                        .await
+                        .with_context(|| match &name {
+                            Some(n) => format!("cannot read the statistics of queue {n}"),
+                            None => "cannot read the queues' statistics".to_owned(),
+                        })?
+                        .into_inner();
+                    let text = match format {
+                        Format::Json => queues
+                            .iter()
+                            .map(stats_json)
+                            .chain(
+                                unreachable_nodes
+                                    .iter()
+                                    .map(super::partial::unreachable_json),
+                            )
+                            .map(|v| v.to_string())
+                            .collect::<Vec<_>>()
+                            .join("\n"),
+                        Format::Human => {
+                            super::partial::tell(format, &unreachable_nodes)?;
+                            stats_table(&queues, columns, table_width(wide), now_ms())
+                        }
+                    };
+                    *missed
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner) = unreachable_nodes;
+                    Ok(text)
                 }
-                Format::Human => {
-                    let mut t = Table::new();
-                    t.set_header([
-                        "queue",
-                        "ready",
-                        "scheduled",
-                        "leased",
-                        "consumers",
-                        "bytes",
-                        "paged out",
-                        "memory / budget",
-                        "sent",
-                        "acked",
-                        "redelivered",
-                        "dead-lettered",
-                        "expired",
-                        "owner",
-                    ]);
-                    for s in queues {
-                        t.add_row([
-                            s.name,
-                            s.ready.to_string(),
-                            s.scheduled.to_string(),
-                            s.leased.to_string(),
-                            s.consumers.to_string(),
-                            s.bytes.to_string(),
-                            s.paged_out.to_string(),
-                            memory_text(s.memory_bytes, s.memory_budget_bytes),
-                            s.sent_total.to_string(),
-                            s.acked_total.to_string(),
-                            s.redelivered_total.to_string(),
-                            (s.dead_lettered_max_deliveries_total + s.dead_lettered_rejected_total)
-                                .to_string(),
-                            s.expired_total.to_string(),
-                            s.owner_node,
-                        ]);
-                    }
-                    outln!("{t}")?;
-                }
-            }
-            super::partial::tell(c.output, &unreachable_nodes)?;
+            })
+            .await?;
             if !watch {
-                super::partial::complete(&unreachable_nodes)?;
-                break;
+                let missed = missed
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .clone();
+                super::partial::complete(&missed)?;
             }
-            tokio::time::sleep(std::time::Duration::from_millis(interval_ms.max(100))).await;
-        },
+        }
     }
     Ok(())
 }
@@ -476,9 +582,369 @@ fn stats_json(s: &pb::QueueStats) -> serde_json::Value {
 /// queue).
 fn memory_text(memory_bytes: u64, budget_bytes: u64) -> String {
     if budget_bytes == 0 {
-        format!("{memory_bytes} / -")
+        format!("{} / -", bytes_text(memory_bytes))
     } else {
-        format!("{memory_bytes} / {budget_bytes}")
+        format!(
+            "{} / {}",
+            bytes_text(memory_bytes),
+            bytes_text(budget_bytes)
+        )
+    }
+}
+
+/// A column of `queue stats`: its name for `--columns`, its header, its value.
+struct Column {
+    name: &'static str,
+    header: &'static str,
+    value: fn(&pb::QueueStats, u64) -> String,
+}
+
+/// Every column, in the order `--wide` shows them.
+const COLUMNS: &[Column] = &[
+    Column {
+        name: "name",
+        header: "queue",
+        value: |s, _| s.name.clone(),
+    },
+    Column {
+        name: "messages",
+        header: "messages",
+        value: |s, _| (s.ready + s.scheduled + s.leased).to_string(),
+    },
+    Column {
+        name: "ready",
+        header: "ready",
+        value: |s, _| s.ready.to_string(),
+    },
+    Column {
+        name: "scheduled",
+        header: "scheduled",
+        value: |s, _| s.scheduled.to_string(),
+    },
+    Column {
+        name: "leased",
+        header: "leased",
+        value: |s, _| s.leased.to_string(),
+    },
+    Column {
+        name: "consumers",
+        header: "consumers",
+        value: |s, _| s.consumers.to_string(),
+    },
+    Column {
+        name: "bytes",
+        header: "bytes",
+        value: |s, _| bytes_text(s.bytes),
+    },
+    Column {
+        name: "oldest",
+        header: "oldest",
+        value: |s, _| oldest_text(s),
+    },
+    Column {
+        name: "paged_out",
+        header: "paged out",
+        value: |s, _| s.paged_out.to_string(),
+    },
+    Column {
+        name: "memory",
+        header: "memory / budget",
+        value: |s, _| memory_text(s.memory_bytes, s.memory_budget_bytes),
+    },
+    Column {
+        name: "sent",
+        header: "sent",
+        value: |s, _| s.sent_total.to_string(),
+    },
+    Column {
+        name: "delivered",
+        header: "delivered",
+        value: |s, _| s.delivered_total.to_string(),
+    },
+    Column {
+        name: "acked",
+        header: "acked",
+        value: |s, _| s.acked_total.to_string(),
+    },
+    Column {
+        name: "redelivered",
+        header: "redelivered",
+        value: |s, _| s.redelivered_total.to_string(),
+    },
+    Column {
+        name: "dead_lettered",
+        header: "dead-lettered",
+        value: |s, _| {
+            (s.dead_lettered_max_deliveries_total + s.dead_lettered_rejected_total).to_string()
+        },
+    },
+    Column {
+        name: "expired",
+        header: "expired",
+        value: |s, _| s.expired_total.to_string(),
+    },
+    Column {
+        name: "lease_expired",
+        header: "lease expired",
+        value: |s, _| s.lease_expired_total.to_string(),
+    },
+    Column {
+        name: "purged",
+        header: "purged",
+        value: |s, _| s.purged_total.to_string(),
+    },
+    Column {
+        name: "staged",
+        header: "staged",
+        value: |s, _| s.staged.to_string(),
+    },
+    Column {
+        name: "groups",
+        header: "groups",
+        value: |s, _| s.groups.to_string(),
+    },
+    Column {
+        name: "owner",
+        header: "owner",
+        value: |s, _| s.owner_node.clone(),
+    },
+];
+
+/// What `queue stats` shows without `--wide` or `--columns`: it fits 80 characters.
+const DEFAULT_COLUMNS: &[&str] = &[
+    "name",
+    "ready",
+    "scheduled",
+    "leased",
+    "consumers",
+    "bytes",
+    "oldest",
+];
+
+/// Names `--wide` leaves out (`messages` is the sum of three it shows; `lease_expired` and
+/// `purged` are in `-o json`).
+const NOT_WIDE: &[&str] = &["messages", "lease_expired", "purged"];
+
+/// The columns asked for.
+fn stats_columns(wide: bool, asked: &[String]) -> anyhow::Result<Vec<&'static Column>> {
+    if wide {
+        return Ok(COLUMNS
+            .iter()
+            .filter(|c| !NOT_WIDE.contains(&c.name))
+            .collect());
+    }
+    if asked.is_empty() {
+        return Ok(DEFAULT_COLUMNS
+            .iter()
+            .filter_map(|n| COLUMNS.iter().find(|c| c.name == *n))
+            .collect());
+    }
+    asked
+        .iter()
+        .map(|a| {
+            let a = a.trim().replace('-', "_");
+            let a = if a == "queue" { "name".to_owned() } else { a };
+            COLUMNS.iter().find(|c| c.name == a).ok_or_else(|| {
+                let names: Vec<&str> = COLUMNS.iter().map(|c| c.name).collect();
+                anyhow::anyhow!(
+                    "--columns: there is no column {a:?}; choose among {}",
+                    names.join(", ")
+                )
+            })
+        })
+        .collect()
+}
+
+/// How wide a table may be: `--wide` as wide as it takes, else the terminal's width (80 when
+/// the output is not a terminal).
+fn table_width(wide: bool) -> Option<u16> {
+    use std::io::IsTerminal as _;
+    if wide {
+        None
+    } else if std::io::stdout().is_terminal() {
+        Some(comfy_table::Table::new().width().unwrap_or(80))
+    } else {
+        Some(80)
+    }
+}
+
+/// The oldest ready message's age, `-` when none is ready.
+fn oldest_text(s: &pb::QueueStats) -> String {
+    if s.oldest_ready_timestamp_ms == 0 && s.oldest_ready_age_ms == 0 {
+        "-".into()
+    } else {
+        duration_text(s.oldest_ready_age_ms)
+    }
+}
+
+/// The `queue stats` table for people.
+fn stats_table(
+    queues: &[pb::QueueStats],
+    columns: &[&Column],
+    width: Option<u16>,
+    now_ms: u64,
+) -> String {
+    let mut t = Table::new();
+    t.load_preset(comfy_table::presets::ASCII_FULL_CONDENSED);
+    if let Some(w) = width {
+        t.set_content_arrangement(comfy_table::ContentArrangement::Dynamic);
+        t.set_width(w);
+    }
+    t.set_header(columns.iter().map(|c| c.header));
+    for s in queues {
+        t.add_row(columns.iter().map(|c| (c.value)(s, now_ms)));
+    }
+    t.to_string()
+}
+
+/// `queue show -o json`: every setting by name (as text).
+fn show_json(q: &pb::QueueInfo) -> serde_json::Value {
+    let cfg = q.config.clone().unwrap_or_default();
+    let r = cfg.redelivery.unwrap_or_default();
+    let opt = |v: Option<u64>| v.map_or_else(String::new, |v| v.to_string());
+    let limit = |v: Option<u64>| match v {
+        Some(n) if n > 0 => n.to_string(),
+        _ => "unlimited".into(),
+    };
+    json!({
+        "queue": q.name,
+        "owner_node": q.owner_node,
+        "temporary": q.temporary.to_string(),
+        "default_lease_ms": opt(cfg.default_lease_ms),
+        "lease_max_ms": opt(cfg.lease_max_ms),
+        "max_message_size_bytes": opt(cfg.max_message_size_bytes),
+        "max_messages": limit(cfg.max_messages),
+        "max_bytes": limit(cfg.max_bytes),
+        "max_redeliveries": if r.unlimited_redeliveries { "unlimited".into() } else { opt(r.max_redeliveries.map(u64::from)) },
+        "redelivery_initial_delay_ms": opt(r.initial_delay_ms),
+        "redelivery_delay_ms": opt(r.delay_ms),
+        "exponential_backoff": r.exponential_backoff.unwrap_or_default().to_string(),
+        "backoff_multiplier": r.backoff_multiplier.map_or_else(String::new, |m| m.to_string()),
+        "collision_avoidance_percent": opt(r.collision_avoidance_percent.map(u64::from)),
+        "max_redelivery_delay_ms": opt(r.max_delay_ms),
+        "dead_letter_queue": target_text(cfg.dead_letter.as_ref()),
+        "expiry_queue": target_text(cfg.expiry.as_ref()),
+        "dedup_window_ms": opt(cfg.dedup_window_ms),
+    })
+}
+
+/// `queue show` for people: one line per kind of setting, in units.
+fn show_text(q: &pb::QueueInfo) -> String {
+    let cfg = q.config.clone().unwrap_or_default();
+    let r = cfg.redelivery.unwrap_or_default();
+    let ms = |v: Option<u64>| v.map_or_else(|| "-".into(), duration_text);
+    let limit = |v: Option<u64>, unit: fn(u64) -> String| match v {
+        Some(n) if n > 0 => unit(n),
+        _ => "unlimited".into(),
+    };
+    let redeliveries = if r.unlimited_redeliveries {
+        "unlimited".to_owned()
+    } else {
+        r.max_redeliveries
+            .map_or_else(|| "-".into(), |n| n.to_string())
+    };
+    let (initial, delay) = (r.initial_delay_ms.unwrap_or(0), r.delay_ms.unwrap_or(0));
+    let mut backoff = if initial == 0 && delay == 0 {
+        "none: redelivered at once".to_owned()
+    } else {
+        format!(
+            "first {}, then {}",
+            duration_text(initial),
+            duration_text(delay)
+        )
+    };
+    if r.exponential_backoff.unwrap_or(false) {
+        backoff += &format!(
+            ", x{} each time",
+            r.backoff_multiplier
+                .map_or_else(|| "-".into(), |m| m.to_string())
+        );
+    }
+    if let Some(p) = r.collision_avoidance_percent.filter(|p| *p > 0) {
+        backoff += &format!(", +/- {p} %");
+    }
+    if initial > 0 || delay > 0 {
+        backoff += &format!(", at most {}", ms(r.max_delay_ms));
+    }
+    let rows: Vec<(&str, String)> = vec![
+        (
+            "lease",
+            format!(
+                "{} by default, {} at most",
+                ms(cfg.default_lease_ms),
+                ms(cfg.lease_max_ms)
+            ),
+        ),
+        (
+            "max message size",
+            cfg.max_message_size_bytes
+                .map_or_else(|| "-".into(), bytes_text),
+        ),
+        ("max messages", limit(cfg.max_messages, |n| n.to_string())),
+        ("max bytes", limit(cfg.max_bytes, bytes_text)),
+        ("max redeliveries", redeliveries),
+        ("redelivery delay", backoff),
+        ("dead letters to", target_text(cfg.dead_letter.as_ref())),
+        ("expired to", target_text(cfg.expiry.as_ref())),
+        (
+            "dedup window",
+            match cfg.dedup_window_ms {
+                Some(0) => "off".into(),
+                v => ms(v),
+            },
+        ),
+    ];
+    let mut out = format!(
+        "queue {} on {}{}",
+        q.name,
+        q.owner_node,
+        if q.temporary { " (temporary)" } else { "" }
+    );
+    for (k, v) in rows {
+        out += &format!("\n  {k:<18} {v}");
+    }
+    out
+}
+
+/// A setting as `create` and `update` name it (their flag).
+fn setting_label(field: &str) -> &str {
+    match field {
+        "default_lease_ms" => "lease-ms",
+        "lease_max_ms" => "lease-max-ms",
+        "max_message_size_bytes" => "max-message-size-bytes",
+        "receive_batch_max" => "receive-batch-max",
+        "waiters_max" => "waiters-max",
+        "redelivery.max_redeliveries" => "max-redeliveries",
+        "redelivery.initial_delay_ms" => "redelivery-initial-delay-ms",
+        "redelivery.delay_ms" => "redelivery-delay-ms",
+        "redelivery.exponential_backoff" => "exponential-backoff",
+        "redelivery.backoff_multiplier" => "backoff-multiplier",
+        "redelivery.collision_avoidance_percent" => "collision-avoidance-percent",
+        "redelivery.max_delay_ms" => "max-redelivery-delay-ms",
+        "dead_letter" => "dead-letter-queue",
+        "expiry" => "expiry-queue",
+        "dedup_window_ms" => "dedup-window-ms",
+        "max_messages" => "max-messages",
+        "max_bytes" => "max-bytes",
+        other => other,
+    }
+}
+
+/// A setting's value for people: durations and sizes in units.
+fn setting_value(field: &str, value: &str) -> String {
+    let Ok(n) = value.parse::<u64>() else {
+        return if value.is_empty() {
+            "default".into()
+        } else {
+            value.to_owned()
+        };
+    };
+    if field.ends_with("_ms") {
+        duration_text(n)
+    } else if field.ends_with("bytes") {
+        bytes_text(n)
+    } else {
+        value.to_owned()
     }
 }
 

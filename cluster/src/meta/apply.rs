@@ -30,7 +30,11 @@ impl MetaState {
                 settings,
                 owner,
             } => self.create_queue(name, settings, owner),
-            MetaCommand::UpdateQueue { name, settings } => self.update_queue(name, settings),
+            MetaCommand::UpdateQueue {
+                name,
+                settings,
+                expected,
+            } => self.update_queue(name, settings, expected.as_deref()),
             MetaCommand::DeleteQueue { name } => self.delete_queue(name),
         }
     }

@@ -75,6 +75,9 @@ struct WireQueue {
     owner: String,
     #[prost(uint64, tag = "4")]
     epoch: u64,
+    /// `UpdateQueue`: the settings it expects to replace (absent: any).
+    #[prost(message, optional, tag = "5")]
+    expected: Option<pb::QueueConfig>,
 }
 
 #[derive(Clone, PartialEq, Message)]
@@ -183,12 +186,18 @@ impl MetaCommand {
                 settings: Some(settings.clone()),
                 owner: owner.to_string(),
                 epoch: 0,
+                expected: None,
             }),
-            MetaCommand::UpdateQueue { name, settings } => Kind::UpdateQueue(WireQueue {
+            MetaCommand::UpdateQueue {
+                name,
+                settings,
+                expected,
+            } => Kind::UpdateQueue(WireQueue {
                 name: name.to_string(),
                 settings: Some(settings.clone()),
                 owner: String::new(),
                 epoch: 0,
+                expected: expected.as_deref().cloned(),
             }),
             MetaCommand::DeleteQueue { name } => Kind::DeleteQueue(name.to_string()),
         };
@@ -253,6 +262,7 @@ impl MetaCommand {
             Kind::UpdateQueue(q) => MetaCommand::UpdateQueue {
                 name: queue_name(WHAT, q.name)?,
                 settings: q.settings.unwrap_or_default(),
+                expected: q.expected.map(Box::new),
             },
             Kind::DeleteQueue(name) => MetaCommand::DeleteQueue {
                 name: queue_name(WHAT, name)?,
@@ -293,6 +303,7 @@ impl MetaState {
                     settings: Some(q.settings.clone()),
                     owner: q.owner.node.to_string(),
                     epoch: q.owner.epoch,
+                    expected: None,
                 })
                 .collect(),
         }

@@ -64,6 +64,10 @@ pub enum MetaCommand {
         name: QueueName,
         /// The new settings.
         settings: pb::QueueConfig,
+        /// Refused ([`super::MetaError::SettingsChanged`]) unless the queue's settings are these
+        /// when the command applies: the proposer merged its change into them, and another
+        /// change committed meanwhile would be lost. `None`: replace whatever they are.
+        expected: Option<Box<pb::QueueConfig>>,
     },
     /// Deletes a queue (its dead-letter queue stays: it may hold messages).
     DeleteQueue {

@@ -85,8 +85,14 @@ pub enum MetaError {
         queue: QueueName,
     },
     /// `UpdateQueue` / `DeleteQueue` of an unknown queue.
-    #[error("queue {queue} does not exist; create it first")]
+    #[error("queue {queue} does not exist (`ferry queue list` shows the queues that do)")]
     QueueNotFound {
+        /// The queue.
+        queue: QueueName,
+    },
+    /// `UpdateQueue` whose settings were changed by another command since it was proposed.
+    #[error("the settings of queue {queue} were changed by another update meanwhile; retry")]
+    SettingsChanged {
         /// The queue.
         queue: QueueName,
     },

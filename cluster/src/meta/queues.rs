@@ -36,14 +36,20 @@ impl MetaState {
         &mut self,
         name: &QueueName,
         settings: &pb::QueueConfig,
+        expected: Option<&pb::QueueConfig>,
     ) -> Result<MetaEvent, MetaError> {
-        let owner = self
+        let (owner, current) = self
             .queues
             .get(name)
-            .map(|q| q.owner.clone())
+            .map(|q| (q.owner.clone(), &q.settings))
             .ok_or_else(|| MetaError::QueueNotFound {
                 queue: name.clone(),
             })?;
+        if expected.is_some_and(|e| e != current) {
+            return Err(MetaError::SettingsChanged {
+                queue: name.clone(),
+            });
+        }
         let companions = self.missing_companions(name, settings, &owner.node)?;
         let mut created = Vec::new();
         for companion in companions {

@@ -346,6 +346,7 @@ fn update_replaces_settings_and_delete_removes_only_the_queue() {
     let cmd = MetaCommand::UpdateQueue {
         name: q("orders"),
         settings: settings.clone(),
+        expected: None,
     };
     let event = s.apply(4, &cmd).unwrap();
     assert!(matches!(event, MetaEvent::QueueUpdated { ref created, .. } if created.is_empty()));
@@ -364,6 +365,7 @@ fn update_replaces_settings_and_delete_removes_only_the_queue() {
     let update = MetaCommand::UpdateQueue {
         name: q("orders"),
         settings,
+        expected: None,
     };
     refused(&mut s, update, &gone);
     refused(
@@ -371,6 +373,36 @@ fn update_replaces_settings_and_delete_removes_only_the_queue() {
         MetaCommand::DeleteQueue { name: q("orders") },
         &gone,
     );
+}
+
+#[test]
+fn an_update_expecting_other_settings_is_refused_without_any_change() {
+    let mut s = cluster();
+    s.apply(3, &create("orders", "a")).unwrap();
+    let first = pb::QueueConfig {
+        default_lease_ms: Some(5_000),
+        ..Default::default()
+    };
+    let update =
+        |settings: &pb::QueueConfig, expected: &pb::QueueConfig| MetaCommand::UpdateQueue {
+            name: q("orders"),
+            settings: settings.clone(),
+            expected: Some(Box::new(expected.clone())),
+        };
+    let created = s.queue(&q("orders")).unwrap().settings.clone();
+    s.apply(4, &update(&first, &created)).unwrap();
+    // A second update merged into the settings as they were before the first: refused, so the
+    // first change is not lost.
+    let second = pb::QueueConfig {
+        max_messages: Some(9),
+        ..created.clone()
+    };
+    refused(
+        &mut s,
+        update(&second, &created),
+        &MetaError::SettingsChanged { queue: q("orders") },
+    );
+    assert_eq!(s.queue(&q("orders")).unwrap().settings, first);
 }
 
 #[test]
@@ -404,6 +436,7 @@ fn every_command_survives_encoding_and_snapshots_restore_the_same_state() {
                 max_messages: Some(9),
                 ..Default::default()
             },
+            expected: Some(Box::default()),
         },
         MetaCommand::DeleteQueue { name: q("orders") },
     ];

@@ -46,6 +46,9 @@ pub trait QueueHost: Send + Sync + 'static {
     fn set_epoch(&self, name: &QueueName, epoch: u64);
     /// Deletes a queue and its messages.
     async fn delete(&self, name: &QueueName) -> Result<(), String>;
+    /// Applies a queue's settings from the metadata to the held queue, as a change (each field
+    /// set replaces the queue's); nothing when it has them already.
+    async fn update(&self, name: &QueueName, settings: &pb::QueueConfig) -> Result<(), String>;
 }
 
 /// Brings the local back-end in line with `meta`: every queue `me` owns exists at its epoch;
@@ -69,8 +72,19 @@ pub(crate) async fn reconcile(
             continue;
         }
         match held.get(name) {
-            Some(q) if q.epoch == def.owner.epoch => {}
-            Some(_) => host.set_epoch(name, def.owner.epoch),
+            Some(q) => {
+                if q.epoch != def.owner.epoch {
+                    host.set_epoch(name, def.owner.epoch);
+                }
+                // At start: a change committed just before the node stopped may not have
+                // reached the back-end. Settings never given (a dead-letter queue made with its
+                // queue) change nothing.
+                if delete_unknown && def.settings != pb::QueueConfig::default() {
+                    if let Err(e) = host.update(name, &def.settings).await {
+                        tracing::error!(queue = %name, error = %e, "cannot give a queue the settings the metadata has for it");
+                    }
+                }
+            }
             None => {
                 if let Err(e) = host.create(name, &def.settings, def.owner.epoch).await {
                     tracing::error!(queue = %name, error = %e, "cannot create a queue the metadata places here");
@@ -105,6 +119,34 @@ pub(crate) async fn delete_gone(
         if gone {
             if let Err(e) = host.delete(name).await {
                 tracing::error!(queue = %name, error = %e, "cannot delete a queue deleted from the metadata");
+            }
+        }
+    }
+}
+
+/// Applies on the local back-end the settings that changed between `before` and `after` for the
+/// queues `me` owns in both (updated through any node).
+pub(crate) async fn update_changed(
+    host: &dyn QueueHost,
+    before: &MetaState,
+    after: &MetaState,
+    me: &NodeId,
+) {
+    for (name, def) in after.queues() {
+        if &def.owner.node != me {
+            continue;
+        }
+        let changed = before
+            .queue(name)
+            .is_some_and(|b| &b.owner.node == me && b.settings != def.settings);
+        if changed {
+            match host.update(name, &def.settings).await {
+                Ok(()) => {
+                    tracing::debug!(queue = %name, "queue settings applied from the metadata")
+                }
+                Err(e) => {
+                    tracing::error!(queue = %name, error = %e, "cannot apply a queue's new settings from the metadata")
+                }
             }
         }
     }

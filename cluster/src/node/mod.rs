@@ -34,7 +34,7 @@ use tokio::sync::watch;
 
 pub use driver::{next_conf_change, META_GROUP};
 pub use host::{HeldQueue, QueueHost};
-pub use propose::{meta_status, CreatedQueue, IMPORT_MARKER};
+pub use propose::{meta_status, CreatedQueue, UpdatedQueue, IMPORT_MARKER};
 pub use reach::utc_text;
 use view::RaftCounters;
 pub use view::{MetaView, RaftMetrics};
@@ -323,6 +323,7 @@ impl MetaNode {
             if current.meta.cluster_id().is_some() && current.meta.node(&me).is_some() {
                 host::delete_gone(&*self.shared.host, &before, &current.meta, &me).await;
                 host::reconcile(&*self.shared.host, &current.meta, &me, false).await;
+                host::update_changed(&*self.shared.host, &before, &current.meta, &me).await;
             }
             before = current.meta.clone();
             tokio::select! {

@@ -35,6 +35,19 @@ pub struct CreatedQueue {
     pub created: bool,
 }
 
+/// A queue whose settings an update changed (or found as asked).
+#[derive(Debug, Clone, PartialEq)]
+pub struct UpdatedQueue {
+    /// Where it lives.
+    pub owner: Owner,
+    /// False when its settings in the metadata were already as asked (nothing was proposed).
+    pub changed: bool,
+}
+
+/// How often an update is merged and proposed again when another change to the same queue
+/// committed in between.
+const UPDATE_TRIES_MAX: u32 = 5;
+
 /// The gRPC status of a refused metadata command: the caller's mistakes are INVALID_ARGUMENT,
 /// NOT_FOUND, ALREADY_EXISTS or FAILED_PRECONDITION, with the error's own advice.
 pub fn meta_status(e: &MetaError) -> Status {
@@ -53,6 +66,7 @@ pub fn meta_status(e: &MetaError) -> Status {
         | MetaError::NodeOwnsQueues { .. }
         | MetaError::CompanionElsewhere { .. }
         | MetaError::UnsupportedVersion { .. } => Code::FailedPrecondition,
+        MetaError::SettingsChanged { .. } => Code::Aborted,
         MetaError::StaleIndex { .. } | MetaError::Decode { .. } => Code::Internal,
     };
     Status::new(code, e.to_string())
@@ -274,6 +288,57 @@ impl MetaNode {
             Err(s) if s.code() == Code::AlreadyExists && if_not_exists => existing(false).ok_or(s),
             Err(s) => Err(s),
         }
+    }
+
+    /// Changes a queue's settings through the metadata group: `patch` is merged into its
+    /// settings (each field set replaces the queue's), the result checked as a creation's would
+    /// be, and proposed to replace exactly the settings it was merged into (retried when another
+    /// change committed in between). The owner applies the new settings when it applies the
+    /// command.
+    pub async fn update_queue(
+        &self,
+        name: &QueueName,
+        patch: &pb::QueueConfig,
+    ) -> Result<UpdatedQueue, Status> {
+        for _ in 0..UPDATE_TRIES_MAX {
+            let found = {
+                let view = self.shared.view.borrow();
+                view.meta
+                    .queue(name)
+                    .map(|d| (d.owner.clone(), d.settings.clone()))
+            };
+            let Some((owner, current)) = found else {
+                return Err(meta_status(&MetaError::QueueNotFound {
+                    queue: name.clone(),
+                }));
+            };
+            let settings = ferry_proto::settings::merge_queue_config(&current, patch);
+            if settings == current {
+                return Ok(UpdatedQueue {
+                    owner,
+                    changed: false,
+                });
+            }
+            self.shared.host.check_settings(name, &settings)?;
+            let command = MetaCommand::UpdateQueue {
+                name: name.clone(),
+                settings,
+                expected: Some(Box::new(current)),
+            };
+            match self.propose(&command).await {
+                Ok(_) => {
+                    return Ok(UpdatedQueue {
+                        owner,
+                        changed: true,
+                    })
+                }
+                Err(s) if s.code() == Code::Aborted => continue,
+                Err(s) => return Err(s),
+            }
+        }
+        Err(Status::aborted(format!(
+            "the settings of queue {name} kept being changed by other updates; retry"
+        )))
     }
 
     /// Deletes a queue through the metadata group; its owner deletes it when it applies the

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use super::{DedupRecord, Effects, MessageState, Queue, QueueConfig, Transition};
 use crate::error::KernelError;
 use crate::selector::Selector;
-use crate::types::{Message, MessageId, QueueName, QueueUid, Seq, SharedMessage};
+use crate::types::{Message, MessageId, QueueName, QueueUid, Seq, SessionId, SharedMessage};
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Counters {
@@ -180,6 +180,22 @@ impl Queue {
             }
         }
         (out, None)
+    }
+
+    /// Replaces the queue's settings while it runs (checked by the caller, as at creation).
+    /// Each applies from the next operation that reads it: a lease already granted keeps its
+    /// length, a message already scheduled for redelivery keeps its time, a dedup id already
+    /// remembered keeps its expiry; the next return, delivery, dead letter or send follows the
+    /// new settings.
+    pub fn set_config(&mut self, config: QueueConfig) {
+        self.config = config;
+    }
+
+    /// How many deliveries `owner` holds in this queue (delivered, not acknowledged).
+    pub fn leases_held_by(&self, owner: SessionId) -> u64 {
+        self.leases_by_owner
+            .get(&owner)
+            .map_or(0, |s| s.len() as u64)
     }
 
     pub fn stats(&self) -> QueueStats {
