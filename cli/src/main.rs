@@ -11,7 +11,6 @@ use std::process::ExitCode;
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
-use clap::Parser;
 use ferry_cli::cmd::Interrupted;
 use ferry_cli::output::{error_report, write_err_line, StdoutClosed, EXIT_STDOUT_CLOSED};
 
@@ -44,7 +43,7 @@ pub fn main() -> ExitCode {
         }
         fail::FailScenario::setup()
     };
-    let cli = ferry_cli::cmd::Cli::parse();
+    let cli = ferry_cli::cmd::Cli::parse_args();
     if matches!(cli.command, ferry_cli::cmd::Command::Server(_)) {
         return_large_c_blocks_to_the_os();
     }

@@ -54,21 +54,47 @@ pub struct ClientArgs {
 const GLOBAL: &str = "Global options";
 
 /// Takes the place of the global `--server` in commands that talk to no node, so help does not
-/// list it there and giving it is an error that says so, not an option silently ignored.
+/// list it there; giving it is a usage error that says so ([`Cli::parse_args`]), not an option
+/// silently ignored.
 #[derive(Debug, Clone, clap::Args)]
 pub struct NotAClient {
     #[arg(long = "server", hide = true)]
     server: Option<String>,
 }
 
-impl NotAClient {
-    pub(crate) fn check(&self, command: &str, instead: &str) -> anyhow::Result<()> {
-        match &self.server {
-            Some(_) => anyhow::bail!(
-                "`ferry {command}` talks to no node, so it takes no --server; {instead}"
-            ),
-            None => Ok(()),
+/// The commands that talk to no node, and what to do instead of `--server`.
+const NOT_CLIENTS: &[(&str, &str)] = &[
+    (
+        "server",
+        "it is the node: set the address clients dial with --listen (or `listen` in its configuration)",
+    ),
+    (
+        "check-disk",
+        "it times the disk under --data-dir on this machine",
+    ),
+];
+
+impl Cli {
+    /// Parses the command line (exiting with clap's usage error on bad input). `--server` given
+    /// on the command line to a command that talks to no node is such an error; FERRY_SERVER in
+    /// the environment is not (it is there for the client commands).
+    pub fn parse_args() -> Self {
+        use clap::{CommandFactory as _, FromArgMatches as _};
+        let matches = Self::command().get_matches();
+        if let Some((name, sub)) = matches.subcommand() {
+            let given = sub.value_source("server") == Some(clap::parser::ValueSource::CommandLine);
+            if let Some((_, instead)) = NOT_CLIENTS.iter().find(|(n, _)| *n == name) {
+                if given {
+                    Self::command()
+                        .error(
+                            clap::error::ErrorKind::ArgumentConflict,
+                            format!("`ferry {name}` talks to no node, so it takes no --server; {instead}"),
+                        )
+                        .exit();
+                }
+            }
         }
+        Self::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
     }
 }
 

@@ -46,10 +46,6 @@ pub struct ServerArgs {
 }
 
 pub async fn run(a: ServerArgs) -> anyhow::Result<()> {
-    a.not_a_client.check(
-        "server",
-        "it is the node: set the address clients dial with --listen (or `listen` in its configuration)",
-    )?;
     let overrides = Overrides {
         node_id: a.node_id,
         listen: a.listen,
