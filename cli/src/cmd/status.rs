@@ -6,7 +6,7 @@ use ferry_proto::pb;
 use serde_json::json;
 
 use super::{connect, ClientArgs};
-use crate::output::{outln, Format, StdoutClosed};
+use crate::output::{bytes_text, duration_text, outln, Format, StdoutClosed};
 
 #[derive(Debug, clap::Args)]
 pub struct StatusArgs {
@@ -211,34 +211,6 @@ fn plain_table() -> Table {
     let mut t = Table::new();
     t.load_preset(comfy_table::presets::NOTHING);
     t
-}
-
-/// `1.5 GiB`, `64 MiB`, `512 B`.
-fn bytes_text(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
-    if bytes < 1024 {
-        return format!("{bytes} B");
-    }
-    let mut value = bytes as f64 / 1024.0;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < UNITS.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    let text = format!("{value:.1}");
-    format!("{} {}", text.trim_end_matches(".0"), UNITS[unit])
-}
-
-/// `850 ms`, `12 s`, `3 min 5 s`, `2 h 3 min`, `4 d 1 h`.
-fn duration_text(ms: u64) -> String {
-    let s = ms / 1_000;
-    match s {
-        0 => format!("{ms} ms"),
-        1..=59 => format!("{s} s"),
-        60..=3_599 => format!("{} min {} s", s / 60, s % 60),
-        3_600..=86_399 => format!("{} h {} min", s / 3_600, s % 3_600 / 60),
-        _ => format!("{} d {} h", s / 86_400, s % 86_400 / 3_600),
-    }
 }
 
 #[cfg(test)]

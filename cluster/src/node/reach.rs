@@ -110,32 +110,7 @@ pub(crate) fn log(change: &Change) {
 
 /// `t` as RFC 3339 in UTC with milliseconds: `2026-12-02T10:15:03.120Z`.
 pub fn utc_text(t: SystemTime) -> String {
-    let since_epoch = t.duration_since(UNIX_EPOCH).unwrap_or_default();
-    let secs = since_epoch.as_secs();
-    let (days, day_secs) = (secs / 86_400, secs % 86_400);
-    let (year, month, day) = civil_from_days(days);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
-        day_secs / 3_600,
-        day_secs % 3_600 / 60,
-        day_secs % 60,
-        since_epoch.subsec_millis()
-    )
-}
-
-/// Year, month and day of the day `days` after 1970-01-01 (Howard Hinnant's `civil_from_days`,
-/// for days on or after the epoch).
-fn civil_from_days(days: u64) -> (u64, u64, u64) {
-    let z = days + 719_468;
-    let era = z / 146_097;
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + u64::from(month <= 2);
-    (year, month, day)
+    humantime::format_rfc3339_millis(t).to_string()
 }
 
 #[cfg(test)]
