@@ -18,20 +18,8 @@ pub enum QueueCommand {
         /// Put it on this node (its node id); default: the node owning the fewest queues.
         #[arg(long)]
         node: Option<String>,
-        /// Lease of a delivery when the receiver asks for none.
-        #[arg(long)]
-        lease_ms: Option<u64>,
-        /// Largest message (body + properties + headers).
-        #[arg(long)]
-        max_message_size_bytes: Option<u64>,
-        /// The most messages the queue may hold (ready, delayed, delivered and not acknowledged);
-        /// a send over it fails. 0 or absent: no limit.
-        #[arg(long)]
-        max_messages: Option<u64>,
-        /// The most bytes of messages the queue may hold; a send over it fails. 0 or absent: no
-        /// limit.
-        #[arg(long)]
-        max_bytes: Option<u64>,
+        #[command(flatten)]
+        limits: LimitArgs,
         #[command(flatten)]
         policy: PolicyArgs,
     },
@@ -44,18 +32,8 @@ pub enum QueueCommand {
         /// A queue stays on its node: naming another is refused.
         #[arg(long)]
         node: Option<String>,
-        /// Lease of a delivery when the receiver asks for none.
-        #[arg(long)]
-        lease_ms: Option<u64>,
-        /// Largest message (body + properties + headers).
-        #[arg(long)]
-        max_message_size_bytes: Option<u64>,
-        /// The most messages the queue may hold; 0: no limit.
-        #[arg(long)]
-        max_messages: Option<u64>,
-        /// The most bytes of messages the queue may hold; 0: no limit.
-        #[arg(long)]
-        max_bytes: Option<u64>,
+        #[command(flatten)]
+        limits: LimitArgs,
         #[command(flatten)]
         policy: PolicyArgs,
     },
@@ -131,6 +109,38 @@ pub enum QueueCommand {
         #[arg(long, value_delimiter = ',')]
         columns: Vec<String>,
     },
+}
+
+/// The lease and size limits of a queue (`create` and `update`).
+#[derive(Debug, clap::Args)]
+pub struct LimitArgs {
+    /// Lease of a delivery when the receiver asks for none.
+    #[arg(long)]
+    lease_ms: Option<u64>,
+    /// Largest message (body + properties + headers).
+    #[arg(long)]
+    max_message_size_bytes: Option<u64>,
+    /// The most messages the queue may hold (ready, delayed, delivered and not acknowledged);
+    /// a send over it fails. 0: no limit (a new queue's default).
+    #[arg(long)]
+    max_messages: Option<u64>,
+    /// The most bytes of messages the queue may hold; a send over it fails. 0: no limit (a new
+    /// queue's default).
+    #[arg(long)]
+    max_bytes: Option<u64>,
+}
+
+impl LimitArgs {
+    /// These settings, the others unset.
+    fn config(self) -> pb::QueueConfig {
+        pb::QueueConfig {
+            default_lease_ms: self.lease_ms,
+            max_message_size_bytes: self.max_message_size_bytes,
+            max_messages: self.max_messages,
+            max_bytes: self.max_bytes,
+            ..Default::default()
+        }
+    }
 }
 
 /// Redelivery, dead-letter and dedup settings of a new queue; unset ones keep the server's
@@ -231,19 +241,10 @@ pub async fn run(c: &ClientArgs, cmd: QueueCommand) -> anyhow::Result<()> {
             name,
             if_not_exists,
             node,
-            lease_ms,
-            max_message_size_bytes,
-            max_messages,
-            max_bytes,
+            limits,
             policy,
         } => {
-            let mut config = pb::QueueConfig {
-                default_lease_ms: lease_ms,
-                max_message_size_bytes,
-                max_messages,
-                max_bytes,
-                ..Default::default()
-            };
+            let mut config = limits.config();
             policy.apply(&mut config);
             let r = admin
                 .create_queue(pb::CreateQueueRequest {
@@ -296,19 +297,10 @@ pub async fn run(c: &ClientArgs, cmd: QueueCommand) -> anyhow::Result<()> {
         QueueCommand::Update {
             name,
             node,
-            lease_ms,
-            max_message_size_bytes,
-            max_messages,
-            max_bytes,
+            limits,
             policy,
         } => {
-            let mut patch = pb::QueueConfig {
-                default_lease_ms: lease_ms,
-                max_message_size_bytes,
-                max_messages,
-                max_bytes,
-                ..Default::default()
-            };
+            let mut patch = limits.config();
             policy.apply(&mut patch);
             if patch.redelivery == Some(pb::RedeliveryPolicy::default()) {
                 patch.redelivery = None;
