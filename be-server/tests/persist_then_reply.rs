@@ -11,8 +11,8 @@ use ferry_kernel::{
     ReceiveRequest, RecoveredMessage, Seq, SessionId, Wait,
 };
 use ferry_store::{
-    CommitSettings, CommitWriter, MemoryStore, Page, QueueStore, RecoveredQueue, StoreError,
-    StoreOp,
+    CommitSettings, CommitWriter, KeyValue, KvSpace, MemoryStore, Page, QueueStore, RecoveredQueue,
+    StoreError, StoreOp,
 };
 
 /// A store whose writes block while the gate is armed, and that counts writes (synced and not)
@@ -99,6 +99,12 @@ impl QueueStore for Gated {
         after_ms: u64,
     ) -> Result<Vec<RecoveredMessage>, StoreError> {
         self.inner.read_delayed(uid, after_ms)
+    }
+    fn kv_get(&self, space: KvSpace, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        self.inner.kv_get(space, key)
+    }
+    fn kv_scan(&self, space: KvSpace, prefix: &[u8]) -> Result<Vec<KeyValue>, StoreError> {
+        self.inner.kv_scan(space, prefix)
     }
 }
 

@@ -21,18 +21,18 @@ pub(crate) const KIND_ENTRY: u8 = 4;
 /// Above every kind: the exclusive end of a group's key range.
 const KIND_END: u8 = 0xff;
 
-/// The column family an operation writes to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Space {
+/// The key space an operation writes to (a column family in RocksDB).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Space {
     /// The engine's records.
     Raft,
     /// The application's own keys.
     App,
 }
 
-/// One write of a job, applied in order within one atomic batch.
+/// One write of a job, applied in order within one atomic batch ([`crate::PersistJob::ops`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum KvOp {
+pub enum KvOp {
     Put {
         space: Space,
         key: Vec<u8>,
@@ -52,7 +52,7 @@ pub(crate) enum KvOp {
 
 impl KvOp {
     /// Bytes this operation writes (keys and values), for accounting.
-    pub(crate) fn size_bytes(&self) -> usize {
+    pub fn size_bytes(&self) -> usize {
         match self {
             KvOp::Put { key, value, .. } => key.len() + value.len(),
             KvOp::Delete { key, .. } => key.len(),

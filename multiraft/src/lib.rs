@@ -56,6 +56,7 @@ pub use config::EngineConfig;
 pub use engine::{Engine, GroupStatus};
 pub use error::Error;
 pub use ids::{GroupId, LogPosition, NodeId, PersistId};
+pub use keys::{KvOp, Space};
 pub use logger::raft_logger;
 pub use persist::PersistJob;
 pub use round::{Apply, ConfChange, EntryKind, OutBatch, OutSnapshot, Role, RoleChange, Round};

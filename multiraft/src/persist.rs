@@ -35,6 +35,12 @@ impl PersistJob {
         self.must_sync
     }
 
+    /// The job's writes, in the order a store must apply them (one atomic batch), for a store
+    /// implemented outside this crate (one that shares its database and writer with others).
+    pub fn ops(&self) -> &[KvOp] {
+        &self.ops
+    }
+
     /// Number of key/value operations in the job.
     pub fn op_count(&self) -> usize {
         self.ops.len()
@@ -51,6 +57,15 @@ impl PersistJob {
             space: Space::App,
             key: key.into(),
             value: value.into(),
+        });
+    }
+
+    /// Deletes every application key in `[from, to)`, atomically with the rest of the job.
+    pub fn delete_app_range(&mut self, from: impl Into<Vec<u8>>, to: impl Into<Vec<u8>>) {
+        self.ops.push(KvOp::DeleteRange {
+            space: Space::App,
+            from: from.into(),
+            to: to.into(),
         });
     }
 

@@ -197,6 +197,20 @@ impl GroupCommit {
         self.submit(ops).await?.durable().await
     }
 
+    /// Queues `ops` and waits until they are durable, blocking the calling thread: for a thread
+    /// of its own (the Raft driver's), never from async code (tokio refuses to block a runtime
+    /// thread, and panics).
+    pub fn commit_blocking(&self, ops: Vec<StoreOp>) -> Result<(), StoreError> {
+        let (done, rx) = oneshot::channel();
+        let job = Job::Write(Pending {
+            ops,
+            done,
+            deferred: false,
+        });
+        self.tx.blocking_send(job).map_err(|_| StoreError::Closed)?;
+        rx.blocking_recv().unwrap_or(Err(StoreError::Closed))
+    }
+
     pub fn stats(&self) -> &GroupCommitStats {
         &self.stats
     }
@@ -232,8 +246,8 @@ impl Default for CommitSettings {
 }
 
 /// The group-commit writer of a node, owned by whoever started it (the node): it hands out
-/// [`GroupCommit`] handles to everything that writes (the back-end today; every Raft group of
-/// the node later), and at the end closes the store and joins its thread.
+/// [`GroupCommit`] handles to everything that writes (the back-end, and the Raft driver for
+/// every group of the node), and at the end closes the store and joins its thread.
 #[derive(Debug)]
 pub struct CommitWriter {
     commit: GroupCommit,

@@ -10,6 +10,10 @@
 //! in memory by the back-end; [`QueueStore::read_delayed`] finds them again after a restart
 //! without reading the others.
 //!
+//! The store is the node's one database: beside the queues it keeps key spaces for the Raft
+//! engine ([`KvSpace`]), written through the same [`GroupCommit`] writer, so a node makes one
+//! synced write where it would otherwise make one per database.
+//!
 //! Two implementations share one conformance suite (`tests/conformance.rs`): [`MemoryStore`]
 //! (tests, and nodes run without a disk) and [`RocksStore`]. [`GroupCommit`] lets many concurrent
 //! writers share one synced write.
@@ -19,6 +23,7 @@
 mod codec;
 pub mod faults;
 mod group_commit;
+mod kv;
 mod memory;
 mod rocks;
 
@@ -31,10 +36,11 @@ pub use group_commit::{
     Buckets, BucketsSnapshot, CommitSettings, CommitTicket, CommitWriter, GroupCommit,
     GroupCommitStats,
 };
+pub use kv::{KeyValue, KvOp, KvSpace};
 pub use memory::MemoryStore;
 #[doc(hidden)]
-pub use rocks::write_pre_paging_database;
-pub use rocks::RocksStore;
+pub use rocks::{split_raft_database_out, write_pre_paging_database};
+pub use rocks::{Absorbed, RocksStore};
 
 /// Priorities 0..=9, so per-priority arrays are indexed by `Priority::get()`.
 pub const PRIORITY_LEVELS: usize = Priority::MAX as usize + 1;
@@ -58,6 +64,8 @@ pub enum StoreOp {
         uid: QueueUid,
         op: PersistOp,
     },
+    /// A write to a key space kept for another part of the node (the Raft engine).
+    Kv(KvOp),
 }
 
 /// How many messages of one priority a queue holds in the store, and their bytes
@@ -183,6 +191,12 @@ pub trait QueueStore: Send + Sync + std::fmt::Debug + 'static {
     /// One message by seq, whatever its priority, with its delivery count.
     fn find_message(&self, uid: QueueUid, seq: Seq)
         -> Result<Option<RecoveredMessage>, StoreError>;
+
+    /// The value of `key` in a [`KvSpace`].
+    fn kv_get(&self, space: KvSpace, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError>;
+
+    /// Every key of a [`KvSpace`] starting with `prefix` (empty: all of them), in key order.
+    fn kv_scan(&self, space: KvSpace, prefix: &[u8]) -> Result<Vec<KeyValue>, StoreError>;
 
     /// Messages of the queue whose delivery time is after `after_ms`, with delivery counts, in
     /// delivery-time order (then seq). Entries at or before `after_ms` are never read: the range

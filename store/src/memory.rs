@@ -11,6 +11,7 @@ use ferry_kernel::{
 };
 
 use crate::{codec, header_kind, priorities_high_first, priority_of_rank, rank, INDEXED_HEADERS};
+use crate::{KeyValue, KvOp, KvSpace};
 use crate::{Page, QueueDef, QueueStore, RecoveredQueue, StoreError, StoreOp, PRIORITY_LEVELS};
 
 /// `(uid, rank, seq)`: a queue's messages in delivery order, like the RocksDB keys.
@@ -30,6 +31,8 @@ struct State {
     delayed: BTreeMap<(QueueUid, u64, Seq), Priority>,
     seq_reserved: HashMap<QueueUid, Seq>,
     dedup: BTreeMap<(QueueUid, String), (Seq, u64)>,
+    /// The key spaces kept for other parts of the node.
+    kv: BTreeMap<KvSpace, BTreeMap<Vec<u8>, Vec<u8>>>,
 }
 
 /// See the module docs.
@@ -51,6 +54,32 @@ fn index_key(uid: QueueUid, h: IndexedHeader, value: &str, p: Priority, seq: Seq
 }
 
 impl State {
+    fn apply_kv(&mut self, op: &KvOp) {
+        match op {
+            KvOp::Put { space, key, value } => {
+                self.kv
+                    .entry(*space)
+                    .or_default()
+                    .insert(key.clone(), value.clone());
+            }
+            KvOp::Delete { space, key } => {
+                self.kv.entry(*space).or_default().remove(key);
+            }
+            KvOp::DeleteRange { space, from, to } => {
+                if from < to {
+                    let keys = self.kv.entry(*space).or_default();
+                    let doomed: Vec<Vec<u8>> = keys
+                        .range(from.clone()..to.clone())
+                        .map(|(k, _)| k.clone())
+                        .collect();
+                    for k in doomed {
+                        keys.remove(&k);
+                    }
+                }
+            }
+        }
+    }
+
     fn add_counts(&mut self, uid: QueueUid, p: Priority, count: i64, bytes: i64) {
         let c = self.counts.entry((uid, p.get())).or_default();
         c.0 = c.0.wrapping_add(count);
@@ -189,9 +218,31 @@ impl QueueStore for MemoryStore {
                 }
                 StoreOp::DeleteQueue(uid) => s.delete_queue(*uid),
                 StoreOp::Queue { uid, op } => s.apply(*uid, op),
+                StoreOp::Kv(op) => s.apply_kv(op),
             }
         }
         Ok(())
+    }
+
+    fn kv_get(&self, space: KvSpace, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(self
+            .state()
+            .kv
+            .get(&space)
+            .and_then(|keys| keys.get(key))
+            .cloned())
+    }
+
+    fn kv_scan(&self, space: KvSpace, prefix: &[u8]) -> Result<Vec<KeyValue>, StoreError> {
+        let s = self.state();
+        let Some(keys) = s.kv.get(&space) else {
+            return Ok(Vec::new());
+        };
+        Ok(keys
+            .range(prefix.to_vec()..)
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect())
     }
 
     fn recover(&self) -> Result<Vec<RecoveredQueue>, StoreError> {

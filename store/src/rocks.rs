@@ -28,6 +28,7 @@
 //! them into `queue_messages`, building their counts, index and delayed entries, then drops
 //! `messages`.
 
+mod absorb;
 mod keys;
 mod migrate;
 mod options;
@@ -42,7 +43,9 @@ use ferry_kernel::{
 use rocksdb::{ColumnFamily, ReadOptions, WriteBatch, WriteOptions, DB};
 
 use crate::{codec, INDEXED_HEADERS, PRIORITY_LEVELS};
+use crate::{KeyValue, KvOp, KvSpace};
 use crate::{Page, QueueDef, QueueStore, RecoveredQueue, StoreError, StoreOp, StoredLevel};
+pub use absorb::{split_raft_database_out, Absorbed};
 use keys::{
     counts_key, dedup_key, delayed_key, delivery_key, index_key, message_key, seq_key, uid_prefix,
 };
@@ -89,6 +92,8 @@ struct Cfs<'a> {
     meta: &'a ColumnFamily,
     dedup: &'a ColumnFamily,
     delayed: &'a ColumnFamily,
+    raft_log: &'a ColumnFamily,
+    raft_app: &'a ColumnFamily,
 }
 
 fn cf<'a>(db: &'a DB, name: &'static str) -> Result<&'a ColumnFamily, StoreError> {
@@ -109,7 +114,26 @@ impl<'a> Cfs<'a> {
             meta: cf(db, CF_META)?,
             dedup: cf(db, CF_DEDUP)?,
             delayed: cf(db, CF_DELAYED)?,
+            raft_log: cf(db, KvSpace::RaftLog.column_family())?,
+            raft_app: cf(db, KvSpace::RaftApp.column_family())?,
         })
+    }
+
+    fn kv(&self, space: KvSpace) -> &'a ColumnFamily {
+        match space {
+            KvSpace::RaftLog => self.raft_log,
+            KvSpace::RaftApp => self.raft_app,
+        }
+    }
+
+    fn add_kv(&self, batch: &mut WriteBatch, op: &KvOp) {
+        match op {
+            KvOp::Put { space, key, value } => batch.put_cf(self.kv(*space), key, value),
+            KvOp::Delete { space, key } => batch.delete_cf(self.kv(*space), key),
+            KvOp::DeleteRange { space, from, to } => {
+                batch.delete_range_cf(self.kv(*space), from, to)
+            }
+        }
     }
 
     /// A message, its count, its index entries and its delayed entry, in one batch (also used by
@@ -176,6 +200,7 @@ impl<'a> Cfs<'a> {
             }
             StoreOp::DeleteQueue(uid) => self.delete_queue(batch, *uid)?,
             StoreOp::Queue { uid, op } => self.add_queue_op(batch, *uid, op),
+            StoreOp::Kv(op) => self.add_kv(batch, op),
         }
         Ok(())
     }
@@ -370,6 +395,29 @@ impl QueueStore for RocksStore {
             return Ok(());
         }
         self.poison_on_error("syncing the write-ahead log", self.db.flush_wal(true))
+    }
+
+    fn kv_get(&self, space: KvSpace, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        let cfs = self.cfs()?;
+        self.db
+            .get_cf(cfs.kv(space), key)
+            .map_err(io("reading a Raft key"))
+    }
+
+    fn kv_scan(&self, space: KvSpace, prefix: &[u8]) -> Result<Vec<KeyValue>, StoreError> {
+        let cfs = self.cfs()?;
+        let mut ro = ReadOptions::default();
+        ro.set_iterate_lower_bound(prefix.to_vec());
+        if let Some(end) = keys::prefix_end(prefix) {
+            ro.set_iterate_upper_bound(end);
+        }
+        self.db
+            .iterator_cf_opt(cfs.kv(space), ro, rocksdb::IteratorMode::Start)
+            .map(|item| {
+                item.map(|(k, v)| (k.into_vec(), v.into_vec()))
+                    .map_err(io("reading Raft keys"))
+            })
+            .collect()
     }
 
     fn recover(&self) -> Result<Vec<RecoveredQueue>, StoreError> {

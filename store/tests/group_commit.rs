@@ -10,7 +10,8 @@ use ferry_kernel::{
     IndexedHeader, PersistOp, Priority, QueueConfig, QueueName, QueueUid, RecoveredMessage, Seq,
 };
 use ferry_store::{
-    GroupCommit, MemoryStore, Page, QueueDef, QueueStore, RecoveredQueue, StoreError, StoreOp,
+    GroupCommit, KeyValue, KvSpace, MemoryStore, Page, QueueDef, QueueStore, RecoveredQueue,
+    StoreError, StoreOp,
 };
 
 /// A store whose first synced write (or, with [`Gated::gating_unsynced`], first unsynced one)
@@ -145,6 +146,12 @@ impl QueueStore for Gated {
     ) -> Result<Vec<RecoveredMessage>, StoreError> {
         self.inner.read_delayed(uid, after_ms)
     }
+    fn kv_get(&self, space: KvSpace, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        self.inner.kv_get(space, key)
+    }
+    fn kv_scan(&self, space: KvSpace, prefix: &[u8]) -> Result<Vec<KeyValue>, StoreError> {
+        self.inner.kv_scan(space, prefix)
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -236,6 +243,12 @@ impl QueueStore for Failing {
         Ok(None)
     }
     fn read_delayed(&self, _: QueueUid, _: u64) -> Result<Vec<RecoveredMessage>, StoreError> {
+        Ok(vec![])
+    }
+    fn kv_get(&self, _: KvSpace, _: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(None)
+    }
+    fn kv_scan(&self, _: KvSpace, _: &[u8]) -> Result<Vec<KeyValue>, StoreError> {
         Ok(vec![])
     }
 }

@@ -52,8 +52,11 @@ impl Recovered {
         self.groups.get(&group).map(|g| g.applied_index)
     }
 
-    /// Builds the state from the `raft` key space, read in key order.
-    pub(crate) fn from_records<K, V>(
+    /// Builds the state from the `raft` key space ([`Space::Raft`]), read in key order: for a
+    /// store implemented outside this crate.
+    ///
+    /// [`Space::Raft`]: crate::Space::Raft
+    pub fn from_records<K, V>(
         records: impl Iterator<Item = Result<(K, V), Error>>,
     ) -> Result<Self, Error>
     where

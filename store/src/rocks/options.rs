@@ -13,6 +13,7 @@ use super::{
     CF_QUEUES, CF_QUEUE_MESSAGES,
 };
 use crate::codec;
+use crate::KvSpace;
 
 const MIB: usize = 1024 * 1024;
 /// About 1% false positives.
@@ -54,6 +55,14 @@ pub(super) fn column_families(with_old_messages: bool) -> Vec<ColumnFamilyDescri
         ColumnFamilyDescriptor::new(CF_HEADER_INDEX, header_index(&cache)),
         ColumnFamilyDescriptor::new(CF_DELAYED, delayed(&cache)),
     ];
+    // The Raft engine's key spaces: small (a log compacted every thousand entries, the
+    // metadata), appended and read back in key order.
+    for space in KvSpace::ALL {
+        cfs.push(ColumnFamilyDescriptor::new(
+            space.column_family(),
+            base(&cache, Filter::None, 4),
+        ));
+    }
     if with_old_messages {
         cfs.push(ColumnFamilyDescriptor::new(
             CF_OLD_MESSAGES,
