@@ -2,23 +2,47 @@
 //!
 //! [`meta`] is the metadata state machine of Raft group 0 (nodes, queue definitions, placement
 //! with epochs): pure and deterministic, it depends on no engine, runtime, clock or random
-//! source. [`node`] is the shell that runs it on a node: the multi-group Raft engine
-//! (`ferry-multiraft`) on a thread of its own, the peer streams, the `Peer` and `Cluster` gRPC
-//! services, and the link to the local back-end ([`node::QueueHost`]). [`ClusterConfig`] is the
-//! `[cluster]` section of a node's configuration.
+//! source. Beside it: [`next_conf_change`], which turns the membership recorded in the metadata
+//! into the engine's next configuration change, [`StartMode`] and [`ClusterConfig`], the
+//! `[cluster]` section of a node's configuration. The shell that runs the metadata group on a
+//! node (the engine's thread, peer streams, the `Peer` and `Cluster` services) is the node
+//! library, `ferry-node`.
 //!
-//! Depends on the kernel for ids, ferry-proto for queue settings and services, the Raft engine
-//! and tokio/tonic (in [`node`] only); must not depend on the back-end or the front-end.
+//! Depends on the kernel for ids, ferry-proto for queue settings, and the Raft engine's plain
+//! types; must not depend on an async runtime, gRPC, the back-end or the front-end.
 
 pub mod meta;
-pub mod node;
 
 use std::time::Duration;
 
 use ferry_kernel::NodeId;
+use ferry_multiraft::{ConfChange, GroupStatus, NodeId as PeerId};
+
+use meta::{next_membership_step, MembershipStep, MetaState, RaftId};
 use serde::{Deserialize, Serialize};
 
-pub use node::{MetaNode, NodeSettings, StartMode};
+/// The next Raft configuration change of group 0 that brings `status` (the engine's view)
+/// towards the nodes recorded in `meta` ([`next_membership_step`]), as the engine's type.
+pub fn next_conf_change(meta: &MetaState, status: &GroupStatus) -> Option<ConfChange> {
+    let ids = |nodes: &[PeerId]| nodes.iter().map(|n| RaftId(n.0)).collect::<Vec<_>>();
+    let step = next_membership_step(meta, &ids(&status.voters), &ids(&status.learners))?;
+    Some(match step {
+        MembershipStep::AddVoter(r) => ConfChange::AddVoter(PeerId(r.0)),
+        MembershipStep::AddLearner(r) => ConfChange::AddLearner(PeerId(r.0)),
+        MembershipStep::Promote(r) => ConfChange::PromoteLearner(PeerId(r.0)),
+        MembershipStep::Remove(r) => ConfChange::Remove(PeerId(r.0)),
+    })
+}
+
+/// How this node takes part when it has no Raft state yet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StartMode {
+    /// Form a new cluster with these voters (node id → peer address, this node included). One
+    /// entry, this node: a one-node cluster.
+    Initial(Vec<(NodeId, String)>),
+    /// Wait to be added to the cluster whose node serves peers at this address.
+    Join(String),
+}
 
 /// The `[cluster]` section of a node's configuration.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

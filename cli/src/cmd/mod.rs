@@ -20,8 +20,8 @@ mod status;
 
 use clap::{Parser, Subcommand};
 
-use crate::config::DEFAULT_PORT;
 use crate::output::Format;
+use ferry_node::config::DEFAULT_PORT;
 
 pub(crate) use connection::with_connection;
 pub use connection::Interrupted;

@@ -8,8 +8,8 @@ use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::FormatFields;
 use tracing_subscriber::EnvFilter;
 
-use crate::config::{Config, LogFormat, Overrides, Storage};
 use crate::output::outln;
+use ferry_node::config::{Config, LogFormat, Overrides, Storage};
 
 #[derive(Debug, clap::Args)]
 pub struct ServerArgs {
@@ -52,7 +52,7 @@ pub async fn run(a: ServerArgs) -> anyhow::Result<()> {
         peer_listen: a.peer_listen,
         data_dir: a.data_dir,
         storage: a.memory.then_some(Storage::Memory),
-        cluster: crate::config::ClusterOverrides {
+        cluster: ferry_node::config::ClusterOverrides {
             initial: a.initial_cluster,
             join: a.join,
         },
@@ -60,7 +60,7 @@ pub async fn run(a: ServerArgs) -> anyhow::Result<()> {
     let (config, settings) =
         Config::load_explained(a.config.as_deref(), &overrides).map_err(anyhow::Error::msg)?;
     init_logging(&config)?;
-    let listeners = crate::node::Listeners {
+    let listeners = ferry_node::run::Listeners {
         client: bind(&config.listen, "--listen").await?,
         peer: bind(&config.peer_listen, "--peer-listen").await?,
     };
@@ -69,7 +69,7 @@ pub async fn run(a: ServerArgs) -> anyhow::Result<()> {
     // and wait for it: the client address first (scripts read that line), then the peer address,
     // then the metrics URL when metrics are on.
     // A node whose stdout nobody reads any more (a pipe closed early) keeps serving.
-    let ready = |addrs: &crate::node::Addresses| {
+    let ready = |addrs: &ferry_node::run::Addresses| {
         let _ = outln!(
             "ferry {} listening on {}",
             env!("CARGO_PKG_VERSION"),
@@ -80,11 +80,11 @@ pub async fn run(a: ServerArgs) -> anyhow::Result<()> {
             let _ = outln!("metrics on http://{m}/metrics");
         }
     };
-    crate::node::run(
+    ferry_node::run::run(
         config,
         settings,
         listeners,
-        crate::node::shutdown_signal(),
+        ferry_node::run::shutdown_signal(),
         ready,
     )
     .await

@@ -77,7 +77,7 @@ fn print_human(r: &pb::NodeStatusReport, all: bool) -> Result<(), StdoutClosed> 
     outln!(
         "uptime      {} (since {})",
         duration_text(r.uptime_ms),
-        ferry_cluster::node::utc_text(started)
+        ferry_node::raft::utc_text(started)
     )?;
     if r.ready {
         outln!("ready       yes")?;

@@ -66,7 +66,7 @@ struct WireAddNode {
 
 /// A queue in a command (owner set for create) or in a snapshot (owner and epoch).
 #[derive(Clone, PartialEq, Message)]
-struct WireQueue {
+pub(super) struct WireQueue {
     #[prost(string, tag = "1")]
     name: String,
     #[prost(message, optional, tag = "2")]
@@ -81,7 +81,7 @@ struct WireQueue {
 }
 
 #[derive(Clone, PartialEq, Message)]
-struct WireNode {
+pub(super) struct WireNode {
     #[prost(string, tag = "1")]
     id: String,
     #[prost(uint64, tag = "2")]
@@ -97,7 +97,7 @@ struct WireNode {
 }
 
 #[derive(Clone, PartialEq, Message)]
-struct WireSnapshot {
+pub(super) struct WireSnapshot {
     #[prost(uint32, tag = "1")]
     version: u32,
     #[prost(bool, tag = "2")]
@@ -271,9 +271,80 @@ impl MetaCommand {
     }
 }
 
+/// One node as snapshots and the durable copy store it.
+pub(super) fn wire_node(id: &NodeId, n: &NodeInfo) -> WireNode {
+    WireNode {
+        id: id.to_string(),
+        raft_id: n.raft_id.0,
+        client_addr: n.client_addr.clone(),
+        peer_addr: n.peer_addr.clone(),
+        learner: n.role == NodeRole::Learner,
+        removed: n.state == NodeState::Removed,
+    }
+}
+
+pub(super) fn node_from_wire(
+    what: &'static str,
+    n: WireNode,
+) -> Result<(NodeId, NodeInfo), MetaError> {
+    let info = NodeInfo {
+        raft_id: RaftId(n.raft_id),
+        client_addr: n.client_addr,
+        peer_addr: n.peer_addr,
+        role: if n.learner {
+            NodeRole::Learner
+        } else {
+            NodeRole::Voter
+        },
+        state: if n.removed {
+            NodeState::Removed
+        } else {
+            NodeState::Active
+        },
+    };
+    Ok((node_id(what, n.id)?, info))
+}
+
+/// One queue as snapshots and the durable copy store it.
+pub(super) fn wire_queue(name: &QueueName, q: &QueueDef) -> WireQueue {
+    WireQueue {
+        name: name.to_string(),
+        settings: Some(q.settings.clone()),
+        owner: q.owner.node.to_string(),
+        epoch: q.owner.epoch,
+        expected: None,
+    }
+}
+
+pub(super) fn queue_from_wire(
+    what: &'static str,
+    q: WireQueue,
+) -> Result<(QueueName, QueueDef), MetaError> {
+    let owner = Owner {
+        node: node_id(what, q.owner)?,
+        epoch: q.epoch,
+    };
+    let def = QueueDef {
+        settings: q.settings.unwrap_or_default(),
+        owner,
+    };
+    Ok((queue_name(what, q.name)?, def))
+}
+
+/// Decodes one protobuf message of the metadata's own.
+pub(super) fn decode_wire<M: Message + Default>(
+    what: &'static str,
+    bytes: &[u8],
+) -> Result<M, MetaError> {
+    M::decode(bytes).map_err(|e| MetaError::Decode {
+        what,
+        reason: e.to_string(),
+    })
+}
+
 impl MetaState {
-    /// The whole state as bytes (for Raft snapshots and the node's own durable copy).
-    pub fn snapshot(&self) -> Vec<u8> {
+    /// The scalars of the state, without nodes or queues (the durable copy's header).
+    pub(super) fn wire_header(&self) -> WireSnapshot {
         let (high, low) = split(self.cluster_id.unwrap_or(ClusterId(0)));
         WireSnapshot {
             version: SNAPSHOT_VERSION,
@@ -283,48 +354,24 @@ impl MetaState {
             next_raft_id: self.next_raft_id,
             next_epoch: self.next_epoch,
             applied_index: self.applied_index,
-            nodes: self
-                .nodes
-                .iter()
-                .map(|(id, n)| WireNode {
-                    id: id.to_string(),
-                    raft_id: n.raft_id.0,
-                    client_addr: n.client_addr.clone(),
-                    peer_addr: n.peer_addr.clone(),
-                    learner: n.role == NodeRole::Learner,
-                    removed: n.state == NodeState::Removed,
-                })
-                .collect(),
-            queues: self
-                .queues
-                .iter()
-                .map(|(name, q)| WireQueue {
-                    name: name.to_string(),
-                    settings: Some(q.settings.clone()),
-                    owner: q.owner.node.to_string(),
-                    epoch: q.owner.epoch,
-                    expected: None,
-                })
-                .collect(),
+            nodes: Vec::new(),
+            queues: Vec::new(),
         }
-        .encode_to_vec()
     }
 
-    /// A state from [`MetaState::snapshot`] bytes.
-    pub fn restore(bytes: &[u8]) -> Result<MetaState, MetaError> {
-        const WHAT: &str = "snapshot";
-        let w = WireSnapshot::decode(bytes).map_err(|e| MetaError::Decode {
-            what: WHAT,
-            reason: e.to_string(),
-        })?;
+    /// A state with the header's scalars and no nodes or queues.
+    pub(super) fn from_wire_header(
+        what: &'static str,
+        w: &WireSnapshot,
+    ) -> Result<MetaState, MetaError> {
         if w.version != SNAPSHOT_VERSION {
             return Err(MetaError::UnsupportedVersion {
-                what: WHAT,
+                what,
                 version: w.version,
                 supported: SNAPSHOT_VERSION,
             });
         }
-        let mut state = MetaState {
+        Ok(MetaState {
             cluster_id: w
                 .bootstrapped
                 .then(|| join(w.cluster_id_high, w.cluster_id_low)),
@@ -332,35 +379,35 @@ impl MetaState {
             next_epoch: w.next_epoch,
             applied_index: w.applied_index,
             ..MetaState::new()
-        };
+        })
+    }
+
+    /// The whole state as bytes (for Raft snapshots).
+    pub fn snapshot(&self) -> Vec<u8> {
+        WireSnapshot {
+            nodes: self.nodes.iter().map(|(id, n)| wire_node(id, n)).collect(),
+            queues: self
+                .queues
+                .iter()
+                .map(|(name, q)| wire_queue(name, q))
+                .collect(),
+            ..self.wire_header()
+        }
+        .encode_to_vec()
+    }
+
+    /// A state from [`MetaState::snapshot`] bytes.
+    pub fn restore(bytes: &[u8]) -> Result<MetaState, MetaError> {
+        const WHAT: &str = "snapshot";
+        let w: WireSnapshot = decode_wire(WHAT, bytes)?;
+        let mut state = MetaState::from_wire_header(WHAT, &w)?;
         for n in w.nodes {
-            let info = NodeInfo {
-                raft_id: RaftId(n.raft_id),
-                client_addr: n.client_addr,
-                peer_addr: n.peer_addr,
-                role: if n.learner {
-                    NodeRole::Learner
-                } else {
-                    NodeRole::Voter
-                },
-                state: if n.removed {
-                    NodeState::Removed
-                } else {
-                    NodeState::Active
-                },
-            };
-            state.nodes.insert(node_id(WHAT, n.id)?, info);
+            let (id, info) = node_from_wire(WHAT, n)?;
+            state.nodes.insert(id, info);
         }
         for q in w.queues {
-            let owner = Owner {
-                node: node_id(WHAT, q.owner)?,
-                epoch: q.epoch,
-            };
-            let def = QueueDef {
-                settings: q.settings.unwrap_or_default(),
-                owner,
-            };
-            state.queues.insert(queue_name(WHAT, q.name)?, def);
+            let (name, def) = queue_from_wire(WHAT, q)?;
+            state.queues.insert(name, def);
         }
         state
             .check_invariants()

@@ -8,11 +8,13 @@
 //! [`MembershipStep`]s to engine configuration changes and publishes
 //! [`MetaState::placement_snapshot`] to the front-end.
 //!
-//! Log entries and snapshots are versioned protobuf (prost) messages (`codec.rs`).
+//! Log entries and snapshots are versioned protobuf (prost) messages (`codec.rs`); the node's
+//! durable copy is kept key by key, so a change writes what it changed (`durable.rs`).
 
 mod apply;
 mod codec;
 mod command;
+mod durable;
 mod error;
 mod nodes;
 mod placement;
@@ -25,6 +27,7 @@ mod tests;
 
 pub use codec::{COMMAND_VERSION, SNAPSHOT_VERSION};
 pub use command::{bootstrap_raft_ids, MetaCommand, MetaEvent, NewNode};
+pub use durable::{DurableWrite, Touched, DURABLE_END, DURABLE_PREFIX};
 pub use error::MetaError;
 pub use placement::{
     choose_owner, choose_owner_avoiding, choose_queue_owner, choose_queue_owner_avoiding,

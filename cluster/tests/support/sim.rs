@@ -635,7 +635,7 @@ impl Sim {
             self.conf_pending = None;
         }
         let meta = &self.nodes[&leader].meta;
-        let Some(change) = ferry_cluster::node::next_conf_change(meta, &status) else {
+        let Some(change) = ferry_cluster::next_conf_change(meta, &status) else {
             return;
         };
         if let Ok(position) = self.engine_mut(leader).propose_conf_change(G0, change) {
@@ -710,7 +710,7 @@ impl Sim {
         let status = self.engine(leader).status(G0).unwrap();
         let meta = &self.nodes[&leader].meta;
         meta.cluster_id().is_some()
-            && ferry_cluster::node::next_conf_change(meta, &status).is_none()
+            && ferry_cluster::next_conf_change(meta, &status).is_none()
             && status.applied_index == status.commit_index
             && status.voters.iter().chain(&status.learners).all(|m| {
                 self.nodes.get(m).is_some_and(|n| {

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use ferry_kernel::{NodeId, QueueName};
 use ferry_proto::pb;
 
-use crate::meta::MetaState;
+use ferry_cluster::meta::MetaState;
 
 /// A durable queue held by the local back-end.
 #[derive(Debug, Clone)]
@@ -107,7 +107,9 @@ pub(crate) async fn reconcile(
 }
 
 /// Deletes on the local back-end the queues `me` owned in `before` and no longer owns in
-/// `after` (deleted through any node).
+/// `after` at the same epoch: deleted through any node, or deleted and created again (the two
+/// changes seen in one view: the new queue has a new epoch and must start empty; [`reconcile`]
+/// creates it next).
 pub(crate) async fn delete_gone(
     host: &dyn QueueHost,
     before: &MetaState,
@@ -115,7 +117,10 @@ pub(crate) async fn delete_gone(
     me: &NodeId,
 ) {
     for (name, def) in before.queues() {
-        let gone = &def.owner.node == me && after.queue(name).is_none_or(|d| &d.owner.node != me);
+        let gone = &def.owner.node == me
+            && after
+                .queue(name)
+                .is_none_or(|d| &d.owner.node != me || d.owner.epoch != def.owner.epoch);
         if gone {
             if let Err(e) = host.delete(name).await {
                 tracing::error!(queue = %name, error = %e, "cannot delete a queue deleted from the metadata");
@@ -149,5 +154,115 @@ pub(crate) async fn update_changed(
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::sync::Mutex;
+
+    use ferry_cluster::meta::{ClusterId, MetaCommand, NewNode};
+
+    use super::*;
+
+    /// Records what it is asked; holds what it was told to create.
+    #[derive(Default)]
+    struct Recorder {
+        held: Mutex<BTreeMap<QueueName, u64>>,
+        calls: Mutex<Vec<String>>,
+    }
+
+    #[tonic::async_trait]
+    impl QueueHost for Recorder {
+        fn queues(&self) -> Vec<HeldQueue> {
+            let held = self.held.lock().unwrap();
+            held.iter()
+                .map(|(name, epoch)| HeldQueue {
+                    name: name.clone(),
+                    settings: pb::QueueConfig::default(),
+                    epoch: *epoch,
+                })
+                .collect()
+        }
+        fn check_settings(&self, _: &QueueName, _: &pb::QueueConfig) -> Result<(), tonic::Status> {
+            Ok(())
+        }
+        async fn create(
+            &self,
+            name: &QueueName,
+            _: &pb::QueueConfig,
+            epoch: u64,
+        ) -> Result<(), String> {
+            self.calls
+                .lock()
+                .unwrap()
+                .push(format!("create {name} {epoch}"));
+            self.held.lock().unwrap().insert(name.clone(), epoch);
+            Ok(())
+        }
+        async fn stored_bytes(&self) -> u64 {
+            0
+        }
+        fn set_epoch(&self, name: &QueueName, epoch: u64) {
+            self.calls
+                .lock()
+                .unwrap()
+                .push(format!("set_epoch {name} {epoch}"));
+            self.held.lock().unwrap().insert(name.clone(), epoch);
+        }
+        async fn delete(&self, name: &QueueName) -> Result<(), String> {
+            self.calls.lock().unwrap().push(format!("delete {name}"));
+            self.held.lock().unwrap().remove(name);
+            Ok(())
+        }
+        async fn update(&self, _: &QueueName, _: &pb::QueueConfig) -> Result<(), String> {
+            Ok(())
+        }
+    }
+
+    fn q(name: &str) -> QueueName {
+        QueueName::new(name).unwrap()
+    }
+
+    /// Regression: a delete and a create again of one queue, coalesced into one view of the
+    /// metadata, kept the old queue (and its messages) under the new definition, because only
+    /// owners were compared. Now the epochs are: the old queue is deleted, the new one created.
+    #[tokio::test]
+    async fn a_delete_and_create_again_seen_in_one_view_starts_the_queue_empty() {
+        let me = NodeId::new("a").unwrap();
+        let mut meta = MetaState::new();
+        let node = NewNode {
+            id: me.clone(),
+            client_addr: "a:1".into(),
+            peer_addr: "a:2".into(),
+        };
+        let bootstrap = MetaCommand::Bootstrap {
+            cluster_id: ClusterId(1),
+            nodes: vec![node],
+        };
+        meta.apply(1, &bootstrap).unwrap();
+        let create = MetaCommand::CreateQueue {
+            name: q("orders"),
+            settings: pb::QueueConfig::default(),
+            owner: me.clone(),
+        };
+        meta.apply(2, &create).unwrap();
+        let host = Recorder::default();
+        reconcile(&host, &meta, &me, false).await;
+        let before = meta.clone();
+        meta.apply(3, &MetaCommand::DeleteQueue { name: q("orders") })
+            .unwrap();
+        meta.apply(4, &create).unwrap();
+        let epoch = meta.queue(&q("orders")).unwrap().owner.epoch;
+        assert_ne!(epoch, before.queue(&q("orders")).unwrap().owner.epoch);
+        host.calls.lock().unwrap().clear();
+        delete_gone(&host, &before, &meta, &me).await;
+        reconcile(&host, &meta, &me, false).await;
+        assert_eq!(
+            *host.calls.lock().unwrap(),
+            ["delete orders".to_owned(), format!("create orders {epoch}")]
+        );
     }
 }

@@ -5,11 +5,11 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use crate::raft::MetaNode;
+use crate::raft::{HeldQueue, MetaView, QueueHost};
 use anyhow::Context as _;
 use ferry_be_server::{BackendService, Broker};
 use ferry_cluster::meta::MetaState;
-use ferry_cluster::node::{HeldQueue, MetaView, QueueHost};
-use ferry_cluster::MetaNode;
 use ferry_fe_dispatcher::{
     BackendRef, Catalog, CatalogEntry, Owner, Placement, Reachability, RemoteBackend,
 };

@@ -10,16 +10,15 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::raft::{MetaNode, NodeLogStore, NodeSettings};
 use anyhow::Context as _;
 use ferry_be_server::{BackendService, Broker, BrokerConfig, SystemClock};
-use ferry_cluster::node::IMPORT_MARKER;
-use ferry_cluster::{MetaNode, NodeSettings, StartMode};
 use ferry_fe_dispatcher::{
     BackendRef, Frontend, FrontendConfig, MessagingService, Placement, Router,
 };
 use ferry_kernel::{ClockRef, NodeId, QueueConfig};
 use ferry_proto::pb;
-use ferry_store::{CommitSettings, CommitWriter, MemoryStore, QueueStore, RocksStore};
+use ferry_store::{CommitSettings, CommitWriter, QueueStore};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tonic::transport::Server;
@@ -65,14 +64,15 @@ pub async fn run(
     let peer_addr = listeners.peer.local_addr()?;
     let meta_start = meta_settings(&config, &node_id, client_addr, peer_addr)?;
     let started = std::time::Instant::now();
-    let store = open_store(&config)?;
-    // One group-commit writer per node: the back-end is handed it (the Raft groups of the node
-    // will share it), and the node stops it last, once nothing writes any more.
+    let store = crate::data_dir::open_store(&config)?;
+    // One database and one group-commit writer per node: the back-end and the Raft driver both
+    // write through it (a round's records share a synced batch with the queues' writes), and the
+    // node stops it last, once nothing writes any more.
     let writer = CommitWriter::start(Arc::clone(&store), commit_settings(&config))?;
     let clock: ClockRef = Arc::new(SystemClock);
     let broker = Broker::open(
         broker_config(&config, node_id.clone()),
-        store,
+        Arc::clone(&store),
         writer.handle(),
         clock,
     )
@@ -82,19 +82,19 @@ pub async fn run(
         "back-end ready"
     );
     let backend = BackendService::new(broker.clone());
-    let meta = start_metadata(meta_start, &broker, &backend).await?;
+    let meta = start_metadata(meta_start, &config, (&store, &writer), &broker, &backend).await?;
     // The placement the router follows: rebuilt from the metadata at every change.
     let local: BackendRef = Arc::new(backend.clone());
     let mut builder = {
         let meta = meta.clone();
-        crate::cluster::PlacementBuilder::new(node_id.clone(), local.clone())
+        crate::meta_link::PlacementBuilder::new(node_id.clone(), local.clone())
             .with_reachability(move |node| meta.is_reachable(node))
     };
     let first = builder
         .build(&meta.view().borrow().meta)
         .unwrap_or_else(|_| Placement::new(node_id.clone(), local));
     let (placement_tx, placement_rx) = watch::channel(Arc::new(first));
-    let placement_task = tokio::spawn(crate::cluster::follow_placement(
+    let placement_task = tokio::spawn(crate::meta_link::follow_placement(
         meta.view(),
         builder,
         placement_tx,
@@ -105,7 +105,7 @@ pub async fn run(
             Router::new(placement_rx),
             Arc::new(ferry_be_server::SystemClock),
         )
-        .with_catalog(Arc::new(crate::cluster::MetaCatalog(meta.clone()))),
+        .with_catalog(Arc::new(crate::meta_link::MetaCatalog(meta.clone()))),
     );
     let reaper = tokio::spawn(frontend.reaper());
     let (health, health_service) = tonic_health::server::health_reporter();
@@ -230,29 +230,6 @@ async fn watch_store(broker: Broker, health: tonic_health::server::HealthReporte
     }
 }
 
-fn open_store(config: &Config) -> anyhow::Result<Arc<dyn QueueStore>> {
-    Ok(match config.storage {
-        Storage::Rocksdb => {
-            std::fs::create_dir_all(&config.data_dir).with_context(|| {
-                format!("cannot create data directory {}", config.data_dir.display())
-            })?;
-            let dir = config.data_dir.join("queues");
-            Arc::new(RocksStore::open(&dir).map_err(|e| {
-                let why = if e.to_string().contains("No space left on device") {
-                    "the disk holding it is full: free space on it, then start the node again"
-                } else {
-                    "is another ferry server using it?"
-                };
-                anyhow::Error::new(e).context(format!(
-                    "cannot open the queue store in {} ({why})",
-                    dir.display()
-                ))
-            })?)
-        }
-        Storage::Memory => Arc::new(MemoryStore::new()),
-    })
-}
-
 fn commit_settings(config: &Config) -> CommitSettings {
     CommitSettings {
         defer_max: Duration::from_micros(config.ack_sync_delay_max_us),
@@ -310,56 +287,38 @@ fn meta_settings(
     let peer = advertise(&c.advertise_peer, peer_addr, "advertise_peer")?;
     let start = c.start_mode(node_id, &peer)?;
     let (tick, liveness_timeout) = c.timings()?;
-    let raft_dir = match config.storage {
-        Storage::Rocksdb => Some(config.data_dir.join("raft")),
-        Storage::Memory => None,
-    };
     Ok(NodeSettings {
         node_id: node_id.clone(),
         client_addr: client,
         peer_addr: peer,
-        raft_dir,
         start,
         tick,
         liveness_timeout,
         probe_interval: liveness_timeout / 6,
-        import_pending: false,
+        import_marker: None,
     })
 }
 
-/// Starts the metadata group. A data directory written before the node had one (a single-node
-/// release) has its queues imported into the new cluster's metadata: the marker file records
-/// that the import is not finished, so a crash during it resumes it at the next start.
+/// Starts the metadata group on the node's store, written through its writer. A data
+/// directory written before the node had cluster state (a single-node release) has its queues
+/// imported into the new cluster's metadata ([`crate::data_dir::import_marker`]).
 async fn start_metadata(
     mut settings: NodeSettings,
+    config: &Config,
+    parts: (&Arc<dyn QueueStore>, &CommitWriter),
     broker: &Broker,
     backend: &BackendService,
 ) -> anyhow::Result<MetaNode> {
+    let (store, writer) = parts;
     let held = broker.list_queues().iter().filter(|q| !q.temporary).count();
-    if let Some(dir) = &settings.raft_dir {
-        let marker = dir.join(IMPORT_MARKER);
-        let fresh = !dir.exists();
-        if fresh && held > 0 {
-            anyhow::ensure!(
-                matches!(settings.start, StartMode::Initial(_)),
-                "the data directory holds {held} queues but no cluster state: a node joins a cluster empty (use another data directory), or start it without --join to keep its queues in a cluster of its own"
-            );
-            std::fs::create_dir_all(dir)
-                .with_context(|| format!("cannot create {}", dir.display()))?;
-            std::fs::write(
-                &marker,
-                b"queues of a single-node data directory to import\n",
-            )
-            .with_context(|| format!("cannot write {}", marker.display()))?;
-            tracing::info!(queues = held, "first start with cluster metadata: the queues of this data directory will be imported");
-        }
-        settings.import_pending = marker.exists();
-    }
-    let host = Arc::new(crate::cluster::BrokerHost {
+    settings.import_marker =
+        crate::data_dir::import_marker(config, store.as_ref(), held, &settings.start)?;
+    let host = Arc::new(crate::meta_link::BrokerHost {
         broker: broker.clone(),
         backend: backend.clone(),
     });
-    Ok(MetaNode::start(settings, host).await?)
+    let log = NodeLogStore::new(Arc::clone(store), writer.handle());
+    Ok(MetaNode::start(settings, host, Box::new(log)).await?)
 }
 
 fn frontend_config(l: &Limits) -> FrontendConfig {

@@ -18,13 +18,17 @@ use ferry_multiraft::{
 };
 use tokio::sync::{oneshot, watch};
 
-use super::transport::Links;
 use super::view::{MetaView, RaftCounters};
-use crate::meta::{next_membership_step, MembershipStep, MetaError, MetaEvent, MetaState, RaftId};
+use ferry_cluster::meta::{
+    DurableWrite, MetaError, MetaEvent, MetaState, RaftId, Touched, DURABLE_END, DURABLE_PREFIX,
+};
+use ferry_cluster::next_conf_change;
 
 /// Group 0: the cluster metadata.
 pub const META_GROUP: GroupId = GroupId(0);
-/// The application key holding the metadata state (with its applied index).
+/// The application key that held the whole metadata state (with its applied index) before the
+/// durable copy was kept key by key ([`ferry_cluster::meta::DURABLE_PREFIX`]); read once to
+/// convert it, then deleted.
 pub(crate) const META_KEY: &[u8] = b"meta/state";
 /// The application key holding this node's raft id (8 bytes, big-endian).
 pub(crate) const IDENTITY_KEY: &[u8] = b"node/raft_id";
@@ -53,6 +57,15 @@ pub(crate) enum ProposeFailure {
     Stopped,
 }
 
+/// Where the driver sends what its rounds produce for other nodes: the peer links on a node
+/// (`transport.rs`), a simulated network in tests. The driver knows nothing of the transport.
+pub(crate) trait Outbound: Send {
+    /// One batch of Raft messages for a peer (dropped when its link is down: Raft retries).
+    fn send(&self, to: PeerId, bytes: Bytes);
+    /// A snapshot for a peer, sent on a stream of its own.
+    fn send_snapshot(&self, snapshot: ferry_multiraft::OutSnapshot);
+}
+
 /// What the driver is told.
 pub(crate) enum Input {
     /// A batch of Raft messages from a peer.
@@ -78,14 +91,18 @@ pub(crate) struct Start {
     pub(crate) store: Box<dyn LogStore + Send>,
     pub(crate) tick: Duration,
     pub(crate) election_seed: u64,
+    /// The durable copy is in an earlier release's form (one key): write it all again.
+    pub(crate) rewrite_durable: bool,
 }
 
 /// The running driver.
 pub(crate) struct Driver {
     engine: Option<Engine>,
     meta: MetaState,
+    /// What entries applied since the last write changed, to write as a delta.
+    touched: Touched,
     store: Box<dyn LogStore + Send>,
-    links: Arc<Links>,
+    links: Box<dyn Outbound>,
     view: watch::Sender<Arc<MetaView>>,
     tick: Duration,
     election_seed: u64,
@@ -97,22 +114,6 @@ pub(crate) struct Driver {
     /// The leader last seen, to count changes.
     last_leader: Option<PeerId>,
     stopping: bool,
-}
-
-/// The next Raft configuration change of group 0 that brings `status` (the engine's view)
-/// towards the nodes recorded in `meta` ([`next_membership_step`]), as the engine's type.
-pub fn next_conf_change(
-    meta: &MetaState,
-    status: &ferry_multiraft::GroupStatus,
-) -> Option<ConfChange> {
-    let ids = |nodes: &[PeerId]| nodes.iter().map(|n| RaftId(n.0)).collect::<Vec<_>>();
-    let step = next_membership_step(meta, &ids(&status.voters), &ids(&status.learners))?;
-    Some(match step {
-        MembershipStep::AddVoter(r) => ConfChange::AddVoter(PeerId(r.0)),
-        MembershipStep::AddLearner(r) => ConfChange::AddLearner(PeerId(r.0)),
-        MembershipStep::Promote(r) => ConfChange::PromoteLearner(PeerId(r.0)),
-        MembershipStep::Remove(r) => ConfChange::Remove(PeerId(r.0)),
-    })
 }
 
 /// Opens the engine of a node that already belongs to a cluster (its group 0 is in `recovered`).
@@ -134,13 +135,18 @@ fn engine_config(raft_id: RaftId, election_seed: u64) -> EngineConfig {
 impl Driver {
     pub(crate) fn new(
         start: Start,
-        links: Arc<Links>,
+        links: Box<dyn Outbound>,
         view: watch::Sender<Arc<MetaView>>,
         counters: Arc<RaftCounters>,
     ) -> Self {
+        let mut touched = Touched::default();
+        if start.rewrite_durable {
+            touched.everything();
+        }
         Driver {
             engine: start.engine,
             meta: start.meta,
+            touched,
             store: start.store,
             links,
             view,
@@ -154,36 +160,60 @@ impl Driver {
         }
     }
 
-    /// Runs until [`Input::Stop`] or until every sender is gone.
+    /// Runs on the calling thread until [`Input::Stop`] or until every sender is gone: the real
+    /// clock decides when a tick is due, everything else is [`Driver::step`].
     pub(crate) fn run(mut self, inputs: Receiver<Input>) {
         let mut next_tick = Instant::now() + self.tick;
-        self.campaign_if_alone();
-        self.run_rounds();
-        self.publish();
+        self.begin();
         while !self.stopping {
             let wait = next_tick.saturating_duration_since(Instant::now());
+            let mut batch = Vec::new();
             match inputs.recv_timeout(wait) {
                 Ok(input) => {
-                    self.handle(input);
-                    for input in inputs.try_iter().take(INPUTS_PER_ROUND_MAX) {
-                        self.handle(input);
-                    }
+                    batch.push(input);
+                    batch.extend(inputs.try_iter().take(INPUTS_PER_ROUND_MAX));
                 }
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => break,
             }
-            if Instant::now() >= next_tick {
+            let tick = Instant::now() >= next_tick;
+            if tick {
                 next_tick += self.tick;
                 // A thread that fell far behind (a paused process) does not tick in a burst.
                 next_tick = next_tick.max(Instant::now());
-                if let Some(engine) = self.engine.as_mut() {
-                    engine.tick();
-                }
-                self.drive_leader();
             }
-            self.run_rounds();
-            self.publish();
+            self.step(batch, tick);
         }
+        self.end();
+    }
+
+    /// What the driver does first: the only voter campaigns, a first round runs, the view is
+    /// published.
+    pub(crate) fn begin(&mut self) {
+        self.campaign_if_alone();
+        self.run_rounds();
+        self.publish();
+    }
+
+    /// One wake-up: handles `inputs`, ticks the engine when `tick` (one Raft tick of time
+    /// passed: the caller's clock, real or simulated, decides), runs the rounds that are ready
+    /// and publishes the view. Reads no clock.
+    pub(crate) fn step(&mut self, inputs: impl IntoIterator<Item = Input>, tick: bool) {
+        for input in inputs {
+            self.handle(input);
+        }
+        if tick {
+            if let Some(engine) = self.engine.as_mut() {
+                engine.tick();
+            }
+            self.drive_leader();
+        }
+        self.run_rounds();
+        self.publish();
+    }
+
+    /// Fails every proposal still waiting.
+    pub(crate) fn end(&mut self) {
         for (_, (_, reply)) in std::mem::take(&mut self.pending) {
             let _ = reply.send(Err(ProposeFailure::Stopped));
         }
@@ -302,9 +332,7 @@ impl Driver {
                 self.compact(true);
             }
             if let Some(mut job) = round.persist {
-                if !round.applies.is_empty() {
-                    job.put_app(META_KEY, self.meta.snapshot());
-                }
+                self.write_durable(&mut job);
                 if self.first_job_of_member() {
                     job.put_app(IDENTITY_KEY, self.raft_id_bytes());
                 }
@@ -322,6 +350,22 @@ impl Driver {
                 }
             }
             self.compact(false);
+        }
+    }
+
+    /// Adds what the entries applied since the last job changed to `job` (the metadata's
+    /// durable copy, key by key, with its applied index).
+    fn write_durable(&mut self, job: &mut ferry_multiraft::PersistJob) {
+        let touched = std::mem::take(&mut self.touched);
+        for write in self.meta.durable_writes(&touched) {
+            match write {
+                DurableWrite::Clear => {
+                    job.delete_app_range(DURABLE_PREFIX, DURABLE_END);
+                    job.delete_app(META_KEY);
+                }
+                DurableWrite::Put { key, value } => job.put_app(key, value),
+                DurableWrite::Delete { key } => job.delete_app(key),
+            }
         }
     }
 
@@ -350,8 +394,12 @@ impl Driver {
                             self.meta.skip(position.index).map(|()| MetaEvent::Nothing)
                         }
                     };
-                    if let Err(e) = &result {
-                        tracing::debug!(index = position.index, error = %e, "metadata command refused");
+                    match &result {
+                        Ok(event) => self.touched.note(event),
+                        Err(e) => {
+                            self.touched.note_index();
+                            tracing::debug!(index = position.index, error = %e, "metadata command refused");
+                        }
                     }
                     self.answer(position.index, position.term, result);
                 }
@@ -363,7 +411,10 @@ impl Driver {
                         MetaState::restore(data)
                     };
                     match restored {
-                        Ok(meta) => self.meta = meta,
+                        Ok(meta) => {
+                            self.meta = meta;
+                            self.touched.everything();
+                        }
                         Err(e) => tracing::error!(error = %e, "cannot read the metadata snapshot"),
                     }
                     // Every proposal at or below the snapshot was decided elsewhere: its

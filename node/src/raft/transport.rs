@@ -14,8 +14,8 @@ use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Endpoint;
 
-use super::driver::Input;
-use crate::meta::ClusterId;
+use super::driver::{Input, Outbound};
+use ferry_cluster::meta::ClusterId;
 
 /// Batches waiting for one peer's stream; past this, new ones are dropped (Raft sends again).
 const LINK_QUEUE_MAX: usize = 256;
@@ -455,4 +455,14 @@ pub(crate) fn cluster_id_of(bytes: &[u8]) -> Result<Option<ClusterId>, tonic::St
 /// A cluster id for the wire.
 pub(crate) fn cluster_id_bytes(id: Option<ClusterId>) -> Vec<u8> {
     id.map(|c| c.0.to_be_bytes().to_vec()).unwrap_or_default()
+}
+
+impl Outbound for Arc<Links> {
+    fn send(&self, to: PeerId, bytes: Bytes) {
+        Links::send(self, to, bytes);
+    }
+
+    fn send_snapshot(&self, snapshot: OutSnapshot) {
+        Links::send_snapshot(self, snapshot);
+    }
 }

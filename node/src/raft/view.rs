@@ -3,7 +3,7 @@
 use ferry_kernel::NodeId;
 use ferry_multiraft::{GroupStatus, Role};
 
-use crate::meta::{MetaState, NodeInfo, RaftId};
+use ferry_cluster::meta::{MetaState, NodeInfo, RaftId};
 
 /// The newest metadata on this node, published through a `watch` channel.
 #[derive(Debug, Clone)]

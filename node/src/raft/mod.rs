@@ -1,7 +1,7 @@
 //! The metadata group on a running node: the async shell around the Raft engine and the
 //! metadata state machine ([`crate::meta`]).
 //!
-//! [`MetaNode::start`] opens the node's Raft store, starts the engine's thread (`driver.rs`),
+//! [`MetaNode::start`] reads the Raft records from the node's store ([`NodeLogStore`]), starts the engine's thread (`driver.rs`),
 //! the links to the other nodes (`transport.rs`) and a task that follows every applied change:
 //! it keeps the links pointed at the current nodes and carries queue creations and deletions out
 //! on the local back-end ([`QueueHost`]). The node assembly publishes [`MetaNode::view`] to the
@@ -16,6 +16,7 @@
 
 mod driver;
 mod host;
+mod log_store;
 mod propose;
 mod reach;
 mod service;
@@ -23,26 +24,28 @@ mod transport;
 mod view;
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::mpsc::{sync_channel, SyncSender};
 use std::sync::Arc;
 use std::time::Duration;
 
+use ferry_cluster::StartMode;
 use ferry_kernel::NodeId;
-use ferry_multiraft::{LogStore, MemStore, NodeId as PeerId, RocksStore};
+use ferry_multiraft::{LogStore, NodeId as PeerId};
 use tokio::sync::watch;
 
-pub use driver::{next_conf_change, META_GROUP};
+pub use driver::META_GROUP;
 pub use host::{HeldQueue, QueueHost};
+pub use log_store::NodeLogStore;
 pub use propose::{meta_status, CreatedQueue, UpdatedQueue, IMPORT_MARKER};
 pub use reach::utc_text;
 use view::RaftCounters;
 pub use view::{MetaView, RaftMetrics};
 
-use driver::{Driver, Input, Start, IDENTITY_KEY, META_KEY};
+pub(crate) use driver::IDENTITY_KEY;
+use driver::{Driver, Input, Start, META_KEY};
 use transport::Links;
 
-use crate::meta::{bootstrap_raft_ids, MetaState, RaftId};
+use ferry_cluster::meta::{bootstrap_raft_ids, MetaState, RaftId, DURABLE_PREFIX};
 
 /// How often a node counts the bytes its queues hold (reported to the peers on the links).
 const BYTES_COUNT_INTERVAL: Duration = Duration::from_secs(2);
@@ -53,16 +56,6 @@ const ALONE_FORM_WAIT: Duration = Duration::from_secs(5);
 /// Inputs queued for the driver before senders drop new ones.
 const INPUT_QUEUE_MAX: usize = 8192;
 
-/// How this node takes part when it has no Raft state yet.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum StartMode {
-    /// Form a new cluster with these voters (node id → peer address, this node included). One
-    /// entry, this node: a one-node cluster.
-    Initial(Vec<(NodeId, String)>),
-    /// Wait to be added to the cluster whose node serves peers at this address.
-    Join(String),
-}
-
 /// What a node's metadata group needs to start.
 #[derive(Debug, Clone)]
 pub struct NodeSettings {
@@ -72,8 +65,6 @@ pub struct NodeSettings {
     pub client_addr: String,
     /// Where peers reach this node (`host:port`), recorded in the metadata.
     pub peer_addr: String,
-    /// Where the Raft store lives (`None`: in memory, lost at exit).
-    pub raft_dir: Option<PathBuf>,
     /// Used when the store is empty.
     pub start: StartMode,
     /// One Raft tick; elections take 10-20 ticks, heartbeats every 2.
@@ -82,25 +73,21 @@ pub struct NodeSettings {
     pub liveness_timeout: Duration,
     /// An idle link sends a probe this often.
     pub probe_interval: Duration,
-    /// Queues held by the back-end before this node ever had metadata are proposed into the
-    /// new cluster's metadata, owned here (the upgrade from a single-node data directory).
-    pub import_pending: bool,
+    /// Set while queues held by the back-end before this node ever had metadata are to be
+    /// proposed into the new cluster's metadata, owned here (the upgrade from a single-node data
+    /// directory): the file whose presence says so, removed once they are.
+    pub import_marker: Option<std::path::PathBuf>,
 }
 
 /// Why the metadata group could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    /// The Raft store could not be opened or read.
-    #[error("the Raft store in {dir}: {source}")]
-    Store {
-        /// Where.
-        dir: String,
-        /// Why.
-        source: ferry_multiraft::Error,
-    },
+    /// The Raft records in the node's store could not be read.
+    #[error("the Raft records in the node's store: {0}")]
+    Store(ferry_multiraft::Error),
     /// The stored metadata does not decode.
     #[error("the stored cluster metadata is unreadable: {0}")]
-    Metadata(#[from] crate::meta::MetaError),
+    Metadata(#[from] ferry_cluster::meta::MetaError),
     /// `initial_cluster` does not name this node, or names a node twice.
     #[error("cluster.initial: {0}")]
     InitialCluster(String),
@@ -151,36 +138,29 @@ pub(crate) struct Shared {
 }
 
 impl MetaNode {
-    /// Opens the Raft store and starts the metadata group (see the module docs). Returns once
-    /// the local back-end matches the stored metadata, before any listener serves.
+    /// Starts the metadata group on the Raft records of `log` (see the module docs). Returns
+    /// once the local back-end matches the stored metadata, before any listener serves.
     pub async fn start(
         settings: NodeSettings,
         host: Arc<dyn QueueHost>,
+        log: Box<dyn LogStore + Send>,
     ) -> Result<MetaNode, StartError> {
-        let store: Box<dyn LogStore + Send> = match &settings.raft_dir {
-            Some(dir) => Box::new(RocksStore::open(dir).map_err(|source| StartError::Store {
-                dir: dir.display().to_string(),
-                source,
-            })?),
-            None => Box::new(MemStore::new()),
-        };
-        let store_error = |source| StartError::Store {
-            dir: settings
-                .raft_dir
-                .as_ref()
-                .map_or("memory".into(), |d| d.display().to_string()),
-            source,
-        };
-        let recovered = store.load().map_err(store_error)?;
-        let meta = match store.app_get(META_KEY).map_err(store_error)? {
-            Some(bytes) => MetaState::restore(&bytes)?,
-            None => MetaState::new(),
+        let store = log;
+        let recovered = store.load().map_err(StartError::Store)?;
+        let durable = store.app_scan(DURABLE_PREFIX).map_err(StartError::Store)?;
+        let (meta, rewrite_durable) = match MetaState::from_durable(&durable)? {
+            Some(meta) => (meta, false),
+            // An earlier release kept the whole state under one key: read it, write it anew.
+            None => match store.app_get(META_KEY).map_err(StartError::Store)? {
+                Some(bytes) => (MetaState::restore(&bytes)?, true),
+                None => (MetaState::new(), false),
+            },
         };
         let seed: u64 = rand::random();
         let member = recovered.group_ids().contains(&META_GROUP);
         let engine = if member {
-            let raft_id = stored_raft_id(&*store).map_err(store_error)?;
-            Some(driver::open_engine(raft_id, recovered, seed).map_err(store_error)?)
+            let raft_id = stored_raft_id(&*store).map_err(StartError::Store)?;
+            Some(driver::open_engine(raft_id, recovered, seed).map_err(StartError::Store)?)
         } else {
             match &settings.start {
                 StartMode::Initial(voters) => Some(bootstrap(&settings.node_id, voters, seed)?),
@@ -207,7 +187,7 @@ impl MetaNode {
         // The stored metadata first, so the back-end can be reconciled before serving.
         let me = settings.node_id.clone();
         if resumed {
-            host::reconcile(&*host, &meta, &me, !settings.import_pending).await;
+            host::reconcile(&*host, &meta, &me, settings.import_marker.is_none()).await;
         }
         let settings_start = settings.start.clone();
         let start = Start {
@@ -216,9 +196,15 @@ impl MetaNode {
             store,
             tick: settings.tick,
             election_seed: seed,
+            rewrite_durable,
         };
         let counters = Arc::new(RaftCounters::default());
-        let driver = Driver::new(start, Arc::clone(&links), view_tx, Arc::clone(&counters));
+        let driver = Driver::new(
+            start,
+            Box::new(Arc::clone(&links)),
+            view_tx,
+            Arc::clone(&counters),
+        );
         let thread = std::thread::Builder::new()
             .name("ferry-raft".into())
             .spawn(move || driver.run(inputs_rx))
@@ -250,7 +236,7 @@ impl MetaNode {
                 }
             }
         }
-        if node.shared.settings.import_pending {
+        if node.shared.settings.import_marker.is_some() {
             tokio::spawn(node.clone().import_local_queues());
         }
         if matches!(&node.shared.settings.start, StartMode::Initial(v) if v.len() == 1) {
@@ -488,12 +474,11 @@ fn bootstrap(
         )));
     };
     let peers: Vec<PeerId> = raft_ids.iter().map(|(_, r)| PeerId(r.0)).collect();
-    let error = |source| StartError::Store {
-        dir: "(new)".into(),
-        source,
-    };
-    let mut engine = driver::open_engine(*my_raft_id, Default::default(), seed).map_err(error)?;
-    engine.bootstrap_group(META_GROUP, &peers).map_err(error)?;
+    let mut engine =
+        driver::open_engine(*my_raft_id, Default::default(), seed).map_err(StartError::Store)?;
+    engine
+        .bootstrap_group(META_GROUP, &peers)
+        .map_err(StartError::Store)?;
     Ok(engine)
 }
 

@@ -12,7 +12,9 @@ use super::transport::{
     cluster_id_bytes, cluster_id_of, receive_snapshot, receive_stream, BATCH_BYTES_MAX,
 };
 use super::MetaNode;
-use crate::meta::{check_voters, MetaCommand, MetaError, NodeRole, VoterChange, VoterCheck};
+use ferry_cluster::meta::{
+    check_voters, MetaCommand, MetaError, NodeRole, VoterChange, VoterCheck,
+};
 
 /// The `Peer` service of a node.
 #[derive(Debug, Clone)]
@@ -243,7 +245,7 @@ impl pb::cluster_server::Cluster for ClusterService {
             }
         }
         let after = view.meta.voters().len() + ids.len();
-        if !crate::meta::VOTER_COUNTS.contains(&after) {
+        if !ferry_cluster::meta::VOTER_COUNTS.contains(&after) {
             return Err(Status::failed_precondition(format!(
                 "{after} voters after this; the voters must be 1, 3 or 5: promote {} learners at once",
                 if after.is_multiple_of(2) { "one more or one fewer" } else { "fewer" }

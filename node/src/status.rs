@@ -12,8 +12,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
+use crate::raft::MetaNode;
 use ferry_be_server::Broker;
-use ferry_cluster::MetaNode;
 use ferry_proto::pb;
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};

@@ -15,7 +15,7 @@ use tonic::{Code, Status};
 use super::driver::{Input, ProposeFailure, Proposed};
 use super::transport::peer_endpoint;
 use super::{MetaNode, StartError, StartMode};
-use crate::meta::{
+use ferry_cluster::meta::{
     choose_queue_owner_avoiding, ClusterId, MetaCommand, MetaError, NewNode, Owner, RaftId,
 };
 
@@ -200,7 +200,7 @@ impl MetaNode {
     }
 
     /// The other active nodes not heard from within the liveness timeout.
-    pub(crate) fn down_nodes(&self, meta: &crate::meta::MetaState) -> BTreeSet<NodeId> {
+    pub(crate) fn down_nodes(&self, meta: &ferry_cluster::meta::MetaState) -> BTreeSet<NodeId> {
         let me = &self.shared.settings.node_id;
         meta.nodes()
             .iter()
@@ -496,24 +496,15 @@ impl MetaNode {
                 }
             }
         }
-        if let Some(marker) = self.import_marker() {
-            if let Err(e) = std::fs::remove_file(&marker) {
+        if let Some(marker) = &self.shared.settings.import_marker {
+            if let Err(e) = std::fs::remove_file(marker) {
                 tracing::warn!(path = %marker.display(), error = %e, "cannot remove the import marker");
             }
         }
     }
-
-    /// The file whose presence says the import is not finished.
-    pub(crate) fn import_marker(&self) -> Option<std::path::PathBuf> {
-        self.shared
-            .settings
-            .raft_dir
-            .as_ref()
-            .map(|d| d.join(IMPORT_MARKER))
-    }
 }
 
-/// Name of the file, in the Raft directory, that marks an unfinished import.
+/// Name of the file, in the data directory, that marks an unfinished import.
 pub const IMPORT_MARKER: &str = "IMPORT_PENDING";
 
 pub(crate) fn peer_client(

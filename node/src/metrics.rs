@@ -44,7 +44,7 @@ struct ReasonLabel {
 pub struct Sources {
     pub broker: Broker,
     pub frontend: Arc<Frontend>,
-    pub meta: ferry_cluster::MetaNode,
+    pub meta: crate::raft::MetaNode,
     pub node: crate::status::NodeState,
 }
 
