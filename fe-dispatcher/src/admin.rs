@@ -774,8 +774,8 @@ mod tests {
             })
         }
 
-        async fn delete_queue(&self, _name: &QueueName) -> Result<Owner, Status> {
-            Ok(owner_b())
+        async fn delete_queue(&self, _name: &QueueName) -> Result<(), Status> {
+            Ok(())
         }
     }
 

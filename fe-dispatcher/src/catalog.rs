@@ -32,8 +32,9 @@ pub trait Catalog: Send + Sync + 'static {
         if_not_exists: bool,
     ) -> Result<CatalogEntry, Status>;
 
-    /// Deletes a queue's definition; returns where it lived.
-    async fn delete_queue(&self, name: &QueueName) -> Result<Owner, Status>;
+    /// Deletes a queue's definition (judged where the deletion is ordered: NOT_FOUND when the
+    /// queue is gone by then).
+    async fn delete_queue(&self, name: &QueueName) -> Result<(), Status>;
 
     /// Changes a queue's settings: each field set in `patch` replaces the queue's. Returns where
     /// it lives and whether its definition changed.

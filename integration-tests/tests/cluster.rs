@@ -6,6 +6,8 @@
 
 use std::time::Duration;
 
+use anyhow::Context;
+
 use ferry_client::{pb, AckMode, Message, ReceiveOptions};
 use ferry_integration_tests::cluster::{
     create_queue_on, expect_error, status, wait_health, Cluster,
@@ -597,5 +599,58 @@ async fn calls_to_a_paused_owner_fail_fast_with_unavailable_and_go_through_once_
             .is_ok())
     })
     .await?;
+    Ok(())
+}
+
+/// What a client did through one node is seen by its next call through any other: a queue
+/// deleted through one follower and created again at once through the other, and a queue
+/// created through one and changed at once through the other. Each command is judged where it
+/// is ordered in the log, not on the second node's view, which may not have applied the first
+/// change yet (that view answered ALREADY_EXISTS and NOT_FOUND here before). Twenty rounds, so
+/// that a lagging view is met.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_through_one_node_is_seen_by_the_next_call_through_another() -> anyhow::Result<()>
+{
+    let dir = tempfile::tempdir()?;
+    let cluster = Cluster::start(dir.path(), &["n1", "n2", "n3"])?;
+    let leader = cluster
+        .wait_leader(&["n1", "n2", "n3"], LEADER_WAIT)
+        .await?;
+    let followers: Vec<&str> = ["n1", "n2", "n3"]
+        .into_iter()
+        .filter(|n| *n != leader)
+        .collect();
+    let first = cluster.node(followers[0]).client().await?;
+    let second = cluster.node(followers[1]).client().await?;
+    for round in 0..20 {
+        let name = format!("again{round}");
+        create_queue_on(&first, &name, None).await?;
+        first
+            .admin()
+            .delete_queue(pb::DeleteQueueRequest {
+                name: name.clone(),
+                if_empty: false,
+            })
+            .await?;
+        let again = create_queue_on(&second, &name, None)
+            .await
+            .with_context(|| format!("round {round}: created again through the other node"))?;
+        assert!(again.created);
+
+        let changed = format!("changed{round}");
+        create_queue_on(&first, &changed, None).await?;
+        second
+            .admin()
+            .update_queue(pb::UpdateQueueRequest {
+                name: changed.clone(),
+                config: Some(pb::QueueConfig {
+                    max_messages: Some(7),
+                    ..Default::default()
+                }),
+                node: String::new(),
+            })
+            .await
+            .with_context(|| format!("round {round}: updated through the other node"))?;
+    }
     Ok(())
 }

@@ -123,12 +123,8 @@ impl Catalog for MetaCatalog {
         })
     }
 
-    async fn delete_queue(&self, name: &QueueName) -> Result<Owner, Status> {
-        let owner = self.0.delete_queue(name).await?;
-        Ok(Owner {
-            node: owner.node,
-            epoch: owner.epoch,
-        })
+    async fn delete_queue(&self, name: &QueueName) -> Result<(), Status> {
+        self.0.delete_queue(name).await
     }
 
     async fn update_queue(

@@ -143,12 +143,20 @@ pub async fn run(
     tracing::info!(node = %node_id, addr = %addresses.client, peer_addr = %addresses.peer, "listening");
     on_ready(&addresses);
 
+    // Why the node stops by itself, if it does: its metadata group halted.
+    let halt = Arc::new(std::sync::Mutex::new(None::<String>));
     let stopping = {
         let (broker, health, meta) = (broker.clone(), health.clone(), meta.clone());
         let stop_frontend = frontend.stop_handle();
+        let halt = Arc::clone(&halt);
         async move {
-            shutdown.await;
-            tracing::info!("shutting down");
+            tokio::select! {
+                () = shutdown => tracing::info!("shutting down"),
+                reason = meta.halted() => {
+                    tracing::error!(%reason, "the metadata group stopped on this node; the node stops serving (restart it once the cause is fixed)");
+                    *halt.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(reason);
+                }
+            }
             let _ = begun_tx.send(true);
             health.set_not_serving::<MessagingServer>().await;
             stop_frontend.stop();
@@ -201,7 +209,16 @@ pub async fn run(
         tracing::error!("the group-commit writer did not stop cleanly");
     }
     tracing::info!("stopped");
-    Ok(())
+    let halt = halt
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .take();
+    match halt {
+        Some(reason) => Err(anyhow::anyhow!(
+            "the node stopped: its metadata group halted: {reason}"
+        )),
+        None => Ok(()),
+    }
 }
 
 /// Completes once shutdown has begun (or can no longer begin).

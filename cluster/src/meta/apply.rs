@@ -1,8 +1,10 @@
-//! Applying committed log entries: the one entry point, [`MetaState::apply`], and the
-//! dispatch to the command's own file (`nodes.rs`, `queues.rs`).
+//! Applying committed log entries: the entry points, [`MetaState::apply_entry`] (log bytes,
+//! with their request id) and [`MetaState::apply`] (a command), and the dispatch to the
+//! command's own file (`nodes.rs`, `queues.rs`).
 
-use super::command::{MetaCommand, MetaEvent};
+use super::command::{Applied, MetaCommand, MetaEvent};
 use super::error::MetaError;
+use super::requests::RequestId;
 use super::state::MetaState;
 
 impl MetaState {
@@ -39,16 +41,49 @@ impl MetaState {
         }
     }
 
-    /// Applies the bytes of a normal entry: empty (a new leader's no-op) is nothing, bytes that
-    /// do not decode are a refused command.
-    pub fn apply_bytes(&mut self, index: u64, bytes: &[u8]) -> Result<MetaEvent, MetaError> {
+    /// Applies `command` proposed with `request`: a request applied before answers
+    /// [`MetaEvent::Repeated`] and changes nothing but the applied index; a new one applies
+    /// and, if the command is not refused, is remembered.
+    pub fn apply_request(
+        &mut self,
+        index: u64,
+        request: Option<RequestId>,
+        command: &MetaCommand,
+    ) -> Result<Applied, MetaError> {
+        let first = request.and_then(|r| self.requests.applied_at(r));
+        if let Some(first_index) = first {
+            self.advance(index)?;
+            return Ok(Applied {
+                event: MetaEvent::Repeated { first_index },
+                recorded: None,
+                evicted: None,
+            });
+        }
+        let event = self.apply(index, command)?;
+        let evicted = request.and_then(|r| self.requests.record(r, index));
+        Ok(Applied {
+            event,
+            recorded: request,
+            evicted,
+        })
+    }
+
+    /// Applies the bytes of a normal entry: empty (a new leader's no-op) is nothing. Bytes that
+    /// do not decode change nothing, not even the applied index, and are an error that
+    /// [stops applying](MetaError::stops_apply): the entry is committed, so every later entry
+    /// may depend on it, and a node that skipped it would diverge from one that applied it (a
+    /// newer release's command, during a rolling upgrade).
+    pub fn apply_entry(&mut self, index: u64, bytes: &[u8]) -> Result<Applied, MetaError> {
         if bytes.is_empty() {
-            return self.skip(index).map(|()| MetaEvent::Nothing);
+            self.skip(index)?;
+            return Ok(Applied {
+                event: MetaEvent::Nothing,
+                recorded: None,
+                evicted: None,
+            });
         }
-        match MetaCommand::decode(bytes) {
-            Ok(command) => self.apply(index, &command),
-            Err(e) => self.skip(index).and(Err(e)),
-        }
+        let (request, command) = MetaCommand::decode_request(bytes)?;
+        self.apply_request(index, request, &command)
     }
 
     /// Notes an entry that is no command (a Raft configuration change).

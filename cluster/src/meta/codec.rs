@@ -9,10 +9,16 @@ use prost::Message;
 
 use super::command::{MetaCommand, NewNode};
 use super::error::MetaError;
+use super::requests::RequestId;
 use super::state::{ClusterId, MetaState, NodeInfo, NodeRole, NodeState, Owner, QueueDef, RaftId};
 
 /// The version of commands this release writes and reads.
 pub const COMMAND_VERSION: u32 = 1;
+/// The newest command kinds this release reads. Every kind has the level of the release that
+/// added it ([`MetaCommand::level`]); the first kinds are level 1. A node proposes a command of
+/// a higher level only once every active node reported that it reads it, so that no node meets
+/// a command it cannot read (which would stop its metadata group) during a rolling upgrade.
+pub const COMMAND_LEVEL: u32 = 1;
 /// The version of snapshots this release writes and reads.
 pub const SNAPSHOT_VERSION: u32 = 1;
 
@@ -22,6 +28,11 @@ struct WireCommand {
     version: u32,
     #[prost(oneof = "Kind", tags = "2, 3, 4, 5, 6, 7, 8")]
     kind: Option<Kind>,
+    /// The proposal's request id (both halves 0: none), the same across its retries.
+    #[prost(fixed64, tag = "9")]
+    request_high: u64,
+    #[prost(fixed64, tag = "10")]
+    request_low: u64,
 }
 
 #[derive(Clone, PartialEq, prost::Oneof)]
@@ -116,15 +127,41 @@ pub(super) struct WireSnapshot {
     nodes: Vec<WireNode>,
     #[prost(message, repeated, tag = "9")]
     queues: Vec<WireQueue>,
+    /// The request ids remembered, oldest first (snapshots only; the durable copy keeps one key
+    /// each).
+    #[prost(message, repeated, tag = "10")]
+    requests: Vec<WireRequest>,
 }
 
-fn split(id: ClusterId) -> (u64, u64) {
+/// A remembered request id and the index it applied at.
+#[derive(Clone, PartialEq, Message)]
+pub(super) struct WireRequest {
+    #[prost(fixed64, tag = "1")]
+    high: u64,
+    #[prost(fixed64, tag = "2")]
+    low: u64,
+    #[prost(uint64, tag = "3")]
+    index: u64,
+}
+
+impl WireRequest {
+    pub(super) fn new(id: RequestId, index: u64) -> WireRequest {
+        let (high, low) = split(id.0);
+        WireRequest { high, low, index }
+    }
+
+    pub(super) fn parts(&self) -> (RequestId, u64) {
+        (RequestId(join(self.high, self.low)), self.index)
+    }
+}
+
+fn split(id: u128) -> (u64, u64) {
     // Truncations are the point: the high and the low 64 bits.
-    ((id.0 >> 64) as u64, id.0 as u64)
+    ((id >> 64) as u64, id as u64)
 }
 
-fn join(high: u64, low: u64) -> ClusterId {
-    ClusterId((u128::from(high) << 64) | u128::from(low))
+fn join(high: u64, low: u64) -> u128 {
+    (u128::from(high) << 64) | u128::from(low)
 }
 
 fn node_id(what: &'static str, s: String) -> Result<NodeId, MetaError> {
@@ -151,11 +188,30 @@ fn add_node(n: &NewNode, learner: bool) -> WireAddNode {
 }
 
 impl MetaCommand {
-    /// The command as log bytes.
+    /// The level of the release that added this command's kind ([`COMMAND_LEVEL`]).
+    pub fn level(&self) -> u32 {
+        match self {
+            MetaCommand::Bootstrap { .. }
+            | MetaCommand::AddNode { .. }
+            | MetaCommand::PromoteNode { .. }
+            | MetaCommand::RemoveNode { .. }
+            | MetaCommand::CreateQueue { .. }
+            | MetaCommand::UpdateQueue { .. }
+            | MetaCommand::DeleteQueue { .. } => 1,
+        }
+    }
+
+    /// The command as log bytes, without a request id (applied again if proposed again).
     pub fn encode(&self) -> Vec<u8> {
+        self.encode_request(None)
+    }
+
+    /// The command as log bytes carrying `request`: however many copies of these bytes
+    /// commit, the first applies and the others answer [`super::MetaEvent::Repeated`].
+    pub fn encode_request(&self, request: Option<RequestId>) -> Vec<u8> {
         let kind = match self {
             MetaCommand::Bootstrap { cluster_id, nodes } => {
-                let (high, low) = split(*cluster_id);
+                let (high, low) = split(cluster_id.0);
                 Kind::Bootstrap(WireBootstrap {
                     cluster_id_high: high,
                     cluster_id_low: low,
@@ -201,9 +257,12 @@ impl MetaCommand {
             }),
             MetaCommand::DeleteQueue { name } => Kind::DeleteQueue(name.to_string()),
         };
+        let (request_high, request_low) = split(request.map_or(0, |r| r.0));
         WireCommand {
             version: COMMAND_VERSION,
             kind: Some(kind),
+            request_high,
+            request_low,
         }
         .encode_to_vec()
     }
@@ -211,6 +270,11 @@ impl MetaCommand {
     /// Log bytes back into a command; any damage, an unknown version or an invalid name is an
     /// error.
     pub fn decode(bytes: &[u8]) -> Result<MetaCommand, MetaError> {
+        MetaCommand::decode_request(bytes).map(|(_, command)| command)
+    }
+
+    /// Log bytes back into a command and its request id, if it has one.
+    pub fn decode_request(bytes: &[u8]) -> Result<(Option<RequestId>, MetaCommand), MetaError> {
         const WHAT: &str = "command";
         let wire = WireCommand::decode(bytes).map_err(|e| MetaError::Decode {
             what: WHAT,
@@ -225,11 +289,15 @@ impl MetaCommand {
         }
         let kind = wire.kind.ok_or_else(|| MetaError::Decode {
             what: WHAT,
-            reason: "no command in the entry".to_owned(),
+            reason: "no command in the entry (a command kind of a newer release?)".to_owned(),
         })?;
-        Ok(match kind {
+        let request = match join(wire.request_high, wire.request_low) {
+            0 => None,
+            id => Some(RequestId(id)),
+        };
+        let command = match kind {
             Kind::Bootstrap(b) => MetaCommand::Bootstrap {
-                cluster_id: join(b.cluster_id_high, b.cluster_id_low),
+                cluster_id: ClusterId(join(b.cluster_id_high, b.cluster_id_low)),
                 nodes: b
                     .nodes
                     .into_iter()
@@ -267,7 +335,8 @@ impl MetaCommand {
             Kind::DeleteQueue(name) => MetaCommand::DeleteQueue {
                 name: queue_name(WHAT, name)?,
             },
-        })
+        };
+        Ok((request, command))
     }
 }
 
@@ -345,7 +414,7 @@ pub(super) fn decode_wire<M: Message + Default>(
 impl MetaState {
     /// The scalars of the state, without nodes or queues (the durable copy's header).
     pub(super) fn wire_header(&self) -> WireSnapshot {
-        let (high, low) = split(self.cluster_id.unwrap_or(ClusterId(0)));
+        let (high, low) = split(self.cluster_id.map_or(0, |c| c.0));
         WireSnapshot {
             version: SNAPSHOT_VERSION,
             bootstrapped: self.cluster_id.is_some(),
@@ -356,6 +425,7 @@ impl MetaState {
             applied_index: self.applied_index,
             nodes: Vec::new(),
             queues: Vec::new(),
+            requests: Vec::new(),
         }
     }
 
@@ -374,7 +444,7 @@ impl MetaState {
         Ok(MetaState {
             cluster_id: w
                 .bootstrapped
-                .then(|| join(w.cluster_id_high, w.cluster_id_low)),
+                .then(|| ClusterId(join(w.cluster_id_high, w.cluster_id_low))),
             next_raft_id: w.next_raft_id,
             next_epoch: w.next_epoch,
             applied_index: w.applied_index,
@@ -390,6 +460,11 @@ impl MetaState {
                 .queues
                 .iter()
                 .map(|(name, q)| wire_queue(name, q))
+                .collect(),
+            requests: self
+                .requests
+                .iter()
+                .map(|(id, index)| WireRequest::new(id, index))
                 .collect(),
             ..self.wire_header()
         }
@@ -408,6 +483,10 @@ impl MetaState {
         for q in w.queues {
             let (name, def) = queue_from_wire(WHAT, q)?;
             state.queues.insert(name, def);
+        }
+        for r in &w.requests {
+            let (id, index) = r.parts();
+            state.requests.record(id, index);
         }
         state
             .check_invariants()

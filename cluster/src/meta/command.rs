@@ -3,6 +3,7 @@
 use ferry_kernel::{NodeId, QueueName};
 use ferry_proto::pb;
 
+use super::requests::RequestId;
 use super::state::{ClusterId, NodeRole, Owner, RaftId};
 
 /// A node named in `Bootstrap`.
@@ -133,6 +134,24 @@ pub enum MetaEvent {
     },
     /// An entry with no command (a new leader's no-op or a Raft configuration change).
     Nothing,
+    /// A retried proposal whose request was applied already, at `first_index`: nothing
+    /// changed, and the proposer answers as the original succeeded.
+    Repeated {
+        /// Where the original applied.
+        first_index: u64,
+    },
+}
+
+/// What applying one log entry did ([`super::MetaState::apply_entry`]): the command's event,
+/// and the request ids the state now remembers or forgot, for the durable copy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Applied {
+    /// What the command changed.
+    pub event: MetaEvent,
+    /// The entry's request id, remembered at this index.
+    pub recorded: Option<RequestId>,
+    /// A request id forgotten to make room.
+    pub evicted: Option<RequestId>,
 }
 
 /// The raft ids of a bootstrap's nodes: 1, 2, 3... in ascending node id order. The shell of

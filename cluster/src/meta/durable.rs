@@ -15,8 +15,9 @@ use ferry_kernel::{NodeId, QueueName};
 use prost::Message;
 
 use super::codec::{decode_wire, node_from_wire, queue_from_wire, wire_node, wire_queue};
-use super::command::MetaEvent;
+use super::command::{Applied, MetaEvent};
 use super::error::MetaError;
+use super::requests::RequestId;
 use super::state::MetaState;
 
 /// Every key of the durable copy starts with this; no other key does.
@@ -26,6 +27,9 @@ pub const DURABLE_END: &[u8] = b"md0";
 const HEADER_KEY: &[u8] = b"md/h";
 const NODE_PREFIX: &[u8] = b"md/n/";
 const QUEUE_PREFIX: &[u8] = b"md/q/";
+/// One key per remembered request id (32 hex digits), its index as the value (8 bytes, big
+/// endian).
+const REQUEST_PREFIX: &[u8] = b"md/r/";
 
 /// One write to the durable copy.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,11 +55,19 @@ pub enum DurableWrite {
 pub struct Touched {
     nodes: BTreeSet<NodeId>,
     queues: BTreeSet<QueueName>,
+    requests: BTreeSet<RequestId>,
     everything: bool,
     header: bool,
 }
 
 impl Touched {
+    /// Notes what an applied entry changed: its command's event and the request ids.
+    pub fn note_applied(&mut self, applied: &Applied) {
+        self.note(&applied.event);
+        self.requests.extend(applied.recorded);
+        self.requests.extend(applied.evicted);
+    }
+
     /// Notes what an applied command changed.
     pub fn note(&mut self, event: &MetaEvent) {
         self.header = true;
@@ -80,7 +92,7 @@ impl Touched {
             MetaEvent::QueueDeleted { name, .. } => {
                 self.queues.insert(name.clone());
             }
-            MetaEvent::Nothing => {}
+            MetaEvent::Nothing | MetaEvent::Repeated { .. } => {}
         }
     }
 
@@ -102,6 +114,10 @@ impl Touched {
     }
 }
 
+fn request_key(id: RequestId) -> Vec<u8> {
+    key(REQUEST_PREFIX, &id.to_string())
+}
+
 fn key(prefix: &[u8], name: &str) -> Vec<u8> {
     let mut key = Vec::with_capacity(prefix.len() + name.len());
     key.extend_from_slice(prefix);
@@ -117,15 +133,21 @@ impl MetaState {
             return Vec::new();
         }
         let mut writes = Vec::new();
-        let (nodes, queues): (Vec<&NodeId>, Vec<&QueueName>) = if touched.everything {
-            writes.push(DurableWrite::Clear);
-            (self.nodes.keys().collect(), self.queues.keys().collect())
-        } else {
-            (
-                touched.nodes.iter().collect(),
-                touched.queues.iter().collect(),
-            )
-        };
+        let (nodes, queues, requests): (Vec<&NodeId>, Vec<&QueueName>, Vec<RequestId>) =
+            if touched.everything {
+                writes.push(DurableWrite::Clear);
+                (
+                    self.nodes.keys().collect(),
+                    self.queues.keys().collect(),
+                    self.requests.iter().map(|(id, _)| id).collect(),
+                )
+            } else {
+                (
+                    touched.nodes.iter().collect(),
+                    touched.queues.iter().collect(),
+                    touched.requests.iter().copied().collect(),
+                )
+            };
         writes.push(DurableWrite::Put {
             key: HEADER_KEY.to_vec(),
             value: self.wire_header().encode_to_vec(),
@@ -150,6 +172,16 @@ impl MetaState {
                 None => DurableWrite::Delete { key },
             });
         }
+        for id in requests {
+            let key = request_key(id);
+            writes.push(match self.requests.applied_at(id) {
+                Some(index) => DurableWrite::Put {
+                    key,
+                    value: index.to_be_bytes().to_vec(),
+                },
+                None => DurableWrite::Delete { key },
+            });
+        }
         writes
     }
 
@@ -168,6 +200,13 @@ impl MetaState {
             } else if key.starts_with(QUEUE_PREFIX) {
                 let (name, def) = queue_from_wire(WHAT, decode_wire(WHAT, value)?)?;
                 state.queues.insert(name, def);
+            } else if let Some(id) = key.strip_prefix(REQUEST_PREFIX) {
+                let (id, index) =
+                    request_from_durable(id, value).ok_or_else(|| MetaError::Decode {
+                        what: WHAT,
+                        reason: format!("damaged request key {:?}", String::from_utf8_lossy(key)),
+                    })?;
+                state.requests.record(id, index);
             } else if key.as_slice() != HEADER_KEY {
                 return Err(MetaError::Decode {
                     what: WHAT,
@@ -180,4 +219,11 @@ impl MetaState {
             .map_err(|reason| MetaError::Decode { what: WHAT, reason })?;
         Ok(Some(state))
     }
+}
+
+/// A request key's id (hex) and value (index) back.
+fn request_from_durable(id: &[u8], value: &[u8]) -> Option<(RequestId, u64)> {
+    let id = u128::from_str_radix(std::str::from_utf8(id).ok()?, 16).ok()?;
+    let index = u64::from_be_bytes(value.try_into().ok()?);
+    Some((RequestId(id), index))
 }

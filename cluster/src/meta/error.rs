@@ -144,3 +144,17 @@ pub enum MetaError {
         supported: u32,
     },
 }
+
+impl MetaError {
+    /// Whether applying must stop here rather than note the entry as refused: it could not be
+    /// read (damaged, or a newer release's command) or was given out of order. Every other
+    /// error is a refusal, the same on every node.
+    pub fn stops_apply(&self) -> bool {
+        matches!(
+            self,
+            MetaError::StaleIndex { .. }
+                | MetaError::Decode { .. }
+                | MetaError::UnsupportedVersion { .. }
+        )
+    }
+}

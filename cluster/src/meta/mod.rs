@@ -9,7 +9,10 @@
 //! [`MetaState::placement_snapshot`] to the front-end.
 //!
 //! Log entries and snapshots are versioned protobuf (prost) messages (`codec.rs`); the node's
-//! durable copy is kept key by key, so a change writes what it changed (`durable.rs`).
+//! durable copy is kept key by key, so a change writes what it changed (`durable.rs`). A
+//! proposal carries a request id, so a retry of one that committed applies once
+//! (`requests.rs`). An entry this release cannot read stops applying
+//! ([`MetaError::stops_apply`]): skipping it would let the nodes' metadata diverge.
 
 mod apply;
 mod codec;
@@ -19,20 +22,22 @@ mod error;
 mod nodes;
 mod placement;
 mod queues;
+mod requests;
 mod state;
 mod voters;
 
 #[cfg(test)]
 mod tests;
 
-pub use codec::{COMMAND_VERSION, SNAPSHOT_VERSION};
-pub use command::{bootstrap_raft_ids, MetaCommand, MetaEvent, NewNode};
+pub use codec::{COMMAND_LEVEL, COMMAND_VERSION, SNAPSHOT_VERSION};
+pub use command::{bootstrap_raft_ids, Applied, MetaCommand, MetaEvent, NewNode};
 pub use durable::{DurableWrite, Touched, DURABLE_END, DURABLE_PREFIX};
 pub use error::MetaError;
 pub use placement::{
     choose_owner, choose_owner_avoiding, choose_queue_owner, choose_queue_owner_avoiding,
     NodeAddrs, PlacementSnapshot,
 };
+pub use requests::{RequestId, REQUESTS_KEPT};
 pub use state::{ClusterId, MetaState, NodeInfo, NodeRole, NodeState, Owner, QueueDef, RaftId};
 pub use voters::{
     check_voters, next_membership_step, MembershipStep, VoterChange, VoterCheck, VOTER_COUNTS,

@@ -7,6 +7,8 @@ use std::fmt;
 use ferry_kernel::{NodeId, QueueName};
 use ferry_proto::pb;
 
+use super::requests::Requests;
+
 /// Highest value of the raft id and epoch counters a valid state holds.
 const COUNTER_MAX: u64 = 1 << 48;
 
@@ -107,6 +109,8 @@ pub struct MetaState {
     pub(crate) next_raft_id: u64,
     pub(crate) next_epoch: u64,
     pub(crate) applied_index: u64,
+    /// The request ids of the last applied proposals (`requests.rs`).
+    pub(crate) requests: Requests,
 }
 
 impl MetaState {
@@ -119,6 +123,7 @@ impl MetaState {
             next_raft_id: 1,
             next_epoch: 1,
             applied_index: 0,
+            requests: Requests::default(),
         }
     }
 
@@ -252,7 +257,7 @@ impl MetaState {
         if self.cluster_id.is_some() && self.voters().is_empty() {
             return Err("no active voter".to_owned());
         }
-        Ok(())
+        self.requests.check(self.applied_index)
     }
 }
 

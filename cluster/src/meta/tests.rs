@@ -442,9 +442,14 @@ fn every_command_survives_encoding_and_snapshots_restore_the_same_state() {
     ];
     let mut s = MetaState::new();
     for (i, cmd) in commands.iter().enumerate() {
-        let bytes = cmd.encode();
-        assert_eq!(&MetaCommand::decode(&bytes).unwrap(), cmd);
-        let _ = s.apply_bytes(i as u64 + 2, &bytes);
+        let request = RequestId(u128::MAX - i as u128);
+        let bytes = cmd.encode_request(Some(request));
+        assert_eq!(
+            MetaCommand::decode_request(&bytes).unwrap(),
+            (Some(request), cmd.clone())
+        );
+        assert_eq!(&MetaCommand::decode(&cmd.encode()).unwrap(), cmd);
+        let _ = s.apply_entry(i as u64 + 2, &bytes);
         let restored = MetaState::restore(&s.snapshot()).unwrap();
         assert_eq!(restored, s);
         assert_eq!(restored.digest(), s.digest());
@@ -489,12 +494,92 @@ fn hostile_bytes_are_refused_never_a_panic() {
         MetaCommand::decode(&future),
         Err(MetaError::UnsupportedVersion { version: 2, .. })
     ));
-    // Garbage in the log is a refused command: the index advances, nothing else changes.
+    // Garbage in the log stops applying: nothing changes, not even the applied index, and
+    // the error says so (a node must not skip what the others applied).
     let before = s.clone();
-    assert!(s.apply_bytes(3, &[0xff, 0xff]).is_err());
-    assert_eq!(s.applied_index(), 3);
-    assert_eq!(s.nodes(), before.nodes());
-    assert_eq!(s.apply_bytes(4, &[]), Ok(MetaEvent::Nothing));
+    for garbage in [&[0xff, 0xff][..], &future[..], &bad_name[..]] {
+        let e = s.apply_entry(3, garbage).unwrap_err();
+        assert!(e.stops_apply(), "{e}");
+        assert_eq!(s, before);
+    }
+    // A command kind this release does not know (a later oneof tag) stops it too.
+    let unknown_kind = [0x08, 0x01, 0x5a, 0x00];
+    assert!(s.apply_entry(3, &unknown_kind).unwrap_err().stops_apply());
+    assert_eq!(s, before);
+    assert!(!MetaError::QueueExists { queue: q("x") }.stops_apply());
+    assert_eq!(s.apply_entry(3, &[]).unwrap().event, MetaEvent::Nothing);
+    assert!(s.apply_entry(3, &[]).unwrap_err().stops_apply());
+}
+
+/// A proposal retried after its answer was lost commits twice: the first copy applies, the
+/// second answers as the first did and changes nothing, even where applying it again would
+/// (a queue deleted in between would come back).
+#[test]
+fn a_retried_proposal_applies_once_and_answers_as_the_original() {
+    let mut s = cluster();
+    let request = RequestId(7);
+    let bytes = create("orders", "a").encode_request(Some(request));
+    let first = s.apply_entry(3, &bytes).unwrap();
+    assert!(matches!(first.event, MetaEvent::QueuesCreated { .. }));
+    assert_eq!(first.recorded, Some(request));
+    s.apply(4, &MetaCommand::DeleteQueue { name: q("orders") })
+        .unwrap();
+    let again = s.apply_entry(5, &bytes).unwrap();
+    assert_eq!(again.event, MetaEvent::Repeated { first_index: 3 });
+    assert_eq!((again.recorded, again.evicted), (None, None));
+    assert!(s.queue(&q("orders")).is_none(), "not created a second time");
+    assert_eq!(s.applied_index(), 5);
+    // Without a request id the same command applies again.
+    assert!(s.apply_entry(6, &create("orders", "a").encode()).is_ok());
+    assert!(s.queue(&q("orders")).is_some());
+    // Remembered across a snapshot.
+    let mut restored = MetaState::restore(&s.snapshot()).unwrap();
+    assert_eq!(
+        restored.apply_entry(7, &bytes).unwrap().event,
+        MetaEvent::Repeated { first_index: 3 }
+    );
+}
+
+/// A refused proposal is not remembered: it changed nothing, so its retry is judged again
+/// where it is ordered.
+#[test]
+fn a_refused_proposal_is_judged_again_when_retried() {
+    let mut s = cluster();
+    s.apply(3, &create("orders", "a")).unwrap();
+    let retried = MetaCommand::DeleteQueue { name: q("pay") }.encode_request(Some(RequestId(9)));
+    assert_eq!(
+        s.apply_entry(4, &retried),
+        Err(MetaError::QueueNotFound { queue: q("pay") })
+    );
+    s.apply(5, &create("pay", "a")).unwrap();
+    let applied = s.apply_entry(6, &retried).unwrap();
+    assert!(matches!(applied.event, MetaEvent::QueueDeleted { .. }));
+    assert!(s.queue(&q("pay")).is_none());
+}
+
+/// The last REQUESTS_KEPT ids are remembered, the oldest forgotten first, alike on every node.
+#[test]
+fn request_ids_are_kept_up_to_the_bound_oldest_forgotten_first() {
+    let mut s = cluster();
+    s.apply(3, &create("orders", "a")).unwrap();
+    let command = MetaCommand::UpdateQueue {
+        name: q("orders"),
+        settings: pb::QueueConfig::default(),
+        expected: None,
+    };
+    let mut last = None;
+    for (i, index) in (0..=REQUESTS_KEPT as u128).zip(4u64..) {
+        last = Some(
+            s.apply_request(index, Some(RequestId(i + 1)), &command)
+                .unwrap(),
+        );
+    }
+    let last = last.unwrap();
+    assert_eq!(last.evicted, Some(RequestId(1)), "the oldest went first");
+    assert_eq!(s.requests.len(), REQUESTS_KEPT);
+    assert_eq!(s.requests.applied_at(RequestId(1)), None);
+    assert!(s.requests.applied_at(RequestId(2)).is_some());
+    s.check_invariants().unwrap();
 }
 
 #[test]
@@ -764,13 +849,15 @@ fn the_durable_copy_written_as_deltas_rebuilds_the_state_after_every_command() {
     ];
     for (command, index) in commands.iter().zip(2u64..) {
         let mut touched = Touched::default();
-        match s.apply(index, command) {
-            Ok(event) => touched.note(&event),
+        let bytes = command.encode_request(Some(RequestId(u128::from(index))));
+        match s.apply_entry(index, &bytes) {
+            Ok(applied) => touched.note_applied(&applied),
             Err(_) => touched.note_index(),
         }
         write_durable(&mut copy, s.durable_writes(&touched));
         assert_eq!(rebuilt(&copy), s, "after {command:?}");
     }
+    assert!(copy.keys().any(|k| k.starts_with(b"md/r/")));
     assert!(s.queue(&q("orders")).is_some() && s.queue(&q("pay")).is_none());
     assert!(s.node(&n("e")).is_some_and(|e| !e.is_active()));
     // A lone create writes the header, the queue and its dead-letter queue.
@@ -798,6 +885,10 @@ fn a_damaged_durable_copy_is_an_error_not_a_state() {
     let mut damaged = copy.clone();
     damaged.insert(b"md/n/a".to_vec(), vec![0xff, 0xff, 0xff]);
     let items: Vec<_> = damaged.into_iter().collect();
+    assert!(MetaState::from_durable(&items).is_err());
+    let mut request = copy.clone();
+    request.insert(b"md/r/not-hex".to_vec(), 3u64.to_be_bytes().to_vec());
+    let items: Vec<_> = request.into_iter().collect();
     assert!(MetaState::from_durable(&items).is_err());
     let mut unknown = copy;
     unknown.insert(b"md/zzz".to_vec(), vec![]);

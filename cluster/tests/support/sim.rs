@@ -487,7 +487,9 @@ impl Sim {
         let mut retire = false;
         match kind {
             EntryKind::Normal(bytes) => {
-                let result = meta.apply_bytes(position.index, bytes);
+                let result = meta
+                    .apply_entry(position.index, bytes)
+                    .map(|applied| applied.event);
                 if let Ok(MetaEvent::NodeAdded { raft_id, .. }) = &result {
                     self.to_spawn.insert(PeerId(raft_id.0));
                 }

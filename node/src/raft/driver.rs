@@ -114,6 +114,9 @@ pub(crate) struct Driver {
     /// The leader last seen, to count changes.
     last_leader: Option<PeerId>,
     stopping: bool,
+    /// Why the driver stopped by itself (it cannot go on without breaking a promise), once it
+    /// has.
+    halted: Option<String>,
 }
 
 /// Opens the engine of a node that already belongs to a cluster (its group 0 is in `recovered`).
@@ -157,12 +160,14 @@ impl Driver {
             counters,
             last_leader: None,
             stopping: false,
+            halted: None,
         }
     }
 
     /// Runs on the calling thread until [`Input::Stop`] or until every sender is gone: the real
-    /// clock decides when a tick is due, everything else is [`Driver::step`].
-    pub(crate) fn run(mut self, inputs: Receiver<Input>) {
+    /// clock decides when a tick is due, everything else is [`Driver::step`]. Returns why it
+    /// stopped by itself ([`Driver::halt`]), if it did.
+    pub(crate) fn run(mut self, inputs: Receiver<Input>) -> Option<String> {
         let mut next_tick = Instant::now() + self.tick;
         self.begin();
         while !self.stopping {
@@ -185,6 +190,15 @@ impl Driver {
             self.step(batch, tick);
         }
         self.end();
+        self.halted
+    }
+
+    /// Stops the driver by itself, for `reason`: a write to the store failed, or an entry or
+    /// snapshot cannot be applied. Nothing more is applied, written or published after.
+    fn halt(&mut self, reason: String) {
+        tracing::error!(%reason, "the metadata group stops on this node");
+        self.halted = Some(reason);
+        self.stopping = true;
     }
 
     /// What the driver does first: the only voter campaigns, a first round runs, the view is
@@ -209,7 +223,10 @@ impl Driver {
             self.drive_leader();
         }
         self.run_rounds();
-        self.publish();
+        if self.halted.is_none() {
+            // A halted round's changes were not written: nobody may act on them.
+            self.publish();
+        }
     }
 
     /// Fails every proposal still waiting.
@@ -328,6 +345,11 @@ impl Driver {
                 );
             }
             self.apply(&round.applies);
+            if self.halted.is_some() {
+                // Nothing of this round is written: at the next start the node applies from
+                // its durable copy again and stops at the same place.
+                return;
+            }
             if !round.snapshot_requests.is_empty() {
                 self.compact(true);
             }
@@ -339,8 +361,7 @@ impl Driver {
                 if let Err(e) = self.store.write(&job) {
                     // The store refuses every write from now on: this node cannot take part
                     // in Raft any more without breaking its promises. Stop.
-                    tracing::error!(error = %e, "writing the Raft log failed; the metadata group stops on this node until it restarts");
-                    self.stopping = true;
+                    self.halt(format!("writing the Raft log failed: {e}"));
                     return;
                 }
                 if let Some(engine) = self.engine.as_mut() {
@@ -385,7 +406,12 @@ impl Driver {
             match apply {
                 Apply::Entry { position, kind, .. } => {
                     let result = match kind {
-                        EntryKind::Normal(bytes) => self.meta.apply_bytes(position.index, bytes),
+                        EntryKind::Normal(bytes) => {
+                            self.meta.apply_entry(position.index, bytes).map(|applied| {
+                                self.touched.note_applied(&applied);
+                                applied.event
+                            })
+                        }
                         EntryKind::ConfChange { change, .. } => {
                             self.note_conf_change(*change);
                             self.meta.skip(position.index).map(|()| MetaEvent::Nothing)
@@ -394,12 +420,16 @@ impl Driver {
                             self.meta.skip(position.index).map(|()| MetaEvent::Nothing)
                         }
                     };
-                    match &result {
-                        Ok(event) => self.touched.note(event),
-                        Err(e) => {
-                            self.touched.note_index();
-                            tracing::debug!(index = position.index, error = %e, "metadata command refused");
+                    if let Err(e) = &result {
+                        if e.stops_apply() {
+                            self.halt(format!(
+                                "cannot apply metadata entry {} (term {}): {e}",
+                                position.index, position.term
+                            ));
+                            return;
                         }
+                        self.touched.note_index();
+                        tracing::debug!(index = position.index, error = %e, "metadata command refused");
                     }
                     self.answer(position.index, position.term, result);
                 }
@@ -415,7 +445,13 @@ impl Driver {
                             self.meta = meta;
                             self.touched.everything();
                         }
-                        Err(e) => tracing::error!(error = %e, "cannot read the metadata snapshot"),
+                        Err(e) => {
+                            self.halt(format!(
+                                "cannot read the metadata snapshot at index {}: {e}",
+                                position.index
+                            ));
+                            return;
+                        }
                     }
                     // Every proposal at or below the snapshot was decided elsewhere: its
                     // outcome here is unknown, so it fails (the caller retries).

@@ -161,66 +161,10 @@ pub(crate) async fn update_changed(
 mod tests {
     #![allow(clippy::unwrap_used)]
 
-    use std::sync::Mutex;
-
     use ferry_cluster::meta::{ClusterId, MetaCommand, NewNode};
 
+    use super::super::test_host::Recorder;
     use super::*;
-
-    /// Records what it is asked; holds what it was told to create.
-    #[derive(Default)]
-    struct Recorder {
-        held: Mutex<BTreeMap<QueueName, u64>>,
-        calls: Mutex<Vec<String>>,
-    }
-
-    #[tonic::async_trait]
-    impl QueueHost for Recorder {
-        fn queues(&self) -> Vec<HeldQueue> {
-            let held = self.held.lock().unwrap();
-            held.iter()
-                .map(|(name, epoch)| HeldQueue {
-                    name: name.clone(),
-                    settings: pb::QueueConfig::default(),
-                    epoch: *epoch,
-                })
-                .collect()
-        }
-        fn check_settings(&self, _: &QueueName, _: &pb::QueueConfig) -> Result<(), tonic::Status> {
-            Ok(())
-        }
-        async fn create(
-            &self,
-            name: &QueueName,
-            _: &pb::QueueConfig,
-            epoch: u64,
-        ) -> Result<(), String> {
-            self.calls
-                .lock()
-                .unwrap()
-                .push(format!("create {name} {epoch}"));
-            self.held.lock().unwrap().insert(name.clone(), epoch);
-            Ok(())
-        }
-        async fn stored_bytes(&self) -> u64 {
-            0
-        }
-        fn set_epoch(&self, name: &QueueName, epoch: u64) {
-            self.calls
-                .lock()
-                .unwrap()
-                .push(format!("set_epoch {name} {epoch}"));
-            self.held.lock().unwrap().insert(name.clone(), epoch);
-        }
-        async fn delete(&self, name: &QueueName) -> Result<(), String> {
-            self.calls.lock().unwrap().push(format!("delete {name}"));
-            self.held.lock().unwrap().remove(name);
-            Ok(())
-        }
-        async fn update(&self, _: &QueueName, _: &pb::QueueConfig) -> Result<(), String> {
-            Ok(())
-        }
-    }
 
     fn q(name: &str) -> QueueName {
         QueueName::new(name).unwrap()

@@ -20,11 +20,15 @@ mod log_store;
 mod propose;
 mod reach;
 mod service;
+#[cfg(test)]
+mod test_host;
+#[cfg(test)]
+mod tests;
 mod transport;
 mod view;
 
 use std::collections::HashMap;
-use std::sync::mpsc::{sync_channel, SyncSender};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -131,6 +135,9 @@ pub(crate) struct Shared {
     shutdown_tx: watch::Sender<bool>,
     shutdown: watch::Receiver<bool>,
     thread: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Why the driver's thread ended by itself (a failed write, an entry it cannot apply, a
+    /// panic), once it has.
+    halted: watch::Receiver<Option<String>>,
     /// When this node first asked whether each node is reachable ([`MetaNode::is_reachable`]):
     /// a node never heard from is given the liveness timeout from then, so a node that just
     /// started does not find every peer unreachable.
@@ -205,9 +212,10 @@ impl MetaNode {
             view_tx,
             Arc::clone(&counters),
         );
+        let (halt_tx, halted) = watch::channel(None);
         let thread = std::thread::Builder::new()
             .name("ferry-raft".into())
-            .spawn(move || driver.run(inputs_rx))
+            .spawn(move || supervise(driver, inputs_rx, &halt_tx))
             .map_err(StartError::Thread)?;
         let shared = Arc::new(Shared {
             settings,
@@ -220,6 +228,7 @@ impl MetaNode {
             shutdown_tx,
             shutdown,
             thread: std::sync::Mutex::new(Some(thread)),
+            halted,
             first_asked: std::sync::Mutex::default(),
         });
         let node = MetaNode { shared };
@@ -245,6 +254,23 @@ impl MetaNode {
             node.wait_formed(deadline).await;
         }
         Ok(node)
+    }
+
+    /// Completes, with the reason, once the metadata group stopped on this node by itself: its
+    /// store failed a write, it met an entry or snapshot it cannot apply (a newer release's
+    /// command), or its thread panicked. The node must stop serving then: without its
+    /// metadata it would route and place with a view that no longer moves. Never completes
+    /// after [`MetaNode::stop`].
+    pub async fn halted(&self) -> String {
+        let mut halted = self.shared.halted.clone();
+        let reason = match halted.wait_for(Option::is_some).await {
+            Ok(reason) => reason.clone(),
+            Err(_) => None,
+        };
+        match reason {
+            Some(reason) => reason,
+            None => std::future::pending().await,
+        }
     }
 
     /// The newest metadata and this node's view of group 0.
@@ -493,4 +519,25 @@ fn stored_raft_id(store: &dyn LogStore) -> Result<RaftId, ferry_multiraft::Error
                 reason: "the node's raft id is missing".into(),
             })?;
     Ok(RaftId(u64::from_be_bytes(id)))
+}
+
+/// Runs the driver on this thread and reports, on `halted`, why it ended if it ended by itself
+/// (a panic included: raft-rs panics on some inconsistencies a peer's message can reveal).
+fn supervise(driver: Driver, inputs: Receiver<Input>, halted: &watch::Sender<Option<String>>) {
+    let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || driver.run(inputs)));
+    let reason = match run {
+        Ok(reason) => reason,
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "no message".to_owned());
+            tracing::error!(panic = %what, "the metadata thread panicked");
+            Some(format!("the metadata thread panicked: {what}"))
+        }
+    };
+    if let Some(reason) = reason {
+        let _ = halted.send(Some(reason));
+    }
 }

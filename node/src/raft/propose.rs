@@ -17,6 +17,7 @@ use super::transport::peer_endpoint;
 use super::{MetaNode, StartError, StartMode};
 use ferry_cluster::meta::{
     choose_queue_owner_avoiding, ClusterId, MetaCommand, MetaError, NewNode, Owner, RaftId,
+    RequestId,
 };
 
 /// How long a proposal may take, leader elections included, before it fails UNAVAILABLE.
@@ -125,7 +126,19 @@ impl MetaNode {
     }
 
     async fn propose_uncounted(&self, command: &MetaCommand) -> Result<u64, Status> {
-        let bytes = command.encode();
+        self.check_command_level(command.level())?;
+        // One id for every attempt of this call: a copy that committed while its answer was
+        // lost makes the next one answer as it did, instead of applying twice.
+        let request = RequestId(rand::random::<u128>().max(1));
+        self.propose_bytes(command.encode_request(Some(request)))
+            .await
+    }
+
+    /// Proposes log bytes (empty: a barrier, nothing to apply) through whichever node leads,
+    /// retrying on leader changes until [`PROPOSE_TIMEOUT`]; returns once this node applied
+    /// them. A refusal is answered once this node applied it too, so that what the caller
+    /// reads next here is at least what the refusal was judged on.
+    async fn propose_bytes(&self, bytes: Vec<u8>) -> Result<u64, Status> {
         let deadline = Instant::now() + PROPOSE_TIMEOUT;
         let mut view = self.shared.view.clone();
         let mut last_error = Status::unavailable(
@@ -138,27 +151,33 @@ impl MetaNode {
             else {
                 break;
             };
-            match proposed {
-                Ok((index, Ok(_))) => {
-                    // Applied by the driver; published to the view right after its round.
-                    self.wait_applied(index, deadline).await?;
-                    return Ok(index);
-                }
-                Ok((_, Err(e))) => return Err(meta_status(&e)),
+            let decided = match proposed {
+                Ok((index, outcome)) => Some((index, outcome.err().map(|e| meta_status(&e)))),
                 Err(ProposeFailure::NotLeader(Some(leader))) => {
                     match self.forward(leader, &bytes).await {
-                        Ok(index) => {
-                            self.wait_applied(index, deadline).await?;
-                            return Ok(index);
+                        Ok(decided) => Some(decided),
+                        Err(s) if s.code() == Code::Unavailable => {
+                            last_error = s;
+                            None
                         }
-                        Err(s) if s.code() == Code::Unavailable => last_error = s,
                         Err(s) => return Err(s),
                     }
                 }
                 Err(f @ (ProposeFailure::NotMember | ProposeFailure::Stopped)) => {
                     return Err(failure_status(&f))
                 }
-                Err(f) => last_error = failure_status(&f),
+                Err(f) => {
+                    last_error = failure_status(&f);
+                    None
+                }
+            };
+            if let Some((index, refused)) = decided {
+                // Applied by the driver; published to the view right after its round.
+                self.wait_applied(index, deadline).await?;
+                return match refused {
+                    None => Ok(index),
+                    Some(status) => Err(status),
+                };
             }
             // Wait for news (a leader elected) or a short pause, whichever comes first.
             let _ = tokio::time::timeout(RETRY_PAUSE, view.changed()).await;
@@ -166,8 +185,20 @@ impl MetaNode {
         Err(last_error)
     }
 
-    /// Asks the leader to propose; the index it applied at.
-    async fn forward(&self, leader: RaftId, command: &[u8]) -> Result<u64, Status> {
+    /// Makes this node's view at least as new as every metadata change answered anywhere
+    /// before the call: an empty entry through the leader, applied here. What a client did
+    /// through one node is then seen by its next call through this one.
+    pub(crate) async fn catch_up(&self) -> Result<(), Status> {
+        self.propose_bytes(Vec::new()).await.map(|_| ())
+    }
+
+    /// Asks the leader to propose: the index it applied at, and the refusal if the command was
+    /// refused there (every node refuses it alike at that index).
+    async fn forward(
+        &self,
+        leader: RaftId,
+        command: &[u8],
+    ) -> Result<(u64, Option<Status>), Status> {
         let addr = {
             let view = self.shared.view.borrow();
             view.node_by_raft_id(leader)
@@ -181,11 +212,18 @@ impl MetaNode {
         let mut client = peer_client(&addr)?;
         let req = pb::ProposeMetaRequest {
             command: command.to_vec(),
+            refusal_in_answer: true,
         };
         let mut request = tonic::Request::new(req);
         request.set_timeout(PROPOSE_TIMEOUT);
         match client.propose_meta(request).await {
-            Ok(r) => Ok(r.into_inner().index),
+            Ok(r) => {
+                let r = r.into_inner();
+                let refused = r
+                    .refused
+                    .map(|refusal| Status::new(Code::from_i32(refusal.code), refusal.message));
+                Ok((r.index, refused))
+            }
             // Transport trouble is worth a retry (the leader may have changed or died).
             Err(s)
                 if matches!(
@@ -197,6 +235,44 @@ impl MetaNode {
             }
             Err(s) => Err(s),
         }
+    }
+
+    /// Refuses a command of a level some active node has not reported reading (an older
+    /// release, mid-upgrade): proposed, it would stop that node's metadata group.
+    fn check_command_level(&self, needed: u32) -> Result<(), Status> {
+        if needed <= 1 {
+            return Ok(());
+        }
+        let me = &self.shared.settings.node_id;
+        let behind = {
+            let view = self.shared.view.borrow();
+            let reported = view
+                .meta
+                .nodes()
+                .iter()
+                .filter(|(id, n)| *id != me && n.is_active())
+                .map(|(id, n)| {
+                    (
+                        id.clone(),
+                        self.shared.links.peer_command_level(n.raft_id.0),
+                    )
+                });
+            nodes_behind(needed, reported)
+        };
+        if behind.is_empty() {
+            return Ok(());
+        }
+        let names: Vec<String> = behind
+            .iter()
+            .map(|(id, level)| match level {
+                0 => format!("{id} (not heard from)"),
+                l => format!("{id} (level {l})"),
+            })
+            .collect();
+        Err(Status::failed_precondition(format!(
+            "this change needs every node to read metadata command level {needed}; {} do not yet: upgrade them first",
+            names.join(", ")
+        )))
     }
 
     /// The other active nodes not heard from within the liveness timeout.
@@ -256,19 +332,12 @@ impl MetaNode {
                 created,
             })
         };
-        if let Some(found) = existing(false) {
-            return if if_not_exists {
-                Ok(found)
-            } else {
-                Err(meta_status(&MetaError::QueueExists {
-                    queue: name.clone(),
-                }))
-            };
-        }
         self.shared.host.check_settings(name, &settings)?;
         if !self.wait_formed(Instant::now() + PROPOSE_TIMEOUT).await {
             return Err(meta_status(&MetaError::NotBootstrapped));
         }
+        // Whether the queue exists is judged where the command is ordered, never on this
+        // node's view, which may not have applied a deletion answered through another node.
         let owner = {
             let view = self.shared.view.borrow();
             let down = self.down_nodes(&view.meta);
@@ -285,6 +354,7 @@ impl MetaNode {
             Ok(_) => existing(true).ok_or_else(|| {
                 Status::unavailable(format!("queue {name} was deleted right after its creation"))
             }),
+            // Refused at apply, and applied here since: the view holds the queue found.
             Err(s) if s.code() == Code::AlreadyExists && if_not_exists => existing(false).ok_or(s),
             Err(s) => Err(s),
         }
@@ -300,7 +370,12 @@ impl MetaNode {
         name: &QueueName,
         patch: &pb::QueueConfig,
     ) -> Result<UpdatedQueue, Status> {
-        for _ in 0..UPDATE_TRIES_MAX {
+        for attempt in 0..UPDATE_TRIES_MAX {
+            if attempt == 0 && self.shared.view.borrow().meta.queue(name).is_none() {
+                // Not here yet, or gone: ask the log, not this node's view, which may not have
+                // applied a creation answered through another node.
+                self.catch_up().await?;
+            }
             let found = {
                 let view = self.shared.view.borrow();
                 view.meta
@@ -342,20 +417,11 @@ impl MetaNode {
     }
 
     /// Deletes a queue through the metadata group; its owner deletes it when it applies the
-    /// command. Returns where it lived.
-    pub async fn delete_queue(&self, name: &QueueName) -> Result<Owner, Status> {
-        let owner = {
-            let view = self.shared.view.borrow();
-            view.meta.queue(name).map(|d| d.owner.clone())
-        };
-        let Some(owner) = owner else {
-            return Err(meta_status(&MetaError::QueueNotFound {
-                queue: name.clone(),
-            }));
-        };
+    /// command. NOT_FOUND is judged where the deletion is ordered, not on this node's view.
+    pub async fn delete_queue(&self, name: &QueueName) -> Result<(), Status> {
         self.propose(&MetaCommand::DeleteQueue { name: name.clone() })
-            .await?;
-        Ok(owner)
+            .await
+            .map(|_| ())
     }
 
     /// As the first leader of a new cluster: asks every initial node who it is, then proposes
@@ -504,6 +570,11 @@ impl MetaNode {
     }
 }
 
+/// The nodes of `reported` (node, command level it reported, 0 for none) below `needed`.
+fn nodes_behind(needed: u32, reported: impl Iterator<Item = (NodeId, u32)>) -> Vec<(NodeId, u32)> {
+    reported.filter(|(_, level)| *level < needed).collect()
+}
+
 /// Name of the file, in the data directory, that marks an unfinished import.
 pub const IMPORT_MARKER: &str = "IMPORT_PENDING";
 
@@ -551,4 +622,20 @@ pub(crate) async fn check_join_target(addr: &str) -> Result<(), StartError> {
         });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn a_newer_command_waits_for_every_node_to_read_it() {
+        let n = |s: &str| NodeId::new(s).unwrap();
+        let reported = || [(n("a"), 2), (n("b"), 1), (n("c"), 0)].into_iter();
+        assert_eq!(nodes_behind(1, reported()), vec![(n("c"), 0)]);
+        assert_eq!(nodes_behind(2, reported()), vec![(n("b"), 1), (n("c"), 0)]);
+        assert!(nodes_behind(2, [(n("a"), 2)].into_iter()).is_empty());
+    }
 }

@@ -9,7 +9,7 @@ use tonic::{Request, Response, Status};
 
 use super::propose::{hello, meta_status, PROPOSE_TIMEOUT};
 use super::transport::{
-    cluster_id_bytes, cluster_id_of, receive_snapshot, receive_stream, BATCH_BYTES_MAX,
+    admit, cluster_id_bytes, cluster_id_of, receive_snapshot, receive_stream, BATCH_BYTES_MAX,
 };
 use super::MetaNode;
 use ferry_cluster::meta::{
@@ -54,7 +54,13 @@ impl pb::peer_server::Peer for PeerService {
         receive_stream(
             &shared.links,
             req.into_inner(),
-            move || view.borrow().meta.cluster_id(),
+            move |from, theirs| {
+                let view = view.borrow();
+                admit(view.meta.cluster_id(), theirs, from, |raft_id| {
+                    view.node_by_raft_id(ferry_cluster::meta::RaftId(raft_id))
+                        .is_some_and(|(_, n)| n.is_active())
+                })
+            },
             shared.shutdown.clone(),
         )
         .await?;
@@ -103,15 +109,30 @@ impl pb::peer_server::Peer for PeerService {
         &self,
         req: Request<pb::ProposeMetaRequest>,
     ) -> Reply<pb::ProposeMetaResponse> {
-        let command = req.into_inner().command;
-        if let Err(e) = MetaCommand::decode(&command) {
-            return Err(meta_status(&e));
+        let req = req.into_inner();
+        let command = req.command;
+        // Empty: a barrier (nothing to decode or apply).
+        if !command.is_empty() {
+            MetaCommand::decode(&command).map_err(|e| meta_status(&e))?;
         }
         let proposed = tokio::time::timeout(PROPOSE_TIMEOUT, self.node.propose_local(command))
             .await
             .map_err(|_| Status::unavailable("the proposal was not applied within 10 s"))?;
         match proposed {
-            Ok((index, Ok(_))) => Ok(Response::new(pb::ProposeMetaResponse { index })),
+            Ok((index, Ok(_))) => Ok(Response::new(pb::ProposeMetaResponse {
+                index,
+                refused: None,
+            })),
+            Ok((index, Err(e))) if req.refusal_in_answer => {
+                let status = meta_status(&e);
+                Ok(Response::new(pb::ProposeMetaResponse {
+                    index,
+                    refused: Some(pb::ProposeRefusal {
+                        code: status.code() as i32,
+                        message: status.message().to_owned(),
+                    }),
+                }))
+            }
             Ok((_, Err(e))) => Err(meta_status(&e)),
             Err(f) => Err(Status::unavailable(format!(
                 "not proposed here ({f:?}); ask the current leader"

@@ -15,7 +15,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Endpoint;
 
 use super::driver::{Input, Outbound};
-use ferry_cluster::meta::ClusterId;
+use ferry_cluster::meta::{ClusterId, COMMAND_LEVEL};
 
 /// Batches waiting for one peer's stream; past this, new ones are dropped (Raft sends again).
 const LINK_QUEUE_MAX: usize = 256;
@@ -46,8 +46,17 @@ pub(crate) struct Links {
 #[derive(Debug, Clone, Copy)]
 struct Heard {
     at: Instant,
-    /// The bytes its queues held, as it reported them.
-    stored_bytes: u64,
+    /// What it last reported.
+    report: Report,
+}
+
+/// What a peer reports on every batch and probe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Report {
+    /// The bytes its queues held.
+    pub(crate) stored_bytes: u64,
+    /// The newest metadata command kinds its release reads ([`COMMAND_LEVEL`]).
+    pub(crate) command_level: u32,
 }
 
 struct Link {
@@ -166,15 +175,21 @@ impl Links {
             .clear();
     }
 
-    /// Notes a word from `raft_id`; `stored_bytes` when it reported them (a snapshot does not).
-    pub(crate) fn heard_from(&self, raft_id: u64, stored_bytes: Option<u64>) {
+    /// Notes a word from `raft_id`, with its report when it sent one (a snapshot does not).
+    pub(crate) fn heard_from(&self, raft_id: u64, report: Option<Report>) {
         let mut heard = self.heard.lock().unwrap_or_else(PoisonError::into_inner);
-        let kept = heard.get(&raft_id).map_or(0, |h| h.stored_bytes);
-        let now = Heard {
-            at: Instant::now(),
-            stored_bytes: stored_bytes.unwrap_or(kept),
-        };
-        heard.insert(raft_id, now);
+        let kept = heard.get(&raft_id).map(|h| h.report);
+        let report = report.or(kept).unwrap_or(Report {
+            stored_bytes: 0,
+            command_level: 0,
+        });
+        heard.insert(
+            raft_id,
+            Heard {
+                at: Instant::now(),
+                report,
+            },
+        );
     }
 
     fn last_word(&self, raft_id: u64) -> Option<Heard> {
@@ -198,7 +213,13 @@ impl Links {
 
     /// The bytes `raft_id` last reported, if any.
     pub(crate) fn peer_bytes(&self, raft_id: u64) -> Option<u64> {
-        self.last_word(raft_id).map(|h| h.stored_bytes)
+        self.last_word(raft_id).map(|h| h.report.stored_bytes)
+    }
+
+    /// The command level `raft_id` last reported (0: not heard from on a batch yet).
+    pub(crate) fn peer_command_level(&self, raft_id: u64) -> u32 {
+        self.last_word(raft_id)
+            .map_or(0, |h| h.report.command_level)
     }
 
     /// How long ago `raft_id` was last heard from, if ever.
@@ -218,6 +239,7 @@ impl Links {
             cluster_id: cluster_id_bytes(cluster_id),
             batch: bytes,
             stored_bytes: self.local_bytes(),
+            command_level: COMMAND_LEVEL,
         }
     }
 }
@@ -392,12 +414,38 @@ pub(crate) async fn receive_snapshot(
     }
 }
 
-/// The receiving side of `Peer.Raft`: checks the cluster id, notes liveness, hands batches to
-/// the driver. Ends when the peer closes the stream or this node shuts down.
+/// Whether this node (of cluster `ours`, once formed) takes a batch from raft id `from` that
+/// names cluster `theirs`: another cluster's is refused; one naming none only from a member
+/// (an initial voter or an added node that has not applied its cluster's first entry yet;
+/// dropping its messages could leave a majority unable to elect). A sender that names no
+/// cluster and is no member here is refused: a node of another cluster, wiped and started
+/// anew, must not reach this group with a raft id that happens to match.
+pub(crate) fn admit(
+    ours: Option<ClusterId>,
+    theirs: Option<ClusterId>,
+    from: u64,
+    is_member: impl Fn(u64) -> bool,
+) -> Result<(), tonic::Status> {
+    match (ours, theirs) {
+        (Some(ours), Some(theirs)) if ours != theirs => Err(tonic::Status::failed_precondition(format!(
+            "this node belongs to cluster {ours}, the sender to {theirs}; a node of another cluster is refused (wipe its data directory to join this one)"
+        ))),
+        (Some(ours), None) if from != 0 && !is_member(from) => {
+            Err(tonic::Status::failed_precondition(format!(
+                "raft id {from} names no cluster and is no member of cluster {ours}; add the node with `ferry node add` on a member"
+            )))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The receiving side of `Peer.Raft`: checks each batch's sender with `admits` (raft id, the
+/// cluster it names; see [`admit`]), notes liveness, hands batches to the driver. Ends when the
+/// peer closes the stream, a batch is refused, or this node shuts down.
 pub(crate) async fn receive_stream(
     links: &Links,
     mut stream: tonic::Streaming<pb::RaftBatch>,
-    our_cluster: impl Fn() -> Option<ClusterId>,
+    admits: impl Fn(u64, Option<ClusterId>) -> Result<(), tonic::Status>,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(), tonic::Status> {
     loop {
@@ -410,17 +458,16 @@ pub(crate) async fn receive_stream(
                 return Err(tonic::Status::unavailable("node shutting down"));
             }
         };
-        if let (Some(ours), Some(theirs)) = (our_cluster(), cluster_id_of(&batch.cluster_id)?) {
-            if ours != theirs {
-                return Err(tonic::Status::failed_precondition(format!(
-                    "this node belongs to cluster {ours}, the sender to {theirs}; a node of another cluster is refused (wipe its data directory to join this one)"
-                )));
-            }
-        }
+        admits(batch.from_raft_id, cluster_id_of(&batch.cluster_id)?)?;
         if batch.from_raft_id == 0 {
             continue;
         }
-        links.heard_from(batch.from_raft_id, Some(batch.stored_bytes));
+        let report = Report {
+            stored_bytes: batch.stored_bytes,
+            // An earlier release does not report one: it reads the first kinds.
+            command_level: batch.command_level.max(1),
+        };
+        links.heard_from(batch.from_raft_id, Some(report));
         if batch.batch.is_empty() {
             continue;
         }
@@ -464,5 +511,34 @@ impl Outbound for Arc<Links> {
 
     fn send_snapshot(&self, snapshot: OutSnapshot) {
         Links::send_snapshot(self, snapshot);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_batch_naming_no_cluster_is_taken_only_from_a_member() {
+        let ours = Some(ClusterId(7));
+        let members = |raft_id: u64| raft_id <= 3;
+        // Before this node is formed it takes anything (it learns its cluster from the log).
+        assert!(admit(None, None, 9, members).is_ok());
+        assert!(admit(None, Some(ClusterId(8)), 9, members).is_ok());
+        // Formed: its own cluster from anyone it knows of, another cluster never.
+        assert!(admit(ours, ours, 2, members).is_ok());
+        let other = admit(ours, Some(ClusterId(8)), 2, members).unwrap_err();
+        assert_eq!(other.code(), tonic::Code::FailedPrecondition);
+        // No cluster named: a member that has not applied its first entry yet is taken, a
+        // stranger is refused, saying how to add it.
+        assert!(admit(ours, None, 3, members).is_ok());
+        let stranger = admit(ours, None, 4, members).unwrap_err();
+        assert_eq!(stranger.code(), tonic::Code::FailedPrecondition);
+        assert!(
+            stranger.message().contains("ferry node add"),
+            "{stranger:?}"
+        );
+        // A batch without a sender (liveness only) is not judged by its raft id.
+        assert!(admit(ours, None, 0, members).is_ok());
     }
 }

@@ -1,0 +1,66 @@
+//! A [`QueueHost`] for tests of the node's shell: records what it is asked.
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use ferry_kernel::QueueName;
+use ferry_proto::pb;
+
+use super::host::{HeldQueue, QueueHost};
+
+/// Records what it is asked; holds what it was told to create.
+#[derive(Default)]
+pub(crate) struct Recorder {
+    pub(crate) held: Mutex<BTreeMap<QueueName, u64>>,
+    pub(crate) calls: Mutex<Vec<String>>,
+}
+
+#[tonic::async_trait]
+impl QueueHost for Recorder {
+    fn queues(&self) -> Vec<HeldQueue> {
+        let held = self.held.lock().unwrap();
+        held.iter()
+            .map(|(name, epoch)| HeldQueue {
+                name: name.clone(),
+                settings: pb::QueueConfig::default(),
+                epoch: *epoch,
+            })
+            .collect()
+    }
+    fn check_settings(&self, _: &QueueName, _: &pb::QueueConfig) -> Result<(), tonic::Status> {
+        Ok(())
+    }
+    async fn create(
+        &self,
+        name: &QueueName,
+        _: &pb::QueueConfig,
+        epoch: u64,
+    ) -> Result<(), String> {
+        self.calls
+            .lock()
+            .unwrap()
+            .push(format!("create {name} {epoch}"));
+        self.held.lock().unwrap().insert(name.clone(), epoch);
+        Ok(())
+    }
+    async fn stored_bytes(&self) -> u64 {
+        0
+    }
+    fn set_epoch(&self, name: &QueueName, epoch: u64) {
+        self.calls
+            .lock()
+            .unwrap()
+            .push(format!("set_epoch {name} {epoch}"));
+        self.held.lock().unwrap().insert(name.clone(), epoch);
+    }
+    async fn delete(&self, name: &QueueName) -> Result<(), String> {
+        self.calls.lock().unwrap().push(format!("delete {name}"));
+        self.held.lock().unwrap().remove(name);
+        Ok(())
+    }
+    async fn update(&self, _: &QueueName, _: &pb::QueueConfig) -> Result<(), String> {
+        Ok(())
+    }
+}
