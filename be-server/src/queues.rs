@@ -454,7 +454,7 @@ impl Queues {
 /// queue (it keeps nothing), nor for one named like a dead-letter queue (no `X.DLQ.DLQ` beside
 /// every `X.DLQ` a user creates; should it dead-letter, one is made on demand).
 fn targets_up_front(name: &QueueName, temporary: bool) -> bool {
-    !temporary && !name.as_str().ends_with(".DLQ")
+    !temporary && !name.is_dead_letter_queue()
 }
 
 fn summary(o: &Owned) -> QueueSummary {
@@ -481,7 +481,8 @@ pub(crate) fn validate_config(name: &QueueName, c: &QueueConfig) -> Result<(), E
                 return Err(Error::Kernel(KernelError::InvalidArgument {
                     field,
                     reason: format!(
-                        "the default {name}.DLQ is not a valid queue name (names are at most {} bytes); name another queue or discard",
+                        "the default {name}{} is not a valid queue name (names are at most {} bytes); name another queue or discard",
+                        QueueName::DEAD_LETTER_SUFFIX,
                         QueueName::LEN_MAX
                     ),
                 }));
