@@ -16,6 +16,7 @@ mod history;
 mod outbox;
 mod queues;
 mod service;
+mod targets;
 mod tx;
 
 pub use broker::{Broker, CommitCounts, QueueSummary};

@@ -1,6 +1,7 @@
 //! The registry of the queues this back-end owns: creating, recovering, finding, deleting and
-//! stopping them, each with its owner task (`actor.rs`). The broker (`broker.rs`) and the
-//! dead-letter mover (`dead_letter.rs`) both use it; it uses neither.
+//! stopping them, each with its owner task (`actor/`). The broker (`broker.rs`) and the
+//! dead-letter mover (`dead_letter.rs`) both use it; it uses neither (what a queue's dead-letter
+//! queue is, both take from `targets.rs`).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -11,9 +12,9 @@ use ferry_store::{GroupCommit, QueueDef, QueueStore, RecoveredQueue, StoreOp};
 
 use crate::actor::{ActorSetup, QueueActor, QueueHandle};
 use crate::config::{queue_budget, BrokerConfig};
-use crate::dead_letter::dead_letter_queue_config;
 use crate::error::Error;
 use crate::outbox::Outbox;
+use crate::targets::{dead_letter_queue_config, targets_up_front};
 
 /// What a listing shows of a queue.
 #[derive(Debug, Clone, PartialEq)]
@@ -448,13 +449,6 @@ impl Queues {
             h.stop(false).await;
         }
     }
-}
-
-/// Whether a queue's dead-letter and expiry queues are created with it. Not for a temporary
-/// queue (it keeps nothing), nor for one named like a dead-letter queue (no `X.DLQ.DLQ` beside
-/// every `X.DLQ` a user creates; should it dead-letter, one is made on demand).
-fn targets_up_front(name: &QueueName, temporary: bool) -> bool {
-    !temporary && !name.is_dead_letter_queue()
 }
 
 fn summary(o: &Owned) -> QueueSummary {
