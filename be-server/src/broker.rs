@@ -15,6 +15,7 @@ use crate::config::BrokerConfig;
 use crate::disk::{DiskGuard, SendGate};
 use crate::error::Error;
 use crate::history::History;
+use crate::log::LocalLog;
 use crate::outbox::Outbox;
 use crate::queues::{Queues, Recovered};
 
@@ -78,8 +79,9 @@ impl Broker {
             config.history_max_steps,
         ));
         let (outbox, jobs) = Outbox::new(history);
+        let log = LocalLog::new(commit);
         let queues = Arc::new(Queues::recover(
-            config, commit, outbox, clock, store, recovered,
+            config, log, outbox, clock, store, recovered,
         ));
         crate::dead_letter::start(Arc::downgrade(&queues), jobs);
         queues.create_missing_targets().await?;
@@ -134,7 +136,7 @@ impl Broker {
 
     /// Group commit's counters since the node started.
     pub fn commit_stats(&self) -> CommitCounts {
-        let s = self.inner.queues.commit.stats();
+        let s = self.inner.queues.log.group_commit().stats();
         let load = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
         CommitCounts {
             writes: load(&s.writes),
@@ -148,7 +150,7 @@ impl Broker {
     pub fn commit_histograms(
         &self,
     ) -> (ferry_store::BucketsSnapshot, ferry_store::BucketsSnapshot) {
-        let s = self.inner.queues.commit.stats();
+        let s = self.inner.queues.log.group_commit().stats();
         (s.write_micros.snapshot(), s.batch_submissions.snapshot())
     }
 

@@ -13,6 +13,7 @@ mod disk;
 mod error;
 pub mod faults;
 mod history;
+mod log;
 mod outbox;
 mod queues;
 mod service;

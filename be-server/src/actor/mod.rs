@@ -1,9 +1,10 @@
 //! The owner task of one queue. It alone touches the queue's kernel state; callers talk to it
 //! through a bounded channel. No lock is held across an `.await`.
 //!
-//! Persist, then reply: an operation's effects go to group commit, and everyone the operation
-//! answers (the caller, receivers handed a message) is answered only once the write is durable.
-//! Commits complete in submission order, so a receiver never sees a message before it is on disk.
+//! Persist, then reply: an operation's effects go to the queue's log (`log.rs`), and everyone the
+//! operation answers (the caller, receivers handed a message) is answered only once the write is
+//! durable. Writes become durable in submission order, so a receiver never sees a message before
+//! it is on disk.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -17,11 +18,12 @@ use ferry_kernel::{
     PagedError, Queue, QueueName, ReceiveOutcome, ReceiveRequest, RecoveredMessage, Seq, SessionId,
     WaiterId,
 };
-use ferry_store::{GroupCommit, QueueStore, StoreError, StoreOp};
+use ferry_store::{QueueStore, StoreError, StoreOp};
 use futures::stream::{FuturesOrdered, StreamExt};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::error::Error;
+use crate::log::{LogSync, QueueLog};
 use crate::outbox::{BrokerEvent, DeadLetterJob, Outbox, Published};
 
 mod answers;
@@ -50,11 +52,13 @@ type Moving = (Vec<DeadLetter>, Vec<BrokerEvent>);
 /// How many page reads one fill of the window may make before the task serves commands again.
 const FILL_READS_MAX: usize = 16;
 
-pub(crate) struct QueueActor {
+/// The owner task of one queue, writing through the log `L` (static dispatch: the hot path
+/// makes no allocation for it).
+pub(crate) struct QueueActor<L: QueueLog> {
     queue: Queue,
     /// Temporary queues keep nothing on disk (and discard their dead letters).
     durable: bool,
-    commit: GroupCommit,
+    log: L,
     /// Read by paging (durable queues only), synchronously: reads are short and bounded.
     store: Arc<dyn QueueStore>,
     /// The memory budget of each durable queue of this back-end (it changes as queues come and
@@ -88,12 +92,12 @@ struct Parked {
     reply: Reply<Vec<Delivery>>,
 }
 
-impl QueueActor {
+impl<L: QueueLog> QueueActor<L> {
     /// Starts the owner task of `queue`; `delayed` are its recovered messages with a delivery
     /// time still to come (they are kept in memory, whatever the budget).
     pub(crate) fn spawn(
         queue: Queue,
-        setup: ActorSetup,
+        setup: ActorSetup<L>,
         delayed: Vec<RecoveredMessage>,
     ) -> QueueHandle {
         let (tx, rx) = mpsc::channel(setup.capacity.max(1));
@@ -102,7 +106,7 @@ impl QueueActor {
             applied: queue.next_seq(),
             queue,
             durable: setup.durable,
-            commit: setup.commit,
+            log: setup.log,
             store: setup.store,
             budget: setup.budget,
             outbox: setup.outbox,
@@ -511,7 +515,7 @@ impl QueueActor {
         self.finish_with(fx, answers, false).await;
     }
 
-    /// Like `finish`; `deferred`: the write may wait for a later synced write (`GroupCommit`).
+    /// Like `finish`; `deferred`: the write may wait for a later synced write ([`LogSync`]).
     async fn finish_with(&mut self, fx: Effects, mut answers: Vec<Answer>, deferred: bool) {
         let ops = self.collect(fx, &mut answers);
         self.submit_with(ops, answers, deferred).await;
@@ -694,15 +698,15 @@ impl QueueActor {
             }
             return;
         }
-        let submitted = if deferred {
-            self.commit.submit_deferred(ops).await
+        let sync = if deferred {
+            LogSync::Deferred
         } else {
-            self.commit.submit(ops).await
+            LogSync::Now
         };
-        match submitted {
-            Ok(ticket) => self.pending.push_back(Box::pin(async move {
-                (Some(ticket.durable().await), answers, seq)
-            })),
+        match self.log.submit(ops, sync).await {
+            Ok(durable) => self
+                .pending
+                .push_back(Box::pin(async move { (Some(durable.await), answers, seq) })),
             Err(e) => self.answer(Err(e), answers).await,
         }
     }
@@ -939,9 +943,9 @@ fn min_seq(a: Option<Seq>, b: Option<Seq>) -> Option<Seq> {
 }
 
 /// What an owner task needs besides its queue.
-pub(crate) struct ActorSetup {
+pub(crate) struct ActorSetup<L> {
     pub(crate) durable: bool,
-    pub(crate) commit: GroupCommit,
+    pub(crate) log: L,
     pub(crate) outbox: Outbox,
     pub(crate) clock: ClockRef,
     pub(crate) store: Arc<dyn QueueStore>,
