@@ -10,7 +10,7 @@ use ferry_kernel::{
 };
 use ferry_store::{GroupCommit, QueueStore};
 
-use crate::actor::{Browsed, Cmd, LeaseResults, QueueHandle};
+use crate::actor::{AdminCmd, Browsed, Cmd, LeaseCmd, LeaseResults, QueueHandle};
 use crate::config::BrokerConfig;
 use crate::disk::{DiskGuard, SendGate};
 use crate::error::Error;
@@ -276,7 +276,7 @@ impl Broker {
     pub async fn seal_queue(&self, name: &QueueName, seal: bool) -> Result<(), Error> {
         let until_ms = seal.then(|| self.clock().now_ms().saturating_add(Self::SEAL_MS));
         self.handle(name)?
-            .call(|reply| Cmd::Seal { until_ms, reply })
+            .call(|reply| Cmd::Admin(AdminCmd::Seal { until_ms, reply }))
             .await
     }
 
@@ -287,7 +287,7 @@ impl Broker {
         sessions: Vec<SessionId>,
     ) -> Result<Vec<u64>, Error> {
         self.handle(queue)?
-            .call(|reply| Cmd::SessionLeases { sessions, reply })
+            .call(|reply| Cmd::Admin(AdminCmd::SessionLeases { sessions, reply }))
             .await
     }
 
@@ -334,11 +334,13 @@ impl Broker {
         defer_sync: bool,
     ) -> Result<LeaseResults<()>, Error> {
         self.handle(queue)?
-            .call(|reply| Cmd::Ack {
-                caller,
-                leases,
-                defer_sync,
-                reply,
+            .call(|reply| {
+                Cmd::Lease(LeaseCmd::Ack {
+                    caller,
+                    leases,
+                    defer_sync,
+                    reply,
+                })
             })
             .await
     }
@@ -355,12 +357,14 @@ impl Broker {
         reject: bool,
     ) -> Result<LeaseResults<()>, Error> {
         self.handle(queue)?
-            .call(|reply| Cmd::Nack {
-                caller,
-                leases,
-                delay_ms,
-                reject,
-                reply,
+            .call(|reply| {
+                Cmd::Lease(LeaseCmd::Nack {
+                    caller,
+                    leases,
+                    delay_ms,
+                    reject,
+                    reply,
+                })
             })
             .await
     }
@@ -373,11 +377,13 @@ impl Broker {
         lease_ms: Option<u64>,
     ) -> Result<LeaseResults<u64>, Error> {
         self.handle(queue)?
-            .call(|reply| Cmd::Extend {
-                caller,
-                leases,
-                lease_ms,
-                reply,
+            .call(|reply| {
+                Cmd::Lease(LeaseCmd::Extend {
+                    caller,
+                    leases,
+                    lease_ms,
+                    reply,
+                })
             })
             .await
     }
@@ -397,10 +403,12 @@ impl Broker {
         for q in queues {
             if let Ok(h) = self.handle(q) {
                 released += h
-                    .call(|reply| Cmd::ReleaseSession {
-                        session,
-                        recover,
-                        reply,
+                    .call(|reply| {
+                        Cmd::Lease(LeaseCmd::ReleaseSession {
+                            session,
+                            recover,
+                            reply,
+                        })
                     })
                     .await?;
             }
@@ -419,7 +427,9 @@ impl Broker {
         let mut renewed = 0;
         for q in queues {
             if let Ok(h) = self.handle(q) {
-                renewed += h.call(|reply| Cmd::RenewSession { session, reply }).await?;
+                renewed += h
+                    .call(|reply| Cmd::Lease(LeaseCmd::RenewSession { session, reply }))
+                    .await?;
             }
         }
         Ok(renewed)
@@ -440,10 +450,12 @@ impl Broker {
             let gone = match self.handle(&q) {
                 Ok(h) => {
                     let r = h
-                        .call(|reply| Cmd::RenewNamed {
-                            session,
-                            named,
-                            reply,
+                        .call(|reply| {
+                            Cmd::Lease(LeaseCmd::RenewNamed {
+                                session,
+                                named,
+                                reply,
+                            })
                         })
                         .await?;
                     renewed += r.renewed;
@@ -467,10 +479,12 @@ impl Broker {
         leases: Vec<LeaseRef>,
     ) -> Result<LeaseResults<()>, Error> {
         self.handle(queue)?
-            .call(|reply| Cmd::ReturnUndelivered {
-                caller,
-                leases,
-                reply: Some(reply),
+            .call(|reply| {
+                Cmd::Lease(LeaseCmd::ReturnUndelivered {
+                    caller,
+                    leases,
+                    reply: Some(reply),
+                })
             })
             .await
     }
@@ -491,11 +505,13 @@ impl Broker {
         selector: Option<Arc<ferry_kernel::Selector>>,
     ) -> Result<Browsed, Error> {
         self.handle(queue)?
-            .call(|reply| Cmd::Browse {
-                after,
-                max,
-                selector,
-                reply,
+            .call(|reply| {
+                Cmd::Admin(AdminCmd::Browse {
+                    after,
+                    max,
+                    selector,
+                    reply,
+                })
             })
             .await
     }
@@ -503,16 +519,20 @@ impl Broker {
     /// Deletes one message by its id, unless a consumer holds it.
     pub async fn delete_message(&self, queue: &QueueName, id: MessageId) -> Result<(), Error> {
         self.handle(queue)?
-            .call(|reply| Cmd::DeleteMessage { id, reply })
+            .call(|reply| Cmd::Admin(AdminCmd::DeleteMessage { id, reply }))
             .await
     }
 
     pub async fn purge(&self, queue: &QueueName) -> Result<u64, Error> {
-        self.handle(queue)?.call(|reply| Cmd::Purge { reply }).await
+        self.handle(queue)?
+            .call(|reply| Cmd::Admin(AdminCmd::Purge { reply }))
+            .await
     }
 
     pub async fn stats(&self, queue: &QueueName) -> Result<QueueStats, Error> {
-        self.handle(queue)?.call(|reply| Cmd::Stats { reply }).await
+        self.handle(queue)?
+            .call(|reply| Cmd::Admin(AdminCmd::Stats { reply }))
+            .await
     }
 
     /// Stops every queue: parked receivers are answered UNAVAILABLE, writes already submitted finish

@@ -399,9 +399,11 @@ impl<L: QueueLog> Queues<L> {
         self.log.write(vec![StoreOp::PutQueue(def.clone())]).await?;
         owned
             .handle
-            .call(|reply| crate::actor::Cmd::SetConfig {
-                config: config.clone(),
-                reply,
+            .call(|reply| {
+                crate::actor::Cmd::Admin(crate::actor::AdminCmd::SetConfig {
+                    config: config.clone(),
+                    reply,
+                })
             })
             .await?;
         if let Some(o) = self

@@ -8,6 +8,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::ops::ControlFlow;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -26,12 +27,14 @@ use crate::error::Error;
 use crate::log::{LogSync, QueueLog};
 use crate::outbox::{BrokerEvent, DeadLetterJob, Outbox, Published};
 
+mod admin;
 mod answers;
 mod handle;
+mod lease;
 mod store_source;
 
-use answers::{answer, answer_after_moves, deliver, Answer};
-pub(crate) use handle::{Browsed, Cmd, LeaseResults, QueueHandle, TxDecision};
+use answers::{answer, deliver, Answer};
+pub(crate) use handle::{AdminCmd, Browsed, Cmd, LeaseCmd, LeaseResults, QueueHandle, TxDecision};
 use store_source::StoreSource;
 
 type Reply<T> = oneshot::Sender<Result<T, Error>>;
@@ -80,7 +83,7 @@ pub(crate) struct QueueActor<L: QueueLog> {
     /// each says when its move is done (see `collect`).
     moving: Vec<oneshot::Receiver<Result<(), Error>>>,
     /// Sends are refused until this time (wall clock, ms): the queue is being deleted because
-    /// it was found empty (see [`Cmd::Seal`]).
+    /// it was found empty (see [`AdminCmd::Seal`]).
     sealed_until_ms: Option<u64>,
 }
 
@@ -151,13 +154,11 @@ impl<L: QueueLog> QueueActor<L> {
             };
             tokio::select! {
                 cmd = self.rx.recv() => match cmd {
-                    Some(Cmd::Stop { deleted, reply }) => {
-                        let count = self.queue.stats();
-                        self.stop(deleted).await;
-                        let _ = reply.send(count.ready + count.scheduled + count.leased);
-                        return;
+                    Some(cmd) => {
+                        if self.handle(cmd).await.is_break() {
+                            return;
+                        }
                     }
-                    Some(cmd) => self.handle(cmd).await,
                     None => {
                         self.stop(false).await;
                         return;
@@ -210,7 +211,7 @@ impl<L: QueueLog> QueueActor<L> {
         result
     }
 
-    /// Refuses a send while the queue is sealed for deletion (see [`Cmd::Seal`]).
+    /// Refuses a send while the queue is sealed for deletion (see [`AdminCmd::Seal`]).
     fn check_unsealed(&mut self, now: u64) -> Result<(), Error> {
         match self.sealed_until_ms {
             Some(until) if now < until => Err(Error::QueueDeleting {
@@ -224,22 +225,13 @@ impl<L: QueueLog> QueueActor<L> {
         }
     }
 
-    async fn handle(&mut self, cmd: Cmd) {
+    /// One command: sends, transactions and receives here, the others by kind (`lease.rs`,
+    /// `admin.rs`). Breaks after [`Cmd::Stop`].
+    async fn handle(&mut self, cmd: Cmd) -> ControlFlow<()> {
         let now = self.clock.now_ms();
-        if matches!(
-            cmd,
-            Cmd::Send { .. } | Cmd::Stage { .. } | Cmd::AcceptDeadLetters { .. }
-        ) {
-            if let Err(e) = self.check_unsealed(now) {
-                if let Cmd::Send { reply, .. }
-                | Cmd::Stage { reply, .. }
-                | Cmd::AcceptDeadLetters { reply, .. } = cmd
-                {
-                    let _ = reply.send(Err(e));
-                }
-                return;
-            }
-        }
+        let Some(cmd) = self.unless_sealed(cmd, now) else {
+            return ControlFlow::Continue(());
+        };
         match cmd {
             Cmd::Send { messages, reply } => match self.queue.send(messages, now) {
                 Ok((ids, fx)) => self.finish(fx, vec![answer(reply, ids)]).await,
@@ -283,119 +275,37 @@ impl<L: QueueLog> QueueActor<L> {
                     self.waiters.remove(&id);
                 }
             }
-            Cmd::ReturnUndelivered {
-                caller,
-                leases,
-                reply,
-            } => {
-                let (results, fx) = self.queue.return_undelivered(caller, &leases, now);
-                let answers = reply.map(|r| answer(r, results)).into_iter().collect();
-                self.finish(fx, answers).await;
+            Cmd::Lease(cmd) => self.on_lease(cmd, now).await,
+            Cmd::Admin(cmd) => self.on_admin(cmd, now).await,
+            Cmd::Stop { deleted, reply } => {
+                let count = self.queue.stats();
+                self.stop(deleted).await;
+                let _ = reply.send(count.ready + count.scheduled + count.leased);
+                return ControlFlow::Break(());
             }
-            Cmd::Ack {
-                caller,
-                leases,
-                defer_sync,
-                reply,
-            } => self.on_ack(caller, leases, defer_sync, reply, now).await,
-            Cmd::Nack {
-                caller,
-                leases,
-                delay_ms,
-                reject,
-                reply,
-            } => {
-                self.on_nack(caller, leases, delay_ms, reject, reply, now)
-                    .await;
-            }
-            Cmd::Extend {
-                caller,
-                leases,
-                lease_ms,
-                reply,
-            } => match self.queue.extend_lease(caller, &leases, lease_ms, now) {
-                Ok((results, fx)) => self.finish(fx, vec![answer(reply, results)]).await,
-                Err(e) => drop(reply.send(Err(e.into()))),
-            },
-            Cmd::RenewSession { session, reply } => {
-                let (renewed, fx) = self.queue.renew_session(session, now);
-                self.finish(fx, vec![answer(reply, renewed)]).await;
-            }
-            Cmd::RenewNamed {
-                session,
-                named,
-                reply,
-            } => {
-                let (renewed, fx) = self.queue.renew_named(session, &named, now);
-                self.finish(fx, vec![answer(reply, renewed)]).await;
-            }
-            Cmd::ReleaseSession {
-                session,
-                recover,
-                reply,
-            } => {
-                let (released, fx) = if recover {
-                    self.queue.recover_session(session, now)
-                } else {
-                    self.queue.release_session(session, now)
-                };
-                self.finish(fx, vec![answer(reply, released)]).await;
-            }
-            Cmd::Browse {
-                after,
-                max,
-                selector,
-                reply,
-            } => {
-                let _ = reply.send(self.browse(after, max, selector.as_deref()));
-            }
-            Cmd::DeleteMessage { id, reply } => self.on_delete_message(&id, reply, now).await,
-            Cmd::Purge { reply } => {
-                let (n, fx) = self.queue.purge(now);
-                self.finish(fx, vec![answer(reply, n)]).await;
-            }
-            Cmd::Stats { reply } => {
-                let mut stats = self.queue.stats();
-                stats.waiters = self.receivers();
-                let _ = reply.send(Ok(stats));
-            }
-            Cmd::SetConfig { config, reply } => {
-                self.queue.set_config(config);
-                let _ = reply.send(Ok(()));
-            }
-            Cmd::Seal { until_ms, reply } => {
-                let answer = match until_ms {
-                    None => {
-                        self.sealed_until_ms = None;
-                        Ok(())
-                    }
-                    Some(until) => {
-                        let s = self.queue.stats();
-                        if s.ready + s.scheduled + s.leased + s.staged > 0 {
-                            Err(Error::NotEmpty {
-                                queue: self.queue.name().to_string(),
-                                ready: s.ready,
-                                scheduled: s.scheduled,
-                                leased: s.leased,
-                                staged: s.staged,
-                            })
-                        } else {
-                            self.sealed_until_ms = Some(until);
-                            Ok(())
-                        }
-                    }
-                };
-                let _ = reply.send(answer);
-            }
-            Cmd::SessionLeases { sessions, reply } => {
-                let counts = sessions
-                    .iter()
-                    .map(|s| self.queue.leases_held_by(*s))
-                    .collect();
-                let _ = reply.send(Ok(counts));
-            }
-            Cmd::Stop { .. } => unreachable!("handled in run"),
         }
+        ControlFlow::Continue(())
+    }
+
+    /// `cmd`, unless it is a send the sealed queue refuses (then answered here).
+    fn unless_sealed(&mut self, cmd: Cmd, now: u64) -> Option<Cmd> {
+        let sends = matches!(
+            cmd,
+            Cmd::Send { .. } | Cmd::Stage { .. } | Cmd::AcceptDeadLetters { .. }
+        );
+        if !sends {
+            return Some(cmd);
+        }
+        let Err(e) = self.check_unsealed(now) else {
+            return Some(cmd);
+        };
+        if let Cmd::Send { reply, .. }
+        | Cmd::Stage { reply, .. }
+        | Cmd::AcceptDeadLetters { reply, .. } = cmd
+        {
+            let _ = reply.send(Err(e));
+        }
+        None
     }
 
     async fn on_receive(
@@ -430,54 +340,6 @@ impl<L: QueueLog> QueueActor<L> {
                 unreachable!("receive_paged answers from the store")
             }
             Err(e) => drop(reply.send(Err(e))),
-        }
-    }
-
-    async fn on_ack(
-        &mut self,
-        caller: Caller,
-        leases: Vec<LeaseRef>,
-        defer_sync: bool,
-        reply: Reply<LeaseResults<()>>,
-        now: u64,
-    ) {
-        let (results, fx) = self.queue.ack(caller, &leases, now);
-        // Deferred only when the answer is all that waits: a hand-off or a dead letter the
-        // ack's time passing produced goes out as soon as it is durable.
-        let defer = defer_sync && fx.handed.is_empty() && fx.dead_letters.is_empty();
-        self.finish_with(fx, vec![answer(reply, results)], defer)
-            .await;
-    }
-
-    async fn on_nack(
-        &mut self,
-        caller: Caller,
-        leases: Vec<LeaseRef>,
-        delay_ms: Option<u64>,
-        reject: bool,
-        reply: Reply<LeaseResults<()>>,
-        now: u64,
-    ) {
-        let (results, fx) = self.queue.nack(caller, &leases, delay_ms, reject, now);
-        let mut answers = vec![];
-        let ops = self.collect(fx, &mut answers);
-        // A rejected message is answered for once it is where the answer says it went.
-        let moving = std::mem::take(&mut self.moving);
-        answers.push(answer_after_moves(reply, results, moving));
-        self.submit(ops, answers).await;
-    }
-
-    /// Deletes one message by id: it is brought into memory first if it is paged out.
-    async fn on_delete_message(&mut self, id: &MessageId, reply: Reply<()>, now: u64) {
-        let fx = self.pull_by_id(id, now);
-        self.finish(fx, vec![]).await;
-        let (result, fx) = self.queue.delete_message(id, now);
-        match result {
-            Ok(()) => self.finish(fx, vec![answer(reply, ())]).await,
-            Err(e) => {
-                let _ = reply.send(Err(e.into()));
-                self.finish(fx, vec![]).await;
-            }
         }
     }
 
