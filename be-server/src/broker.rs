@@ -10,11 +10,12 @@ use ferry_kernel::{
 };
 use ferry_store::{GroupCommit, QueueStore};
 
-use crate::actor::{Browsed, Cmd, LeaseResults, QueueHandle};
+use crate::actor::{AdminCmd, Browsed, Cmd, LeaseCmd, LeaseResults, QueueHandle};
 use crate::config::BrokerConfig;
 use crate::disk::{DiskGuard, SendGate};
 use crate::error::Error;
 use crate::history::History;
+use crate::log::LocalLog;
 use crate::outbox::Outbox;
 use crate::queues::{Queues, Recovered};
 
@@ -78,8 +79,9 @@ impl Broker {
             config.history_max_steps,
         ));
         let (outbox, jobs) = Outbox::new(history);
+        let log = LocalLog::new(commit);
         let queues = Arc::new(Queues::recover(
-            config, commit, outbox, clock, store, recovered,
+            config, log, outbox, clock, store, recovered,
         ));
         crate::dead_letter::start(Arc::downgrade(&queues), jobs);
         queues.create_missing_targets().await?;
@@ -134,7 +136,7 @@ impl Broker {
 
     /// Group commit's counters since the node started.
     pub fn commit_stats(&self) -> CommitCounts {
-        let s = self.inner.queues.commit.stats();
+        let s = self.inner.queues.log.group_commit().stats();
         let load = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
         CommitCounts {
             writes: load(&s.writes),
@@ -148,7 +150,7 @@ impl Broker {
     pub fn commit_histograms(
         &self,
     ) -> (ferry_store::BucketsSnapshot, ferry_store::BucketsSnapshot) {
-        let s = self.inner.queues.commit.stats();
+        let s = self.inner.queues.log.group_commit().stats();
         (s.write_micros.snapshot(), s.batch_submissions.snapshot())
     }
 
@@ -274,7 +276,7 @@ impl Broker {
     pub async fn seal_queue(&self, name: &QueueName, seal: bool) -> Result<(), Error> {
         let until_ms = seal.then(|| self.clock().now_ms().saturating_add(Self::SEAL_MS));
         self.handle(name)?
-            .call(|reply| Cmd::Seal { until_ms, reply })
+            .call(|reply| Cmd::Admin(AdminCmd::Seal { until_ms, reply }))
             .await
     }
 
@@ -285,7 +287,7 @@ impl Broker {
         sessions: Vec<SessionId>,
     ) -> Result<Vec<u64>, Error> {
         self.handle(queue)?
-            .call(|reply| Cmd::SessionLeases { sessions, reply })
+            .call(|reply| Cmd::Admin(AdminCmd::SessionLeases { sessions, reply }))
             .await
     }
 
@@ -332,11 +334,13 @@ impl Broker {
         defer_sync: bool,
     ) -> Result<LeaseResults<()>, Error> {
         self.handle(queue)?
-            .call(|reply| Cmd::Ack {
-                caller,
-                leases,
-                defer_sync,
-                reply,
+            .call(|reply| {
+                Cmd::Lease(LeaseCmd::Ack {
+                    caller,
+                    leases,
+                    defer_sync,
+                    reply,
+                })
             })
             .await
     }
@@ -353,12 +357,14 @@ impl Broker {
         reject: bool,
     ) -> Result<LeaseResults<()>, Error> {
         self.handle(queue)?
-            .call(|reply| Cmd::Nack {
-                caller,
-                leases,
-                delay_ms,
-                reject,
-                reply,
+            .call(|reply| {
+                Cmd::Lease(LeaseCmd::Nack {
+                    caller,
+                    leases,
+                    delay_ms,
+                    reject,
+                    reply,
+                })
             })
             .await
     }
@@ -371,11 +377,13 @@ impl Broker {
         lease_ms: Option<u64>,
     ) -> Result<LeaseResults<u64>, Error> {
         self.handle(queue)?
-            .call(|reply| Cmd::Extend {
-                caller,
-                leases,
-                lease_ms,
-                reply,
+            .call(|reply| {
+                Cmd::Lease(LeaseCmd::Extend {
+                    caller,
+                    leases,
+                    lease_ms,
+                    reply,
+                })
             })
             .await
     }
@@ -395,10 +403,12 @@ impl Broker {
         for q in queues {
             if let Ok(h) = self.handle(q) {
                 released += h
-                    .call(|reply| Cmd::ReleaseSession {
-                        session,
-                        recover,
-                        reply,
+                    .call(|reply| {
+                        Cmd::Lease(LeaseCmd::ReleaseSession {
+                            session,
+                            recover,
+                            reply,
+                        })
                     })
                     .await?;
             }
@@ -417,7 +427,9 @@ impl Broker {
         let mut renewed = 0;
         for q in queues {
             if let Ok(h) = self.handle(q) {
-                renewed += h.call(|reply| Cmd::RenewSession { session, reply }).await?;
+                renewed += h
+                    .call(|reply| Cmd::Lease(LeaseCmd::RenewSession { session, reply }))
+                    .await?;
             }
         }
         Ok(renewed)
@@ -438,10 +450,12 @@ impl Broker {
             let gone = match self.handle(&q) {
                 Ok(h) => {
                     let r = h
-                        .call(|reply| Cmd::RenewNamed {
-                            session,
-                            named,
-                            reply,
+                        .call(|reply| {
+                            Cmd::Lease(LeaseCmd::RenewNamed {
+                                session,
+                                named,
+                                reply,
+                            })
                         })
                         .await?;
                     renewed += r.renewed;
@@ -465,10 +479,12 @@ impl Broker {
         leases: Vec<LeaseRef>,
     ) -> Result<LeaseResults<()>, Error> {
         self.handle(queue)?
-            .call(|reply| Cmd::ReturnUndelivered {
-                caller,
-                leases,
-                reply: Some(reply),
+            .call(|reply| {
+                Cmd::Lease(LeaseCmd::ReturnUndelivered {
+                    caller,
+                    leases,
+                    reply: Some(reply),
+                })
             })
             .await
     }
@@ -489,11 +505,13 @@ impl Broker {
         selector: Option<Arc<ferry_kernel::Selector>>,
     ) -> Result<Browsed, Error> {
         self.handle(queue)?
-            .call(|reply| Cmd::Browse {
-                after,
-                max,
-                selector,
-                reply,
+            .call(|reply| {
+                Cmd::Admin(AdminCmd::Browse {
+                    after,
+                    max,
+                    selector,
+                    reply,
+                })
             })
             .await
     }
@@ -501,16 +519,20 @@ impl Broker {
     /// Deletes one message by its id, unless a consumer holds it.
     pub async fn delete_message(&self, queue: &QueueName, id: MessageId) -> Result<(), Error> {
         self.handle(queue)?
-            .call(|reply| Cmd::DeleteMessage { id, reply })
+            .call(|reply| Cmd::Admin(AdminCmd::DeleteMessage { id, reply }))
             .await
     }
 
     pub async fn purge(&self, queue: &QueueName) -> Result<u64, Error> {
-        self.handle(queue)?.call(|reply| Cmd::Purge { reply }).await
+        self.handle(queue)?
+            .call(|reply| Cmd::Admin(AdminCmd::Purge { reply }))
+            .await
     }
 
     pub async fn stats(&self, queue: &QueueName) -> Result<QueueStats, Error> {
-        self.handle(queue)?.call(|reply| Cmd::Stats { reply }).await
+        self.handle(queue)?
+            .call(|reply| Cmd::Admin(AdminCmd::Stats { reply }))
+            .await
     }
 
     /// Stops every queue: parked receivers are answered UNAVAILABLE, writes already submitted finish

@@ -7,9 +7,7 @@
 
 use std::sync::Weak;
 
-use ferry_kernel::{
-    DeadLetter, NewMessage, PropertyValue, QueueConfig, QueueName, RedeliveryPolicy,
-};
+use ferry_kernel::{DeadLetter, NewMessage, PropertyValue, QueueName};
 use ferry_store::StoreOp;
 use tokio::sync::mpsc;
 
@@ -23,21 +21,6 @@ pub const REASON_PROPERTY: &str = "FerryDeadLetterReason";
 pub const ORIGINAL_QUEUE_PROPERTY: &str = "FerryOriginalQueue";
 pub const ORIGINAL_MESSAGE_ID_PROPERTY: &str = "FerryOriginalMessageId";
 pub const DELIVERY_COUNT_PROPERTY: &str = "FerryDeliveryCount";
-
-/// The settings of a dead-letter queue created on demand: like its source queue, but it keeps
-/// what it is given (no redelivery limit, no further dead-lettering, room for any message its
-/// source accepted).
-pub(crate) fn dead_letter_queue_config(source: &QueueConfig) -> QueueConfig {
-    QueueConfig {
-        redelivery: RedeliveryPolicy {
-            max_redeliveries: None,
-            ..RedeliveryPolicy::default()
-        },
-        dead_letter: ferry_kernel::DeadLetterTarget::Discard,
-        expiry: ferry_kernel::DeadLetterTarget::Discard,
-        ..source.clone()
-    }
-}
 
 /// What the dead-letter queue stores for a dead letter: the original message (body, properties,
 /// headers, priority, group) without its expiry or delay, plus why and from where.

@@ -13,9 +13,11 @@ mod disk;
 mod error;
 pub mod faults;
 mod history;
+mod log;
 mod outbox;
 mod queues;
 mod service;
+mod targets;
 mod tx;
 
 pub use broker::{Broker, CommitCounts, QueueSummary};

@@ -1,19 +1,21 @@
 //! The registry of the queues this back-end owns: creating, recovering, finding, deleting and
-//! stopping them, each with its owner task (`actor.rs`). The broker (`broker.rs`) and the
-//! dead-letter mover (`dead_letter.rs`) both use it; it uses neither.
+//! stopping them, each with its owner task (`actor/`). The broker (`broker.rs`) and the
+//! dead-letter mover (`dead_letter.rs`) both use it; it uses neither (what a queue's dead-letter
+//! queue is, both take from `targets.rs`).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 
 use ferry_kernel::{ClockRef, KernelError, Queue, QueueConfig, QueueName, QueueUid};
-use ferry_store::{GroupCommit, QueueDef, QueueStore, RecoveredQueue, StoreOp};
+use ferry_store::{QueueDef, QueueStore, RecoveredQueue, StoreOp};
 
 use crate::actor::{ActorSetup, QueueActor, QueueHandle};
 use crate::config::{queue_budget, BrokerConfig};
-use crate::dead_letter::dead_letter_queue_config;
 use crate::error::Error;
+use crate::log::{LocalLog, QueueLog};
 use crate::outbox::Outbox;
+use crate::targets::{dead_letter_queue_config, targets_up_front};
 
 /// What a listing shows of a queue.
 #[derive(Debug, Clone, PartialEq)]
@@ -38,11 +40,12 @@ pub(crate) struct Owned {
 /// placement snapshot numbers it; the metadata group moves it on with every change of owner.
 pub const STATIC_PLACEMENT_EPOCH: u64 = 1;
 
-/// See the module docs.
+/// See the module docs. Writes through the log `L`: its queues' owner tasks, and its own
+/// writes (a queue's definition), which go through the same log so they are ordered with them.
 #[derive(Debug)]
-pub(crate) struct Queues {
+pub(crate) struct Queues<L: QueueLog = LocalLog> {
     pub(crate) config: BrokerConfig,
-    pub(crate) commit: GroupCommit,
+    pub(crate) log: L,
     pub(crate) outbox: Outbox,
     pub(crate) clock: ClockRef,
     /// Read by the queues' paging.
@@ -61,11 +64,11 @@ pub(crate) struct Queues {
 /// A queue read back from the store, with its delayed messages (kept in memory).
 pub(crate) type Recovered = (RecoveredQueue, Vec<ferry_kernel::RecoveredMessage>);
 
-impl Queues {
+impl<L: QueueLog> Queues<L> {
     /// The registry of the queues recovered from the store, each with its owner task started.
     pub(crate) fn recover(
         config: BrokerConfig,
-        commit: GroupCommit,
+        log: L,
         outbox: Outbox,
         clock: ClockRef,
         store: Arc<dyn QueueStore>,
@@ -74,7 +77,7 @@ impl Queues {
         let budget = Arc::new(AtomicU64::new(queue_budget(&config, recovered.len())));
         let this = Self {
             config,
-            commit,
+            log,
             outbox,
             clock,
             store,
@@ -183,10 +186,10 @@ impl Queues {
         self.owned(queue).map(|o| o.handle)
     }
 
-    fn setup(&self, durable: bool) -> ActorSetup {
+    fn setup(&self, durable: bool) -> ActorSetup<L> {
         ActorSetup {
             durable,
-            commit: self.commit.clone(),
+            log: self.log.clone(),
             outbox: self.outbox.clone(),
             clock: Arc::clone(&self.clock),
             store: Arc::clone(&self.store),
@@ -286,9 +289,7 @@ impl Queues {
             config,
         };
         if !temporary {
-            self.commit
-                .commit(vec![StoreOp::PutQueue(def.clone())])
-                .await?;
+            self.log.write(vec![StoreOp::PutQueue(def.clone())]).await?;
         }
         let mut q = Queue::new(name.clone(), uid, def.config.clone());
         // What cannot be paged out (non-persistent and staged messages) stops at the per-queue
@@ -355,8 +356,8 @@ impl Queues {
         let held = owned.handle.stop(true).await;
         self.share_budget();
         if !owned.temporary {
-            self.commit
-                .commit(vec![StoreOp::DeleteQueue(owned.def.uid)])
+            self.log
+                .write(vec![StoreOp::DeleteQueue(owned.def.uid)])
                 .await?;
         }
         tracing::info!(queue = %name, messages = held, "queue deleted");
@@ -395,14 +396,14 @@ impl Queues {
             config: config.clone(),
             ..owned.def.clone()
         };
-        self.commit
-            .commit(vec![StoreOp::PutQueue(def.clone())])
-            .await?;
+        self.log.write(vec![StoreOp::PutQueue(def.clone())]).await?;
         owned
             .handle
-            .call(|reply| crate::actor::Cmd::SetConfig {
-                config: config.clone(),
-                reply,
+            .call(|reply| {
+                crate::actor::Cmd::Admin(crate::actor::AdminCmd::SetConfig {
+                    config: config.clone(),
+                    reply,
+                })
             })
             .await?;
         if let Some(o) = self
@@ -450,13 +451,6 @@ impl Queues {
     }
 }
 
-/// Whether a queue's dead-letter and expiry queues are created with it. Not for a temporary
-/// queue (it keeps nothing), nor for one named like a dead-letter queue (no `X.DLQ.DLQ` beside
-/// every `X.DLQ` a user creates; should it dead-letter, one is made on demand).
-fn targets_up_front(name: &QueueName, temporary: bool) -> bool {
-    !temporary && !name.as_str().ends_with(".DLQ")
-}
-
 fn summary(o: &Owned) -> QueueSummary {
     QueueSummary {
         name: o.def.name.clone(),
@@ -481,7 +475,8 @@ pub(crate) fn validate_config(name: &QueueName, c: &QueueConfig) -> Result<(), E
                 return Err(Error::Kernel(KernelError::InvalidArgument {
                     field,
                     reason: format!(
-                        "the default {name}.DLQ is not a valid queue name (names are at most {} bytes); name another queue or discard",
+                        "the default {name}{} is not a valid queue name (names are at most {} bytes); name another queue or discard",
+                        QueueName::DEAD_LETTER_SUFFIX,
                         QueueName::LEN_MAX
                     ),
                 }));

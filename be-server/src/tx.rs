@@ -6,12 +6,13 @@
 use std::collections::{BTreeMap, HashSet};
 
 use ferry_kernel::{LeaseRef, MessageId, NewMessage, QueueName, SessionId};
-use ferry_store::{GroupCommit, StoreError};
+use ferry_store::StoreError;
 use tokio::sync::oneshot;
 
 use crate::actor::{Cmd, QueueHandle, TxDecision};
 use crate::broker::Broker;
 use crate::error::Error;
+use crate::log::{LogSync, QueueLog};
 
 impl Broker {
     /// Stages sends of a transacted session: invisible until [`Broker::commit`].
@@ -61,7 +62,7 @@ impl Broker {
                 return Err(e);
             }
         };
-        let commit = self.inner.queues.commit.clone();
+        let log = self.inner.queues.log.clone();
         let broker = self.clone();
         tokio::spawn(async move {
             let decisions = match prepare_all(session, handles).await {
@@ -75,7 +76,7 @@ impl Broker {
                     return Err(e);
                 }
             };
-            write_decided(&commit, decisions).await.map_err(Error::from)
+            write_decided(&log, decisions).await.map_err(Error::from)
         })
         .await
         .map_err(|_| Error::ShuttingDown)?
@@ -166,7 +167,7 @@ async fn prepare_all(
 /// queue learns when it is durable (and goes on only once the batch is queued, so no later
 /// write of the queue can reach the disk before it).
 async fn write_decided(
-    commit: &GroupCommit,
+    log: &impl QueueLog,
     decisions: Vec<oneshot::Sender<TxDecision>>,
 ) -> Result<(), StoreError> {
     let mut writes = Vec::with_capacity(decisions.len());
@@ -192,14 +193,14 @@ async fn write_decided(
     let ticket = if ops.is_empty() {
         None
     } else {
-        Some(commit.submit(ops).await)
+        Some(log.submit(ops, LogSync::Now).await)
     };
     for s in submitted {
         let _ = s.send(());
     }
     let written = match ticket {
         None => Ok(()),
-        Some(Ok(t)) => t.durable().await,
+        Some(Ok(durable)) => durable.await,
         Some(Err(e)) => Err(e),
     };
     for d in durables {

@@ -342,10 +342,11 @@ impl pb::admin_server::Admin for AdminService {
     ) -> Reply<pb::CreateQueueResponse> {
         let r = req.into_inner();
         let name = queue_name(&r.name)?;
-        if name.as_str().starts_with("tmp.") {
-            return Err(Status::invalid_argument(
-                "queue names starting with \"tmp.\" are reserved for temporary queues",
-            ));
+        if name.is_temporary() {
+            return Err(Status::invalid_argument(format!(
+                "queue names starting with {:?} are reserved for temporary queues",
+                QueueName::TEMPORARY_PREFIX
+            )));
         }
         if let Some(catalog) = &self.catalog {
             return self.create_in_catalog(catalog, &name, r).await;
@@ -364,7 +365,7 @@ impl pb::admin_server::Admin for AdminService {
             let target = match target.as_ref().and_then(|t| t.target.as_ref()) {
                 Some(Target::Queue(q)) => queue_name(q)?,
                 Some(Target::Discard(true)) => continue,
-                _ => queue_name(&format!("{name}.DLQ"))?,
+                _ => queue_name(&format!("{name}{}", QueueName::DEAD_LETTER_SUFFIX))?,
             };
             let target_owner = self.router().owner_of(&target).node;
             if target_owner != owner {
@@ -560,7 +561,7 @@ impl pb::admin_server::Admin for AdminService {
     ) -> Reply<pb::UpdateQueueResponse> {
         let r = req.into_inner();
         let name = queue_name(&r.name)?;
-        if name.as_str().starts_with("tmp.") {
+        if name.is_temporary() {
             return Err(Status::invalid_argument(format!(
                 "name: {name} is a temporary queue: it has no settings to change, and lives only as long as its connection"
             )));

@@ -99,11 +99,7 @@ impl Placement {
     /// `<queue>`, and any other queue on this node (for now: the metadata group will give every
     /// queue an entry).
     pub fn owner_of(&self, queue: &QueueName) -> Owner {
-        if let Some(node) = queue
-            .as_str()
-            .strip_prefix("tmp.")
-            .and_then(|rest| rest.split('.').next())
-        {
+        if let Some(node) = queue.temporary_node() {
             if let Some((node, _)) = self.nodes.get_key_value(node) {
                 return Owner {
                     node: node.clone(),
@@ -115,11 +111,7 @@ impl Placement {
             return owner.clone();
         }
         // A dead-letter queue is created on demand next to its queue.
-        if let Some(base) = queue
-            .as_str()
-            .strip_suffix(".DLQ")
-            .and_then(|b| QueueName::new(b).ok())
-        {
+        if let Some(base) = queue.dead_letter_source() {
             return self.owner_of(&base);
         }
         Owner {

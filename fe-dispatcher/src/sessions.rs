@@ -592,7 +592,7 @@ impl Sessions {
         // Named by the connection's public form: everyone who receives a request sees its
         // reply queue's name, and must not learn the connection id from it.
         let public = self.public.connection(connection);
-        let name = QueueName::new(format!("tmp.{node}.{public}.{}", c.temporary_seq))?;
+        let name = QueueName::temporary(node, public, c.temporary_seq)?;
         c.temporary_queues.insert(name.clone());
         c.expires_at = Instant::now() + c.lease;
         Ok(name)

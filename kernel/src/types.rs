@@ -51,6 +51,54 @@ impl QueueName {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// The prefix reserved for temporary queues: `tmp.<node>.<connection>.<n>`.
+    pub const TEMPORARY_PREFIX: &'static str = "tmp.";
+    /// The suffix of a queue's default dead-letter (and expiry) queue: `<queue>.DLQ`.
+    pub const DEAD_LETTER_SUFFIX: &'static str = ".DLQ";
+
+    /// The name of a connection's `seq`-th temporary queue, on `node`.
+    pub fn temporary(
+        node: &NodeId,
+        connection: impl fmt::Display,
+        seq: u64,
+    ) -> Result<Self, KernelError> {
+        Self::new(format!(
+            "{}{node}.{connection}.{seq}",
+            Self::TEMPORARY_PREFIX
+        ))
+    }
+
+    /// Whether the name is in the space reserved for temporary queues (`tmp.`).
+    pub fn is_temporary(&self) -> bool {
+        self.0.starts_with(Self::TEMPORARY_PREFIX)
+    }
+
+    /// The node a temporary queue lives on, as its name says; `None` for any other queue.
+    pub fn temporary_node(&self) -> Option<&str> {
+        self.0
+            .strip_prefix(Self::TEMPORARY_PREFIX)
+            .and_then(|rest| rest.split('.').next())
+    }
+
+    /// Whether the name is that of a default dead-letter queue (`<queue>.DLQ`).
+    pub fn is_dead_letter_queue(&self) -> bool {
+        self.0.ends_with(Self::DEAD_LETTER_SUFFIX)
+    }
+
+    /// This queue's default dead-letter (and expiry) queue, `<queue>.DLQ`; `None` if that name
+    /// would be longer than [`QueueName::LEN_MAX`].
+    pub fn dead_letter_queue(&self) -> Option<QueueName> {
+        QueueName::new(format!("{}{}", self.0, Self::DEAD_LETTER_SUFFIX)).ok()
+    }
+
+    /// The queue whose default dead-letter queue this is (`orders` for `orders.DLQ`); `None` if
+    /// this is not named like one.
+    pub fn dead_letter_source(&self) -> Option<QueueName> {
+        self.0
+            .strip_suffix(Self::DEAD_LETTER_SUFFIX)
+            .and_then(|base| QueueName::new(base).ok())
+    }
 }
 
 impl fmt::Display for QueueName {
@@ -503,6 +551,51 @@ pub(crate) type SharedMessage = Arc<Message>;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn q(name: &str) -> QueueName {
+        QueueName::new(name).unwrap()
+    }
+
+    #[test]
+    fn temporary_queue_names_carry_their_node() {
+        let node = NodeId::new("node-1").unwrap();
+        let tmp = QueueName::temporary(&node, "x7", 3).unwrap();
+        assert_eq!(tmp.as_str(), "tmp.node-1.x7.3");
+        assert!(tmp.is_temporary());
+        assert_eq!(tmp.temporary_node(), Some("node-1"));
+        assert!(!q("orders").is_temporary());
+        assert_eq!(q("orders").temporary_node(), None);
+        // The prefix is the rule, with its dot: `tmpfoo` is an ordinary queue.
+        assert!(!q("tmpfoo").is_temporary());
+        assert!(q("tmp.").is_temporary());
+        assert_eq!(q("tmp.").temporary_node(), Some(""));
+    }
+
+    #[test]
+    fn dead_letter_queue_is_named_after_its_queue() {
+        let orders = q("orders.eu");
+        let dlq = orders.dead_letter_queue().unwrap();
+        assert_eq!(dlq.as_str(), "orders.eu.DLQ");
+        assert!(dlq.is_dead_letter_queue());
+        assert!(!orders.is_dead_letter_queue());
+        assert_eq!(dlq.dead_letter_source(), Some(orders));
+        assert_eq!(q("orders").dead_letter_source(), None);
+        // The suffix is case-sensitive and needs its dot.
+        assert!(!q("orders.dlq").is_dead_letter_queue());
+        assert!(!q("ordersDLQ").is_dead_letter_queue());
+        assert_eq!(q("x.DLQ").dead_letter_source(), Some(q("x")));
+    }
+
+    #[test]
+    fn dead_letter_queue_of_a_longest_name_does_not_exist() {
+        let longest = q(&"a".repeat(QueueName::LEN_MAX));
+        assert_eq!(longest.dead_letter_queue(), None);
+        let fits = q(&"a".repeat(QueueName::LEN_MAX - QueueName::DEAD_LETTER_SUFFIX.len()));
+        assert_eq!(
+            fits.dead_letter_queue().unwrap().as_str().len(),
+            QueueName::LEN_MAX
+        );
+    }
 
     #[test]
     fn shown_values_are_short_and_single_line() {

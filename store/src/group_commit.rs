@@ -9,8 +9,11 @@
 //! still means "durable"; it just does not occupy the disk on its own, so a send that arrives
 //! meanwhile is not queued behind an fsync for an acknowledgement.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -134,7 +137,19 @@ pub struct CommitTicket(oneshot::Receiver<Result<(), StoreError>>);
 
 impl CommitTicket {
     pub async fn durable(self) -> Result<(), StoreError> {
-        self.0.await.unwrap_or(Err(StoreError::Closed))
+        self.await
+    }
+}
+
+/// A ticket is also the future of its durability (as [`CommitTicket::durable`]), a type that
+/// can be named: the back-end's log interface hands it out as its durability future.
+impl Future for CommitTicket {
+    type Output = Result<(), StoreError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        Pin::new(&mut self.0)
+            .poll(cx)
+            .map(|r| r.unwrap_or(Err(StoreError::Closed)))
     }
 }
 

@@ -63,6 +63,20 @@ pub(crate) enum Cmd {
     CancelReceive {
         ticket: u64,
     },
+    /// About deliveries already made: giving them back, acknowledging, renewing.
+    Lease(LeaseCmd),
+    /// Reading and managing the queue as a whole.
+    Admin(AdminCmd),
+    /// Ends the task; pending writes finish first. Parked receivers are answered NOT_FOUND
+    /// when the queue is `deleted`, else (the node is stopping) UNAVAILABLE.
+    Stop {
+        deleted: bool,
+        reply: oneshot::Sender<u64>,
+    },
+}
+
+/// Commands about deliveries already made (see [`Cmd::Lease`]).
+pub(crate) enum LeaseCmd {
     /// Deliveries that never reached their consumer: those that reached the caller's side after
     /// it stopped waiting (`Caller::Backend`, no answer), or prefetched messages a consumer gives
     /// back unseen (answered per lease).
@@ -111,6 +125,10 @@ pub(crate) enum Cmd {
         recover: bool,
         reply: Reply<u64>,
     },
+}
+
+/// Commands reading and managing the queue as a whole (see [`Cmd::Admin`]).
+pub(crate) enum AdminCmd {
     Browse {
         after: Option<ferry_kernel::Seq>,
         max: usize,
@@ -142,12 +160,6 @@ pub(crate) enum Cmd {
     SessionLeases {
         sessions: Vec<SessionId>,
         reply: Reply<Vec<u64>>,
-    },
-    /// Ends the task; pending writes finish first. Parked receivers are answered NOT_FOUND
-    /// when the queue is `deleted`, else (the node is stopping) UNAVAILABLE.
-    Stop {
-        deleted: bool,
-        reply: oneshot::Sender<u64>,
     },
 }
 
@@ -247,11 +259,13 @@ impl Drop for CancelOnDrop {
         // returns the messages itself. Whatever was sent before is still readable here.
         rx.close();
         let cmd = match rx.try_recv() {
-            Ok(Ok(deliveries)) if !deliveries.is_empty() => Cmd::ReturnUndelivered {
-                caller: Caller::Backend,
-                leases: deliveries.iter().map(Delivery::lease_ref).collect(),
-                reply: None,
-            },
+            Ok(Ok(deliveries)) if !deliveries.is_empty() => {
+                Cmd::Lease(LeaseCmd::ReturnUndelivered {
+                    caller: Caller::Backend,
+                    leases: deliveries.iter().map(Delivery::lease_ref).collect(),
+                    reply: None,
+                })
+            }
             _ => Cmd::CancelReceive {
                 ticket: self.ticket,
             },

@@ -1,12 +1,14 @@
 //! The owner task of one queue. It alone touches the queue's kernel state; callers talk to it
 //! through a bounded channel. No lock is held across an `.await`.
 //!
-//! Persist, then reply: an operation's effects go to group commit, and everyone the operation
-//! answers (the caller, receivers handed a message) is answered only once the write is durable.
-//! Commits complete in submission order, so a receiver never sees a message before it is on disk.
+//! Persist, then reply: an operation's effects go to the queue's log (`log.rs`), and everyone the
+//! operation answers (the caller, receivers handed a message) is answered only once the write is
+//! durable. Writes become durable in submission order, so a receiver never sees a message before
+//! it is on disk.
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::ops::ControlFlow;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -17,19 +19,22 @@ use ferry_kernel::{
     PagedError, Queue, QueueName, ReceiveOutcome, ReceiveRequest, RecoveredMessage, Seq, SessionId,
     WaiterId,
 };
-use ferry_store::{GroupCommit, QueueStore, StoreError, StoreOp};
+use ferry_store::{QueueStore, StoreError, StoreOp};
 use futures::stream::{FuturesOrdered, StreamExt};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::error::Error;
+use crate::log::{LogSync, QueueLog};
 use crate::outbox::{BrokerEvent, DeadLetterJob, Outbox, Published};
 
+mod admin;
 mod answers;
 mod handle;
+mod lease;
 mod store_source;
 
-use answers::{answer, answer_after_moves, deliver, Answer};
-pub(crate) use handle::{Browsed, Cmd, LeaseResults, QueueHandle, TxDecision};
+use answers::{answer, deliver, Answer};
+pub(crate) use handle::{AdminCmd, Browsed, Cmd, LeaseCmd, LeaseResults, QueueHandle, TxDecision};
 use store_source::StoreSource;
 
 type Reply<T> = oneshot::Sender<Result<T, Error>>;
@@ -50,11 +55,13 @@ type Moving = (Vec<DeadLetter>, Vec<BrokerEvent>);
 /// How many page reads one fill of the window may make before the task serves commands again.
 const FILL_READS_MAX: usize = 16;
 
-pub(crate) struct QueueActor {
+/// The owner task of one queue, writing through the log `L` (static dispatch: the hot path
+/// makes no allocation for it).
+pub(crate) struct QueueActor<L: QueueLog> {
     queue: Queue,
     /// Temporary queues keep nothing on disk (and discard their dead letters).
     durable: bool,
-    commit: GroupCommit,
+    log: L,
     /// Read by paging (durable queues only), synchronously: reads are short and bounded.
     store: Arc<dyn QueueStore>,
     /// The memory budget of each durable queue of this back-end (it changes as queues come and
@@ -76,7 +83,7 @@ pub(crate) struct QueueActor {
     /// each says when its move is done (see `collect`).
     moving: Vec<oneshot::Receiver<Result<(), Error>>>,
     /// Sends are refused until this time (wall clock, ms): the queue is being deleted because
-    /// it was found empty (see [`Cmd::Seal`]).
+    /// it was found empty (see [`AdminCmd::Seal`]).
     sealed_until_ms: Option<u64>,
 }
 
@@ -88,12 +95,12 @@ struct Parked {
     reply: Reply<Vec<Delivery>>,
 }
 
-impl QueueActor {
+impl<L: QueueLog> QueueActor<L> {
     /// Starts the owner task of `queue`; `delayed` are its recovered messages with a delivery
     /// time still to come (they are kept in memory, whatever the budget).
     pub(crate) fn spawn(
         queue: Queue,
-        setup: ActorSetup,
+        setup: ActorSetup<L>,
         delayed: Vec<RecoveredMessage>,
     ) -> QueueHandle {
         let (tx, rx) = mpsc::channel(setup.capacity.max(1));
@@ -102,7 +109,7 @@ impl QueueActor {
             applied: queue.next_seq(),
             queue,
             durable: setup.durable,
-            commit: setup.commit,
+            log: setup.log,
             store: setup.store,
             budget: setup.budget,
             outbox: setup.outbox,
@@ -147,13 +154,11 @@ impl QueueActor {
             };
             tokio::select! {
                 cmd = self.rx.recv() => match cmd {
-                    Some(Cmd::Stop { deleted, reply }) => {
-                        let count = self.queue.stats();
-                        self.stop(deleted).await;
-                        let _ = reply.send(count.ready + count.scheduled + count.leased);
-                        return;
+                    Some(cmd) => {
+                        if self.handle(cmd).await.is_break() {
+                            return;
+                        }
                     }
-                    Some(cmd) => self.handle(cmd).await,
                     None => {
                         self.stop(false).await;
                         return;
@@ -206,7 +211,7 @@ impl QueueActor {
         result
     }
 
-    /// Refuses a send while the queue is sealed for deletion (see [`Cmd::Seal`]).
+    /// Refuses a send while the queue is sealed for deletion (see [`AdminCmd::Seal`]).
     fn check_unsealed(&mut self, now: u64) -> Result<(), Error> {
         match self.sealed_until_ms {
             Some(until) if now < until => Err(Error::QueueDeleting {
@@ -220,22 +225,13 @@ impl QueueActor {
         }
     }
 
-    async fn handle(&mut self, cmd: Cmd) {
+    /// One command: sends, transactions and receives here, the others by kind (`lease.rs`,
+    /// `admin.rs`). Breaks after [`Cmd::Stop`].
+    async fn handle(&mut self, cmd: Cmd) -> ControlFlow<()> {
         let now = self.clock.now_ms();
-        if matches!(
-            cmd,
-            Cmd::Send { .. } | Cmd::Stage { .. } | Cmd::AcceptDeadLetters { .. }
-        ) {
-            if let Err(e) = self.check_unsealed(now) {
-                if let Cmd::Send { reply, .. }
-                | Cmd::Stage { reply, .. }
-                | Cmd::AcceptDeadLetters { reply, .. } = cmd
-                {
-                    let _ = reply.send(Err(e));
-                }
-                return;
-            }
-        }
+        let Some(cmd) = self.unless_sealed(cmd, now) else {
+            return ControlFlow::Continue(());
+        };
         match cmd {
             Cmd::Send { messages, reply } => match self.queue.send(messages, now) {
                 Ok((ids, fx)) => self.finish(fx, vec![answer(reply, ids)]).await,
@@ -279,119 +275,37 @@ impl QueueActor {
                     self.waiters.remove(&id);
                 }
             }
-            Cmd::ReturnUndelivered {
-                caller,
-                leases,
-                reply,
-            } => {
-                let (results, fx) = self.queue.return_undelivered(caller, &leases, now);
-                let answers = reply.map(|r| answer(r, results)).into_iter().collect();
-                self.finish(fx, answers).await;
+            Cmd::Lease(cmd) => self.on_lease(cmd, now).await,
+            Cmd::Admin(cmd) => self.on_admin(cmd, now).await,
+            Cmd::Stop { deleted, reply } => {
+                let count = self.queue.stats();
+                self.stop(deleted).await;
+                let _ = reply.send(count.ready + count.scheduled + count.leased);
+                return ControlFlow::Break(());
             }
-            Cmd::Ack {
-                caller,
-                leases,
-                defer_sync,
-                reply,
-            } => self.on_ack(caller, leases, defer_sync, reply, now).await,
-            Cmd::Nack {
-                caller,
-                leases,
-                delay_ms,
-                reject,
-                reply,
-            } => {
-                self.on_nack(caller, leases, delay_ms, reject, reply, now)
-                    .await;
-            }
-            Cmd::Extend {
-                caller,
-                leases,
-                lease_ms,
-                reply,
-            } => match self.queue.extend_lease(caller, &leases, lease_ms, now) {
-                Ok((results, fx)) => self.finish(fx, vec![answer(reply, results)]).await,
-                Err(e) => drop(reply.send(Err(e.into()))),
-            },
-            Cmd::RenewSession { session, reply } => {
-                let (renewed, fx) = self.queue.renew_session(session, now);
-                self.finish(fx, vec![answer(reply, renewed)]).await;
-            }
-            Cmd::RenewNamed {
-                session,
-                named,
-                reply,
-            } => {
-                let (renewed, fx) = self.queue.renew_named(session, &named, now);
-                self.finish(fx, vec![answer(reply, renewed)]).await;
-            }
-            Cmd::ReleaseSession {
-                session,
-                recover,
-                reply,
-            } => {
-                let (released, fx) = if recover {
-                    self.queue.recover_session(session, now)
-                } else {
-                    self.queue.release_session(session, now)
-                };
-                self.finish(fx, vec![answer(reply, released)]).await;
-            }
-            Cmd::Browse {
-                after,
-                max,
-                selector,
-                reply,
-            } => {
-                let _ = reply.send(self.browse(after, max, selector.as_deref()));
-            }
-            Cmd::DeleteMessage { id, reply } => self.on_delete_message(&id, reply, now).await,
-            Cmd::Purge { reply } => {
-                let (n, fx) = self.queue.purge(now);
-                self.finish(fx, vec![answer(reply, n)]).await;
-            }
-            Cmd::Stats { reply } => {
-                let mut stats = self.queue.stats();
-                stats.waiters = self.receivers();
-                let _ = reply.send(Ok(stats));
-            }
-            Cmd::SetConfig { config, reply } => {
-                self.queue.set_config(config);
-                let _ = reply.send(Ok(()));
-            }
-            Cmd::Seal { until_ms, reply } => {
-                let answer = match until_ms {
-                    None => {
-                        self.sealed_until_ms = None;
-                        Ok(())
-                    }
-                    Some(until) => {
-                        let s = self.queue.stats();
-                        if s.ready + s.scheduled + s.leased + s.staged > 0 {
-                            Err(Error::NotEmpty {
-                                queue: self.queue.name().to_string(),
-                                ready: s.ready,
-                                scheduled: s.scheduled,
-                                leased: s.leased,
-                                staged: s.staged,
-                            })
-                        } else {
-                            self.sealed_until_ms = Some(until);
-                            Ok(())
-                        }
-                    }
-                };
-                let _ = reply.send(answer);
-            }
-            Cmd::SessionLeases { sessions, reply } => {
-                let counts = sessions
-                    .iter()
-                    .map(|s| self.queue.leases_held_by(*s))
-                    .collect();
-                let _ = reply.send(Ok(counts));
-            }
-            Cmd::Stop { .. } => unreachable!("handled in run"),
         }
+        ControlFlow::Continue(())
+    }
+
+    /// `cmd`, unless it is a send the sealed queue refuses (then answered here).
+    fn unless_sealed(&mut self, cmd: Cmd, now: u64) -> Option<Cmd> {
+        let sends = matches!(
+            cmd,
+            Cmd::Send { .. } | Cmd::Stage { .. } | Cmd::AcceptDeadLetters { .. }
+        );
+        if !sends {
+            return Some(cmd);
+        }
+        let Err(e) = self.check_unsealed(now) else {
+            return Some(cmd);
+        };
+        if let Cmd::Send { reply, .. }
+        | Cmd::Stage { reply, .. }
+        | Cmd::AcceptDeadLetters { reply, .. } = cmd
+        {
+            let _ = reply.send(Err(e));
+        }
+        None
     }
 
     async fn on_receive(
@@ -429,54 +343,6 @@ impl QueueActor {
         }
     }
 
-    async fn on_ack(
-        &mut self,
-        caller: Caller,
-        leases: Vec<LeaseRef>,
-        defer_sync: bool,
-        reply: Reply<LeaseResults<()>>,
-        now: u64,
-    ) {
-        let (results, fx) = self.queue.ack(caller, &leases, now);
-        // Deferred only when the answer is all that waits: a hand-off or a dead letter the
-        // ack's time passing produced goes out as soon as it is durable.
-        let defer = defer_sync && fx.handed.is_empty() && fx.dead_letters.is_empty();
-        self.finish_with(fx, vec![answer(reply, results)], defer)
-            .await;
-    }
-
-    async fn on_nack(
-        &mut self,
-        caller: Caller,
-        leases: Vec<LeaseRef>,
-        delay_ms: Option<u64>,
-        reject: bool,
-        reply: Reply<LeaseResults<()>>,
-        now: u64,
-    ) {
-        let (results, fx) = self.queue.nack(caller, &leases, delay_ms, reject, now);
-        let mut answers = vec![];
-        let ops = self.collect(fx, &mut answers);
-        // A rejected message is answered for once it is where the answer says it went.
-        let moving = std::mem::take(&mut self.moving);
-        answers.push(answer_after_moves(reply, results, moving));
-        self.submit(ops, answers).await;
-    }
-
-    /// Deletes one message by id: it is brought into memory first if it is paged out.
-    async fn on_delete_message(&mut self, id: &MessageId, reply: Reply<()>, now: u64) {
-        let fx = self.pull_by_id(id, now);
-        self.finish(fx, vec![]).await;
-        let (result, fx) = self.queue.delete_message(id, now);
-        match result {
-            Ok(()) => self.finish(fx, vec![answer(reply, ())]).await,
-            Err(e) => {
-                let _ = reply.send(Err(e.into()));
-                self.finish(fx, vec![]).await;
-            }
-        }
-    }
-
     /// Dead letters moved here, written in one batch with their deletes from the source queue.
     async fn on_accept_dead_letters(
         &mut self,
@@ -511,7 +377,7 @@ impl QueueActor {
         self.finish_with(fx, answers, false).await;
     }
 
-    /// Like `finish`; `deferred`: the write may wait for a later synced write (`GroupCommit`).
+    /// Like `finish`; `deferred`: the write may wait for a later synced write ([`LogSync`]).
     async fn finish_with(&mut self, fx: Effects, mut answers: Vec<Answer>, deferred: bool) {
         let ops = self.collect(fx, &mut answers);
         self.submit_with(ops, answers, deferred).await;
@@ -694,15 +560,15 @@ impl QueueActor {
             }
             return;
         }
-        let submitted = if deferred {
-            self.commit.submit_deferred(ops).await
+        let sync = if deferred {
+            LogSync::Deferred
         } else {
-            self.commit.submit(ops).await
+            LogSync::Now
         };
-        match submitted {
-            Ok(ticket) => self.pending.push_back(Box::pin(async move {
-                (Some(ticket.durable().await), answers, seq)
-            })),
+        match self.log.submit(ops, sync).await {
+            Ok(durable) => self
+                .pending
+                .push_back(Box::pin(async move { (Some(durable.await), answers, seq) })),
             Err(e) => self.answer(Err(e), answers).await,
         }
     }
@@ -939,9 +805,9 @@ fn min_seq(a: Option<Seq>, b: Option<Seq>) -> Option<Seq> {
 }
 
 /// What an owner task needs besides its queue.
-pub(crate) struct ActorSetup {
+pub(crate) struct ActorSetup<L> {
     pub(crate) durable: bool,
-    pub(crate) commit: GroupCommit,
+    pub(crate) log: L,
     pub(crate) outbox: Outbox,
     pub(crate) clock: ClockRef,
     pub(crate) store: Arc<dyn QueueStore>,

@@ -27,8 +27,8 @@ impl Dispatch {
         self.check_reply_queues(&r.messages).await?;
         // A reply (it carries a correlation id, or goes to a temporary queue) whose queue is gone
         // is worth an operator's attention: its requester gave up or went away.
-        let is_reply = queue.as_str().starts_with("tmp.")
-            || r.messages.iter().any(|m| m.correlation_id.is_some());
+        let is_reply =
+            queue.is_temporary() || r.messages.iter().any(|m| m.correlation_id.is_some());
         let sid = session.filter(|_| transacted);
         let session_id = if transacted {
             r.session_id

@@ -133,7 +133,7 @@ impl DeadLetterTarget {
     /// The queue dead letters of `source` go to, if any.
     pub fn resolve(&self, source: &QueueName) -> Option<QueueName> {
         match self {
-            DeadLetterTarget::Default => QueueName::new(format!("{source}.DLQ")).ok(),
+            DeadLetterTarget::Default => source.dead_letter_queue(),
             DeadLetterTarget::Queue(q) => Some(q.clone()),
             DeadLetterTarget::Discard => None,
         }

@@ -540,7 +540,7 @@ impl MetaNode {
         }
         let mut held = self.shared.host.queues();
         // Queues before their dead-letter queues, which they define alongside.
-        held.sort_by_key(|q| (q.name.as_str().ends_with(".DLQ"), q.name.clone()));
+        held.sort_by_key(|q| (q.name.is_dead_letter_queue(), q.name.clone()));
         for q in held {
             let defined = self.shared.view.borrow().meta.queue(&q.name).is_some();
             if defined {

@@ -1,0 +1,71 @@
+//! The log the back-end writes through: an owner task (and the registry, and a transaction's
+//! commit) hands it a batch of [`StoreOp`]s and learns, from a future, when the batch is
+//! durable. Batches become durable in the order they were submitted.
+//!
+//! Today's one implementation is [`LocalLog`], the node's group commit (replication factor 1:
+//! the batch is written to this node's store, and durable once synced). A queue shard will be
+//! the second: the batch proposed to the shard's Raft group, durable once committed and applied.
+//! The interface names no storage engine, so either fits behind it.
+
+use std::future::Future;
+
+use ferry_store::{CommitTicket, GroupCommit, StoreError, StoreOp};
+
+/// When a submitted batch must reach the disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LogSync {
+    /// Synced with the next write.
+    Now,
+    /// Nobody waits for the answer: the write may wait for a later synced write to carry it
+    /// (see `ferry_store::GroupCommit`). Its durability future still resolves only once it is
+    /// durable.
+    Deferred,
+}
+
+/// See the module docs. Cheap to clone: every owner task holds one.
+pub(crate) trait QueueLog: Clone + Send + Sync + 'static {
+    /// Resolves once a submitted batch is durable, or with why it never will be.
+    type Durable: Future<Output = Result<(), StoreError>> + Send + 'static;
+
+    /// Queues `ops` as one batch, after everything submitted before. Waits only while the log
+    /// is full; fails if the log is closed.
+    fn submit(
+        &self,
+        ops: Vec<StoreOp>,
+        sync: LogSync,
+    ) -> impl Future<Output = Result<Self::Durable, StoreError>> + Send;
+
+    /// Queues `ops` as one batch, synced, and waits until it is durable.
+    fn write(&self, ops: Vec<StoreOp>) -> impl Future<Output = Result<(), StoreError>> + Send {
+        async move { self.submit(ops, LogSync::Now).await?.await }
+    }
+}
+
+/// The log of a queue with replication factor 1: the node's group commit, writing to its own
+/// store.
+#[derive(Debug, Clone)]
+pub(crate) struct LocalLog {
+    commit: GroupCommit,
+}
+
+impl LocalLog {
+    pub(crate) fn new(commit: GroupCommit) -> Self {
+        Self { commit }
+    }
+
+    /// The group commit it writes through (for its counters).
+    pub(crate) fn group_commit(&self) -> &GroupCommit {
+        &self.commit
+    }
+}
+
+impl QueueLog for LocalLog {
+    type Durable = CommitTicket;
+
+    async fn submit(&self, ops: Vec<StoreOp>, sync: LogSync) -> Result<CommitTicket, StoreError> {
+        match sync {
+            LogSync::Now => self.commit.submit(ops).await,
+            LogSync::Deferred => self.commit.submit_deferred(ops).await,
+        }
+    }
+}
