@@ -225,10 +225,19 @@ fn a_partitioned_leader_is_replaced_and_learns_what_the_majority_placed() {
     create_by_rule(&mut sim, "majority").unwrap();
     sim.heal();
     converge(&mut sim);
-    assert!(!sim.is_committed(position) || sim.result(position.index).is_some());
-    let meta = &sim.nodes[&old].meta;
-    assert!(meta.queue(&q("majority")).is_some());
-    assert!(meta.queue(&q("stranded")).is_none());
+    // The new leader's log overwrote the cut-off proposal: another entry is committed at its
+    // index, and no node applied it.
+    assert!(
+        sim.is_lost(position) && !sim.is_committed(position),
+        "the cut-off leader's proposal at {position:?} committed"
+    );
+    assert!(sim.nodes[&old].meta.queue(&q("majority")).is_some());
+    for (id, node) in &sim.nodes {
+        assert!(
+            node.meta.queue(&q("stranded")).is_none(),
+            "node {id:?} applied the cut-off leader's proposal"
+        );
+    }
 }
 
 #[test]

@@ -5,9 +5,10 @@
 //! own bite tests are in `chaos_checker.rs`.
 
 use ferry_integration_tests::chaos::checker::Verdict;
+use ferry_integration_tests::chaos::report::Report;
 use ferry_integration_tests::chaos::scenario::{self, Size};
 
-async fn smoke(name: &str, seed: u64) -> anyhow::Result<()> {
+async fn smoke(name: &str, seed: u64) -> anyhow::Result<Report> {
     let seed = std::env::var("CHAOS_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -36,14 +37,33 @@ async fn smoke(name: &str, seed: u64) -> anyhow::Result<()> {
         report.fault_schedule.len(),
         "every planned fault was injected"
     );
-    Ok(())
+    // ... and the run went on through each: sends were confirmed after every fault (up to the
+    // next one) and after the last heal, so the node came back and took sends again.
+    let idle: Vec<_> = report
+        .fault_windows
+        .iter()
+        .filter(|w| w.confirmed == 0)
+        .collect();
+    assert!(idle.is_empty(), "no send confirmed after {idle:?}");
+    assert_ne!(
+        report.confirmed_after_last_heal,
+        Some(0),
+        "no send confirmed after the last heal"
+    );
+    if !report.fault_schedule.is_empty() {
+        assert!(
+            !report.fault_windows.is_empty(),
+            "no fault came while sends went on"
+        );
+    }
+    Ok(report)
 }
 
 /// kill9 on the store that loses every write no completed sync covers (the `ferry-faults`
 /// build): what a crash of the machine does, which a kill -9 alone never tests.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn power_loss_smoke_loses_and_duplicates_nothing() -> anyhow::Result<()> {
-    smoke("power-loss", 1).await
+    smoke("power-loss", 1).await.map(drop)
 }
 
 /// The checker bites: with a planted bug switched on (docs/reliability.md), the scenario that
@@ -87,12 +107,12 @@ async fn a_delivery_count_never_written_is_caught_as_unflagged_duplicates_after_
 /// connection and delivery leases, then back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clock_jump_smoke_loses_and_duplicates_nothing() -> anyhow::Result<()> {
-    smoke("clock", 9).await
+    smoke("clock", 9).await.map(drop)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill9_smoke_loses_and_duplicates_nothing() -> anyhow::Result<()> {
-    smoke("kill9", 1).await
+    smoke("kill9", 1).await.map(drop)
 }
 
 /// Postmortem: an auto-acknowledge `Session::receive` whose ack failed with an unknown outcome
@@ -101,41 +121,50 @@ async fn kill9_smoke_loses_and_duplicates_nothing() -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill9_auto_receive_smoke_hands_over_a_batch_whose_ack_outcome_is_unknown(
 ) -> anyhow::Result<()> {
-    smoke("kill9-auto-receive", 1).await
+    smoke("kill9-auto-receive", 1).await.map(drop)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn activemq_200k_smoke_pages_and_churns_without_loss() -> anyhow::Result<()> {
-    smoke("activemq-200k", 2).await
+    smoke("activemq-200k", 2).await.map(drop)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn poison_smoke_dead_letters_each_after_exactly_max_deliveries() -> anyhow::Result<()> {
-    smoke("poison", 3).await
+    let report = smoke("poison", 3).await?;
+    // A client error switches the exact check off (a receive that failed may have counted a
+    // delivery): the smoke run must have had none, or it proved nothing of "exactly".
+    assert_eq!(
+        report.dead_letter_exact_checked,
+        Some(true),
+        "exactly max deliveries was not checked ({} client errors)",
+        report.client_errors
+    );
+    Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pause_smoke_loses_and_duplicates_nothing() -> anyhow::Result<()> {
-    smoke("pause", 4).await
+    smoke("pause", 4).await.map(drop)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proxy_smoke_loses_and_duplicates_nothing() -> anyhow::Result<()> {
-    smoke("proxy", 5).await
+    smoke("proxy", 5).await.map(drop)
 }
 
 /// Three nodes, a queue on each, clients failing over to another node; every 2 s a random node
 /// is killed and restarted in place, paused, or cut from the other two (iptables).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_smoke_loses_and_duplicates_nothing() -> anyhow::Result<()> {
-    smoke("cluster", 6).await
+    smoke("cluster", 6).await.map(drop)
 }
 
 /// The metadata leader cut from the majority (twice): a queue is created through the majority
 /// within 5 s each time, and the load loses nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_meta_smoke_creates_queues_through_the_majority() -> anyhow::Result<()> {
-    smoke("cluster-meta", 7).await
+    smoke("cluster-meta", 7).await.map(drop)
 }
 
 /// One-way cuts: every 2 s a random node is muted (its packets to the other two dropped),
@@ -143,14 +172,14 @@ async fn cluster_meta_smoke_creates_queues_through_the_majority() -> anyhow::Res
 /// connections stall, not fail.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_one_way_smoke_loses_and_duplicates_nothing() -> anyhow::Result<()> {
-    smoke("cluster-one-way", 8).await
+    smoke("cluster-one-way", 8).await.map(drop)
 }
 
 /// Clock jumps in a cluster: every 2 s a random node's wall clock stepped 5 s to 2 min forward
 /// or back (libfaketime), then back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_clock_smoke_loses_and_duplicates_nothing() -> anyhow::Result<()> {
-    smoke("cluster-clock", 10).await
+    smoke("cluster-clock", 10).await.map(drop)
 }
 
 /// A fourth node, a learner that clients use too, removed from the cluster halfway through the
@@ -158,7 +187,7 @@ async fn cluster_clock_smoke_loses_and_duplicates_nothing() -> anyhow::Result<()
 /// three voters).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_remove_smoke_loses_and_duplicates_nothing() -> anyhow::Result<()> {
-    smoke("cluster-remove", 11).await
+    smoke("cluster-remove", 11).await.map(drop)
 }
 
 /// How `url`'s node sees node `id`: "up", "down" or "self" ("?" when it cannot tell).

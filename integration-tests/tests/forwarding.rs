@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use ferry_client::{AckMode, Message, ReceiveOptions};
 use ferry_integration_tests::cluster::{create_queue_on, Cluster};
-use ferry_integration_tests::stats;
+use ferry_integration_tests::{stats, wait_until};
 
 /// A two-node cluster; `orders` is pinned to `b` when created, everything else to `a`.
 fn two_nodes(dir: &std::path::Path) -> anyhow::Result<Cluster> {
@@ -35,26 +35,31 @@ async fn node_a_serves_a_queue_owned_by_node_b() -> anyhow::Result<()> {
     // B has the queue itself; A holds nothing of it.
     assert_eq!(stats(&via_b, "orders").await?.owner_node, "b");
 
+    // A long-poll receive through A parks at B (nothing is there yet) and is woken by a send
+    // through B.
     let conn = via_a.open_connection("t").await?;
     let session = conn.create_session(AckMode::Client).await?;
-    let ids = session
-        .send("orders", vec![Message::text("one"), Message::text("two")])
-        .await?;
-    assert_eq!(
-        stats(&via_b, "orders").await?.ready,
-        2,
-        "the messages are in B's back-end"
-    );
-
-    // A long-poll receive through A parks at B and is woken by a send through B.
     let waiting = {
         let session = session.clone();
         tokio::spawn(async move {
             session
-                .receive("orders", ReceiveOptions::timeout_ms(10_000).max(3))
+                .receive("orders", ReceiveOptions::timeout_ms(30_000).max(3))
                 .await
         })
     };
+    wait_until(
+        Duration::from_secs(10),
+        "the receive parked at B",
+        || async { Ok(stats(&via_b, "orders").await?.consumers == 1) },
+    )
+    .await?;
+    assert!(!waiting.is_finished(), "answered with nothing in the queue");
+    let sender = via_b.open_connection("s").await?;
+    let ids = sender
+        .create_session(AckMode::Auto)
+        .await?
+        .send("orders", vec![Message::text("one")])
+        .await?;
     let got = waiting.await??;
     assert_eq!(
         got.iter()
@@ -67,11 +72,11 @@ async fn node_a_serves_a_queue_owned_by_node_b() -> anyhow::Result<()> {
         "the receipt handle names the queue, not a node: {}",
         got[0].receipt_handle()
     );
-    assert_eq!(stats(&via_b, "orders").await?.leased, 2);
+    assert_eq!(stats(&via_b, "orders").await?.leased, 1);
     // Acks sent to A are routed to B by the queue the receipt handle names, through placement.
     session.ack(&got).await?;
     let s = stats(&via_b, "orders").await?;
-    assert_eq!((s.ready, s.leased, s.acked_total), (0, 0, 2));
+    assert_eq!((s.ready, s.leased, s.acked_total), (0, 0, 1));
 
     // Closing the session through A releases its leases at B.
     let late = session.send("orders", vec![Message::text("three")]).await?;

@@ -18,8 +18,8 @@ use ferry_store::{
 /// blocks until the test opens the gate, so the test knows exactly what is queued behind it. It
 /// logs every write and sync, and tells the test of each unsynced write.
 #[derive(Debug)]
-struct Gated {
-    inner: MemoryStore,
+struct Gated<S = MemoryStore> {
+    inner: S,
     /// Which kind of write the gate holds: "write" or "unsynced".
     gated: &'static str,
     entered: Mutex<Option<mpsc::Sender<()>>>,
@@ -36,16 +36,16 @@ struct GateEnds {
     unsynced: mpsc::Receiver<()>,
 }
 
-impl Gated {
-    fn new(inner: MemoryStore) -> (Arc<Self>, GateEnds) {
+impl<S: QueueStore> Gated<S> {
+    fn new(inner: S) -> (Arc<Self>, GateEnds) {
         Self::gating(inner, "write")
     }
 
-    fn gating_unsynced(inner: MemoryStore) -> (Arc<Self>, GateEnds) {
+    fn gating_unsynced(inner: S) -> (Arc<Self>, GateEnds) {
         Self::gating(inner, "unsynced")
     }
 
-    fn gating(inner: MemoryStore, gated: &'static str) -> (Arc<Self>, GateEnds) {
+    fn gating(inner: S, gated: &'static str) -> (Arc<Self>, GateEnds) {
         let (entered_tx, entered) = mpsc::channel();
         let (open, gate_rx) = mpsc::channel();
         let (unsynced_tx, unsynced) = mpsc::channel();
@@ -82,7 +82,7 @@ impl Gated {
     }
 }
 
-impl QueueStore for Gated {
+impl<S: QueueStore> QueueStore for Gated<S> {
     fn write(&self, batches: &[Vec<StoreOp>]) -> Result<(), StoreError> {
         self.hold("write");
         self.log.lock().unwrap().push("write");
@@ -99,7 +99,7 @@ impl QueueStore for Gated {
     }
     fn sync(&self) -> Result<(), StoreError> {
         self.log.lock().unwrap().push("sync");
-        Ok(())
+        self.inner.sync()
     }
     fn recover(&self) -> Result<Vec<RecoveredQueue>, StoreError> {
         self.inner.recover()
@@ -253,12 +253,35 @@ impl QueueStore for Failing {
     }
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_write_fails_every_submission_in_it() {
-    let (gc, _thread) =
-        GroupCommit::start(Arc::new(Failing), 8, 8, Duration::from_millis(1)).unwrap();
-    let err = gc.commit(vec![]).await.unwrap_err();
+    let (store, ends) = Gated::new(Failing);
+    let (gc, thread) = GroupCommit::start(store, 64, 64, Duration::from_millis(1)).unwrap();
+    let uid = QueueUid(1);
+    let first = gc.submit(reserve(uid, 2)).await.unwrap();
+    ends.entered.recv().unwrap();
+    // The writer is held inside its first write; these ten queue up behind it and go in one.
+    let mut tickets = vec![];
+    for i in 0..10 {
+        tickets.push(gc.submit(reserve(uid, i + 3)).await.unwrap());
+    }
+    ends.open.send(()).unwrap();
+    let err = first.durable().await.unwrap_err();
     assert!(matches!(err, StoreError::Io { .. }), "{err}");
+    for (i, t) in tickets.into_iter().enumerate() {
+        let result = t.durable().await;
+        assert!(
+            matches!(result, Err(StoreError::Io { .. })),
+            "submission {i} of the failed write: {result:?}"
+        );
+    }
+    assert_eq!(
+        gc.stats().writes.load(Ordering::Relaxed),
+        2,
+        "the ten shared one write"
+    );
+    drop(gc);
+    thread.join().unwrap();
 }
 
 fn reserve(uid: QueueUid, until: u64) -> Vec<StoreOp> {

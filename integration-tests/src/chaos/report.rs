@@ -46,6 +46,17 @@ pub struct FaultAt {
     pub fault: Fault,
 }
 
+/// The sends confirmed from one planned fault to the next (the last: to the load's last send):
+/// a run whose node stopped taking sends after a fault has a window with none.
+#[derive(Debug, Clone, Serialize)]
+pub struct FaultWindow {
+    pub at_ms: f64,
+    pub node: String,
+    #[serde(flatten)]
+    pub fault: Fault,
+    pub confirmed: u64,
+}
+
 /// The report of one run.
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
@@ -56,6 +67,11 @@ pub struct Report {
     pub elapsed_ms: u64,
     pub fault_schedule: Vec<PlannedFault>,
     pub faults: Vec<FaultAt>,
+    /// Confirmed sends in the stretch each planned fault opens (see [`FaultWindow`]).
+    pub fault_windows: Vec<FaultWindow>,
+    /// Confirmed sends after the last heal of the load phase (a restart, a resume, a proxy,
+    /// partition or clock heal), `None` when nothing healed while sends went on.
+    pub confirmed_after_last_heal: Option<u64>,
     #[serde(flatten)]
     pub verdict: Verdict,
     /// The longest stretch of the load phase in which no send was confirmed.
@@ -77,6 +93,10 @@ pub struct Report {
     /// bugs.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub fault_points: Vec<String>,
+    /// With a poison rule: whether "dead-lettered after exactly max deliveries" was checked (it
+    /// is not when a fault or a client error disturbed the run); `None` without one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dead_letter_exact_checked: Option<bool>,
     pub valid: bool,
 }
 
@@ -104,6 +124,8 @@ impl Report {
             elapsed_ms: events.last().map_or(0, |e| e.t_us / 1_000),
             fault_schedule,
             faults: faults(&events),
+            fault_windows: fault_windows(&events),
+            confirmed_after_last_heal: confirmed_after_last_heal(&events),
             verdict,
             longest_unavailability_ms: longest_unavailability_us(&events, |_| true) as f64
                 / 1_000.0,
@@ -117,6 +139,7 @@ impl Report {
             run_errors,
             history_file,
             fault_points: vec![],
+            dead_letter_exact_checked: None,
             valid,
         }
     }
@@ -159,6 +182,13 @@ impl Report {
                 "  fault points: {}\n",
                 self.fault_points.join(", ")
             ));
+        }
+        if let Some(exact) = self.dead_letter_exact_checked {
+            s.push_str(if exact {
+                "  dead letters after exactly max deliveries: checked\n"
+            } else {
+                "  dead letters after exactly max deliveries: NOT checked (the run was disturbed)\n"
+            });
         }
         if !self.longest_unavailability_by_queue_ms.is_empty() {
             s.push_str("  longest unavailability by queue:");
@@ -208,6 +238,86 @@ fn load_window(events: &[Event]) -> (u64, u64) {
         .next()
         .map_or_else(|| events.last().map_or(0, |e| e.t_us), |(_, t)| t);
     (start, end)
+}
+
+/// When the load's sends ended: its last send event (producers with a fixed number of messages
+/// may finish before the load does).
+fn last_send_us(events: &[Event]) -> u64 {
+    let (_, load_end) = load_window(events);
+    events
+        .iter()
+        .filter(|e| e.t_us <= load_end)
+        .filter(|e| matches!(e.op, Op::SendInvoke { .. } | Op::SendEnd { .. }))
+        .map(|e| e.t_us)
+        .max()
+        .unwrap_or(0)
+}
+
+/// Confirmed sends in `from_us ..= to_us`.
+fn confirmed_between(events: &[Event], from_us: u64, to_us: u64) -> u64 {
+    events
+        .iter()
+        .filter(|e| (from_us..=to_us).contains(&e.t_us))
+        .filter(|e| {
+            matches!(
+                e.op,
+                Op::SendEnd {
+                    outcome: Outcome::Ok,
+                    ..
+                }
+            )
+        })
+        .count() as u64
+}
+
+/// The stretch each planned fault of the load opens, up to the next one (or the last send), with
+/// the sends confirmed in it. Faults after the last send open none.
+fn fault_windows(events: &[Event]) -> Vec<FaultWindow> {
+    let last_send = last_send_us(events);
+    let injected: Vec<(&Event, &Fault)> = events
+        .iter()
+        .filter(|e| e.t_us < last_send)
+        .filter_map(|e| match &e.op {
+            Op::Fault(f) if f.is_planned_injection() => Some((e, f)),
+            _ => None,
+        })
+        .collect();
+    injected
+        .iter()
+        .enumerate()
+        .map(|(i, (e, fault))| {
+            let to = injected.get(i + 1).map_or(last_send, |(next, _)| next.t_us);
+            FaultWindow {
+                at_ms: e.t_us as f64 / 1_000.0,
+                node: e.node.clone(),
+                fault: (*fault).clone(),
+                confirmed: confirmed_between(events, e.t_us, to),
+            }
+        })
+        .collect()
+}
+
+/// Confirmed sends after the last heal that came while sends went on.
+fn confirmed_after_last_heal(events: &[Event]) -> Option<u64> {
+    let last_send = last_send_us(events);
+    let healed = events
+        .iter()
+        .filter(|e| e.t_us < last_send)
+        .filter(|e| {
+            matches!(
+                &e.op,
+                Op::Fault(
+                    Fault::Restarted { .. }
+                        | Fault::Resume
+                        | Fault::ProxyHeal
+                        | Fault::PartitionHeal
+                        | Fault::ClockRestored
+                )
+            )
+        })
+        .map(|e| e.t_us)
+        .max()?;
+    Some(confirmed_between(events, healed, last_send))
 }
 
 /// Each queue's longest unavailability in ms, when sends went to more than one queue.

@@ -595,7 +595,8 @@ pub async fn run(spec: &Spec, out_dir: &Path) -> anyhow::Result<Report> {
             super::history::EVENTS_MAX
         ));
     }
-    let verdict = checker::check(&history, &check_options(spec, &history));
+    let options = check_options(spec, &history);
+    let verdict = checker::check(&history, &options);
     let stem = format!("{}-{}", spec.name, spec.seed);
     let history_path = out_dir.join(format!("{stem}.history.jsonl"));
     history.write_jsonl(&history_path)?;
@@ -611,6 +612,7 @@ pub async fn run(spec: &Spec, out_dir: &Path) -> anyhow::Result<Report> {
         history_path.display().to_string(),
     );
     report.fault_points = spec.fault_points.clone();
+    report.dead_letter_exact_checked = options.dead_letter_rule.map(|r| r.exact);
     std::fs::write(
         out_dir.join(format!("{stem}.json")),
         serde_json::to_string_pretty(&report)?,
