@@ -40,6 +40,19 @@ pub const NOT_OWNER_RETRIES_MAX: u32 = 3;
 /// deadline is nearer) before it tries again anyway.
 pub const REFRESH_WAIT_MAX: Duration = Duration::from_millis(500);
 
+/// The longest a call whose queue was not found waits for a [`CatchUp`] and for this node's
+/// placement to reflect it, before the NOT_FOUND is answered as it is.
+pub const CATCH_UP_WAIT_MAX: Duration = Duration::from_secs(2);
+
+/// Makes this node's metadata at least as new as every change answered anywhere before the
+/// call (the metadata group's barrier), and says which metadata index that is. A queue this
+/// node's placement does not know may have been created through another node a moment ago:
+/// its NOT_FOUND is only believed after a catch-up.
+#[tonic::async_trait]
+pub trait CatchUp: Send + Sync + 'static {
+    async fn catch_up(&self) -> Result<u64, Status>;
+}
+
 /// Where a queue lives: a node, and the placement epoch of that decision (a fencing token: it
 /// grows each time the queue changes owner; [`EPOCH_UNKNOWN`] for a queue placed by a rule).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,6 +65,8 @@ pub struct Owner {
 #[derive(Clone)]
 pub struct Placement {
     local_node: NodeId,
+    /// The metadata index this snapshot was built from (0 for a placement made by hand).
+    version: u64,
     nodes: BTreeMap<NodeId, BackendRef>,
     queues: HashMap<QueueName, Owner>,
 }
@@ -60,6 +75,7 @@ impl std::fmt::Debug for Placement {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Placement")
             .field("local_node", &self.local_node)
+            .field("version", &self.version)
             .field("nodes", &self.nodes.keys().collect::<Vec<_>>())
             .field("queues", &self.queues)
             .finish()
@@ -73,9 +89,26 @@ impl Placement {
         nodes.insert(local_node.clone(), local);
         Self {
             local_node,
+            version: 0,
             nodes,
             queues: HashMap::new(),
         }
+    }
+
+    /// Says which metadata index this snapshot was built from.
+    pub fn with_version(mut self, version: u64) -> Self {
+        self.version = version;
+        self
+    }
+
+    /// The metadata index this snapshot was built from.
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
+    /// Whether `queue` has an entry (rather than an owner by rule).
+    pub fn has_entry(&self, queue: &QueueName) -> bool {
+        self.queues.contains_key(queue)
     }
 
     /// Adds another node and its back-end.
@@ -153,16 +186,27 @@ impl Placement {
 }
 
 /// See the module docs. Cheap to clone.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Router {
     local_node: NodeId,
     placement: watch::Receiver<Arc<Placement>>,
+    /// Asked before a NOT_FOUND for a queue without an entry is believed.
+    catch_up: Option<Arc<dyn CatchUp>>,
     /// Calls routed again after a "not the owner" answer (a metric).
     redirects: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// The queues of one call to one node, each with the epoch it was routed by.
 pub type QueueEpochs = Vec<(QueueName, u64)>;
+
+impl std::fmt::Debug for Router {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Router")
+            .field("local_node", &self.local_node)
+            .field("catch_up", &self.catch_up.is_some())
+            .finish_non_exhaustive()
+    }
+}
 
 impl Router {
     /// A router that follows the snapshots published on `placement`.
@@ -171,8 +215,17 @@ impl Router {
         Self {
             local_node,
             placement,
+            catch_up: None,
             redirects: Arc::default(),
         }
+    }
+
+    /// A router that, before answering NOT_FOUND for a queue its placement has no entry for,
+    /// catches up with the metadata and tries again if the queue turned up (what a client
+    /// created through another node is seen by its next call through this one).
+    pub fn with_catch_up(mut self, catch_up: Arc<dyn CatchUp>) -> Self {
+        self.catch_up = Some(catch_up);
+        self
     }
 
     /// A router over one placement that never changes (tests, single-node tools). The returned
@@ -240,6 +293,7 @@ impl Router {
         Fut: Future<Output = Result<Response<T>, Status>>,
     {
         let mut retries = 0;
+        let mut caught_up = false;
         loop {
             let placement = self.placement();
             let owner = placement.owner_of(queue);
@@ -248,6 +302,16 @@ impl Router {
                 Ok(answer) => return Ok(answer.into_inner()),
                 Err(status) => status,
             };
+            if status.code() == Code::NotFound
+                && !caught_up
+                && !placement.has_entry(queue)
+                && !queue.is_temporary()
+            {
+                caught_up = true;
+                if self.caught_up_with(queue).await {
+                    continue;
+                }
+            }
             if not_owner_of(&status).is_none() {
                 return Err(self.named(status, &owner.node));
             }
@@ -326,6 +390,32 @@ impl Router {
             }
         }
         out
+    }
+
+    /// Catches up with the metadata (see [`CatchUp`]) and waits until this node's placement is
+    /// at least that new; whether `queue` has an entry then. False without a catch-up, or when
+    /// it fails or the placement lags more than [`CATCH_UP_WAIT_MAX`].
+    async fn caught_up_with(&self, queue: &QueueName) -> bool {
+        let Some(catch_up) = &self.catch_up else {
+            return false;
+        };
+        let mut placement = self.placement.clone();
+        let caught_up = async {
+            let index = catch_up.catch_up().await?;
+            let p = placement
+                .wait_for(|p| p.version >= index)
+                .await
+                .map_err(|_| Status::unavailable("the placement is no longer published"))?;
+            Ok::<_, Status>(p.has_entry(queue))
+        };
+        match tokio::time::timeout(CATCH_UP_WAIT_MAX, caught_up).await {
+            Ok(Ok(found)) => found,
+            Ok(Err(status)) => {
+                tracing::debug!(%queue, error = %status, "no catch-up with the metadata");
+                false
+            }
+            Err(_) => false,
+        }
     }
 
     /// Waits until the placement of any of `used` changed from the owner it was routed to, at
@@ -502,6 +592,78 @@ mod tests {
         assert_eq!(a.calls(), vec![call("get_queue", "orders", 2)]);
         // It went on as soon as the placement changed, not after the refresh bound.
         assert_eq!(started.elapsed(), Duration::ZERO);
+    }
+
+    /// A catch-up that publishes `next` (at version 7) when asked, and counts how often it was.
+    struct Publishes {
+        next: Arc<Placement>,
+        tx: watch::Sender<Arc<Placement>>,
+        asked: std::sync::atomic::AtomicU32,
+    }
+
+    #[tonic::async_trait]
+    impl CatchUp for Publishes {
+        async fn catch_up(&self) -> Result<u64, Status> {
+            self.asked
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.tx.send_replace(Arc::clone(&self.next));
+            Ok(self.next.version())
+        }
+    }
+
+    fn catching_up(p: Placement, next: Placement) -> (Router, Arc<Publishes>) {
+        let (router, tx) = Router::fixed(p);
+        let publishes = Arc::new(Publishes {
+            next: Arc::new(next.with_version(7)),
+            tx,
+            asked: Default::default(),
+        });
+        let router = router.with_catch_up(Arc::clone(&publishes) as Arc<dyn CatchUp>);
+        (router, publishes)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn not_found_for_a_queue_without_an_entry_catches_up_and_calls_its_owner() {
+        let (p, a, b) = two_nodes();
+        // `fresh` was created through another node; this node's placement has not seen it.
+        let next = p.clone().with_queue(
+            queue("fresh"),
+            Owner {
+                node: node("b"),
+                epoch: 4,
+            },
+        );
+        let (router, publishes) = catching_up(p, next);
+        a.script([Status::not_found("queue \"fresh\" does not exist")]);
+        get_queue(&router, "fresh").await.expect("answered by b");
+        assert_eq!(a.calls(), vec![call("get_queue", "fresh", EPOCH_UNKNOWN)]);
+        assert_eq!(b.calls(), vec![call("get_queue", "fresh", 4)]);
+        assert_eq!(
+            publishes.asked.load(std::sync::atomic::Ordering::Relaxed),
+            1
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn not_found_is_believed_after_one_catch_up_and_never_for_a_placed_queue() {
+        let (p, a, b) = two_nodes();
+        let (router, publishes) = catching_up(p.clone(), p);
+        a.always(Status::not_found("queue \"nothing\" does not exist"));
+        let e = get_queue(&router, "nothing").await.expect_err("not found");
+        assert_eq!(e.code(), Code::NotFound);
+        assert_eq!(a.calls().len(), 1);
+        assert_eq!(
+            publishes.asked.load(std::sync::atomic::Ordering::Relaxed),
+            1
+        );
+        // A queue with an entry was routed by the metadata: its owner's answer stands.
+        b.always(Status::not_found("queue \"orders\" does not exist"));
+        let e = get_queue(&router, "orders").await.expect_err("not found");
+        assert_eq!(e.code(), Code::NotFound);
+        assert_eq!(
+            publishes.asked.load(std::sync::atomic::Ordering::Relaxed),
+            1
+        );
     }
 
     #[tokio::test(start_paused = true)]

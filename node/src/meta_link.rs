@@ -11,7 +11,7 @@ use anyhow::Context as _;
 use ferry_be_server::{BackendService, Broker};
 use ferry_cluster::meta::MetaState;
 use ferry_fe_dispatcher::{
-    BackendRef, Catalog, CatalogEntry, Owner, Placement, Reachability, RemoteBackend,
+    BackendRef, Catalog, CatalogEntry, CatchUp, Owner, Placement, Reachability, RemoteBackend,
 };
 use ferry_kernel::{NodeId, QueueName};
 use ferry_proto::pb;
@@ -143,6 +143,21 @@ impl Catalog for MetaCatalog {
     }
 }
 
+/// The router's catch-up: a barrier through the metadata leader, applied here.
+#[derive(Debug)]
+pub struct MetaCatchUp(pub MetaNode);
+
+#[tonic::async_trait]
+impl CatchUp for MetaCatchUp {
+    async fn catch_up(&self) -> Result<u64, Status> {
+        if self.0.view().borrow().meta.cluster_id().is_none() {
+            return Err(Status::unavailable("the metadata group is not formed yet"));
+        }
+        self.0.catch_up().await?;
+        Ok(self.0.view().borrow().meta.applied_index())
+    }
+}
+
 /// Builds the router's placements from the metadata: this node's back-end in-process, every
 /// other active node's over gRPC at its peer address (one client per node, kept across
 /// changes).
@@ -178,7 +193,8 @@ impl PlacementBuilder {
     }
 
     pub fn build(&mut self, meta: &MetaState) -> anyhow::Result<Placement> {
-        let mut placement = Placement::new(self.me.clone(), self.local.clone());
+        let mut placement =
+            Placement::new(self.me.clone(), self.local.clone()).with_version(meta.applied_index());
         let mut kept = HashMap::new();
         for (id, n) in meta.nodes() {
             if id == &self.me || !n.is_active() {

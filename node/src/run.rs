@@ -102,7 +102,8 @@ pub async fn run(
     let frontend = Arc::new(
         Frontend::new(
             frontend_config(&config.limits),
-            Router::new(placement_rx),
+            Router::new(placement_rx)
+                .with_catch_up(Arc::new(crate::meta_link::MetaCatchUp(meta.clone()))),
             Arc::new(ferry_be_server::SystemClock),
         )
         .with_catalog(Arc::new(crate::meta_link::MetaCatalog(meta.clone()))),
