@@ -33,6 +33,9 @@
 //! at a simulated crash). On start, [`LogStore::load`] gives the [`Recovered`] state that
 //! [`Engine::open`] resumes from.
 //!
+//! Steps 2 to 6 are written once, in [`Driver`], generic over each group's [`GroupMachine`]:
+//! the node's threads and the simulations run it.
+//!
 //! Must not depend on: tonic, ferry-proto, tokio or any async runtime, a clock, threads or a
 //! random source. raft-rs's protobuf types (prost 0.11) stay inside this crate: between nodes
 //! travel opaque bytes ([`OutBatch`]), and the public API speaks in [`GroupId`], [`NodeId`],
@@ -40,6 +43,7 @@
 
 mod codec;
 mod config;
+mod driver;
 mod engine;
 mod error;
 mod group;
@@ -53,6 +57,9 @@ mod storage;
 
 pub use codec::{decode_batch, encode_batch, BATCH_VERSION};
 pub use config::EngineConfig;
+pub use driver::{
+    Driver, DriverConfig, GroupMachine, Halt, Outbound, ProposeFailure, Proposed, Reply, RoundsDone,
+};
 pub use engine::{Engine, GroupStatus};
 pub use error::Error;
 pub use ids::{GroupId, LogPosition, NodeId, PersistId};

@@ -1,7 +1,8 @@
-//! The engine's own thread: it owns the multi-group [`Engine`], its [`LogStore`] and the
-//! metadata state, and runs the round loop of `ferry_multiraft` (inputs, round, send, apply,
-//! one synced write, `on_persisted`). Everything else talks to it through [`Input`]s and reads
-//! what it publishes ([`MetaView`]).
+//! The engine's own thread: it runs `ferry_multiraft`'s [`Driver`] (the round loop: inputs,
+//! round, send, apply, one synced write, `on_persisted`) with the metadata as group 0's state
+//! machine ([`MetaMachine`]), and adds what only a node does: the real clock's ticks, joining a
+//! cluster, proposing the membership changes the metadata records, and publishing the
+//! [`MetaView`]. Everything else talks to it through [`Input`]s and reads what it publishes.
 //!
 //! A thread, not a task: each round ends in a synced RocksDB write, which must not block the
 //! async runtime, and the engine must see its inputs in one order.
@@ -13,15 +14,14 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use ferry_multiraft::{
-    Apply, ConfChange, Engine, EngineConfig, EntryKind, GroupId, LogStore, NodeId as PeerId,
-    Recovered, Role,
+    ConfChange, Driver as RoundLoop, DriverConfig, Engine, EngineConfig, GroupId, LogStore,
+    NodeId as PeerId, Recovered, Role, RoundsDone,
 };
 use tokio::sync::{oneshot, watch};
 
+use super::machine::MetaMachine;
 use super::view::{MetaView, RaftCounters};
-use ferry_cluster::meta::{
-    DurableWrite, MetaError, MetaEvent, MetaState, RaftId, Touched, DURABLE_END, DURABLE_PREFIX,
-};
+use ferry_cluster::meta::{MetaError, MetaEvent, MetaState, RaftId};
 use ferry_cluster::next_conf_change;
 
 /// Group 0: the cluster metadata.
@@ -34,37 +34,10 @@ pub(crate) const META_KEY: &[u8] = b"meta/state";
 pub(crate) const IDENTITY_KEY: &[u8] = b"node/raft_id";
 /// Most inputs handled before a round runs.
 const INPUTS_PER_ROUND_MAX: usize = 1024;
-/// Most rounds run back to back before inputs are read again.
-const ROUNDS_PER_WAKE_MAX: usize = 16;
-/// The log is compacted when it holds this many applied entries past its first index.
-const COMPACT_AFTER_ENTRIES: u64 = 1_000;
 
-/// The result of a proposal: the index it was applied at and what applying it did.
-pub(crate) type Proposed = Result<(u64, Result<MetaEvent, MetaError>), ProposeFailure>;
-
-/// Why a proposal got no result.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum ProposeFailure {
-    /// This node does not lead group 0; the leader it knows, if any.
-    NotLeader(Option<RaftId>),
-    /// This node is not a member yet (it waits to be added).
-    NotMember,
-    /// Appended, then overwritten by another leader's entry: it will never apply.
-    Overwritten,
-    /// raft-rs dropped it (a leadership transfer or configuration change in progress).
-    Dropped(String),
-    /// The driver stopped.
-    Stopped,
-}
-
-/// Where the driver sends what its rounds produce for other nodes: the peer links on a node
-/// (`transport.rs`), a simulated network in tests. The driver knows nothing of the transport.
-pub(crate) trait Outbound: Send {
-    /// One batch of Raft messages for a peer (dropped when its link is down: Raft retries).
-    fn send(&self, to: PeerId, bytes: Bytes);
-    /// A snapshot for a peer, sent on a stream of its own.
-    fn send_snapshot(&self, snapshot: ferry_multiraft::OutSnapshot);
-}
+/// The result of a metadata proposal: the index it was applied at and what applying it did.
+pub(crate) type Proposed = ferry_multiraft::Proposed<Result<MetaEvent, MetaError>>;
+pub(crate) use ferry_multiraft::{Outbound, ProposeFailure};
 
 /// What the driver is told.
 pub(crate) enum Input {
@@ -97,26 +70,16 @@ pub(crate) struct Start {
 
 /// The running driver.
 pub(crate) struct Driver {
-    engine: Option<Engine>,
-    meta: MetaState,
-    /// What entries applied since the last write changed, to write as a delta.
-    touched: Touched,
-    store: Box<dyn LogStore + Send>,
-    links: Box<dyn Outbound>,
+    rounds: RoundLoop<MetaMachine>,
     view: watch::Sender<Arc<MetaView>>,
     tick: Duration,
     election_seed: u64,
-    /// Index → (term, reply) of proposals made here.
-    pending: BTreeMap<u64, (u64, oneshot::Sender<Proposed>)>,
     /// A configuration change this node proposed as leader: (term, index).
     conf_pending: Option<(u64, u64)>,
     counters: Arc<RaftCounters>,
     /// The leader last seen, to count changes.
     last_leader: Option<PeerId>,
     stopping: bool,
-    /// Why the driver stopped by itself (it cannot go on without breaking a promise), once it
-    /// has.
-    halted: Option<String>,
 }
 
 /// Opens the engine of a node that already belongs to a cluster (its group 0 is in `recovered`).
@@ -142,31 +105,30 @@ impl Driver {
         view: watch::Sender<Arc<MetaView>>,
         counters: Arc<RaftCounters>,
     ) -> Self {
-        let mut touched = Touched::default();
-        if start.rewrite_durable {
-            touched.everything();
-        }
-        Driver {
-            engine: start.engine,
-            meta: start.meta,
-            touched,
-            store: start.store,
+        let raft_id = start.engine.as_ref().map(|e| RaftId(e.node().0));
+        let machine = MetaMachine::new(start.meta, raft_id, start.rewrite_durable);
+        let rounds = RoundLoop::new(
+            start.engine,
+            BTreeMap::from([(META_GROUP, machine)]),
+            start.store,
             links,
+            DriverConfig::default(),
+        );
+        Driver {
+            rounds,
             view,
             tick: start.tick,
             election_seed: start.election_seed,
-            pending: BTreeMap::new(),
             conf_pending: None,
             counters,
             last_leader: None,
             stopping: false,
-            halted: None,
         }
     }
 
     /// Runs on the calling thread until [`Input::Stop`] or until every sender is gone: the real
     /// clock decides when a tick is due, everything else is [`Driver::step`]. Returns why it
-    /// stopped by itself ([`Driver::halt`]), if it did.
+    /// stopped by itself (see [`ferry_multiraft::Halt`]), if it did.
     pub(crate) fn run(mut self, inputs: Receiver<Input>) -> Option<String> {
         let mut next_tick = Instant::now() + self.tick;
         self.begin();
@@ -190,111 +152,65 @@ impl Driver {
             self.step(batch, tick);
         }
         self.end();
-        self.halted
-    }
-
-    /// Stops the driver by itself, for `reason`: a write to the store failed, or an entry or
-    /// snapshot cannot be applied. Nothing more is applied, written or published after.
-    fn halt(&mut self, reason: String) {
-        tracing::error!(%reason, "the metadata group stops on this node");
-        self.halted = Some(reason);
-        self.stopping = true;
+        self.rounds.halted().map(|h| h.0.clone())
     }
 
     /// What the driver does first: the only voter campaigns, a first round runs, the view is
     /// published.
     pub(crate) fn begin(&mut self) {
-        self.campaign_if_alone();
+        self.rounds.campaign_if_alone(META_GROUP);
         self.run_rounds();
         self.publish();
     }
 
     /// One wake-up: handles `inputs`, ticks the engine when `tick` (one Raft tick of time
     /// passed: the caller's clock, real or simulated, decides), runs the rounds that are ready
-    /// and publishes the view. Reads no clock.
+    /// and publishes the view. Reads no clock. After a halt it does nothing.
     pub(crate) fn step(&mut self, inputs: impl IntoIterator<Item = Input>, tick: bool) {
+        if self.rounds.halted().is_some() {
+            self.stopping = true;
+            return;
+        }
         for input in inputs {
             self.handle(input);
         }
         if tick {
-            if let Some(engine) = self.engine.as_mut() {
-                engine.tick();
-            }
+            self.rounds.tick();
             self.drive_leader();
         }
         self.run_rounds();
-        if self.halted.is_none() {
+        if self.rounds.halted().is_some() {
             // A halted round's changes were not written: nobody may act on them.
+            self.stopping = true;
+        } else {
             self.publish();
         }
     }
 
     /// Fails every proposal still waiting.
     pub(crate) fn end(&mut self) {
-        for (_, (_, reply)) in std::mem::take(&mut self.pending) {
-            let _ = reply.send(Err(ProposeFailure::Stopped));
-        }
+        self.rounds.end();
         tracing::debug!("metadata driver stopped");
-    }
-
-    /// The only voter of group 0 leads at once, without waiting out an election timeout (a
-    /// one-node cluster serves as soon as it starts).
-    fn campaign_if_alone(&mut self) {
-        let Some(engine) = self.engine.as_mut() else {
-            return;
-        };
-        let alone = engine
-            .status(META_GROUP)
-            .is_some_and(|s| s.voters == [engine.node()]);
-        if alone {
-            if let Err(e) = engine.campaign(META_GROUP) {
-                tracing::debug!(error = %e, "no campaign");
-            }
-        }
     }
 
     fn handle(&mut self, input: Input) {
         match input {
-            Input::Batch { from, bytes } => {
-                let Some(engine) = self.engine.as_mut() else {
-                    return;
-                };
-                if let Err(e) = engine.step(from, &bytes) {
-                    tracing::warn!(from = from.0, error = %e, "refused a Raft batch");
-                }
-                engine.take_unknown_groups();
-            }
-            Input::Propose { command, reply } => self.propose(command, reply),
-            Input::Unreachable(peer) => {
-                if let Some(engine) = self.engine.as_mut() {
-                    engine.report_unreachable(peer);
-                }
-            }
+            Input::Batch { from, bytes } => self.rounds.receive(from, &bytes),
+            Input::Propose { command, reply } => self.rounds.propose(
+                META_GROUP,
+                command,
+                Box::new(move |outcome| {
+                    let _ = reply.send(outcome);
+                }),
+            ),
+            Input::Unreachable(peer) => self.rounds.unreachable(peer),
             Input::Join(raft_id) => self.join(raft_id),
             Input::Stop => self.stopping = true,
         }
     }
 
-    fn propose(&mut self, command: Vec<u8>, reply: oneshot::Sender<Proposed>) {
-        let Some(engine) = self.engine.as_mut() else {
-            let _ = reply.send(Err(ProposeFailure::NotMember));
-            return;
-        };
-        match engine.propose(META_GROUP, command) {
-            Ok(position) => {
-                self.pending.insert(position.index, (position.term, reply));
-            }
-            Err(ferry_multiraft::Error::NotLeader { leader, .. }) => {
-                let _ = reply.send(Err(ProposeFailure::NotLeader(leader.map(|l| RaftId(l.0)))));
-            }
-            Err(e) => {
-                let _ = reply.send(Err(ProposeFailure::Dropped(e.to_string())));
-            }
-        }
-    }
-
     fn join(&mut self, raft_id: RaftId) {
-        if self.engine.is_some() {
+        if self.rounds.engine().is_some() {
             return;
         }
         let engine = Engine::open(
@@ -308,201 +224,39 @@ impl Driver {
                     raft_id = raft_id.0,
                     "added to the cluster; following its leader"
                 );
-                self.engine = Some(engine);
+                self.rounds.set_engine(engine);
+                if let Some(machine) = self.rounds.machine_mut(META_GROUP) {
+                    machine.set_raft_id(raft_id);
+                }
             }
             Err(e) => tracing::error!(error = %e, "cannot start the metadata group"),
         }
     }
 
-    /// Rounds until the engine has nothing ready (bounded).
+    /// The rounds that are ready, and what they mean to the node: leader changes counted and
+    /// logged, this node's own removal said.
     fn run_rounds(&mut self) {
-        for _ in 0..ROUNDS_PER_WAKE_MAX {
-            let Some(engine) = self.engine.as_mut() else {
-                return;
-            };
-            if !engine.has_ready() {
-                return;
+        let done: RoundsDone = self.rounds.run_rounds();
+        for change in &done.role_changes {
+            if change.leader.is_some() && change.leader != self.last_leader {
+                self.last_leader = change.leader;
+                self.counters
+                    .leader_changes
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             }
-            let round = engine.round();
-            for batch in &round.batches {
-                self.links.send(batch.to, batch.bytes.clone());
-            }
-            for snapshot in round.snapshots {
-                self.links.send_snapshot(snapshot);
-            }
-            for change in &round.role_changes {
-                if change.leader.is_some() && change.leader != self.last_leader {
-                    self.last_leader = change.leader;
-                    self.counters
-                        .leader_changes
-                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                }
-                tracing::info!(
-                    role = ?change.role,
-                    term = change.term,
-                    leader = change.leader.map(|l| l.0),
-                    "metadata group role"
-                );
-            }
-            self.apply(&round.applies);
-            if self.halted.is_some() {
-                // Nothing of this round is written: at the next start the node applies from
-                // its durable copy again and stops at the same place.
-                return;
-            }
-            if !round.snapshot_requests.is_empty() {
-                self.compact(true);
-            }
-            if let Some(mut job) = round.persist {
-                self.write_durable(&mut job);
-                if self.first_job_of_member() {
-                    job.put_app(IDENTITY_KEY, self.raft_id_bytes());
-                }
-                if let Err(e) = self.store.write(&job) {
-                    // The store refuses every write from now on: this node cannot take part
-                    // in Raft any more without breaking its promises. Stop.
-                    self.halt(format!("writing the Raft log failed: {e}"));
-                    return;
-                }
-                if let Some(engine) = self.engine.as_mut() {
-                    if let Err(e) = engine.on_persisted(job.id()) {
-                        tracing::error!(error = %e, "invariant: jobs are reported in order");
-                    }
-                }
-            }
-            self.compact(false);
+            tracing::info!(
+                role = ?change.role,
+                term = change.term,
+                leader = change.leader.map(|l| l.0),
+                "metadata group role"
+            );
         }
-    }
-
-    /// Adds what the entries applied since the last job changed to `job` (the metadata's
-    /// durable copy, key by key, with its applied index).
-    fn write_durable(&mut self, job: &mut ferry_multiraft::PersistJob) {
-        let touched = std::mem::take(&mut self.touched);
-        for write in self.meta.durable_writes(&touched) {
-            match write {
-                DurableWrite::Clear => {
-                    job.delete_app_range(DURABLE_PREFIX, DURABLE_END);
-                    job.delete_app(META_KEY);
+        let me = self.rounds.engine().map(Engine::node);
+        for (_, change) in &done.conf_changes {
+            if let ConfChange::Remove(node) = change {
+                if Some(*node) == me {
+                    tracing::warn!("this node was removed from the cluster; it no longer takes part in the metadata group");
                 }
-                DurableWrite::Put { key, value } => job.put_app(key, value),
-                DurableWrite::Delete { key } => job.delete_app(key),
-            }
-        }
-    }
-
-    /// Whether the identity key must be written (always: it is tiny, and a joining node's
-    /// first job must carry it).
-    fn first_job_of_member(&self) -> bool {
-        self.engine.is_some()
-    }
-
-    fn raft_id_bytes(&self) -> Vec<u8> {
-        let id = self.engine.as_ref().map_or(0, |e| e.node().0);
-        id.to_be_bytes().to_vec()
-    }
-
-    fn apply(&mut self, applies: &[Apply]) {
-        for apply in applies {
-            match apply {
-                Apply::Entry { position, kind, .. } => {
-                    let result = match kind {
-                        EntryKind::Normal(bytes) => {
-                            self.meta.apply_entry(position.index, bytes).map(|applied| {
-                                self.touched.note_applied(&applied);
-                                applied.event
-                            })
-                        }
-                        EntryKind::ConfChange { change, .. } => {
-                            self.note_conf_change(*change);
-                            self.meta.skip(position.index).map(|()| MetaEvent::Nothing)
-                        }
-                        EntryKind::ConfTransition { .. } => {
-                            self.meta.skip(position.index).map(|()| MetaEvent::Nothing)
-                        }
-                    };
-                    if let Err(e) = &result {
-                        if e.stops_apply() {
-                            self.halt(format!(
-                                "cannot apply metadata entry {} (term {}): {e}",
-                                position.index, position.term
-                            ));
-                            return;
-                        }
-                        self.touched.note_index();
-                        tracing::debug!(index = position.index, error = %e, "metadata command refused");
-                    }
-                    self.answer(position.index, position.term, result);
-                }
-                Apply::Snapshot { position, data, .. } => {
-                    let restored = if data.is_empty() {
-                        let mut meta = MetaState::new();
-                        meta.skip(position.index).map(|()| meta)
-                    } else {
-                        MetaState::restore(data)
-                    };
-                    match restored {
-                        Ok(meta) => {
-                            self.meta = meta;
-                            self.touched.everything();
-                        }
-                        Err(e) => {
-                            self.halt(format!(
-                                "cannot read the metadata snapshot at index {}: {e}",
-                                position.index
-                            ));
-                            return;
-                        }
-                    }
-                    // Every proposal at or below the snapshot was decided elsewhere: its
-                    // outcome here is unknown, so it fails (the caller retries).
-                    let decided: Vec<u64> = self
-                        .pending
-                        .range(..=position.index)
-                        .map(|(i, _)| *i)
-                        .collect();
-                    for index in decided {
-                        if let Some((_, reply)) = self.pending.remove(&index) {
-                            let _ = reply.send(Err(ProposeFailure::Overwritten));
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    fn note_conf_change(&self, change: ConfChange) {
-        let me = self.engine.as_ref().map(Engine::node);
-        if let ConfChange::Remove(node) = change {
-            if Some(node) == me {
-                tracing::warn!("this node was removed from the cluster; it no longer takes part in the metadata group");
-            }
-        }
-    }
-
-    fn answer(&mut self, index: u64, term: u64, result: Result<MetaEvent, MetaError>) {
-        if let Some((proposed_term, reply)) = self.pending.remove(&index) {
-            let answer = if proposed_term == term {
-                Ok((index, result))
-            } else {
-                Err(ProposeFailure::Overwritten)
-            };
-            let _ = reply.send(answer);
-        }
-    }
-
-    /// Compacts the log when it grew long, or at once when a follower needs a snapshot.
-    fn compact(&mut self, now: bool) {
-        let Some(engine) = self.engine.as_mut() else {
-            return;
-        };
-        let Some(status) = engine.status(META_GROUP) else {
-            return;
-        };
-        let applied = self.meta.applied_index();
-        let due = applied >= status.first_index + COMPACT_AFTER_ENTRIES;
-        if (now || due) && applied >= status.first_index {
-            if let Err(e) = engine.compact(META_GROUP, applied, self.meta.snapshot()) {
-                tracing::debug!(error = %e, "metadata log not compacted");
             }
         }
     }
@@ -510,13 +264,16 @@ impl Driver {
     /// As leader: forms the cluster's Raft membership after the nodes recorded in the metadata,
     /// one configuration change at a time.
     fn drive_leader(&mut self) {
-        let Some(engine) = self.engine.as_mut() else {
+        let Some(machine) = self.rounds.machine(META_GROUP) else {
             return;
         };
-        let Some(status) = engine.status(META_GROUP) else {
+        if machine.meta().cluster_id().is_none() {
+            return;
+        }
+        let Some(status) = self.rounds.engine().and_then(|e| e.status(META_GROUP)) else {
             return;
         };
-        if status.role != Role::Leader || self.meta.cluster_id().is_none() {
+        if status.role != Role::Leader {
             return;
         }
         if let Some((term, index)) = self.conf_pending {
@@ -525,7 +282,10 @@ impl Driver {
             }
             self.conf_pending = None;
         }
-        let Some(change) = next_conf_change(&self.meta, &status) else {
+        let Some(change) = next_conf_change(machine.meta(), &status) else {
+            return;
+        };
+        let Some(engine) = self.rounds.engine_mut() else {
             return;
         };
         match engine.propose_conf_change(META_GROUP, change) {
@@ -539,15 +299,20 @@ impl Driver {
 
     /// Publishes the view when it changed.
     fn publish(&self) {
-        let status = self.engine.as_ref().and_then(|e| e.status(META_GROUP));
-        let raft_id = self.engine.as_ref().map(|e| RaftId(e.node().0));
+        let Some(machine) = self.rounds.machine(META_GROUP) else {
+            return;
+        };
+        let meta = machine.meta();
+        let engine = self.rounds.engine();
+        let status = engine.and_then(|e| e.status(META_GROUP));
+        let raft_id = engine.map(|e| RaftId(e.node().0));
         let current = self.view.borrow().clone();
-        let changed = current.meta.applied_index() != self.meta.applied_index()
+        let changed = current.meta.applied_index() != meta.applied_index()
             || current.raft_id != raft_id
             || current.group != status;
         if changed {
             let view = MetaView {
-                meta: self.meta.clone(),
+                meta: meta.clone(),
                 raft_id,
                 group: status,
             };

@@ -17,6 +17,7 @@
 mod driver;
 mod host;
 mod log_store;
+mod machine;
 mod propose;
 mod reach;
 mod service;
@@ -208,7 +209,7 @@ impl MetaNode {
         let counters = Arc::new(RaftCounters::default());
         let driver = Driver::new(
             start,
-            Box::new(Arc::clone(&links)),
+            Box::new(transport::SharedLinks(Arc::clone(&links))),
             view_tx,
             Arc::clone(&counters),
         );

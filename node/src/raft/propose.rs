@@ -154,7 +154,7 @@ impl MetaNode {
             let decided = match proposed {
                 Ok((index, outcome)) => Some((index, outcome.err().map(|e| meta_status(&e)))),
                 Err(ProposeFailure::NotLeader(Some(leader))) => {
-                    match self.forward(leader, &bytes).await {
+                    match self.forward(RaftId(leader.0), &bytes).await {
                         Ok(decided) => Some(decided),
                         Err(s) if s.code() == Code::Unavailable => {
                             last_error = s;

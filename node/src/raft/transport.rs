@@ -504,13 +504,16 @@ pub(crate) fn cluster_id_bytes(id: Option<ClusterId>) -> Vec<u8> {
     id.map(|c| c.0.to_be_bytes().to_vec()).unwrap_or_default()
 }
 
-impl Outbound for Arc<Links> {
+/// The driver's [`Outbound`]: the node's peer links, shared with the rest of the node.
+pub(crate) struct SharedLinks(pub(crate) Arc<Links>);
+
+impl Outbound for SharedLinks {
     fn send(&self, to: PeerId, bytes: Bytes) {
-        Links::send(self, to, bytes);
+        self.0.send(to, bytes);
     }
 
     fn send_snapshot(&self, snapshot: OutSnapshot) {
-        Links::send_snapshot(self, snapshot);
+        self.0.send_snapshot(snapshot);
     }
 }
 
