@@ -34,7 +34,8 @@
 //! [`Engine::open`] resumes from.
 //!
 //! Steps 2 to 6 are written once, in [`Driver`], generic over each group's [`GroupMachine`]:
-//! the node's threads and the simulations run it.
+//! the node's threads and the simulations run it. With the feature `sim`, [`sim::Sim`] runs
+//! many nodes' drivers in one process on a seeded network and simulated time.
 //!
 //! Must not depend on: tonic, ferry-proto, tokio or any async runtime, a clock, threads or a
 //! random source. raft-rs's protobuf types (prost 0.11) stay inside this crate: between nodes
@@ -53,6 +54,8 @@ mod keys;
 mod logger;
 mod persist;
 mod round;
+#[cfg(feature = "sim")]
+pub mod sim;
 mod storage;
 
 pub use codec::{decode_batch, encode_batch, BATCH_VERSION};

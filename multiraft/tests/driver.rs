@@ -1,24 +1,24 @@
-//! The generic round loop ([`Driver`]) with a toy state machine, three nodes in one process on
-//! a network of queues: proposals answered once applied, with their index; a follower's
+//! The generic round loop ([`Driver`]) with a toy state machine, several nodes in one process
+//! on the crate's simulator: proposals answered once applied, with their index; a follower's
 //! proposal refused with the leader's id; the same applied sequence on every node, its applied
-//! index in the same job; a machine that cannot apply an entry halts its driver with nothing of
-//! that round written.
+//! index in the same job; a machine that cannot apply an entry halts its driver with nothing
+//! of that round written; the same seed gives the same run.
 
 #![allow(clippy::unwrap_used)]
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use bytes::Bytes;
+use ferry_multiraft::sim::{Faults, Sim};
 use ferry_multiraft::{
     Driver, DriverConfig, Engine, EngineConfig, GroupId, GroupMachine, Halt, LogPosition, LogStore,
-    MemStore, NodeId, OutSnapshot, Outbound, PersistJob, ProposeFailure, Proposed, Recovered, Role,
+    MemStore, NodeId, PersistJob, ProposeFailure, Proposed, Recovered, Role,
 };
 
 const G0: GroupId = GroupId(0);
 const APPLIED_KEY: &[u8] = b"toy/applied";
-/// Enough ticks for several election timeouts.
-const TICKS_MAX: usize = 400;
+/// Enough steps for many election timeouts.
+const STEPS_MAX: u64 = 4_000;
 
 /// Applies entries by remembering them; halts on an entry that says "poison", after changing
 /// its applied index (a machine half-way through: what the driver must then not write).
@@ -93,124 +93,79 @@ impl LogStore for SharedStore {
     }
 }
 
-type Wire = Arc<Mutex<VecDeque<(NodeId, NodeId, Bytes)>>>;
-
-/// Queues what a node sends, for the test to deliver.
-struct Queue {
-    from: NodeId,
-    wire: Wire,
-}
-
-impl Outbound for Queue {
-    fn send(&self, to: NodeId, bytes: Bytes) {
-        self.wire.lock().unwrap().push_back((self.from, to, bytes));
-    }
-    fn send_snapshot(&self, snapshot: OutSnapshot) {
-        let bytes = snapshot.as_batch();
-        self.wire
-            .lock()
-            .unwrap()
-            .push_back((self.from, snapshot.to, bytes));
-    }
-}
-
 struct Cluster {
-    drivers: BTreeMap<NodeId, Driver<Toy>>,
+    sim: Sim<Driver<Toy>>,
     stores: BTreeMap<NodeId, SharedStore>,
-    wire: Wire,
 }
 
 impl Cluster {
-    fn new(n: u64) -> Self {
+    fn new(n: u64, seed: u64, faults: Faults) -> Self {
         let voters: Vec<NodeId> = (1..=n).map(NodeId).collect();
-        let wire = Wire::default();
-        let mut drivers = BTreeMap::new();
+        let mut sim = Sim::new(seed, faults);
         let mut stores = BTreeMap::new();
         for &node in &voters {
             let config = EngineConfig {
-                election_seed: 7 * node.0,
+                election_seed: seed ^ (7 * node.0),
                 ..EngineConfig::new(node)
             };
             let mut engine = Engine::open(config, Recovered::default()).unwrap();
             engine.bootstrap_group(G0, &voters).unwrap();
-            let mut store = SharedStore::default();
-            let job = engine.round().persist.expect("bootstrap writes");
-            store.write(&job).unwrap();
-            engine.on_persisted(job.id()).unwrap();
-            let queue = Queue {
-                from: node,
-                wire: Arc::clone(&wire),
-            };
+            let store = SharedStore::default();
             let machines = BTreeMap::from([(G0, Toy::default())]);
             let driver = Driver::new(
                 Some(engine),
                 machines,
                 Box::new(store.clone()),
-                Box::new(queue),
+                Box::new(sim.outbound(node)),
                 DriverConfig::default(),
             );
-            drivers.insert(node, driver);
+            sim.add(node, driver);
             stores.insert(node, store);
         }
-        Cluster {
-            drivers,
-            stores,
-            wire,
-        }
-    }
-
-    /// Delivers everything sent so far, then runs every driver's rounds.
-    fn settle(&mut self) {
-        for _ in 0..50 {
-            let sent: Vec<_> = self.wire.lock().unwrap().drain(..).collect();
-            for (from, to, bytes) in &sent {
-                if let Some(d) = self.drivers.get_mut(to) {
-                    d.receive(*from, bytes);
-                }
-            }
-            for d in self.drivers.values_mut() {
-                d.run_rounds();
-            }
-            if self.wire.lock().unwrap().is_empty() {
-                return;
-            }
-        }
-    }
-
-    fn tick(&mut self) {
-        for d in self.drivers.values_mut() {
-            d.tick();
-        }
-        self.settle();
+        Cluster { sim, stores }
     }
 
     fn leader(&self) -> Option<NodeId> {
-        self.drivers.iter().find_map(|(id, d)| {
+        self.sim.replicas().find_map(|(id, d)| {
             let status = d.engine()?.status(G0)?;
-            (status.role == Role::Leader).then_some(*id)
+            (status.role == Role::Leader).then_some(id)
         })
     }
 
     fn elect(&mut self) -> NodeId {
-        for _ in 0..TICKS_MAX {
-            if let Some(leader) = self.leader() {
-                return leader;
-            }
-            self.tick();
-        }
-        panic!("no leader within {TICKS_MAX} ticks");
+        assert!(
+            self.sim
+                .run_until(STEPS_MAX, |s| s.replicas().any(|(_, d)| {
+                    d.engine()
+                        .and_then(|e| e.status(G0))
+                        .is_some_and(|st| st.role == Role::Leader)
+                })),
+            "no leader within {STEPS_MAX} steps"
+        );
+        self.leader().unwrap()
     }
 
-    fn propose(&mut self, node: NodeId, data: &[u8]) -> Arc<Mutex<Option<Proposed<usize>>>> {
-        let answer = Arc::new(Mutex::new(None));
+    /// Proposes `data` on `node`; its outcome, once there is one.
+    fn propose(&mut self, node: NodeId, data: &[u8]) -> Answer {
+        let answer = Answer::default();
         let to = Arc::clone(&answer);
-        self.drivers.get_mut(&node).unwrap().propose(
+        self.sim.replica_mut(node).unwrap().propose(
             G0,
             data.to_vec(),
             Box::new(move |outcome| *to.lock().unwrap() = Some(outcome)),
         );
-        self.settle();
+        self.sim.collect();
         answer
+    }
+
+    /// Steps until `answer` has an outcome; the outcome.
+    fn outcome(&mut self, answer: &Answer) -> Proposed<usize> {
+        assert!(
+            self.sim
+                .run_until(STEPS_MAX, |_| answer.lock().unwrap().is_some()),
+            "no outcome within {STEPS_MAX} steps"
+        );
+        answer.lock().unwrap().take().unwrap()
     }
 
     fn stored_applied(&self, node: NodeId) -> Option<u64> {
@@ -219,30 +174,51 @@ impl Cluster {
     }
 }
 
+type Answer = Arc<Mutex<Option<Proposed<usize>>>>;
+
 #[test]
 fn a_proposal_is_answered_once_applied_and_every_node_applies_the_same_entries() {
-    let mut cluster = Cluster::new(3);
-    let leader = cluster.elect();
+    let mut cluster = Cluster::new(3, 1, Faults::lossy());
     let mut indexes = vec![];
-    for i in 0..5 {
+    let mut i = 0;
+    while indexes.len() < 5 {
+        let leader = cluster.elect();
         let answer = cluster.propose(leader, format!("entry {i}").as_bytes());
-        let (index, applied_count) = answer.lock().unwrap().take().unwrap().unwrap();
-        assert_eq!(applied_count, i + 1);
-        indexes.push(index);
+        match cluster.outcome(&answer) {
+            Ok((index, applied_count)) => {
+                indexes.push(index);
+                assert_eq!(applied_count, indexes.len());
+                i += 1;
+            }
+            // Lost to a leader change on the lossy network: proposed again.
+            Err(ProposeFailure::Overwritten | ProposeFailure::NotLeader(_)) => {}
+            Err(e) => panic!("{e:?}"),
+        }
     }
     assert!(indexes.windows(2).all(|w| w[0] < w[1]), "{indexes:?}");
-    // Followers learn the last commit on the next heartbeat.
-    for _ in 0..10 {
-        cluster.tick();
-    }
-    let expected = &cluster.drivers[&leader].machine(G0).unwrap().entries;
+    let leader = cluster.leader().unwrap();
+    let expected = cluster
+        .sim
+        .replica(leader)
+        .unwrap()
+        .machine(G0)
+        .unwrap()
+        .entries
+        .clone();
     assert_eq!(expected.len(), 5);
-    for (node, driver) in &cluster.drivers {
-        let toy = driver.machine(G0).unwrap();
-        assert_eq!(&toy.entries, expected, "node {node}");
+    let everywhere = |s: &Sim<Driver<Toy>>| {
+        s.replicas()
+            .all(|(_, d)| d.machine(G0).unwrap().entries == expected)
+    };
+    assert!(
+        cluster.sim.run_until(STEPS_MAX, everywhere),
+        "not applied everywhere"
+    );
+    for (node, driver) in cluster.sim.replicas() {
         // What a machine applied reached the store with its applied index, in the same job.
+        let toy = driver.machine(G0).unwrap();
         assert_eq!(
-            cluster.stored_applied(*node),
+            cluster.stored_applied(node),
             Some(toy.applied_index),
             "node {node}"
         );
@@ -251,11 +227,21 @@ fn a_proposal_is_answered_once_applied_and_every_node_applies_the_same_entries()
 
 #[test]
 fn a_proposal_on_a_follower_is_refused_with_the_leader() {
-    let mut cluster = Cluster::new(3);
+    let mut cluster = Cluster::new(3, 2, Faults::none());
     let leader = cluster.elect();
-    // Followers know the leader once its first heartbeat arrived.
-    cluster.tick();
-    let follower = *cluster.drivers.keys().find(|n| **n != leader).unwrap();
+    let follower = NodeId(if leader == NodeId(1) { 2 } else { 1 });
+    // A follower knows the leader once its first message arrived.
+    let knows = |s: &Sim<Driver<Toy>>| {
+        let status = s
+            .replica(follower)
+            .unwrap()
+            .engine()
+            .unwrap()
+            .status(G0)
+            .unwrap();
+        status.leader == Some(leader)
+    };
+    assert!(cluster.sim.run_until(STEPS_MAX, knows));
     let answer = cluster.propose(follower, b"from a follower");
     let outcome = answer.lock().unwrap().take().unwrap();
     assert_eq!(outcome, Err(ProposeFailure::NotLeader(Some(leader))));
@@ -263,23 +249,66 @@ fn a_proposal_on_a_follower_is_refused_with_the_leader() {
 
 #[test]
 fn an_entry_the_machine_cannot_apply_halts_the_driver_with_nothing_of_its_round_written() {
-    let mut cluster = Cluster::new(1);
+    let mut cluster = Cluster::new(1, 3, Faults::none());
     let leader = cluster.elect();
     let answer = cluster.propose(leader, b"fine");
-    assert!(answer.lock().unwrap().take().unwrap().is_ok());
+    assert!(cluster.outcome(&answer).is_ok());
     let before = cluster.stored_applied(leader).unwrap();
     let poisoned = cluster.propose(leader, b"poison");
-    let driver = cluster.drivers.get_mut(&leader).unwrap();
-    let halt = driver.halted().expect("halted").clone();
+    let halted = |s: &Sim<Driver<Toy>>| s.replica(leader).unwrap().halted().is_some();
+    assert!(cluster.sim.run_until(STEPS_MAX, halted));
+    let halt = cluster
+        .sim
+        .replica(leader)
+        .unwrap()
+        .halted()
+        .unwrap()
+        .clone();
     assert!(halt.0.contains("cannot be applied"), "{halt:?}");
     // The poisoned entry's round wrote nothing: the stored applied index did not move.
     assert_eq!(cluster.stored_applied(leader), Some(before));
     // Nothing runs after a halt, and the waiting proposal fails when the driver ends.
-    let driver = cluster.drivers.get_mut(&leader).unwrap();
+    let driver = cluster.sim.replica_mut(leader).unwrap();
     assert_eq!(driver.run_rounds().rounds, 0);
     driver.end();
     assert_eq!(
         poisoned.lock().unwrap().take(),
         Some(Err(ProposeFailure::Stopped))
     );
+}
+
+/// Runs three nodes on a lossy network with a partition, proposing as it goes; the trace.
+fn scripted_run(seed: u64) -> Vec<(u64, ferry_multiraft::sim::Traced)> {
+    let mut cluster = Cluster::new(3, seed, Faults::lossy());
+    let leader = cluster.elect();
+    for i in 0..3 {
+        let answer = cluster.propose(leader, format!("before {i}").as_bytes());
+        cluster
+            .sim
+            .run_until(200, |_| answer.lock().unwrap().is_some());
+    }
+    cluster
+        .sim
+        .isolate(leader, &[NodeId(1), NodeId(2), NodeId(3)]);
+    cluster.sim.run_until(400, |_| false);
+    cluster.sim.heal();
+    cluster.sim.run_until(400, |_| false);
+    cluster.sim.trace().to_vec()
+}
+
+#[test]
+fn one_seed_gives_the_same_run_twice_and_another_seed_another() {
+    let first = scripted_run(11);
+    assert!(
+        first.len() > 100,
+        "the run did something: {} events",
+        first.len()
+    );
+    let lost = first
+        .iter()
+        .filter(|(_, e)| matches!(e, ferry_multiraft::sim::Traced::Lost { .. }))
+        .count();
+    assert!(lost > 0, "the partition and the lossy network lost packets");
+    assert_eq!(scripted_run(11), first);
+    assert_ne!(scripted_run(12), first);
 }

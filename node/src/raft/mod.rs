@@ -22,6 +22,8 @@ mod propose;
 mod reach;
 mod service;
 #[cfg(test)]
+mod sim_tests;
+#[cfg(test)]
 mod test_host;
 #[cfg(test)]
 mod tests;
