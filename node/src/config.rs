@@ -95,22 +95,54 @@ pub struct Limits {
     pub tcp_keepalive_idle_ms: u64,
 }
 
+/// The defaults of the components the node configures, read where each component keeps them
+/// (the kernel's queue settings, the back-end's, the front-end's, the store writer's): one
+/// place for every default, which the node's configuration shows and may change.
+struct ComponentDefaults {
+    queue: ferry_kernel::QueueConfig,
+    broker: ferry_be_server::BrokerConfig,
+    frontend: ferry_fe_dispatcher::FrontendConfig,
+    commit: ferry_store::CommitSettings,
+}
+
+impl ComponentDefaults {
+    fn get() -> Self {
+        ComponentDefaults {
+            queue: ferry_kernel::QueueConfig::default(),
+            broker: ferry_be_server::BrokerConfig::new(default_node_id()),
+            frontend: ferry_fe_dispatcher::FrontendConfig::default(),
+            commit: ferry_store::CommitSettings::default(),
+        }
+    }
+}
+
+/// The node id of a node configured with nothing.
+fn default_node_id() -> ferry_kernel::NodeId {
+    ferry_kernel::NodeId::new("node-1").unwrap_or_else(|_| unreachable!("a valid node id"))
+}
+
 impl Default for Limits {
     fn default() -> Self {
+        let ComponentDefaults {
+            queue,
+            broker,
+            frontend,
+            ..
+        } = ComponentDefaults::get();
         Self {
-            max_message_size_bytes: 1024 * 1024,
+            max_message_size_bytes: queue.max_message_size_bytes,
             grpc_max_request_bytes: 64 * 1024 * 1024,
-            receive_batch_max: 1_000,
-            waiters_per_queue_max: 10_000,
-            delivery_lease_default_ms: 30_000,
-            delivery_lease_max_ms: 12 * 3_600_000,
-            connection_lease_default_ms: 30_000,
-            connections_max: 100_000,
-            sessions_per_connection_max: 1_000,
-            temporary_queues_per_connection_max: 1_000,
-            sessions_max: 100_000,
-            temporary_queues_max: 10_000,
-            queues_max: 10_000,
+            receive_batch_max: queue.receive_batch_max,
+            waiters_per_queue_max: queue.waiters_max,
+            delivery_lease_default_ms: queue.default_lease_ms,
+            delivery_lease_max_ms: queue.lease_max_ms,
+            connection_lease_default_ms: frontend.connection_lease_default_ms,
+            connections_max: frontend.connections_max,
+            sessions_per_connection_max: frontend.sessions_per_connection_max,
+            temporary_queues_per_connection_max: frontend.temporary_queues_per_connection_max,
+            sessions_max: frontend.sessions_max,
+            temporary_queues_max: frontend.temporary_queues_max,
+            queues_max: broker.queues_max,
             grpc_max_concurrent_streams: 1_024,
             grpc_peer_max_concurrent_streams: 65_536,
             grpc_handshake_timeout_ms: 10_000,
@@ -196,11 +228,11 @@ fn default_peer_listen() -> String {
 }
 
 fn default_ack_sync_delay_max_us() -> u64 {
-    1_000
+    u64::try_from(ComponentDefaults::get().commit.defer_max.as_micros()).unwrap_or(u64::MAX)
 }
 
 fn default_disk_free_min_bytes() -> u64 {
-    64 * 1024 * 1024
+    ComponentDefaults::get().broker.disk_free_min_bytes
 }
 
 /// How many bytes of messages a node keeps in memory. Messages over the budget wait in the store
@@ -222,9 +254,10 @@ pub struct PagingConfig {
 
 impl Default for PagingConfig {
     fn default() -> Self {
+        let broker = ComponentDefaults::get().broker;
         Self {
-            queue_memory_budget_bytes: 64 * 1024 * 1024,
-            node_memory_budget_bytes: 256 * 1024 * 1024,
+            queue_memory_budget_bytes: broker.queue_memory_budget_bytes,
+            node_memory_budget_bytes: broker.node_memory_budget_bytes,
         }
     }
 }
@@ -241,9 +274,10 @@ pub struct HistoryConfig {
 
 impl Default for HistoryConfig {
     fn default() -> Self {
+        let broker = ComponentDefaults::get().broker;
         Self {
-            retention_ms: 600_000,
-            max_steps: 100_000,
+            retention_ms: broker.history_retention_ms,
+            max_steps: broker.history_max_steps,
         }
     }
 }
@@ -278,7 +312,7 @@ impl Default for MetricsConfig {
 impl Default for Config {
     fn default() -> Self {
         Self {
-            node_id: "node-1".into(),
+            node_id: default_node_id().to_string(),
             listen: format!("127.0.0.1:{DEFAULT_PORT}"),
             peer_listen: default_peer_listen(),
             data_dir: PathBuf::from("./ferry-data"),
@@ -696,27 +730,6 @@ mod listeners_and_transport {
 #[cfg(test)]
 mod paging_and_disk {
     use super::*;
-
-    /// The node's defaults are the back-end's: one place to read them.
-    #[test]
-    fn defaults_match_the_back_end() {
-        let broker = ferry_be_server::BrokerConfig::new(
-            ferry_kernel::NodeId::new("node-1").expect("a valid node id"),
-        );
-        let c = Config::default();
-        assert_eq!(
-            (
-                c.paging.queue_memory_budget_bytes,
-                c.paging.node_memory_budget_bytes,
-                c.disk_free_min_bytes
-            ),
-            (
-                broker.queue_memory_budget_bytes,
-                broker.node_memory_budget_bytes,
-                broker.disk_free_min_bytes
-            )
-        );
-    }
 
     #[test]
     fn zero_budgets_and_no_disk_limit_are_allowed() {

@@ -7,7 +7,7 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use crate::raft::{MetaNode, NodeLogStore, NodeSettings};
@@ -51,7 +51,8 @@ type MessagingServer = pb::messaging_server::MessagingServer<MessagingService>;
 /// accepted, parked receivers are answered empty, writes already submitted finish durably, and
 /// calls still queued fail with UNAVAILABLE. `on_ready` is called once every queue is recovered,
 /// just before the node serves. `settings` are the configuration's values with their sources,
-/// as `ferry status` shows them.
+/// as `ferry status` shows them. Fails when the node stopped by itself (its metadata group
+/// halted), with the reason.
 pub async fn run(
     config: Config,
     settings: Vec<Setting>,
@@ -64,14 +65,84 @@ pub async fn run(
     let peer_addr = listeners.peer.local_addr()?;
     let meta_start = meta_settings(&config, &node_id, client_addr, peer_addr)?;
     let started = std::time::Instant::now();
-    let store = crate::data_dir::open_store(&config)?;
-    // One database and one group-commit writer per node: the back-end and the Raft driver both
-    // write through it (a round's records share a synced batch with the queues' writes), and the
-    // node stops it last, once nothing writes any more.
-    let writer = CommitWriter::start(Arc::clone(&store), commit_settings(&config))?;
+    let (store, writer, broker) = open_back_end(&config, &node_id).await?;
+    let backend = BackendService::new(broker.clone());
+    let meta = start_metadata(meta_start, &config, (&store, &writer), &broker, &backend).await?;
+    let (frontend, placement_task) = start_frontend(&config, &node_id, &meta, &backend);
+    let reaper = tokio::spawn(frontend.reaper());
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health.set_serving::<MessagingServer>().await;
+    let store_watch = tokio::spawn(watch_store(broker.clone(), health.clone()));
+    let metrics_listener = bind_metrics(&config).await?;
+    let metrics_addr = metrics_listener.as_ref().map(TcpListener::local_addr);
+    let addresses = Addresses {
+        client: client_addr,
+        peer: peer_addr,
+        metrics: metrics_addr.transpose()?,
+    };
+    // `begun` turns true when shutdown starts; the peer listener stops with the client one.
+    let (begun_tx, begun) = watch::channel(false);
+    let facts = NodeFacts {
+        node_id: node_id.to_string(),
+        started,
+        data_dir: config.data_dir.clone(),
+        storage: config.storage,
+        settings,
+        listeners: listener_reports(&addresses),
+    };
+    let (node_state, metrics) =
+        start_status(facts, &broker, &frontend, &meta, &begun, metrics_listener);
+    tracing::info!(node = %node_id, addr = %addresses.client, peer_addr = %addresses.peer, "listening");
+    on_ready(&addresses);
+
+    // Why the node stops by itself, if it does: its metadata group halted.
+    let halt = Arc::new(Mutex::new(None::<String>));
+    let parts = Stopping {
+        broker: broker.clone(),
+        health,
+        meta: meta.clone(),
+        frontend: Arc::clone(&frontend),
+    };
+    let stopping = stop_when(shutdown, parts, begun_tx, Arc::clone(&halt));
+    let services = Services {
+        frontend: &frontend,
+        meta: &meta,
+        node_state,
+        backend,
+    };
+    serve(
+        &config,
+        services,
+        health_service,
+        listeners,
+        stopping,
+        begun,
+    )
+    .await?;
+    let tasks = [reaper, store_watch, placement_task];
+    close(tasks.into_iter().chain(metrics), &meta, &broker, writer).await;
+    let halt = halt.lock().unwrap_or_else(PoisonError::into_inner).take();
+    halt.map_or(Ok(()), |reason| {
+        Err(anyhow::anyhow!(
+            "the node stopped: its metadata group halted: {reason}"
+        ))
+    })
+}
+
+/// The node's one database, its one group-commit writer and the back-end over them, every queue
+/// recovered. The back-end and the Raft driver both write through the writer (a round's
+/// records share a synced batch with the queues' writes), and the node stops it last, once
+/// nothing writes any more.
+async fn open_back_end(
+    config: &Config,
+    node_id: &NodeId,
+) -> anyhow::Result<(Arc<dyn QueueStore>, CommitWriter, Broker)> {
+    let started = std::time::Instant::now();
+    let store = crate::data_dir::open_store(config)?;
+    let writer = CommitWriter::start(Arc::clone(&store), commit_settings(config))?;
     let clock: ClockRef = Arc::new(SystemClock);
     let broker = Broker::open(
-        broker_config(&config, node_id.clone()),
+        broker_config(config, node_id.clone()),
         Arc::clone(&store),
         writer.handle(),
         clock,
@@ -81,9 +152,17 @@ pub async fn run(
         elapsed_ms = started.elapsed().as_millis() as u64,
         "back-end ready"
     );
-    let backend = BackendService::new(broker.clone());
-    let meta = start_metadata(meta_start, &config, (&store, &writer), &broker, &backend).await?;
-    // The placement the router follows: rebuilt from the metadata at every change.
+    Ok((store, writer, broker))
+}
+
+/// The front-end over a router that follows the placement rebuilt from the metadata at every
+/// change (the task that rebuilds it is returned), with the metadata as its catalog.
+fn start_frontend(
+    config: &Config,
+    node_id: &NodeId,
+    meta: &MetaNode,
+    backend: &BackendService,
+) -> (Arc<Frontend>, tokio::task::JoinHandle<()>) {
     let local: BackendRef = Arc::new(backend.clone());
     let mut builder = {
         let meta = meta.clone();
@@ -99,72 +178,99 @@ pub async fn run(
         builder,
         placement_tx,
     ));
-    let frontend = Arc::new(
-        Frontend::new(
-            frontend_config(&config.limits),
-            Router::new(placement_rx)
-                .with_catch_up(Arc::new(crate::meta_link::MetaCatchUp(meta.clone()))),
-            Arc::new(ferry_be_server::SystemClock),
-        )
-        .with_catalog(Arc::new(crate::meta_link::MetaCatalog(meta.clone()))),
-    );
-    let reaper = tokio::spawn(frontend.reaper());
-    let (health, health_service) = tonic_health::server::health_reporter();
-    health.set_serving::<MessagingServer>().await;
-    let store_watch = tokio::spawn(watch_store(broker.clone(), health.clone()));
-    let metrics_listener = bind_metrics(&config).await?;
-    let addresses = Addresses {
-        client: listeners.client.local_addr()?,
-        peer: listeners.peer.local_addr()?,
-        metrics: match &metrics_listener {
-            Some(l) => Some(l.local_addr()?),
-            None => None,
-        },
-    };
-    // `begun` turns true when shutdown starts; the peer listener stops with the client one.
-    let (begun_tx, begun) = watch::channel(false);
-    let facts = NodeFacts {
-        node_id: node_id.to_string(),
-        started,
-        data_dir: config.data_dir.clone(),
-        storage: config.storage,
-        settings,
-        listeners: listener_reports(&addresses),
-    };
+    let router = Router::new(placement_rx)
+        .with_catch_up(Arc::new(crate::meta_link::MetaCatchUp(meta.clone())));
+    let frontend = Frontend::new(
+        frontend_config(&config.limits),
+        router,
+        Arc::new(ferry_be_server::SystemClock),
+    )
+    .with_catalog(Arc::new(crate::meta_link::MetaCatalog(meta.clone())));
+    (Arc::new(frontend), placement_task)
+}
+
+/// The node's own status (`ferry status`, `Node` service), and its metrics endpoint when it has
+/// a listener (the task serving it, to stop at the end).
+fn start_status(
+    facts: NodeFacts,
+    broker: &Broker,
+    frontend: &Arc<Frontend>,
+    meta: &MetaNode,
+    begun: &watch::Receiver<bool>,
+    metrics_listener: Option<TcpListener>,
+) -> (NodeState, Option<tokio::task::JoinHandle<()>>) {
     let node_state = NodeState::new(facts, broker.clone(), meta.clone(), begun.clone());
     let metrics = metrics_listener.map(|l| {
         let sources = crate::metrics::Sources {
             broker: broker.clone(),
-            frontend: frontend.clone(),
+            frontend: Arc::clone(frontend),
             meta: meta.clone(),
             node: node_state.clone(),
         };
-        tokio::spawn(crate::metrics::serve(l, sources))
-    });
-    tracing::info!(node = %node_id, addr = %addresses.client, peer_addr = %addresses.peer, "listening");
-    on_ready(&addresses);
-
-    // Why the node stops by itself, if it does: its metadata group halted.
-    let halt = Arc::new(std::sync::Mutex::new(None::<String>));
-    let stopping = {
-        let (broker, health, meta) = (broker.clone(), health.clone(), meta.clone());
-        let stop_frontend = frontend.stop_handle();
-        let halt = Arc::clone(&halt);
-        async move {
-            tokio::select! {
-                () = shutdown => tracing::info!("shutting down"),
-                reason = meta.halted() => {
-                    tracing::error!(%reason, "the metadata group stopped on this node; the node stops serving (restart it once the cause is fixed)");
-                    *halt.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(reason);
-                }
+        tokio::spawn(async move {
+            if let Err(e) = crate::metrics::serve(l, sources).await {
+                tracing::error!(error = %e, "the metrics endpoint stopped");
             }
-            let _ = begun_tx.send(true);
-            health.set_not_serving::<MessagingServer>().await;
-            stop_frontend.stop();
-            meta.stop().await;
-            broker.shutdown().await;
+        })
+    });
+    (node_state, metrics)
+}
+
+/// What stopping the node stops, in order.
+struct Stopping {
+    broker: Broker,
+    health: tonic_health::server::HealthReporter,
+    meta: MetaNode,
+    frontend: Arc<Frontend>,
+}
+
+/// Completes once the node has begun to stop: at `shutdown`, or when its metadata group halts
+/// (the reason is kept in `halt`). Says so on `begun`, stops taking calls, and stops the
+/// metadata group and the back-end.
+async fn stop_when(
+    shutdown: impl Future<Output = ()> + Send,
+    parts: Stopping,
+    begun: watch::Sender<bool>,
+    halt: Arc<Mutex<Option<String>>>,
+) {
+    tokio::select! {
+        () = shutdown => tracing::info!("shutting down"),
+        reason = parts.meta.halted() => {
+            tracing::error!(%reason, "the metadata group stopped on this node; the node stops serving (restart it once the cause is fixed)");
+            *halt.lock().unwrap_or_else(PoisonError::into_inner) = Some(reason);
         }
-    };
+    }
+    let _ = begun.send(true);
+    parts.health.set_not_serving::<MessagingServer>().await;
+    parts.frontend.stop_handle().stop();
+    parts.meta.stop().await;
+    parts.broker.shutdown().await;
+}
+
+/// What the two listeners serve.
+struct Services<'a> {
+    frontend: &'a Frontend,
+    meta: &'a MetaNode,
+    node_state: NodeState,
+    backend: BackendService,
+}
+
+/// Serves clients and peers until `stopping` completes and the open calls finish, or the
+/// shutdown grace period ends.
+async fn serve<H: tonic_health::pb::health_server::Health>(
+    config: &Config,
+    services: Services<'_>,
+    health_service: tonic_health::pb::health_server::HealthServer<H>,
+    listeners: Listeners,
+    stopping: impl Future<Output = ()> + Send,
+    begun: watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    let Services {
+        frontend,
+        meta,
+        node_state,
+        backend,
+    } = services;
     let l = &config.limits;
     let max = l.grpc_max_request_bytes;
     let (reflection, reflection_alpha) = client_reflection()?;
@@ -196,30 +302,30 @@ pub async fn run(
             tracing::warn!(grace_ms = config.shutdown_grace_ms, "calls still open after the shutdown grace period; stopping anyway");
         }
     }
-    reaper.abort();
-    store_watch.abort();
-    placement_task.abort();
-    meta.stop().await;
-    if let Some(task) = metrics {
+    Ok(())
+}
+
+/// Stops what still runs once nothing is served: the node's tasks, the metadata group, the
+/// back-end, and last the writer. Returns once none of them holds the store any more, so that
+/// the database is closed when `run` returns (RocksDB must be closed before the process exits,
+/// and a node run again in the same process must be able to open it).
+async fn close(
+    tasks: impl IntoIterator<Item = tokio::task::JoinHandle<()>>,
+    meta: &MetaNode,
+    broker: &Broker,
+    writer: CommitWriter,
+) {
+    for task in tasks {
         task.abort();
+        // Returns once the task's future is dropped, with what it held (the store among it).
+        let _ = task.await;
     }
+    meta.stop().await;
     broker.shutdown().await;
-    // Every queue has finished its writes: close the store (RocksDB must be closed before the
-    // process exits).
     if !writer.stop().await {
         tracing::error!("the group-commit writer did not stop cleanly");
     }
     tracing::info!("stopped");
-    let halt = halt
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .take();
-    match halt {
-        Some(reason) => Err(anyhow::anyhow!(
-            "the node stopped: its metadata group halted: {reason}"
-        )),
-        None => Ok(()),
-    }
 }
 
 /// Completes once shutdown has begun (or can no longer begin).

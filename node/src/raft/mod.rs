@@ -138,6 +138,10 @@ pub(crate) struct Shared {
     shutdown_tx: watch::Sender<bool>,
     shutdown: watch::Receiver<bool>,
     thread: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// The node's tasks (following the metadata, counting bytes, bootstrapping...): stopped and
+    /// waited for by [`MetaNode::stop`], so that nothing of the node (its store included)
+    /// outlives it.
+    tasks: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
     /// Why the driver's thread ended by itself (a failed write, an entry it cannot apply, a
     /// panic), once it has.
     halted: watch::Receiver<Option<String>>,
@@ -231,26 +235,34 @@ impl MetaNode {
             shutdown_tx,
             shutdown,
             thread: std::sync::Mutex::new(Some(thread)),
+            tasks: std::sync::Mutex::default(),
             halted,
             first_asked: std::sync::Mutex::default(),
         });
         let node = MetaNode { shared };
-        tokio::spawn(node.clone().follow());
-        tokio::spawn(node.clone().count_bytes());
-        tokio::spawn(node.clone().log_reachability());
+        let mut tasks = vec![
+            tokio::spawn(node.clone().follow()),
+            tokio::spawn(node.clone().count_bytes()),
+            tokio::spawn(node.clone().log_reachability()),
+        ];
         if !resumed {
             match &node.shared.settings.start {
                 StartMode::Initial(_) => {
-                    tokio::spawn(node.clone().bootstrap_when_leader());
+                    tasks.push(tokio::spawn(node.clone().bootstrap_when_leader()));
                 }
                 StartMode::Join(addr) => {
-                    tokio::spawn(node.clone().wait_until_added(addr.clone()));
+                    tasks.push(tokio::spawn(node.clone().wait_until_added(addr.clone())));
                 }
             }
         }
         if node.shared.settings.import_marker.is_some() {
-            tokio::spawn(node.clone().import_local_queues());
+            tasks.push(tokio::spawn(node.clone().import_local_queues()));
         }
+        *node
+            .shared
+            .tasks
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = tasks;
         if matches!(&node.shared.settings.start, StartMode::Initial(v) if v.len() == 1) {
             // A one-node cluster forms by itself at once: serve only once it has.
             let deadline = tokio::time::Instant::now() + ALONE_FORM_WAIT;
@@ -322,6 +334,18 @@ impl MetaNode {
             .take();
         if let Some(thread) = thread {
             let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+        }
+        let tasks = std::mem::take(
+            &mut *self
+                .shared
+                .tasks
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
+        for task in tasks {
+            task.abort();
+            // Returns once the task's future is dropped, with what it held.
+            let _ = task.await;
         }
     }
 
