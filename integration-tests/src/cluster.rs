@@ -28,6 +28,9 @@ pub struct Cluster {
     memory: bool,
     /// Extra environment of a node, by id (set before it starts).
     pub node_env: std::collections::BTreeMap<String, Vec<(String, String)>>,
+    /// The server binary of every node: [`crate::ferry_bin`] when `None`
+    /// ([`crate::ferry_faults_bin`] for planted faults).
+    pub bin: Option<PathBuf>,
 }
 
 impl Cluster {
@@ -59,6 +62,7 @@ impl Cluster {
             prefix: format!("127.{x}.{y}."),
             memory,
             node_env: Default::default(),
+            bin: None,
         }
     }
 
@@ -107,6 +111,7 @@ impl Cluster {
             memory: self.memory,
             cgroup_procs,
             env: self.node_env.get(id).cloned().unwrap_or_default(),
+            bin: self.bin.clone(),
             ..Default::default()
         };
         Node::start_at(

@@ -654,3 +654,53 @@ async fn a_change_through_one_node_is_seen_by_the_next_call_through_another() ->
     }
     Ok(())
 }
+
+/// A create sent through a follower whose metadata leader dies after applying it and before
+/// answering (a planted fault, `leader-dies-before-answering-a-forwarded-proposal`, once per
+/// process: the proposal committed, its answer lost) is answered as created, and the queue
+/// exists once: the follower's retry carries the call's request id, so the new leader answers
+/// it as it applied. Before request ids the retry found the queue and the only create call the
+/// client made answered ALREADY_EXISTS (2 of 2 tries with a kill -9 a few milliseconds into
+/// the call). Three rounds, each killing whichever node leads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_whose_answer_the_dying_leader_lost_is_answered_as_created() -> anyhow::Result<()>
+{
+    let dir = tempfile::tempdir()?;
+    let ids = ["n1", "n2", "n3"];
+    let mut cluster = Cluster::plan(dir.path(), false);
+    cluster.bin = Some(ferry_integration_tests::ferry_faults_bin());
+    for id in ids {
+        let fault = format!("{LEADER_DIES}=1*return");
+        cluster
+            .node_env
+            .insert(id.into(), vec![("FAILPOINTS".into(), fault)]);
+    }
+    cluster.start_nodes(&ids, "", &[])?;
+    for round in 0..3 {
+        let leader = cluster.wait_leader(&ids, LEADER_WAIT).await?;
+        let follower = *ids.iter().find(|n| **n != leader).context("a follower")?;
+        let client = cluster.node(follower).client().await?;
+        let name = format!("made{round}");
+        let created = create_queue_on(&client, &name, Some(follower))
+            .await
+            .with_context(|| format!("round {round}: the create through {follower}"))?;
+        assert!(created.created, "round {round}: {created:?}");
+        assert!(
+            cluster.node(&leader).log().contains("planted fault"),
+            "round {round}: the leader {leader} died with the answer"
+        );
+        cluster.node_mut(&leader).restart_in_place()?;
+        let listed = client
+            .admin()
+            .list_queues(pb::ListQueuesRequest::default())
+            .await?
+            .into_inner()
+            .queues;
+        let copies = listed.iter().filter(|q| q.name == name).count();
+        assert_eq!(copies, 1, "round {round}: {listed:?}");
+    }
+    Ok(())
+}
+
+/// The planted fault of [`a_create_whose_answer_the_dying_leader_lost_is_answered_as_created`].
+const LEADER_DIES: &str = "leader-dies-before-answering-a-forwarded-proposal";

@@ -15,6 +15,7 @@
 pub mod accept;
 pub mod config;
 pub mod data_dir;
+mod faults;
 pub mod meta_link;
 pub mod metrics;
 pub mod process;

@@ -13,7 +13,7 @@ use super::transport::{
 };
 use super::MetaNode;
 use ferry_cluster::meta::{
-    check_voters, MetaCommand, MetaError, NodeRole, VoterChange, VoterCheck,
+    check_voters, MetaCommand, MetaError, MetaEvent, NodeRole, VoterChange, VoterCheck,
 };
 
 /// The `Peer` service of a node.
@@ -118,6 +118,14 @@ impl pb::peer_server::Peer for PeerService {
         let proposed = tokio::time::timeout(PROPOSE_TIMEOUT, self.node.propose_local(command))
             .await
             .map_err(|_| Status::unavailable("the proposal was not applied within 10 s"))?;
+        // Never on a repeat: the leader that answers the retry lives.
+        let first_time =
+            matches!(&proposed, Ok((_, Ok(e))) if !matches!(e, MetaEvent::Repeated { .. }));
+        if first_time && crate::faults::on(crate::faults::LEADER_DIES_BEFORE_ANSWER) {
+            tracing::error!("planted fault: the leader dies before answering a forwarded proposal");
+            // As a kill does: no answer, nothing closed in order.
+            std::process::exit(137);
+        }
         match proposed {
             Ok((index, Ok(_))) => Ok(Response::new(pb::ProposeMetaResponse {
                 index,
