@@ -31,5 +31,6 @@ pub use selector::{IndexedHeader, Selector, SelectorLimits};
 pub use types::shown;
 pub use types::{
     validate_property_name, LeaseId, Message, MessageId, NewMessage, NodeId, PlacementEpoch,
-    Priority, PropertyValue, PublicIds, QueueName, QueueUid, ReceiptHandle, Seq, SessionId, SHOWN_CHARS_MAX,
+    Priority, PropertyValue, PublicIds, QueueName, QueueUid, ReceiptHandle, Seq, SessionId,
+    SHOWN_CHARS_MAX,
 };

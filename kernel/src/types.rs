@@ -705,4 +705,17 @@ mod tests {
         assert!(validate_property_name("a-b").is_err());
         assert!(validate_property_name("JMSFoo").is_err());
     }
+
+    #[test]
+    fn placement_epochs_grow_from_static_and_unknown_is_not_checked() {
+        assert!(!PlacementEpoch::UNKNOWN.is_known());
+        assert_eq!(PlacementEpoch::default(), PlacementEpoch::UNKNOWN);
+        assert!(PlacementEpoch::STATIC.is_known());
+        assert_eq!(PlacementEpoch::UNKNOWN.next(), Some(PlacementEpoch::STATIC));
+        let next = PlacementEpoch::STATIC.next().unwrap();
+        assert!(next > PlacementEpoch::STATIC);
+        assert_eq!(next.get(), 2);
+        assert_eq!(next.to_string(), "2");
+        assert_eq!(PlacementEpoch::new(u64::MAX).next(), None);
+    }
 }
