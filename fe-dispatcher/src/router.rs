@@ -458,6 +458,11 @@ mod tests {
     use ferry_proto::{not_owner_status, pb};
     use tonic::Request;
 
+    const STATIC: PlacementEpoch = PlacementEpoch::STATIC;
+    const UNKNOWN: PlacementEpoch = PlacementEpoch::UNKNOWN;
+    /// The epoch of `orders` once it moved.
+    const MOVED: PlacementEpoch = PlacementEpoch::new(2);
+
     fn node(n: &str) -> NodeId {
         NodeId::new(n).expect("a node id")
     }
@@ -476,7 +481,7 @@ mod tests {
                 queue("orders"),
                 Owner {
                     node: node("b"),
-                    epoch: PlacementEpoch::STATIC,
+                    epoch: STATIC,
                 },
             );
         (placement, a, b)
@@ -518,37 +523,16 @@ mod tests {
             node: node(n),
             epoch,
         };
-        assert_eq!(
-            p.owner_of(&queue("orders")),
-            owner("b", PlacementEpoch::STATIC)
-        );
+        assert_eq!(p.owner_of(&queue("orders")), owner("b", STATIC));
         // A dead-letter queue lives with its queue, at its epoch.
-        assert_eq!(
-            p.owner_of(&queue("orders.DLQ")),
-            owner("b", PlacementEpoch::STATIC)
-        );
+        assert_eq!(p.owner_of(&queue("orders.DLQ")), owner("b", STATIC));
         // A temporary queue lives on the node in its name, whatever else is placed.
-        assert_eq!(
-            p.owner_of(&queue("tmp.b.x1.1")),
-            owner("b", PlacementEpoch::UNKNOWN)
-        );
-        assert_eq!(
-            p.owner_of(&queue("tmp.a.x1.1")),
-            owner("a", PlacementEpoch::UNKNOWN)
-        );
+        assert_eq!(p.owner_of(&queue("tmp.b.x1.1")), owner("b", UNKNOWN));
+        assert_eq!(p.owner_of(&queue("tmp.a.x1.1")), owner("a", UNKNOWN));
         // One naming a node that is not in the cluster, and any unplaced queue: this node.
-        assert_eq!(
-            p.owner_of(&queue("tmp.z.x1.1")),
-            owner("a", PlacementEpoch::UNKNOWN)
-        );
-        assert_eq!(
-            p.owner_of(&queue("invoices")),
-            owner("a", PlacementEpoch::UNKNOWN)
-        );
-        assert_eq!(
-            p.owner_of(&queue("invoices.DLQ")),
-            owner("a", PlacementEpoch::UNKNOWN)
-        );
+        assert_eq!(p.owner_of(&queue("tmp.z.x1.1")), owner("a", UNKNOWN));
+        assert_eq!(p.owner_of(&queue("invoices")), owner("a", UNKNOWN));
+        assert_eq!(p.owner_of(&queue("invoices.DLQ")), owner("a", UNKNOWN));
         let nodes: Vec<NodeId> = p.nodes().into_iter().map(|(n, _)| n).collect();
         assert_eq!(nodes, vec![node("a"), node("b")], "this node first");
     }
@@ -559,14 +543,8 @@ mod tests {
         let (router, _tx) = Router::fixed(p);
         get_queue(&router, "orders").await.expect("answered");
         get_queue(&router, "invoices").await.expect("answered");
-        assert_eq!(
-            b.calls(),
-            vec![call("get_queue", "orders", PlacementEpoch::STATIC)]
-        );
-        assert_eq!(
-            a.calls(),
-            vec![call("get_queue", "invoices", PlacementEpoch::UNKNOWN)]
-        );
+        assert_eq!(b.calls(), vec![call("get_queue", "orders", STATIC)]);
+        assert_eq!(a.calls(), vec![call("get_queue", "invoices", UNKNOWN)]);
     }
 
     #[tokio::test]
@@ -578,19 +556,13 @@ mod tests {
             queue("orders"),
             Owner {
                 node: node("a"),
-                epoch: PlacementEpoch::new(2),
+                epoch: MOVED,
             },
         );
         tx.send(Arc::new(moved)).expect("the router listens");
         get_queue(&router, "orders").await.expect("answered");
-        assert_eq!(
-            b.calls(),
-            vec![call("get_queue", "orders", PlacementEpoch::STATIC)]
-        );
-        assert_eq!(
-            a.calls(),
-            vec![call("get_queue", "orders", PlacementEpoch::new(2))]
-        );
+        assert_eq!(b.calls(), vec![call("get_queue", "orders", STATIC)]);
+        assert_eq!(a.calls(), vec![call("get_queue", "orders", MOVED)]);
     }
 
     #[tokio::test(start_paused = true)]
@@ -598,12 +570,12 @@ mod tests {
         let (p, a, b) = two_nodes();
         let (router, tx) = Router::fixed(p.clone());
         // b answers "not the owner" once, and the new placement is published as it does.
-        b.script([not_owner("orders", "a", PlacementEpoch::new(2))]);
+        b.script([not_owner("orders", "a", MOVED)]);
         let moved = p.with_queue(
             queue("orders"),
             Owner {
                 node: node("a"),
-                epoch: PlacementEpoch::new(2),
+                epoch: MOVED,
             },
         );
         b.on_scripted(move || {
@@ -611,14 +583,8 @@ mod tests {
         });
         let started = Instant::now();
         get_queue(&router, "orders").await.expect("answered by a");
-        assert_eq!(
-            b.calls(),
-            vec![call("get_queue", "orders", PlacementEpoch::STATIC)]
-        );
-        assert_eq!(
-            a.calls(),
-            vec![call("get_queue", "orders", PlacementEpoch::new(2))]
-        );
+        assert_eq!(b.calls(), vec![call("get_queue", "orders", STATIC)]);
+        assert_eq!(a.calls(), vec![call("get_queue", "orders", MOVED)]);
         // It went on as soon as the placement changed, not after the refresh bound.
         assert_eq!(started.elapsed(), Duration::ZERO);
     }
@@ -665,10 +631,7 @@ mod tests {
         let (router, publishes) = catching_up(p, next);
         a.script([Status::not_found("queue \"fresh\" does not exist")]);
         get_queue(&router, "fresh").await.expect("answered by b");
-        assert_eq!(
-            a.calls(),
-            vec![call("get_queue", "fresh", PlacementEpoch::UNKNOWN)]
-        );
+        assert_eq!(a.calls(), vec![call("get_queue", "fresh", UNKNOWN)]);
         assert_eq!(
             b.calls(),
             vec![call("get_queue", "fresh", PlacementEpoch::new(4))]
@@ -705,7 +668,7 @@ mod tests {
     async fn not_the_owner_without_a_new_placement_retries_after_the_refresh_bound() {
         let (p, _, b) = two_nodes();
         let (router, _tx) = Router::fixed(p);
-        b.script([not_owner("orders", "", PlacementEpoch::UNKNOWN)]);
+        b.script([not_owner("orders", "", UNKNOWN)]);
         let started = Instant::now();
         get_queue(&router, "orders")
             .await
@@ -739,7 +702,7 @@ mod tests {
     async fn the_refresh_wait_ends_at_the_call_deadline() {
         let (p, _, b) = two_nodes();
         let (router, _tx) = Router::fixed(p);
-        b.script([not_owner("orders", "", PlacementEpoch::UNKNOWN)]);
+        b.script([not_owner("orders", "", UNKNOWN)]);
         let started = Instant::now();
         let deadline = started + Duration::from_millis(40);
         let q = queue("orders");
@@ -763,7 +726,7 @@ mod tests {
             queue("lost"),
             Owner {
                 node: node("c"),
-                epoch: PlacementEpoch::STATIC,
+                epoch: STATIC,
             },
         );
         let (router, _tx) = Router::fixed(p);
@@ -817,12 +780,12 @@ mod tests {
     async fn a_call_naming_several_queues_goes_to_each_owner_and_regroups_after_not_owner() {
         let (p, a, b) = two_nodes();
         let (router, tx) = Router::fixed(p.clone());
-        b.script([not_owner("orders", "a", PlacementEpoch::new(2))]);
+        b.script([not_owner("orders", "a", MOVED)]);
         let moved = p.with_queue(
             queue("orders"),
             Owner {
                 node: node("a"),
-                epoch: PlacementEpoch::new(2),
+                epoch: MOVED,
             },
         );
         b.on_scripted(move || {
@@ -837,15 +800,12 @@ mod tests {
             queues: queues.into_iter().map(String::from).collect(),
             epochs,
         };
-        assert_eq!(
-            b.calls(),
-            vec![release_call(vec!["orders"], vec![PlacementEpoch::STATIC])]
-        );
+        assert_eq!(b.calls(), vec![release_call(vec!["orders"], vec![STATIC])]);
         assert_eq!(
             a.calls(),
             vec![
-                release_call(vec!["invoices"], vec![PlacementEpoch::UNKNOWN]),
-                release_call(vec!["orders"], vec![PlacementEpoch::new(2)]),
+                release_call(vec!["invoices"], vec![UNKNOWN]),
+                release_call(vec!["orders"], vec![MOVED]),
             ]
         );
     }
