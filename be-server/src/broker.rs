@@ -5,8 +5,8 @@
 use std::sync::Arc;
 
 use ferry_kernel::{
-    Caller, ClockRef, Delivery, LeaseId, LeaseRef, MessageId, NewMessage, NodeId, QueueConfig,
-    QueueName, QueueStats, ReceiveRequest, Seq, SessionId,
+    Caller, ClockRef, Delivery, LeaseId, LeaseRef, MessageId, NewMessage, NodeId, PlacementEpoch,
+    QueueConfig, QueueName, QueueStats, ReceiveRequest, Seq, SessionId,
 };
 use ferry_store::{GroupCommit, QueueStore};
 
@@ -180,13 +180,13 @@ impl Broker {
     /// Refuses a call routed by a placement epoch at which this back-end does not own `queue`
     /// ([`Error::NotOwner`], answered FAILED_PRECONDITION with a `ferry.v1.NotOwner` detail);
     /// 0 checks nothing.
-    pub fn check_placement(&self, queue: &QueueName, epoch: u64) -> Result<(), Error> {
+    pub fn check_placement(&self, queue: &QueueName, epoch: PlacementEpoch) -> Result<(), Error> {
         self.inner.queues.check_placement(queue, epoch)
     }
 
     /// Records the placement epoch at which this back-end owns `queue` from now on; calls
     /// routed by any other epoch are refused. Returns whether the queue is here.
-    pub fn set_placement_epoch(&self, queue: &QueueName, epoch: u64) -> bool {
+    pub fn set_placement_epoch(&self, queue: &QueueName, epoch: PlacementEpoch) -> bool {
         self.inner.queues.set_placement_epoch(queue, epoch)
     }
 
@@ -203,7 +203,7 @@ impl Broker {
     }
 
     /// The placement epoch `queue` is served at, if this back-end holds it.
-    pub fn placement_epoch(&self, queue: &QueueName) -> Option<u64> {
+    pub fn placement_epoch(&self, queue: &QueueName) -> Option<PlacementEpoch> {
         self.inner.queues.placement_epoch(queue)
     }
 

@@ -1,4 +1,4 @@
-use ferry_kernel::{KernelError, NodeId};
+use ferry_kernel::{KernelError, NodeId, PlacementEpoch};
 use ferry_store::StoreError;
 use tonic::{Code, Status};
 
@@ -48,8 +48,8 @@ pub enum Error {
     NotOwner {
         queue: String,
         owner: NodeId,
-        epoch: u64,
-        asked: u64,
+        epoch: PlacementEpoch,
+        asked: PlacementEpoch,
     },
 
     /// The disk guard (see `disk.rs`): sends are refused while free space is short.
@@ -81,7 +81,7 @@ impl From<Error> for Status {
             return ferry_proto::not_owner_status(ferry_proto::pb::NotOwner {
                 queue,
                 owner_node: owner.to_string(),
-                epoch,
+                epoch: epoch.get(),
             });
         }
         let code = match &e {

@@ -29,5 +29,4 @@ pub use dead_letter::{
 pub use error::Error;
 pub use history::{History, Step};
 pub use outbox::BrokerEvent;
-pub use queues::STATIC_PLACEMENT_EPOCH;
 pub use service::BackendService;

@@ -7,7 +7,9 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 
-use ferry_kernel::{ClockRef, KernelError, Queue, QueueConfig, QueueName, QueueUid};
+use ferry_kernel::{
+    ClockRef, KernelError, PlacementEpoch, Queue, QueueConfig, QueueName, QueueUid,
+};
 use ferry_store::{QueueDef, QueueStore, RecoveredQueue, StoreOp};
 
 use crate::actor::{ActorSetup, QueueActor, QueueHandle};
@@ -33,12 +35,8 @@ pub(crate) struct Owned {
     pub(crate) handle: QueueHandle,
     /// The placement epoch at which this back-end owns the queue (see
     /// [`Queues::check_placement`]).
-    pub(crate) epoch: u64,
+    pub(crate) epoch: PlacementEpoch,
 }
-
-/// The placement epoch of a queue placed by static configuration, as the front-end's first
-/// placement snapshot numbers it; the metadata group moves it on with every change of owner.
-pub const STATIC_PLACEMENT_EPOCH: u64 = 1;
 
 /// See the module docs. Writes through the log `L`: its queues' owner tasks, and its own
 /// writes (a queue's definition), which go through the same log so they are ordered with them.
@@ -112,7 +110,9 @@ impl<L: QueueLog> Queues<L> {
                 def: r.def,
                 temporary: false,
                 handle,
-                epoch: STATIC_PLACEMENT_EPOCH,
+                // Placed by static configuration, as the front-end's first placement snapshot
+                // numbers it, until the metadata group sets its own epoch.
+                epoch: PlacementEpoch::STATIC,
             };
             map.insert(owned.def.name.clone(), owned);
         }
@@ -144,11 +144,15 @@ impl<L: QueueLog> Queues<L> {
     }
 
     /// Refuses a call routed by placement epoch `asked` unless this back-end owns `queue` at
-    /// that epoch. 0: the caller does not know (a temporary queue, a queue with no placement
-    /// entry); nothing is checked. A queue this back-end does not have is left to the call
+    /// that epoch. [`PlacementEpoch::UNKNOWN`]: the caller does not know (a temporary queue, a
+    /// queue with no placement entry); nothing is checked. A queue this back-end does not have is left to the call
     /// itself (NOT_FOUND).
-    pub(crate) fn check_placement(&self, queue: &QueueName, asked: u64) -> Result<(), Error> {
-        if asked == 0 {
+    pub(crate) fn check_placement(
+        &self,
+        queue: &QueueName,
+        asked: PlacementEpoch,
+    ) -> Result<(), Error> {
+        if !asked.is_known() {
             return Ok(());
         }
         let map = self.map.read().unwrap_or_else(PoisonError::into_inner);
@@ -165,7 +169,7 @@ impl<L: QueueLog> Queues<L> {
 
     /// Records the placement epoch at which this back-end owns `queue` (the metadata group
     /// calls it when a placement change is committed). Returns whether the queue is here.
-    pub(crate) fn set_placement_epoch(&self, queue: &QueueName, epoch: u64) -> bool {
+    pub(crate) fn set_placement_epoch(&self, queue: &QueueName, epoch: PlacementEpoch) -> bool {
         let mut map = self.map.write().unwrap_or_else(PoisonError::into_inner);
         match map.get_mut(queue) {
             Some(o) => {
@@ -177,7 +181,7 @@ impl<L: QueueLog> Queues<L> {
     }
 
     /// The placement epoch `queue` is served at, if it is here.
-    pub(crate) fn placement_epoch(&self, queue: &QueueName) -> Option<u64> {
+    pub(crate) fn placement_epoch(&self, queue: &QueueName) -> Option<PlacementEpoch> {
         let map = self.map.read().unwrap_or_else(PoisonError::into_inner);
         map.get(queue).map(|o| o.epoch)
     }
@@ -300,7 +304,7 @@ impl<L: QueueLog> Queues<L> {
             def,
             temporary,
             handle,
-            epoch: STATIC_PLACEMENT_EPOCH,
+            epoch: PlacementEpoch::STATIC,
         };
         let s = summary(&owned);
         self.map

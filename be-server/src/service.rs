@@ -5,8 +5,8 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use ferry_kernel::{
-    Caller, Delivery, KernelError, LeaseId, LeaseRef, NewMessage, QueueName, ReceiptHandle,
-    ReceiveRequest, Selector, SelectorLimits, Seq, SessionId, Wait,
+    Caller, Delivery, KernelError, LeaseId, LeaseRef, NewMessage, PlacementEpoch, QueueName,
+    ReceiptHandle, ReceiveRequest, Selector, SelectorLimits, Seq, SessionId, Wait,
 };
 use ferry_proto::convert;
 use ferry_proto::pb;
@@ -55,15 +55,20 @@ impl BackendService {
     /// placement epoch.
     fn placed(&self, r: &pb::BackendQueueRequest) -> Result<QueueName, Error> {
         let name = queue_name(&r.name)?;
-        self.broker.check_placement(&name, r.placement_epoch)?;
+        self.broker
+            .check_placement(&name, PlacementEpoch::new(r.placement_epoch))?;
         Ok(name)
     }
 
-    /// Checks each queue of a call naming several against its epoch (missing: 0, unchecked).
+    /// Checks each queue of a call naming several against its wire epoch (missing: unknown,
+    /// unchecked).
     fn check_placements(&self, queues: &[QueueName], epochs: &[u64]) -> Result<(), Error> {
         for (i, q) in queues.iter().enumerate() {
-            self.broker
-                .check_placement(q, epochs.get(i).copied().unwrap_or(0))?;
+            let epoch = epochs
+                .get(i)
+                .copied()
+                .map_or(PlacementEpoch::UNKNOWN, PlacementEpoch::new);
+            self.broker.check_placement(q, epoch)?;
         }
         Ok(())
     }
@@ -209,7 +214,8 @@ impl pb::backend_server::Backend for BackendService {
     ) -> Reply<pb::QueueInfo> {
         let r = req.into_inner();
         let name = queue_name(&r.name)?;
-        self.broker.check_placement(&name, r.placement_epoch)?;
+        self.broker
+            .check_placement(&name, PlacementEpoch::new(r.placement_epoch))?;
         let config = convert::queue_config_from_pb(r.config, self.broker.queue_defaults())
             .map_err(Error::from)?;
         let (s, _) = self
@@ -272,7 +278,8 @@ impl pb::backend_server::Backend for BackendService {
     async fn send(&self, req: Request<pb::BackendSendRequest>) -> Reply<pb::BackendSendResponse> {
         let r = req.into_inner();
         let queue = queue_name(&r.queue)?;
-        self.broker.check_placement(&queue, r.placement_epoch)?;
+        self.broker
+            .check_placement(&queue, PlacementEpoch::new(r.placement_epoch))?;
         let messages = r
             .messages
             .into_iter()
@@ -312,7 +319,8 @@ impl pb::backend_server::Backend for BackendService {
     ) -> Reply<pb::BackendReceiveResponse> {
         let r = req.into_inner();
         let queue = queue_name(&r.queue)?;
-        self.broker.check_placement(&queue, r.placement_epoch)?;
+        self.broker
+            .check_placement(&queue, PlacementEpoch::new(r.placement_epoch))?;
         let selector = selector(&r.selector)?;
         let wait = match r.wait_ms {
             None => Wait::Forever,
@@ -339,7 +347,8 @@ impl pb::backend_server::Backend for BackendService {
     async fn ack(&self, req: Request<pb::BackendLeaseRequest>) -> Reply<pb::BackendLeaseResponse> {
         let r = req.into_inner();
         let queue = queue_name(&r.queue)?;
-        self.broker.check_placement(&queue, r.placement_epoch)?;
+        self.broker
+            .check_placement(&queue, PlacementEpoch::new(r.placement_epoch))?;
         let leases = self.leases(&queue, &r.receipt_handles)?;
         let results = self
             .broker
@@ -351,7 +360,8 @@ impl pb::backend_server::Backend for BackendService {
     async fn nack(&self, req: Request<pb::BackendLeaseRequest>) -> Reply<pb::BackendLeaseResponse> {
         let r = req.into_inner();
         let queue = queue_name(&r.queue)?;
-        self.broker.check_placement(&queue, r.placement_epoch)?;
+        self.broker
+            .check_placement(&queue, PlacementEpoch::new(r.placement_epoch))?;
         let leases = self.leases(&queue, &r.receipt_handles)?;
         let caller = caller(&r.session_id)?;
         let results = if r.undelivered {
@@ -372,7 +382,8 @@ impl pb::backend_server::Backend for BackendService {
     ) -> Reply<pb::BackendLeaseResponse> {
         let r = req.into_inner();
         let queue = queue_name(&r.queue)?;
-        self.broker.check_placement(&queue, r.placement_epoch)?;
+        self.broker
+            .check_placement(&queue, PlacementEpoch::new(r.placement_epoch))?;
         let leases = self.leases(&queue, &r.receipt_handles)?;
         let results = self
             .broker
@@ -422,7 +433,8 @@ impl pb::backend_server::Backend for BackendService {
     ) -> Reply<pb::BackendBrowseResponse> {
         let r = req.into_inner();
         let queue = queue_name(&r.queue)?;
-        self.broker.check_placement(&queue, r.placement_epoch)?;
+        self.broker
+            .check_placement(&queue, PlacementEpoch::new(r.placement_epoch))?;
         let after = (r.after_seq > 0).then_some(Seq(r.after_seq));
         let max = r.max_messages.clamp(1, 1_000) as usize;
         let selector = selector(&r.selector)?;
@@ -453,7 +465,8 @@ impl pb::backend_server::Backend for BackendService {
         let mut acked = 0u64;
         for q in r.queues {
             let queue = queue_name(&q.queue)?;
-            self.broker.check_placement(&queue, q.placement_epoch)?;
+            self.broker
+                .check_placement(&queue, PlacementEpoch::new(q.placement_epoch))?;
             let leases = self.leases(&queue, &q.receipt_handles)?;
             acked += leases.len() as u64;
             parts.push((queue, leases));
@@ -479,7 +492,8 @@ impl pb::backend_server::Backend for BackendService {
     ) -> Reply<pb::BackendCountResponse> {
         let r = req.into_inner();
         let queue = queue_name(&r.queue)?;
-        self.broker.check_placement(&queue, r.placement_epoch)?;
+        self.broker
+            .check_placement(&queue, PlacementEpoch::new(r.placement_epoch))?;
         let id = ferry_kernel::MessageId::parse(&r.message_id).map_err(Error::from)?;
         self.broker.delete_message(&queue, id).await?;
         Ok(Response::new(pb::BackendCountResponse { count: 1 }))
@@ -491,7 +505,8 @@ impl pb::backend_server::Backend for BackendService {
     ) -> Reply<pb::BackendCountResponse> {
         let r = req.into_inner();
         let name = queue_name(&r.name)?;
-        self.broker.check_placement(&name, r.placement_epoch)?;
+        self.broker
+            .check_placement(&name, PlacementEpoch::new(r.placement_epoch))?;
         self.broker.seal_queue(&name, r.seal).await?;
         Ok(Response::new(pb::BackendCountResponse { count: 0 }))
     }
@@ -502,7 +517,8 @@ impl pb::backend_server::Backend for BackendService {
     ) -> Reply<pb::BackendSessionLeasesResponse> {
         let r = req.into_inner();
         let queue = queue_name(&r.queue)?;
-        self.broker.check_placement(&queue, r.placement_epoch)?;
+        self.broker
+            .check_placement(&queue, PlacementEpoch::new(r.placement_epoch))?;
         let sessions = r
             .session_ids
             .iter()

@@ -5,8 +5,8 @@
 
 use std::sync::Arc;
 
-use ferry_be_server::{BackendService, Broker, BrokerConfig, SystemClock, STATIC_PLACEMENT_EPOCH};
-use ferry_kernel::{NodeId, QueueConfig, QueueName};
+use ferry_be_server::{BackendService, Broker, BrokerConfig, SystemClock};
+use ferry_kernel::{NodeId, PlacementEpoch, QueueConfig, QueueName};
 use ferry_proto::pb;
 use ferry_proto::pb::backend_server::Backend as _;
 use ferry_store::{CommitSettings, CommitWriter, MemoryStore, QueueStore};
@@ -34,21 +34,21 @@ async fn backend() -> (Broker, BackendService) {
     (b.clone(), BackendService::new(b))
 }
 
-fn stats(epoch: u64) -> Request<pb::BackendQueueRequest> {
+fn stats(epoch: PlacementEpoch) -> Request<pb::BackendQueueRequest> {
     Request::new(pb::BackendQueueRequest {
         name: "q".into(),
-        placement_epoch: epoch,
+        placement_epoch: epoch.get(),
     })
 }
 
-fn send(epoch: u64) -> Request<pb::BackendSendRequest> {
+fn send(epoch: PlacementEpoch) -> Request<pb::BackendSendRequest> {
     Request::new(pb::BackendSendRequest {
         queue: "q".into(),
         messages: vec![pb::OutgoingMessage {
             body: b"x".to_vec().into(),
             ..Default::default()
         }],
-        placement_epoch: epoch,
+        placement_epoch: epoch.get(),
         ..Default::default()
     })
 }
@@ -57,13 +57,15 @@ fn send(epoch: u64) -> Request<pb::BackendSendRequest> {
 async fn a_call_routed_by_another_epoch_is_refused_with_the_owner_and_its_epoch() {
     let (_, be) = backend().await;
     // Unknown epoch (0) and the epoch the queue is owned at are served.
-    be.get_queue_stats(stats(0)).await.unwrap();
-    be.get_queue_stats(stats(STATIC_PLACEMENT_EPOCH))
+    be.get_queue_stats(stats(PlacementEpoch::UNKNOWN))
         .await
         .unwrap();
-    be.send(send(STATIC_PLACEMENT_EPOCH)).await.unwrap();
+    be.get_queue_stats(stats(PlacementEpoch::STATIC))
+        .await
+        .unwrap();
+    be.send(send(PlacementEpoch::STATIC)).await.unwrap();
 
-    let refused = be.send(send(7)).await.unwrap_err();
+    let refused = be.send(send(PlacementEpoch::new(7))).await.unwrap_err();
     assert_eq!(refused.code(), Code::FailedPrecondition, "{refused}");
     let detail = ferry_proto::not_owner_of(&refused).expect("a NotOwner detail");
     assert_eq!(
@@ -72,35 +74,40 @@ async fn a_call_routed_by_another_epoch_is_refused_with_the_owner_and_its_epoch(
             detail.owner_node.as_str(),
             detail.epoch
         ),
-        ("q", "n1", STATIC_PLACEMENT_EPOCH)
+        ("q", "n1", PlacementEpoch::STATIC.get())
     );
     // Nothing was stored by the refused send.
-    let s = be.get_queue_stats(stats(0)).await.unwrap().into_inner();
+    let s = be
+        .get_queue_stats(stats(PlacementEpoch::UNKNOWN))
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(s.ready, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn once_the_epoch_moves_on_calls_routed_by_the_former_one_are_fenced() {
     let (broker, be) = backend().await;
-    assert!(broker.set_placement_epoch(&QueueName::new("q").unwrap(), 2));
+    let moved = PlacementEpoch::new(2);
+    assert!(broker.set_placement_epoch(&QueueName::new("q").unwrap(), moved));
     let fenced = be
-        .get_queue_stats(stats(STATIC_PLACEMENT_EPOCH))
+        .get_queue_stats(stats(PlacementEpoch::STATIC))
         .await
         .unwrap_err();
     assert_eq!(
         ferry_proto::not_owner_of(&fenced).map(|n| n.epoch),
-        Some(2),
+        Some(moved.get()),
         "{fenced}"
     );
-    be.get_queue_stats(stats(2)).await.unwrap();
+    be.get_queue_stats(stats(moved)).await.unwrap();
     // A queue this back-end does not have is NOT_FOUND, whatever the epoch.
     let missing = be
         .get_queue_stats(Request::new(pb::BackendQueueRequest {
             name: "nope".into(),
-            placement_epoch: 2,
+            placement_epoch: moved.get(),
         }))
         .await
         .unwrap_err();
     assert_eq!(missing.code(), Code::NotFound);
-    assert!(!broker.set_placement_epoch(&QueueName::new("nope").unwrap(), 3));
+    assert!(!broker.set_placement_epoch(&QueueName::new("nope").unwrap(), PlacementEpoch::new(3)));
 }

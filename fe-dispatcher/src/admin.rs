@@ -77,7 +77,7 @@ impl AdminService {
         loop {
             let req = pb::BackendQueueRequest {
                 name: name.to_string(),
-                placement_epoch: entry.owner.epoch,
+                placement_epoch: entry.owner.epoch.get(),
             };
             match backend.get_queue(Request::new(req)).await {
                 Ok(info) => {
@@ -116,7 +116,7 @@ impl AdminService {
             .call(name, |be, placement_epoch| {
                 let req = pb::BackendSealQueueRequest {
                     name: name.to_string(),
-                    placement_epoch,
+                    placement_epoch: placement_epoch.get(),
                     seal,
                 };
                 async move { be.seal_queue(Request::new(req)).await }
@@ -149,7 +149,7 @@ impl AdminService {
                 .call(&queue, |be, placement_epoch| {
                     let req = pb::BackendSessionLeasesRequest {
                         queue: queue.to_string(),
-                        placement_epoch,
+                        placement_epoch: placement_epoch.get(),
                         session_ids: session_ids.clone(),
                     };
                     async move { be.session_leases(Request::new(req)).await }
@@ -185,7 +185,7 @@ impl AdminService {
             .call(queue, |be, placement_epoch| {
                 let req = pb::BackendQueueRequest {
                     name: queue.to_string(),
-                    placement_epoch,
+                    placement_epoch: placement_epoch.get(),
                 };
                 f(be, req)
             })
@@ -389,7 +389,7 @@ impl pb::admin_server::Admin for AdminService {
                     config: r.config.clone(),
                     if_not_exists: r.if_not_exists,
                     temporary: false,
-                    placement_epoch,
+                    placement_epoch: placement_epoch.get(),
                 };
                 async move { be.create_queue(Request::new(create)).await }
             })
@@ -514,7 +514,7 @@ impl pb::admin_server::Admin for AdminService {
                 let req = pb::BackendDeleteMessageRequest {
                     queue: r.queue.clone(),
                     message_id: r.message_id.clone(),
-                    placement_epoch,
+                    placement_epoch: placement_epoch.get(),
                 };
                 async move { be.delete_message(Request::new(req)).await }
             })
@@ -604,7 +604,7 @@ impl pb::admin_server::Admin for AdminService {
         let info = loop {
             let req = pb::BackendQueueRequest {
                 name: name.to_string(),
-                placement_epoch: owner.epoch,
+                placement_epoch: owner.epoch.get(),
             };
             let info = backend.get_queue(Request::new(req)).await?.into_inner();
             if !changed || info.config.as_ref() == Some(&expected) {
@@ -736,7 +736,7 @@ impl pb::admin_server::Admin for AdminService {
 mod tests {
     use std::sync::{Arc, Mutex};
 
-    use ferry_kernel::{ManualClock, NodeId, QueueName};
+    use ferry_kernel::{ManualClock, NodeId, PlacementEpoch, QueueName};
     use ferry_proto::pb;
     use ferry_proto::pb::admin_server::Admin as _;
     use tokio::sync::watch;
@@ -783,7 +783,7 @@ mod tests {
     fn owner_b() -> Owner {
         Owner {
             node: NodeId::new("b").expect("id"),
-            epoch: 7,
+            epoch: PlacementEpoch::new(7),
         }
     }
 
@@ -834,7 +834,7 @@ mod tests {
         assert_eq!(looks.len(), 3);
         assert!(looks
             .iter()
-            .all(|c| c.method == "get_queue" && c.epochs == [7]));
+            .all(|c| c.method == "get_queue" && c.epochs == [PlacementEpoch::new(7)]));
         assert_eq!(
             *catalog.asked.lock().expect("lock"),
             [("orders".to_owned(), Some("b".to_owned()))]

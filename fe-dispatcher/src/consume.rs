@@ -38,7 +38,7 @@ use tonic::{Request, Status, Streaming};
 
 use crate::dispatch::{queue_name, Dispatch};
 use crate::error::Error;
-use ferry_kernel::{QueueName, SessionId};
+use ferry_kernel::{PlacementEpoch, QueueName, SessionId};
 
 pub type ConsumeStream =
     Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::ConsumeResponse, Status>> + Send>>;
@@ -298,14 +298,14 @@ impl Stream {
                 lease_ms: self.start.lease_ms,
                 clamp_max_messages: true,
                 consumer: self.consumer,
-                placement_epoch: 0,
+                placement_epoch: PlacementEpoch::UNKNOWN.get(),
             };
             let (svc, queue) = (self.svc.clone(), self.queue.clone());
             let receive = async move {
                 svc.router
                     .call(&queue, |be, placement_epoch| {
                         let req = pb::BackendReceiveRequest {
-                            placement_epoch,
+                            placement_epoch: placement_epoch.get(),
                             ..req.clone()
                         };
                         async move { be.receive(Request::new(req)).await }

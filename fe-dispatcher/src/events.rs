@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_kernel::ClockRef;
+use ferry_kernel::{ClockRef, PlacementEpoch};
 use ferry_proto::{pb, EventStream};
 use futures::stream::{SelectAll, StreamExt};
 use tokio::sync::{broadcast, mpsc, watch};
@@ -172,7 +172,7 @@ async fn check(
                 .get_queue_stats(Request::new(pb::BackendQueueRequest {
                     name: q.name.clone(),
                     // Asked of the node that listed it, whoever the owner is by now.
-                    placement_epoch: 0,
+                    placement_epoch: PlacementEpoch::UNKNOWN.get(),
                 }))
                 .await
             else {

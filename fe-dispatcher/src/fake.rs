@@ -4,6 +4,7 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, PoisonError};
 
+use ferry_kernel::PlacementEpoch;
 use ferry_proto::{pb, EventStream};
 use tonic::{Request, Response, Status};
 
@@ -14,7 +15,7 @@ use crate::BackendRef;
 pub(crate) struct Call {
     pub(crate) method: &'static str,
     pub(crate) queues: Vec<String>,
-    pub(crate) epochs: Vec<u64>,
+    pub(crate) epochs: Vec<PlacementEpoch>,
 }
 
 type Hook = Box<dyn FnOnce() + Send>;
@@ -100,7 +101,7 @@ impl FakeBackend {
         lock(&self.calls).push(Call {
             method,
             queues,
-            epochs,
+            epochs: epochs.into_iter().map(PlacementEpoch::new).collect(),
         });
         let scripted = lock(&self.script).pop_front();
         if let Some(status) = scripted {

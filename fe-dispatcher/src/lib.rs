@@ -35,8 +35,7 @@ pub use error::Error;
 pub use messaging::MessagingService;
 pub use remote::{Reachability, RemoteBackend};
 pub use router::{
-    CatchUp, Owner, Placement, Router, CATCH_UP_WAIT_MAX, EPOCH_UNKNOWN, NOT_OWNER_RETRIES_MAX,
-    REFRESH_WAIT_MAX, STATIC_EPOCH,
+    CatchUp, Owner, Placement, Router, CATCH_UP_WAIT_MAX, NOT_OWNER_RETRIES_MAX, REFRESH_WAIT_MAX,
 };
 pub use sessions::Sessions;
 

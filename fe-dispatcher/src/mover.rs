@@ -174,7 +174,7 @@ async fn move_batch(
                 lease_ms: Some(MOVE_LEASE_MS),
                 clamp_max_messages: true,
                 consumer: 0,
-                placement_epoch,
+                placement_epoch: placement_epoch.get(),
             };
             async move { be.receive(Request::new(req)).await }
         })
@@ -195,7 +195,7 @@ async fn move_batch(
             let req = pb::BackendSendRequest {
                 queue: spec.to.to_string(),
                 messages: messages.clone(),
-                placement_epoch,
+                placement_epoch: placement_epoch.get(),
                 ..Default::default()
             };
             async move { be.send(Request::new(req)).await }
@@ -210,7 +210,7 @@ async fn move_batch(
                 queue: from.clone(),
                 receipt_handles: handles.clone(),
                 undelivered,
-                placement_epoch,
+                placement_epoch: placement_epoch.get(),
                 ..Default::default()
             };
             async move {

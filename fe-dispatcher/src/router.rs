@@ -3,7 +3,7 @@
 //! [`Placement`] is a snapshot: the nodes with their back-ends, each placed queue's [`Owner`]
 //! (node and placement epoch), and the rules for queues without an entry. The [`Router`] reads
 //! the newest snapshot from a `watch` channel whose sender the node keeps: static configuration
-//! gives the first snapshot (epoch 1 for every placed queue), and the Raft metadata group will
+//! gives the first snapshot ([`PlacementEpoch::STATIC`] for every placed queue), and the Raft metadata group will
 //! publish the next ones without changing this interface.
 //!
 //! Every front-end call that names a queue goes through [`Router::call`] (or
@@ -19,7 +19,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_kernel::{NodeId, QueueName};
+use ferry_kernel::{NodeId, PlacementEpoch, QueueName};
 use ferry_proto::not_owner_of;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -28,12 +28,6 @@ use tonic::{Code, Response, Status};
 use crate::error::Error;
 use crate::BackendRef;
 
-/// A placement epoch for queues placed by hand (tests and tools; the node's placements carry
-/// the metadata group's epochs).
-pub const STATIC_EPOCH: u64 = 1;
-/// The placement epoch sent for a queue placed by a rule, not by an entry: the back-end skips
-/// its ownership check.
-pub const EPOCH_UNKNOWN: u64 = 0;
 /// Tries after a "not the owner" answer, before the call fails with FAILED_PRECONDITION.
 pub const NOT_OWNER_RETRIES_MAX: u32 = 3;
 /// The longest a call waits for a newer placement after a "not the owner" answer (less if its
@@ -54,11 +48,12 @@ pub trait CatchUp: Send + Sync + 'static {
 }
 
 /// Where a queue lives: a node, and the placement epoch of that decision (a fencing token: it
-/// grows each time the queue changes owner; [`EPOCH_UNKNOWN`] for a queue placed by a rule).
+/// grows each time the queue changes owner; [`PlacementEpoch::UNKNOWN`] for a queue placed by a
+/// rule, which the back-end does not check).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Owner {
     pub node: NodeId,
-    pub epoch: u64,
+    pub epoch: PlacementEpoch,
 }
 
 /// One snapshot of placement; see the module docs.
@@ -136,7 +131,7 @@ impl Placement {
             if let Some((node, _)) = self.nodes.get_key_value(node) {
                 return Owner {
                     node: node.clone(),
-                    epoch: EPOCH_UNKNOWN,
+                    epoch: PlacementEpoch::UNKNOWN,
                 };
             }
         }
@@ -149,7 +144,7 @@ impl Placement {
         }
         Owner {
             node: self.local_node.clone(),
-            epoch: EPOCH_UNKNOWN,
+            epoch: PlacementEpoch::UNKNOWN,
         }
     }
 
@@ -197,7 +192,7 @@ pub struct Router {
 }
 
 /// The queues of one call to one node, each with the epoch it was routed by.
-pub type QueueEpochs = Vec<(QueueName, u64)>;
+pub type QueueEpochs = Vec<(QueueName, PlacementEpoch)>;
 
 impl std::fmt::Debug for Router {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -275,7 +270,7 @@ impl Router {
     /// with FAILED_PRECONDITION naming the queue if the owner keeps saying it is not.
     pub async fn call<T, F, Fut>(&self, queue: &QueueName, f: F) -> Result<T, Status>
     where
-        F: FnMut(BackendRef, u64) -> Fut,
+        F: FnMut(BackendRef, PlacementEpoch) -> Fut,
         Fut: Future<Output = Result<Response<T>, Status>>,
     {
         self.call_until(queue, None, f).await
@@ -289,7 +284,7 @@ impl Router {
         mut f: F,
     ) -> Result<T, Status>
     where
-        F: FnMut(BackendRef, u64) -> Fut,
+        F: FnMut(BackendRef, PlacementEpoch) -> Fut,
         Fut: Future<Output = Result<Response<T>, Status>>,
     {
         let mut retries = 0;
@@ -463,6 +458,11 @@ mod tests {
     use ferry_proto::{not_owner_status, pb};
     use tonic::Request;
 
+    const STATIC: PlacementEpoch = PlacementEpoch::STATIC;
+    const UNKNOWN: PlacementEpoch = PlacementEpoch::UNKNOWN;
+    /// The epoch of `orders` once it moved.
+    const MOVED: PlacementEpoch = PlacementEpoch::new(2);
+
     fn node(n: &str) -> NodeId {
         NodeId::new(n).expect("a node id")
     }
@@ -471,7 +471,8 @@ mod tests {
         QueueName::new(q).expect("a queue name")
     }
 
-    /// Nodes a (this one) and b, each with a fake back-end; `orders` placed on b at epoch 1.
+    /// Nodes a (this one) and b, each with a fake back-end; `orders` placed on b at the static
+    /// epoch.
     fn two_nodes() -> (Placement, Arc<FakeBackend>, Arc<FakeBackend>) {
         let (a, b) = (FakeBackend::new(), FakeBackend::new());
         let placement = Placement::new(node("a"), a.backend())
@@ -480,17 +481,17 @@ mod tests {
                 queue("orders"),
                 Owner {
                     node: node("b"),
-                    epoch: STATIC_EPOCH,
+                    epoch: STATIC,
                 },
             );
         (placement, a, b)
     }
 
-    fn not_owner(q: &str, owner: &str, epoch: u64) -> Status {
+    fn not_owner(q: &str, owner: &str, epoch: PlacementEpoch) -> Status {
         not_owner_status(pb::NotOwner {
             queue: q.into(),
             owner_node: owner.into(),
-            epoch,
+            epoch: epoch.get(),
         })
     }
 
@@ -500,14 +501,14 @@ mod tests {
             .call(&q, |be, placement_epoch| {
                 let req = pb::BackendQueueRequest {
                     name: q.to_string(),
-                    placement_epoch,
+                    placement_epoch: placement_epoch.get(),
                 };
                 async move { be.get_queue(Request::new(req)).await }
             })
             .await
     }
 
-    fn call(method: &'static str, q: &str, epoch: u64) -> Call {
+    fn call(method: &'static str, q: &str, epoch: PlacementEpoch) -> Call {
         Call {
             method,
             queues: vec![q.into()],
@@ -522,19 +523,16 @@ mod tests {
             node: node(n),
             epoch,
         };
-        assert_eq!(p.owner_of(&queue("orders")), owner("b", STATIC_EPOCH));
+        assert_eq!(p.owner_of(&queue("orders")), owner("b", STATIC));
         // A dead-letter queue lives with its queue, at its epoch.
-        assert_eq!(p.owner_of(&queue("orders.DLQ")), owner("b", STATIC_EPOCH));
+        assert_eq!(p.owner_of(&queue("orders.DLQ")), owner("b", STATIC));
         // A temporary queue lives on the node in its name, whatever else is placed.
-        assert_eq!(p.owner_of(&queue("tmp.b.x1.1")), owner("b", EPOCH_UNKNOWN));
-        assert_eq!(p.owner_of(&queue("tmp.a.x1.1")), owner("a", EPOCH_UNKNOWN));
+        assert_eq!(p.owner_of(&queue("tmp.b.x1.1")), owner("b", UNKNOWN));
+        assert_eq!(p.owner_of(&queue("tmp.a.x1.1")), owner("a", UNKNOWN));
         // One naming a node that is not in the cluster, and any unplaced queue: this node.
-        assert_eq!(p.owner_of(&queue("tmp.z.x1.1")), owner("a", EPOCH_UNKNOWN));
-        assert_eq!(p.owner_of(&queue("invoices")), owner("a", EPOCH_UNKNOWN));
-        assert_eq!(
-            p.owner_of(&queue("invoices.DLQ")),
-            owner("a", EPOCH_UNKNOWN)
-        );
+        assert_eq!(p.owner_of(&queue("tmp.z.x1.1")), owner("a", UNKNOWN));
+        assert_eq!(p.owner_of(&queue("invoices")), owner("a", UNKNOWN));
+        assert_eq!(p.owner_of(&queue("invoices.DLQ")), owner("a", UNKNOWN));
         let nodes: Vec<NodeId> = p.nodes().into_iter().map(|(n, _)| n).collect();
         assert_eq!(nodes, vec![node("a"), node("b")], "this node first");
     }
@@ -545,11 +543,8 @@ mod tests {
         let (router, _tx) = Router::fixed(p);
         get_queue(&router, "orders").await.expect("answered");
         get_queue(&router, "invoices").await.expect("answered");
-        assert_eq!(b.calls(), vec![call("get_queue", "orders", STATIC_EPOCH)]);
-        assert_eq!(
-            a.calls(),
-            vec![call("get_queue", "invoices", EPOCH_UNKNOWN)]
-        );
+        assert_eq!(b.calls(), vec![call("get_queue", "orders", STATIC)]);
+        assert_eq!(a.calls(), vec![call("get_queue", "invoices", UNKNOWN)]);
     }
 
     #[tokio::test]
@@ -561,13 +556,13 @@ mod tests {
             queue("orders"),
             Owner {
                 node: node("a"),
-                epoch: 2,
+                epoch: MOVED,
             },
         );
         tx.send(Arc::new(moved)).expect("the router listens");
         get_queue(&router, "orders").await.expect("answered");
-        assert_eq!(b.calls(), vec![call("get_queue", "orders", 1)]);
-        assert_eq!(a.calls(), vec![call("get_queue", "orders", 2)]);
+        assert_eq!(b.calls(), vec![call("get_queue", "orders", STATIC)]);
+        assert_eq!(a.calls(), vec![call("get_queue", "orders", MOVED)]);
     }
 
     #[tokio::test(start_paused = true)]
@@ -575,12 +570,12 @@ mod tests {
         let (p, a, b) = two_nodes();
         let (router, tx) = Router::fixed(p.clone());
         // b answers "not the owner" once, and the new placement is published as it does.
-        b.script([not_owner("orders", "a", 2)]);
+        b.script([not_owner("orders", "a", MOVED)]);
         let moved = p.with_queue(
             queue("orders"),
             Owner {
                 node: node("a"),
-                epoch: 2,
+                epoch: MOVED,
             },
         );
         b.on_scripted(move || {
@@ -588,8 +583,8 @@ mod tests {
         });
         let started = Instant::now();
         get_queue(&router, "orders").await.expect("answered by a");
-        assert_eq!(b.calls(), vec![call("get_queue", "orders", 1)]);
-        assert_eq!(a.calls(), vec![call("get_queue", "orders", 2)]);
+        assert_eq!(b.calls(), vec![call("get_queue", "orders", STATIC)]);
+        assert_eq!(a.calls(), vec![call("get_queue", "orders", MOVED)]);
         // It went on as soon as the placement changed, not after the refresh bound.
         assert_eq!(started.elapsed(), Duration::ZERO);
     }
@@ -630,14 +625,17 @@ mod tests {
             queue("fresh"),
             Owner {
                 node: node("b"),
-                epoch: 4,
+                epoch: PlacementEpoch::new(4),
             },
         );
         let (router, publishes) = catching_up(p, next);
         a.script([Status::not_found("queue \"fresh\" does not exist")]);
         get_queue(&router, "fresh").await.expect("answered by b");
-        assert_eq!(a.calls(), vec![call("get_queue", "fresh", EPOCH_UNKNOWN)]);
-        assert_eq!(b.calls(), vec![call("get_queue", "fresh", 4)]);
+        assert_eq!(a.calls(), vec![call("get_queue", "fresh", UNKNOWN)]);
+        assert_eq!(
+            b.calls(),
+            vec![call("get_queue", "fresh", PlacementEpoch::new(4))]
+        );
         assert_eq!(
             publishes.asked.load(std::sync::atomic::Ordering::Relaxed),
             1
@@ -670,7 +668,7 @@ mod tests {
     async fn not_the_owner_without_a_new_placement_retries_after_the_refresh_bound() {
         let (p, _, b) = two_nodes();
         let (router, _tx) = Router::fixed(p);
-        b.script([not_owner("orders", "", 0)]);
+        b.script([not_owner("orders", "", UNKNOWN)]);
         let started = Instant::now();
         get_queue(&router, "orders")
             .await
@@ -683,7 +681,7 @@ mod tests {
     async fn an_owner_that_keeps_saying_not_owner_fails_naming_the_queue() {
         let (p, _, b) = two_nodes();
         let (router, _tx) = Router::fixed(p);
-        b.always(not_owner("orders", "c", 9));
+        b.always(not_owner("orders", "c", PlacementEpoch::new(9)));
         let started = Instant::now();
         let e = get_queue(&router, "orders")
             .await
@@ -704,7 +702,7 @@ mod tests {
     async fn the_refresh_wait_ends_at_the_call_deadline() {
         let (p, _, b) = two_nodes();
         let (router, _tx) = Router::fixed(p);
-        b.script([not_owner("orders", "", 0)]);
+        b.script([not_owner("orders", "", UNKNOWN)]);
         let started = Instant::now();
         let deadline = started + Duration::from_millis(40);
         let q = queue("orders");
@@ -712,7 +710,7 @@ mod tests {
             .call_until(&q, Some(deadline), |be, placement_epoch| {
                 let req = pb::BackendQueueRequest {
                     name: "orders".into(),
-                    placement_epoch,
+                    placement_epoch: placement_epoch.get(),
                 };
                 async move { be.get_queue(Request::new(req)).await }
             })
@@ -728,7 +726,7 @@ mod tests {
             queue("lost"),
             Owner {
                 node: node("c"),
-                epoch: 1,
+                epoch: STATIC,
             },
         );
         let (router, _tx) = Router::fixed(p);
@@ -761,8 +759,10 @@ mod tests {
         let queues = queues.iter().map(|q| queue(q)).collect();
         router
             .call_each(queues, |be, queues| {
-                let (queues, placement_epochs) =
-                    queues.into_iter().map(|(q, e)| (q.to_string(), e)).unzip();
+                let (queues, placement_epochs) = queues
+                    .into_iter()
+                    .map(|(q, e)| (q.to_string(), e.get()))
+                    .unzip();
                 let req = pb::BackendReleaseSessionRequest {
                     queues,
                     placement_epochs,
@@ -780,12 +780,12 @@ mod tests {
     async fn a_call_naming_several_queues_goes_to_each_owner_and_regroups_after_not_owner() {
         let (p, a, b) = two_nodes();
         let (router, tx) = Router::fixed(p.clone());
-        b.script([not_owner("orders", "a", 2)]);
+        b.script([not_owner("orders", "a", MOVED)]);
         let moved = p.with_queue(
             queue("orders"),
             Owner {
                 node: node("a"),
-                epoch: 2,
+                epoch: MOVED,
             },
         );
         b.on_scripted(move || {
@@ -800,12 +800,12 @@ mod tests {
             queues: queues.into_iter().map(String::from).collect(),
             epochs,
         };
-        assert_eq!(b.calls(), vec![release_call(vec!["orders"], vec![1])]);
+        assert_eq!(b.calls(), vec![release_call(vec!["orders"], vec![STATIC])]);
         assert_eq!(
             a.calls(),
             vec![
-                release_call(vec!["invoices"], vec![0]),
-                release_call(vec!["orders"], vec![2]),
+                release_call(vec!["invoices"], vec![UNKNOWN]),
+                release_call(vec!["orders"], vec![MOVED]),
             ]
         );
     }

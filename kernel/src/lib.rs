@@ -30,6 +30,7 @@ pub use queue::{
 pub use selector::{IndexedHeader, Selector, SelectorLimits};
 pub use types::shown;
 pub use types::{
-    validate_property_name, LeaseId, Message, MessageId, NewMessage, NodeId, Priority,
-    PropertyValue, PublicIds, QueueName, QueueUid, ReceiptHandle, Seq, SessionId, SHOWN_CHARS_MAX,
+    validate_property_name, LeaseId, Message, MessageId, NewMessage, NodeId, PlacementEpoch,
+    Priority, PropertyValue, PublicIds, QueueName, QueueUid, ReceiptHandle, Seq, SessionId,
+    SHOWN_CHARS_MAX,
 };

@@ -13,7 +13,7 @@ use ferry_cluster::meta::MetaState;
 use ferry_fe_dispatcher::{
     BackendRef, Catalog, CatalogEntry, CatchUp, Owner, Placement, Reachability, RemoteBackend,
 };
-use ferry_kernel::{NodeId, QueueName};
+use ferry_kernel::{NodeId, PlacementEpoch, QueueName};
 use ferry_proto::pb;
 use ferry_proto::pb::backend_server::Backend as _;
 use tokio::sync::watch;
@@ -35,7 +35,10 @@ impl QueueHost for BrokerHost {
             .filter(|q| !q.temporary)
             .map(|q| HeldQueue {
                 settings: ferry_proto::convert::queue_config_to_pb(&q.name, &q.config),
-                epoch: self.broker.placement_epoch(&q.name).unwrap_or(0),
+                epoch: self
+                    .broker
+                    .placement_epoch(&q.name)
+                    .unwrap_or(PlacementEpoch::UNKNOWN),
                 name: q.name,
             })
             .collect()
@@ -51,14 +54,15 @@ impl QueueHost for BrokerHost {
         &self,
         name: &QueueName,
         settings: &pb::QueueConfig,
-        epoch: u64,
+        epoch: PlacementEpoch,
     ) -> Result<(), String> {
         let req = pb::BackendCreateQueueRequest {
             name: name.to_string(),
             config: Some(settings.clone()),
             if_not_exists: true,
             temporary: false,
-            placement_epoch: 0,
+            // Its placement is set just below, once it exists.
+            placement_epoch: PlacementEpoch::UNKNOWN.get(),
         };
         self.backend
             .create_queue(Request::new(req))
@@ -78,7 +82,7 @@ impl QueueHost for BrokerHost {
         total
     }
 
-    fn set_epoch(&self, name: &QueueName, epoch: u64) {
+    fn set_epoch(&self, name: &QueueName, epoch: PlacementEpoch) {
         self.broker.set_placement_epoch(name, epoch);
     }
 

@@ -3,7 +3,7 @@
 //! [`MetaError`], never a panic. Encoding is deterministic (no protobuf maps; nodes and queues
 //! in name order), so equal states give equal snapshot bytes.
 
-use ferry_kernel::{NodeId, QueueName};
+use ferry_kernel::{NodeId, PlacementEpoch, QueueName};
 use ferry_proto::pb;
 use prost::Message;
 
@@ -380,7 +380,7 @@ pub(super) fn wire_queue(name: &QueueName, q: &QueueDef) -> WireQueue {
         name: name.to_string(),
         settings: Some(q.settings.clone()),
         owner: q.owner.node.to_string(),
-        epoch: q.owner.epoch,
+        epoch: q.owner.epoch.get(),
         expected: None,
     }
 }
@@ -391,7 +391,7 @@ pub(super) fn queue_from_wire(
 ) -> Result<(QueueName, QueueDef), MetaError> {
     let owner = Owner {
         node: node_id(what, q.owner)?,
-        epoch: q.epoch,
+        epoch: PlacementEpoch::new(q.epoch),
     };
     let def = QueueDef {
         settings: q.settings.unwrap_or_default(),
@@ -421,7 +421,7 @@ impl MetaState {
             cluster_id_high: high,
             cluster_id_low: low,
             next_raft_id: self.next_raft_id,
-            next_epoch: self.next_epoch,
+            next_epoch: self.next_epoch.get(),
             applied_index: self.applied_index,
             nodes: Vec::new(),
             queues: Vec::new(),
@@ -446,7 +446,7 @@ impl MetaState {
                 .bootstrapped
                 .then(|| ClusterId(join(w.cluster_id_high, w.cluster_id_low))),
             next_raft_id: w.next_raft_id,
-            next_epoch: w.next_epoch,
+            next_epoch: PlacementEpoch::new(w.next_epoch),
             applied_index: w.applied_index,
             ..MetaState::new()
         })

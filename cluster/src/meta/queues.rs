@@ -85,7 +85,9 @@ impl MetaState {
             node: node.clone(),
             epoch: self.next_epoch,
         };
-        self.next_epoch += 1;
+        self.next_epoch = self.next_epoch.next().expect(
+            "invariant: check_invariants keeps next_epoch <= COUNTER_MAX, far below u64::MAX",
+        );
         self.queues.insert(
             name.clone(),
             QueueDef {

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use ferry_kernel::{NodeId, QueueName};
+use ferry_kernel::{NodeId, PlacementEpoch, QueueName};
 use ferry_proto::pb;
 
 use super::requests::Requests;
@@ -81,7 +81,7 @@ pub struct Owner {
     pub node: NodeId,
     /// Bumped at every change of owner (a fencing token). Drawn from one cluster-wide counter,
     /// so a queue deleted and created again never gets an epoch it had before.
-    pub epoch: u64,
+    pub epoch: PlacementEpoch,
 }
 
 /// A queue's definition and placement.
@@ -107,7 +107,7 @@ pub struct MetaState {
     pub(crate) nodes: BTreeMap<NodeId, NodeInfo>,
     pub(crate) queues: BTreeMap<QueueName, QueueDef>,
     pub(crate) next_raft_id: u64,
-    pub(crate) next_epoch: u64,
+    pub(crate) next_epoch: PlacementEpoch,
     pub(crate) applied_index: u64,
     /// The request ids of the last applied proposals (`requests.rs`).
     pub(crate) requests: Requests,
@@ -121,7 +121,8 @@ impl MetaState {
             nodes: BTreeMap::new(),
             queues: BTreeMap::new(),
             next_raft_id: 1,
-            next_epoch: 1,
+            // The first epoch the metadata gives (never UNKNOWN, which a back-end does not check).
+            next_epoch: PlacementEpoch::new(1),
             applied_index: 0,
             requests: Requests::default(),
         }
@@ -213,7 +214,8 @@ impl MetaState {
     pub fn check_invariants(&self) -> Result<(), String> {
         // Counters grow by one per command: far below these unless the bytes were forged.
         let counter_range = 1..=COUNTER_MAX;
-        if !counter_range.contains(&self.next_raft_id) || !counter_range.contains(&self.next_epoch)
+        if !counter_range.contains(&self.next_raft_id)
+            || !counter_range.contains(&self.next_epoch.get())
         {
             return Err(format!(
                 "counters out of range: next raft id {}, next epoch {}",
@@ -244,7 +246,7 @@ impl MetaState {
                     q.owner.node
                 ));
             }
-            if q.owner.epoch == 0
+            if !q.owner.epoch.is_known()
                 || q.owner.epoch >= self.next_epoch
                 || !epochs.insert(q.owner.epoch)
             {

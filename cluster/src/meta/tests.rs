@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use ferry_kernel::{NodeId, QueueName};
+use ferry_kernel::{NodeId, PlacementEpoch, QueueName};
 use ferry_proto::pb;
 
 use super::*;
@@ -242,7 +242,7 @@ fn create_places_the_queue_and_its_dead_letter_queue_on_the_owner_with_fresh_epo
     let event = s.apply(3, &create("orders", "b")).unwrap();
     let owner = |epoch| Owner {
         node: n("b"),
-        epoch,
+        epoch: PlacementEpoch::new(epoch),
     };
     assert_eq!(
         event,
@@ -273,7 +273,10 @@ fn create_places_the_queue_and_its_dead_letter_queue_on_the_owner_with_fresh_epo
     s.apply(5, &MetaCommand::DeleteQueue { name: q("orders") })
         .unwrap();
     s.apply(6, &create("orders", "b")).unwrap();
-    assert_eq!(s.queue(&q("orders")).unwrap().owner.epoch, 6);
+    assert_eq!(
+        s.queue(&q("orders")).unwrap().owner.epoch,
+        PlacementEpoch::new(6)
+    );
     s.check_invariants().unwrap();
 }
 
@@ -353,7 +356,7 @@ fn update_replaces_settings_and_delete_removes_only_the_queue() {
     assert_eq!(s.queue(&q("orders")).unwrap().settings, settings);
     assert_eq!(
         s.queue(&q("orders")).unwrap().owner.epoch,
-        1,
+        PlacementEpoch::new(1),
         "same owner, same epoch"
     );
     let event = s
@@ -693,7 +696,7 @@ fn the_placement_snapshot_lists_owners_and_active_nodes() {
         p.owners[&q("orders")],
         Owner {
             node: n("c"),
-            epoch: 1
+            epoch: PlacementEpoch::new(1)
         }
     );
     assert_eq!(

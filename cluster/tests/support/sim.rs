@@ -17,7 +17,7 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use ferry_cluster::meta::{ClusterId, MetaCommand, MetaError, MetaEvent, MetaState, NewNode};
-use ferry_kernel::{NodeId, QueueName};
+use ferry_kernel::{NodeId, PlacementEpoch, QueueName};
 use ferry_multiraft::{
     Apply, ConfChange, Engine, EngineConfig, EntryKind, GroupId, LogPosition, LogStore, MemStore,
     NodeId as PeerId, PersistId, Role,
@@ -109,9 +109,9 @@ pub struct Sim {
     /// The result of each applied command, as the first node to apply it saw it.
     results: BTreeMap<u64, Result<MetaEvent, MetaError>>,
     /// (queue, epoch) → owner, across all nodes and time.
-    owners: BTreeMap<(QueueName, u64), NodeId>,
+    owners: BTreeMap<(QueueName, PlacementEpoch), NodeId>,
     /// Each queue's epoch at the highest index applied so far.
-    last_epochs: BTreeMap<QueueName, u64>,
+    last_epochs: BTreeMap<QueueName, PlacementEpoch>,
     leaders: BTreeMap<u64, PeerId>,
     /// A configuration change proposed by the leader and not yet applied by it.
     conf_pending: Option<(PeerId, LogPosition)>,
@@ -555,7 +555,7 @@ impl Sim {
                 // increasing order, so this is the log's next state.
                 self.committed.insert(position.index, seen);
                 for (name, q) in meta.queues() {
-                    let last = self.last_epochs.entry(name.clone()).or_insert(0);
+                    let last = self.last_epochs.entry(name.clone()).or_default();
                     assert!(
                         q.owner.epoch >= *last,
                         "queue {name}: epoch {} after {last} (seed {seed})",

@@ -129,7 +129,7 @@ impl Dispatch {
                 .call(&q, |be, placement_epoch| {
                     let req = pb::BackendQueueRequest {
                         name: q.to_string(),
-                        placement_epoch,
+                        placement_epoch: placement_epoch.get(),
                     };
                     async move { be.delete_queue(Request::new(req)).await }
                 })
@@ -174,7 +174,7 @@ impl Dispatch {
                         leases: refs.iter().map(|(_, l)| l.0).collect(),
                     });
                     req.queues.push(q.to_string());
-                    req.placement_epochs.push(epoch);
+                    req.placement_epochs.push(epoch.get());
                 }
                 async move { be.release_session(Request::new(req)).await }
             })
@@ -217,7 +217,7 @@ impl Dispatch {
             .call_each(queues, |be, queues| {
                 let (queues, placement_epochs) = queues
                     .into_iter()
-                    .map(|(q, epoch)| (q.to_string(), epoch))
+                    .map(|(q, epoch)| (q.to_string(), epoch.get()))
                     .unzip();
                 let req = pb::BackendReleaseSessionRequest {
                     session_id: session_id.clone(),

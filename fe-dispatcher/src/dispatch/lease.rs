@@ -105,7 +105,7 @@ impl Dispatch {
                         queue: queue.to_string(),
                         receipt_handles: receipt_handles.clone(),
                         session_id: session_id.to_owned(),
-                        placement_epoch,
+                        placement_epoch: placement_epoch.get(),
                         ..Default::default()
                     };
                     op(be, req)

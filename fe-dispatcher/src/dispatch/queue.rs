@@ -25,7 +25,7 @@ impl Dispatch {
                 let create = pb::BackendCreateQueueRequest {
                     name: name.to_string(),
                     temporary: true,
-                    placement_epoch,
+                    placement_epoch: placement_epoch.get(),
                     ..Default::default()
                 };
                 async move { be.create_queue(Request::new(create)).await }
@@ -51,7 +51,7 @@ impl Dispatch {
             .call(&queue, |be, placement_epoch| {
                 let req = pb::BackendQueueRequest {
                     name: r.queue.clone(),
-                    placement_epoch,
+                    placement_epoch: placement_epoch.get(),
                 };
                 async move { be.delete_queue(Request::new(req)).await }
             })
@@ -83,7 +83,7 @@ impl Dispatch {
                     max_messages,
                     after_seq,
                     selector: r.selector.clone(),
-                    placement_epoch,
+                    placement_epoch: placement_epoch.get(),
                 };
                 async move { be.browse(Request::new(req)).await }
             })

@@ -36,7 +36,7 @@ impl Dispatch {
                     lease_ms: r.lease_ms,
                     clamp_max_messages: false,
                     consumer: 0,
-                    placement_epoch,
+                    placement_epoch: placement_epoch.get(),
                 });
                 if let Some(until) = until {
                     fwd.set_timeout(until.saturating_duration_since(tokio::time::Instant::now()));

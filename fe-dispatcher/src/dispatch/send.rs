@@ -1,11 +1,10 @@
 //! Sends: a unary `Send`, or a run of `Publish` requests coalesced into one back-end call.
 
-use ferry_kernel::QueueName;
+use ferry_kernel::{PlacementEpoch, QueueName};
 use ferry_proto::pb;
 use tonic::{Request, Status};
 
 use super::{queue_name, Dispatch};
-use crate::router::EPOCH_UNKNOWN;
 
 impl Dispatch {
     pub(crate) async fn send(&self, r: pb::SendRequest) -> Result<pb::SendResponse, Status> {
@@ -45,7 +44,7 @@ impl Dispatch {
                     messages,
                     session_id: session_id.clone(),
                     transacted,
-                    placement_epoch,
+                    placement_epoch: placement_epoch.get(),
                 });
                 async move { be.send(Request::new(req?)).await }
             })
@@ -75,7 +74,7 @@ impl Dispatch {
                 .call(&reply_to, |be, placement_epoch| {
                     let req = pb::BackendQueueRequest {
                         name: reply_to.to_string(),
-                        placement_epoch,
+                        placement_epoch: placement_epoch.get(),
                     };
                     async move { be.get_queue(Request::new(req)).await }
                 })
@@ -101,16 +100,16 @@ impl Dispatch {
 
 /// The messages one try of a send carries. A try at a known placement epoch may be answered
 /// "not the owner", having consumed its request, so it sends a copy and keeps the messages for
-/// the next try. A try at [`EPOCH_UNKNOWN`] is never answered so (the back-end skips the
+/// the next try. A try at [`PlacementEpoch::UNKNOWN`] is never answered so (the back-end skips the
 /// check), so it sends them as they are: a send to an unplaced queue copies nothing.
 fn messages_for_try(
     messages: &mut Option<Vec<pb::OutgoingMessage>>,
-    placement_epoch: u64,
+    placement_epoch: PlacementEpoch,
 ) -> Result<Vec<pb::OutgoingMessage>, Status> {
-    let taken = if placement_epoch == EPOCH_UNKNOWN {
-        messages.take()
-    } else {
+    let taken = if placement_epoch.is_known() {
         messages.clone()
+    } else {
+        messages.take()
     };
     taken.ok_or_else(|| {
         Status::unavailable(

@@ -4,13 +4,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_kernel::{LeaseId, ManualClock, NodeId, QueueName, QueueUid, ReceiptHandle, Seq};
+use ferry_kernel::{
+    LeaseId, ManualClock, NodeId, PlacementEpoch, QueueName, QueueUid, ReceiptHandle, Seq,
+};
 use ferry_proto::pb;
 use tokio::sync::watch;
 
 use super::Dispatch;
 use crate::fake::{Call, FakeBackend};
-use crate::router::{Owner, Placement, Router, EPOCH_UNKNOWN, STATIC_EPOCH};
+use crate::router::{Owner, Placement, Router};
 use crate::FrontendConfig;
 
 const WALL_START_MS: u64 = 1_700_000_000_000;
@@ -33,12 +35,13 @@ fn queue(q: &str) -> QueueName {
     QueueName::new(q).expect("a queue name")
 }
 
-/// This node a, another node b; `orders` placed on a, `invoices` on b (epoch 1).
+/// This node a, another node b; `orders` placed on a, `invoices` on b (at the static
+/// epoch).
 fn fixture() -> Fixture {
     let (a, b) = (FakeBackend::new(), FakeBackend::new());
     let placed = |n: &str| Owner {
         node: node(n),
-        epoch: STATIC_EPOCH,
+        epoch: PlacementEpoch::STATIC,
     };
     let placement = Placement::new(node("a"), a.backend())
         .with_node(node("b"), b.backend())
@@ -74,7 +77,7 @@ fn handle(q: &str) -> String {
     .to_string()
 }
 
-fn call(method: &'static str, q: &str, epoch: u64) -> Call {
+fn call(method: &'static str, q: &str, epoch: PlacementEpoch) -> Call {
     Call {
         method,
         queues: vec![q.into()],
@@ -91,8 +94,14 @@ async fn an_ack_is_routed_by_the_queue_of_its_handle_through_placement() {
         ..Default::default()
     };
     f.core.ack(r).await.expect("acknowledged");
-    assert_eq!(f.a.calls(), vec![call("ack", "orders", STATIC_EPOCH)]);
-    assert_eq!(f.b.calls(), vec![call("ack", "invoices", STATIC_EPOCH)]);
+    assert_eq!(
+        f.a.calls(),
+        vec![call("ack", "orders", PlacementEpoch::STATIC)]
+    );
+    assert_eq!(
+        f.b.calls(),
+        vec![call("ack", "invoices", PlacementEpoch::STATIC)]
+    );
 }
 
 #[tokio::test]
@@ -110,8 +119,14 @@ async fn sends_and_receives_carry_the_placement_epoch() {
         ..Default::default()
     };
     f.core.receive(receive, None).await.expect("received");
-    assert_eq!(f.b.calls(), vec![call("send", "invoices", STATIC_EPOCH)]);
-    assert_eq!(f.a.calls(), vec![call("receive", "scratch", EPOCH_UNKNOWN)]);
+    assert_eq!(
+        f.b.calls(),
+        vec![call("send", "invoices", PlacementEpoch::STATIC)]
+    );
+    assert_eq!(
+        f.a.calls(),
+        vec![call("receive", "scratch", PlacementEpoch::UNKNOWN)]
+    );
 }
 
 // Postmortem: a receive parked when the node stopped was answered empty, and `ferry receive`
@@ -126,7 +141,10 @@ async fn a_parked_receive_ends_unavailable_when_the_node_stops() {
     };
     let mut receive = std::pin::pin!(f.core.receive(receive, None));
     assert!(futures::poll!(&mut receive).is_pending(), "parked");
-    assert_eq!(f.a.calls(), vec![call("receive", "orders", STATIC_EPOCH)]);
+    assert_eq!(
+        f.a.calls(),
+        vec![call("receive", "orders", PlacementEpoch::STATIC)]
+    );
     f.stop.send_replace(true);
     let e = receive.await.expect_err("the stop ends it with an error");
     assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
@@ -144,7 +162,7 @@ async fn a_send_carries_its_messages_on_every_try() {
         messages: vec![pb::OutgoingMessage::default(); n],
         ..Default::default()
     };
-    // At epoch 0 the messages go as they are (nothing kept for a retry).
+    // At an unknown epoch the messages go as they are (nothing kept for a retry).
     f.core.send(send("scratch", 2)).await.expect("sent");
     assert_eq!(f.a.sent(), vec![2]);
     // At a known epoch a copy goes, so the retry after "not the owner" has them all.
@@ -174,7 +192,7 @@ async fn a_temporary_queue_is_created_on_this_node_and_named_after_it() {
     assert!(name.starts_with("tmp.a."), "{name}");
     assert_eq!(
         f.a.calls(),
-        vec![call("create_queue", &name, EPOCH_UNKNOWN)]
+        vec![call("create_queue", &name, PlacementEpoch::UNKNOWN)]
     );
     assert!(f.b.calls().is_empty());
 }
@@ -211,7 +229,7 @@ async fn a_transaction_commits_at_the_owner_of_its_queues_with_their_epochs() {
     f.core.commit(commit).await.expect("committed");
     let calls = f.b.calls();
     assert_eq!(calls.len(), 2, "{calls:?}");
-    assert_eq!(calls[1], call("commit", "invoices", STATIC_EPOCH));
+    assert_eq!(calls[1], call("commit", "invoices", PlacementEpoch::STATIC));
 }
 
 #[tokio::test(start_paused = true)]
@@ -269,7 +287,7 @@ async fn a_lost_connection_releases_its_sessions_leases_at_each_owner() {
     for (_, closed) in f.core.sessions.close_expired(tokio::time::Instant::now()) {
         f.core.release(closed).await;
     }
-    let release = |q: &str| call("release_session", q, STATIC_EPOCH);
+    let release = |q: &str| call("release_session", q, PlacementEpoch::STATIC);
     assert_eq!(f.a.calls()[1], release("orders"));
     assert_eq!(f.b.calls()[1], release("invoices"));
 }

@@ -104,7 +104,7 @@ impl Dispatch {
             queues.push(pb::BackendTxQueue {
                 queue: queue.to_string(),
                 receipt_handles: receipt_handles.clone(),
-                placement_epoch: owner.epoch,
+                placement_epoch: owner.epoch.get(),
             });
         }
         Ok(pb::BackendCommitRequest {
@@ -126,7 +126,7 @@ impl Dispatch {
             .call_each(tx.queues.iter().cloned().collect(), |be, queues| {
                 let (queues, placement_epochs) = queues
                     .into_iter()
-                    .map(|(q, epoch)| (q.to_string(), epoch))
+                    .map(|(q, epoch)| (q.to_string(), epoch.get()))
                     .unzip();
                 let req = pb::BackendRollbackRequest {
                     session_id: session_id.clone(),

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use ferry_kernel::{NodeId, QueueName};
+use ferry_kernel::{NodeId, PlacementEpoch, QueueName};
 use ferry_proto::pb;
 
 use ferry_cluster::meta::MetaState;
@@ -17,7 +17,7 @@ pub struct HeldQueue {
     /// Its settings, as given at creation.
     pub settings: pb::QueueConfig,
     /// The placement epoch it is served at.
-    pub epoch: u64,
+    pub epoch: PlacementEpoch,
 }
 
 /// The local back-end, implemented by the node assembly (the cluster crate does not depend on
@@ -38,12 +38,12 @@ pub trait QueueHost: Send + Sync + 'static {
         &self,
         name: &QueueName,
         settings: &pb::QueueConfig,
-        epoch: u64,
+        epoch: PlacementEpoch,
     ) -> Result<(), String>;
     /// Bytes of messages held by every queue here (the placement rule's second criterion).
     async fn stored_bytes(&self) -> u64;
     /// Serves a held queue at `epoch` from now on.
-    fn set_epoch(&self, name: &QueueName, epoch: u64);
+    fn set_epoch(&self, name: &QueueName, epoch: PlacementEpoch);
     /// Deletes a queue and its messages.
     async fn delete(&self, name: &QueueName) -> Result<(), String>;
     /// Applies a queue's settings from the metadata to the held queue, as a change (each field

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use ferry_kernel::QueueName;
+use ferry_kernel::{PlacementEpoch, QueueName};
 use ferry_proto::pb;
 
 use super::host::{HeldQueue, QueueHost};
@@ -13,7 +13,7 @@ use super::host::{HeldQueue, QueueHost};
 /// Records what it is asked; holds what it was told to create.
 #[derive(Default)]
 pub(crate) struct Recorder {
-    pub(crate) held: Mutex<BTreeMap<QueueName, u64>>,
+    pub(crate) held: Mutex<BTreeMap<QueueName, PlacementEpoch>>,
     pub(crate) calls: Mutex<Vec<String>>,
 }
 
@@ -36,7 +36,7 @@ impl QueueHost for Recorder {
         &self,
         name: &QueueName,
         _: &pb::QueueConfig,
-        epoch: u64,
+        epoch: PlacementEpoch,
     ) -> Result<(), String> {
         self.calls
             .lock()
@@ -48,7 +48,7 @@ impl QueueHost for Recorder {
     async fn stored_bytes(&self) -> u64 {
         0
     }
-    fn set_epoch(&self, name: &QueueName, epoch: u64) {
+    fn set_epoch(&self, name: &QueueName, epoch: PlacementEpoch) {
         self.calls
             .lock()
             .unwrap()
