@@ -684,14 +684,8 @@ async fn load(
     } else {
         tokio::time::sleep_until(load_end).await;
     }
-    let _ = stop_tx.send(true);
-    history.record(
-        "runner",
-        "n1",
-        Op::Phase {
-            name: "heal".into(),
-        },
-    );
+    // The load goes on until the nemesis has run its whole schedule and healed, and a send was
+    // confirmed after that: a fault late in the load is still one the run went on through.
     match timeout_at(load_end + Duration::from_secs(30), &mut nemesis_task).await {
         Some(Ok(Ok(()))) => {}
         Some(Ok(Err(e))) => run_errors.push(format!("nemesis: {e:#}")),
@@ -705,12 +699,64 @@ async fn load(
     if let Err(e) = nemesis.heal(history).await {
         run_errors.push(format!("heal: {e:#}"));
     }
+    if !spec.until_consumed && !schedule.is_empty() {
+        wait_confirmed_after_heal(history, &mut producers, run_errors).await;
+    }
+    let _ = stop_tx.send(true);
+    history.record(
+        "runner",
+        "n1",
+        Op::Phase {
+            name: "heal".into(),
+        },
+    );
     // Workers end at the stop signal, producers once their last batch settles.
     let workers_by = Instant::now() + spec.op_timeout * 3 + Duration::from_secs(35);
     for (what, set) in [("producer", &mut producers), ("consumer", &mut consumers)] {
         join_all(set, what, workers_by, run_errors).await;
     }
 }
+
+/// Waits, at most [`AFTER_HEAL_WAIT`], until a send was confirmed after the last event of the
+/// history (the nemesis's heal), while producers still run. Checks every 50 ms: the condition
+/// is the history's, which has no signal of its own. Does not fail: a run that confirms nothing
+/// after its last heal is reported so (`confirmed_after_last_heal`), and the smoke tests refuse
+/// it.
+async fn wait_confirmed_after_heal(
+    history: &History,
+    producers: &mut JoinSet<anyhow::Result<()>>,
+    run_errors: &mut Vec<String>,
+) {
+    let healed_us = history.now_us();
+    let until = Instant::now() + AFTER_HEAL_WAIT;
+    while Instant::now() < until && !producers.is_empty() {
+        // Producers that finished (a fixed number of messages) send nothing more.
+        while let Some(done) = producers.try_join_next() {
+            match done {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => run_errors.push(format!("producer: {e:#}")),
+                Err(e) => run_errors.push(format!("producer: {e}")),
+            }
+        }
+        let confirmed = history.events().iter().rev().any(|e| {
+            e.t_us > healed_us
+                && matches!(
+                    e.op,
+                    Op::SendEnd {
+                        outcome: super::history::Outcome::Ok,
+                        ..
+                    }
+                )
+        });
+        if confirmed {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The longest the load goes on after the last heal for a send to be confirmed.
+const AFTER_HEAL_WAIT: Duration = Duration::from_secs(20);
 
 /// Empties every queue and dead-letter queue; poison queues are nacked until all is dead-lettered.
 async fn drain_all(spec: &Spec, ctx: &Ctx, run_errors: &mut Vec<String>) {
