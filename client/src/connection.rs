@@ -582,3 +582,54 @@ impl Session {
         Ok(r.into_inner().released)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::time::Instant;
+    use tonic::Code;
+
+    use crate::fake;
+
+    /// Paused time: the clock moves only when every task waits, to the next timer.
+    #[tokio::test(start_paused = true)]
+    async fn heartbeats_come_every_third_of_the_lease_through_errors_until_the_connection_is_gone()
+    {
+        let mut fake = fake::start(3_000).await;
+        fake.heartbeat_answers
+            .lock()
+            .expect("not poisoned")
+            .extend([Err(Code::Unavailable), Ok(()), Err(Code::NotFound)]);
+        let start = Instant::now();
+        let _connection = fake.client.open_connection("t").await.expect("open");
+        for n in 1..=3 {
+            assert_eq!(fake.next_heartbeat().await, "connection-1");
+            // A failed heartbeat (the node busy, the network down) is no reason to stop: the
+            // next one comes on time.
+            assert_eq!(start.elapsed(), Duration::from_secs(n), "heartbeat {n}");
+        }
+        // NOT_FOUND: the server closed the connection; heartbeating it is pointless.
+        let more = tokio::time::timeout(Duration::from_secs(60), fake.heartbeats.recv()).await;
+        assert!(more.is_err(), "a heartbeat after NOT_FOUND: {more:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_heartbeats_while_a_session_of_it_lives_and_stops_when_the_last_goes() {
+        let mut fake = fake::start(3_000).await;
+        let connection = fake.client.open_connection("t").await.expect("open");
+        let session = connection
+            .create_session(crate::AckMode::Auto)
+            .await
+            .expect("session");
+        drop(connection);
+        assert_eq!(
+            fake.next_heartbeat().await,
+            "connection-1",
+            "the session keeps it"
+        );
+        drop(session);
+        let more = tokio::time::timeout(Duration::from_secs(60), fake.heartbeats.recv()).await;
+        assert!(more.is_err(), "a heartbeat with no handle left: {more:?}");
+    }
+}

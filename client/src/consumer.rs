@@ -324,3 +324,144 @@ impl Drop for Consumer {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use ferry_proto::pb;
+    use ferry_proto::pb::consume_request::Kind;
+    use ferry_proto::pb::consume_response::Kind as Answer;
+
+    use crate::fake::{self, Fake, FakeStream};
+    use crate::{AckMode, Consumer, ConsumerOptions};
+
+    type Stream = FakeStream<pb::ConsumeRequest, pb::ConsumeResponse>;
+
+    /// A consumer on queue `q` in `mode` with `prefetch`, and its stream past the start.
+    async fn consumer(fake: &mut Fake, mode: AckMode, prefetch: u32) -> (Consumer, Stream) {
+        let connection = fake.client.open_connection("t").await.expect("open");
+        let session = connection.create_session(mode).await.expect("session");
+        let consumer = session
+            .consumer("q", ConsumerOptions::default().prefetch(prefetch))
+            .await
+            .expect("consumer");
+        let mut stream = fake.next_consume().await;
+        let Some(Kind::Start(start)) = stream.next().await.kind else {
+            panic!("the stream opens with a start");
+        };
+        assert_eq!(
+            (start.session_id.as_str(), start.queue.as_str()),
+            ("session-1", "q")
+        );
+        assert_eq!(start.prefetch, prefetch.max(1), "prefetch asked for");
+        (consumer, stream)
+    }
+
+    async fn push(stream: &Stream, handles: &[&str]) {
+        let deliveries = handles
+            .iter()
+            .map(|h| pb::Delivery {
+                receipt_handle: h.to_string(),
+                delivery_count: 1,
+                ..Default::default()
+            })
+            .collect();
+        let kind = Answer::Deliveries(pb::Deliveries { deliveries });
+        stream
+            .answer(Ok(pb::ConsumeResponse { kind: Some(kind) }))
+            .await;
+    }
+
+    fn handles(kind: Option<Kind>) -> (&'static str, Vec<String>) {
+        match kind {
+            Some(Kind::Ack(h)) => ("ack", h.receipt_handles),
+            Some(Kind::Release(h)) => ("release", h.receipt_handles),
+            other => panic!("expected an ack or a release, got {other:?}"),
+        }
+    }
+
+    fn strings(s: &[&str]) -> Vec<String> {
+        s.iter().map(|s| s.to_string()).collect()
+    }
+
+    const WAIT: Option<Duration> = Some(Duration::from_secs(10));
+
+    #[tokio::test]
+    async fn auto_ack_returns_one_credit_per_message_handed_over_and_gives_back_the_unseen() {
+        let mut fake = fake::start(30_000).await;
+        let (mut consumer, mut stream) = consumer(&mut fake, AckMode::Auto, 3).await;
+        push(&stream, &["h1", "h2", "h3"]).await;
+        let got = consumer.receive_batch(2, WAIT).await.expect("two");
+        let got: Vec<&str> = got.iter().map(|r| r.receipt_handle()).collect();
+        assert_eq!(got, ["h1", "h2"]);
+        // Handed over: acknowledged (auto), and room for as many more at the server.
+        assert_eq!(
+            handles(stream.next().await.kind),
+            ("ack", strings(&["h1", "h2"]))
+        );
+        assert_eq!(stream.next().await.kind, Some(Kind::Credit(2)));
+        let third = consumer.receive(Some(Duration::ZERO)).await.expect("h3");
+        assert_eq!(
+            third.map(|r| r.receipt_handle().to_string()).as_deref(),
+            Some("h3")
+        );
+        assert_eq!(handles(stream.next().await.kind), ("ack", strings(&["h3"])));
+        assert_eq!(stream.next().await.kind, Some(Kind::Credit(1)));
+        // Nothing pushed, nothing handed over: no credit.
+        assert!(consumer
+            .receive(Some(Duration::ZERO))
+            .await
+            .expect("none")
+            .is_none());
+        // Two more pushed, never taken: closing gives them back unseen, then waits until the
+        // server says every ack and the release took effect.
+        push(&stream, &["h4", "h5"]).await;
+        let closing = tokio::spawn(consumer.close());
+        assert_eq!(stream.next().await.kind, Some(Kind::Stop(true)));
+        let stopped = Answer::Stopped(pb::Stopped {});
+        stream
+            .answer(Ok(pb::ConsumeResponse {
+                kind: Some(stopped),
+            }))
+            .await;
+        assert_eq!(
+            handles(stream.next().await.kind),
+            ("release", strings(&["h4", "h5"]))
+        );
+        assert_eq!(
+            stream.next().await.kind,
+            Some(Kind::Flush(3)),
+            "two acks, one release"
+        );
+        assert!(
+            !closing.is_finished(),
+            "closed before the flush was answered"
+        );
+        let flushed = Answer::Flushed(3);
+        stream
+            .answer(Ok(pb::ConsumeResponse {
+                kind: Some(flushed),
+            }))
+            .await;
+        closing.await.expect("no panic").expect("closed");
+    }
+
+    #[tokio::test]
+    async fn client_ack_returns_credit_on_handing_over_and_acks_cumulatively_when_told() {
+        let mut fake = fake::start(30_000).await;
+        let (mut consumer, mut stream) = consumer(&mut fake, AckMode::Client, 0).await;
+        push(&stream, &["h1", "h2", "h3"]).await;
+        let got = consumer.receive_batch(3, WAIT).await.expect("three");
+        assert_eq!(got.len(), 3);
+        // No ack until the application says so; the credit comes at once.
+        assert_eq!(stream.next().await.kind, Some(Kind::Credit(3)));
+        // Acknowledging the second acknowledges the first with it (JMS CLIENT_ACKNOWLEDGE).
+        consumer.ack(&got[1..2]).expect("ack");
+        let (kind, mut acked) = handles(stream.next().await.kind);
+        acked.sort();
+        assert_eq!((kind, acked), ("ack", strings(&["h1", "h2"])));
+        consumer.ack(&got[2..]).expect("ack");
+        assert_eq!(handles(stream.next().await.kind), ("ack", strings(&["h3"])));
+    }
+}

@@ -17,6 +17,8 @@
 mod batch;
 mod connection;
 mod consumer;
+#[cfg(test)]
+mod fake;
 mod message;
 mod request;
 

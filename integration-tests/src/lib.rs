@@ -3,7 +3,9 @@
 //! the test ends, and print their logs when it fails.
 //!
 //! The `ferry` binary is found next to the test executable's directory (`target/<profile>/ferry`),
-//! or at `$FERRY_BIN`. The README's test command builds it first.
+//! or at `$FERRY_BIN`. The README's test command builds it first; a binary not built from this
+//! workspace's current sources is refused ([`freshness`]), so a plain `cargo test` cannot test a
+//! stale server.
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -16,12 +18,14 @@ use ferry_client::Client;
 
 pub mod chaos;
 pub mod cluster;
+mod freshness;
 pub mod raw;
 
-/// Path of the `ferry` binary under test.
+/// Path of the `ferry` binary under test. Panics, saying how to rebuild it, when it was not built
+/// from this workspace's current sources ([`freshness`]).
 pub fn ferry_bin() -> PathBuf {
     if let Some(p) = std::env::var_os("FERRY_BIN") {
-        return PathBuf::from(p);
+        return checked(PathBuf::from(p), false);
     }
     let exe = std::env::current_exe().expect("test executable path");
     // target/<profile>/deps/<test> → target/<profile>/ferry
@@ -32,25 +36,36 @@ pub fn ferry_bin() -> PathBuf {
     let bin = dir.join(format!("ferry{}", std::env::consts::EXE_SUFFIX));
     assert!(
         bin.exists(),
-        "{} is missing: build it first (cargo build -p ferry-cli), or set FERRY_BIN",
-        bin.display()
+        "{} is missing: build it first (`{}`), or set FERRY_BIN",
+        bin.display(),
+        freshness::rebuild_command(&bin)
     );
+    checked(bin, true)
+}
+
+/// `bin`, once [`freshness::ensure_fresh`] accepts it (`from_target`: it was found in the target
+/// directory, not named by the caller).
+fn checked(bin: PathBuf, from_target: bool) -> PathBuf {
+    if let Err(e) = freshness::ensure_fresh(&bin, freshness::workspace_root(), from_target) {
+        panic!("refusing to test a stale server: {e:#}");
+    }
     bin
 }
 
 /// The server built with fault injection (`ferry-faults`, docs/reliability.md): `$FERRY_FAULTS_BIN`,
-/// or next to [`ferry_bin`]. The README's test command builds it.
+/// or next to [`ferry_bin`]. The README's test command builds it. Refused as [`ferry_bin`] is.
 pub fn ferry_faults_bin() -> PathBuf {
     if let Some(p) = std::env::var_os("FERRY_FAULTS_BIN") {
-        return PathBuf::from(p);
+        return checked(PathBuf::from(p), false);
     }
     let bin = ferry_bin().with_file_name(format!("ferry-faults{}", std::env::consts::EXE_SUFFIX));
     assert!(
         bin.exists(),
-        "{} is missing: build it first (cargo build --release -p ferry-cli --features failpoints --bin ferry-faults), or set FERRY_FAULTS_BIN",
-        bin.display()
+        "{} is missing: build it first (`{}`), or set FERRY_FAULTS_BIN",
+        bin.display(),
+        freshness::rebuild_command(&bin)
     );
-    bin
+    checked(bin, true)
 }
 
 /// How to start a node.

@@ -493,34 +493,122 @@ async fn a_repeated_dedup_id_stores_nothing_new_even_after_a_restart() -> anyhow
     Ok(())
 }
 
-/// A consumer's heartbeats renew the leases of what it holds: a live consumer keeps its message
-/// past its lease (the lease running out without heartbeats is `sessions.rs`' business).
+/// A consumer's heartbeats renew the leases of what it holds, and only while they come: the
+/// message stays leased to the consumer a whole lease past the point its first lease ran out, and
+/// once the heartbeats stop it expires one lease after the last of them and is redelivered. Every
+/// time compared is the server's (a heartbeat answer carries the connection's new expiry, a
+/// delivery its lease's); the redelivery is waited for by a receive parked at the server, not a
+/// sleep. The connection lease running out is `sessions.rs`' business: here it outlasts the test.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn heartbeats_renew_delivery_leases_until_they_stop() -> anyhow::Result<()> {
+    const LEASE_MS: u64 = 1_500;
     let (_dir, _node, client) = memory_node(&["q"]).await?;
-    let conn = client.open_connection("slow-worker").await?;
-    let session = conn.create_session(AckMode::Individual).await?;
-    session.send("q", vec![Message::text("long job")]).await?;
-    let opts = ReceiveOptions {
-        lease_ms: Some(1_000),
-        ..ReceiveOptions::no_wait()
-    };
-    let got = session.receive("q", opts).await?;
-    assert_eq!(got.len(), 1);
     let mut messaging = client.messaging();
-    // Heartbeat every 100 ms for three times the lease: the message stays with this consumer.
-    let start = Instant::now();
-    while start.elapsed() < Duration::from_millis(3_000) {
-        messaging
+    // A connection of the raw API: no heartbeats but the test's own.
+    let opened = messaging
+        .open_connection(pb::OpenConnectionRequest {
+            client_id: "slow-worker".into(),
+            lease_ms: Some(120_000),
+        })
+        .await?
+        .into_inner();
+    let connection_lease_ms = opened.lease_ms;
+    let session_id = messaging
+        .create_session(pb::CreateSessionRequest {
+            connection_id: opened.connection_id.clone(),
+            ack_mode: AckMode::Individual as i32,
+        })
+        .await?
+        .into_inner()
+        .session_id;
+    let producer = client.open_connection("producer").await?;
+    let sent = producer
+        .create_session(AckMode::Auto)
+        .await?
+        .send("q", vec![Message::text("long job")])
+        .await?;
+    let mut got = messaging
+        .receive(pb::ReceiveRequest {
+            session_id: session_id.clone(),
+            queue: "q".into(),
+            selector: String::new(),
+            max_messages: 1,
+            wait_ms: Some(0),
+            lease_ms: Some(LEASE_MS),
+        })
+        .await?
+        .into_inner()
+        .deliveries;
+    assert_eq!(got.len(), 1);
+    let first = got.remove(0);
+    let first_expiry_ms = first.lease_expires_at_ms;
+
+    // Heartbeats every 100 ms (the consumer's pace, not a wait for anything), each followed by a
+    // look at the queue, until the server's clock is a whole lease past the first expiry.
+    let mut pace = tokio::time::interval(Duration::from_millis(100));
+    let last_heartbeat_ms = loop {
+        pace.tick().await;
+        let connection_expiry_ms = messaging
             .heartbeat(pb::HeartbeatRequest {
-                connection_id: conn.id().to_string(),
+                connection_id: opened.connection_id.clone(),
             })
-            .await?;
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+            .await?
+            .into_inner()
+            .lease_expires_at_ms;
+        let server_now_ms = connection_expiry_ms - connection_lease_ms;
+        let s = stats(&client, "q").await?;
+        assert_eq!(
+            (s.leased, s.lease_expired_total),
+            (1, 0),
+            "held at server time {server_now_ms} ms; its first lease ran out at {first_expiry_ms}"
+        );
+        if server_now_ms >= first_expiry_ms + LEASE_MS {
+            break server_now_ms;
+        }
+    };
+
+    // The heartbeats stop. A receive parked on another connection gets the message back once its
+    // lease, renewed last by the last heartbeat, runs out.
+    let other = client
+        .open_connection("other")
+        .await?
+        .create_session(AckMode::Individual)
+        .await?;
+    let second_lease_ms = 60_000;
+    let again = other
+        .receive(
+            "q",
+            ReceiveOptions {
+                timeout_ms: Some(10 * LEASE_MS as i64),
+                max_messages: 1,
+                lease_ms: Some(second_lease_ms),
+            },
+        )
+        .await?;
+    let [again] = again.as_slice() else {
+        anyhow::bail!("not redelivered within 10 leases of the last heartbeat: {again:?}");
+    };
+    assert_eq!(again.message_id(), sent[0]);
+    assert!(again.redelivered());
+    assert_eq!(again.delivery_count(), 2);
+    let redelivered_at_ms = again.delivery.lease_expires_at_ms - second_lease_ms;
+    assert!(
+        redelivered_at_ms >= last_heartbeat_ms + LEASE_MS,
+        "redelivered at {redelivered_at_ms} ms, before the lease renewed by the last heartbeat \
+         (at {last_heartbeat_ms} ms) ran out"
+    );
     let s = stats(&client, "q").await?;
-    assert_eq!((s.leased, s.lease_expired_total), (1, 0), "still held");
-    session.ack(&got).await?;
+    assert_eq!((s.leased, s.lease_expired_total), (1, 1), "an expiry");
+    // The first delivery is over: its handle acknowledges nothing.
+    let stale = messaging
+        .ack(pb::AckRequest {
+            session_id,
+            receipt_handles: vec![first.receipt_handle],
+        })
+        .await
+        .expect_err("a stale handle");
+    assert_eq!(stale.code(), Code::FailedPrecondition, "{stale:?}");
+    other.ack(std::slice::from_ref(again)).await?;
     assert_eq!(stats(&client, "q").await?.acked_total, 1);
     Ok(())
 }
