@@ -108,6 +108,7 @@ impl Client {
             id,
             heartbeat: Arc::new(AbortOnDrop(heartbeat)),
             acks_in_flight: Arc::new(watch::Sender::new(0)),
+            failed_auto_acks: AutoAckFailures::default(),
         })
     }
 }
@@ -129,6 +130,29 @@ pub struct Connection {
     heartbeat: Arc<AbortOnDrop>,
     /// Its sessions' acknowledgements still on their way (see [`AcksInFlight`]).
     acks_in_flight: Arc<watch::Sender<usize>>,
+    /// Its sessions' acknowledgements after auto receives that failed or got no answer.
+    failed_auto_acks: AutoAckFailures,
+}
+
+/// A live count of the acknowledgements sent after auto-acknowledge (or dups-ok) receives
+/// returned that failed or got no answer in time (a broken connection, a node that went down
+/// mid-call, a refusal). Each such receive's messages were still handed to the application; the
+/// server may have applied the acknowledgement (its answer was lost) or not (the messages come
+/// again when their leases run out, flagged redelivered). A non-zero count is what an
+/// application that must not process a message twice watches for. It counts on after its
+/// connection is dropped, so it can be read once the acknowledgements have settled.
+#[derive(Debug, Clone, Default)]
+pub struct AutoAckFailures(Arc<std::sync::atomic::AtomicU64>);
+
+impl AutoAckFailures {
+    /// Acknowledgements (each covering one receive's batch) that failed or got no answer so far.
+    pub fn count(&self) -> u64 {
+        self.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn add_one(&self) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 /// Acknowledgements sent after an auto or dups-ok receive returned (see
@@ -138,6 +162,8 @@ pub struct Connection {
 struct AcksInFlight {
     session: Arc<watch::Sender<usize>>,
     connection: Arc<watch::Sender<usize>>,
+    /// The connection's count of those that failed or got no answer.
+    failed: AutoAckFailures,
 }
 
 impl AcksInFlight {
@@ -171,6 +197,12 @@ impl Connection {
         &self.id
     }
 
+    /// The count of this connection's auto acknowledgements that failed or got no answer (see
+    /// [`AutoAckFailures`]).
+    pub fn auto_ack_failures(&self) -> AutoAckFailures {
+        self.failed_auto_acks.clone()
+    }
+
     pub async fn create_session(&self, ack_mode: pb::AckMode) -> Result<Session, ClientError> {
         let r = self
             .client
@@ -190,6 +222,7 @@ impl Connection {
             acks_in_flight: AcksInFlight {
                 session: Arc::new(watch::Sender::new(0)),
                 connection: self.acks_in_flight.clone(),
+                failed: self.failed_auto_acks.clone(),
             },
             publisher: crate::batch::Publisher::new(self.client.messaging()),
         })
@@ -378,6 +411,7 @@ impl Session {
                 Err(_) => Some(format!("no answer in {AUTO_ACK_TIMEOUT:?}")),
             };
             if let Some(error) = error {
+                session.acks_in_flight.failed.add_one();
                 tracing::warn!(%error, messages = received.len(), "auto-acknowledge failed or its outcome is unknown; the messages were handed over and may come again, flagged redelivered");
             }
             session.acks_in_flight.finished();
@@ -631,5 +665,54 @@ mod tests {
         drop(session);
         let more = tokio::time::timeout(Duration::from_secs(60), fake.heartbeats.recv()).await;
         assert!(more.is_err(), "a heartbeat with no handle left: {more:?}");
+    }
+
+    fn deliveries(handles: &[&str]) -> ferry_proto::pb::ReceiveResponse {
+        ferry_proto::pb::ReceiveResponse {
+            deliveries: handles
+                .iter()
+                .map(|h| ferry_proto::pb::Delivery {
+                    receipt_handle: (*h).into(),
+                    delivery_count: 1,
+                    ..Default::default()
+                })
+                .collect(),
+        }
+    }
+
+    /// Postmortem (chaos kill9 seed 1): an auto receive whose acknowledgement failed or got no
+    /// answer (the node killed after applying it) returned the error and threw its batch away,
+    /// and those messages were lost. The batch is handed over whatever becomes of the
+    /// acknowledgement, and the failure is counted for the application to see.
+    #[tokio::test(start_paused = true)]
+    async fn an_auto_receive_hands_over_its_batch_when_its_acknowledgement_fails_and_counts_it() {
+        let fake = fake::start(3_000).await;
+        fake.receive_answers.lock().expect("not poisoned").extend([
+            Ok(deliveries(&["h1", "h2"])),
+            Ok(deliveries(&["h3"])),
+            Ok(deliveries(&[])),
+        ]);
+        fake.ack_answers
+            .lock()
+            .expect("not poisoned")
+            .extend([Err(Code::Unavailable), Ok(Default::default())]);
+        let connection = fake.client.open_connection("t").await.expect("open");
+        let failures = connection.auto_ack_failures();
+        let session = connection
+            .create_session(crate::AckMode::Auto)
+            .await
+            .expect("session");
+        let opts = crate::ReceiveOptions::no_wait().max(10);
+        let first = session.receive("q", opts).await.expect("the batch");
+        assert_eq!(first.len(), 2, "handed over although its ack will fail");
+        // The next receive waits for the acknowledgement before it asks for more.
+        let second = session.receive("q", opts).await.expect("the next batch");
+        assert_eq!(second.len(), 1);
+        assert_eq!(failures.count(), 1, "the failed acknowledgement is counted");
+        session.receive("q", opts).await.expect("nothing more");
+        assert_eq!(failures.count(), 1, "the one that succeeded is not");
+        drop(session);
+        connection.close().await.expect("closed");
+        assert_eq!(failures.count(), 1, "still readable after the close");
     }
 }

@@ -45,6 +45,18 @@ impl<Req, Resp> FakeStream<Req, Resp> {
     }
 }
 
+/// Answers a test scripts for a unary call, in order.
+pub(crate) type Scripted<T> = Arc<Mutex<VecDeque<Result<T, tonic::Code>>>>;
+
+/// The next scripted answer of a unary call.
+fn scripted<T>(answers: &Scripted<T>, call: &str) -> Result<Response<T>, Status> {
+    match answers.lock().expect("not poisoned").pop_front() {
+        Some(Ok(answer)) => Ok(Response::new(answer)),
+        Some(Err(code)) => Err(Status::new(code, "scripted by the test")),
+        None => not_faked(call),
+    }
+}
+
 /// The test's side of the fake.
 #[derive(Debug)]
 pub(crate) struct Fake {
@@ -53,6 +65,10 @@ pub(crate) struct Fake {
     pub(crate) heartbeats: mpsc::UnboundedReceiver<String>,
     /// What the next heartbeats are answered with (`Ok` once it runs out).
     pub(crate) heartbeat_answers: Arc<Mutex<VecDeque<Result<(), tonic::Code>>>>,
+    /// What the next receives are answered with (UNIMPLEMENTED once it runs out).
+    pub(crate) receive_answers: Scripted<pb::ReceiveResponse>,
+    /// What the next acks are answered with (UNIMPLEMENTED once it runs out).
+    pub(crate) ack_answers: Scripted<pb::AckResponse>,
     pub(crate) publishes:
         mpsc::UnboundedReceiver<FakeStream<pb::PublishRequest, pb::PublishResponse>>,
     pub(crate) consumes:
@@ -93,6 +109,8 @@ struct Service {
     connection_lease_ms: u64,
     heartbeats: mpsc::UnboundedSender<String>,
     heartbeat_answers: Arc<Mutex<VecDeque<Result<(), tonic::Code>>>>,
+    receive_answers: Scripted<pb::ReceiveResponse>,
+    ack_answers: Scripted<pb::AckResponse>,
     publishes: mpsc::UnboundedSender<FakeStream<pb::PublishRequest, pb::PublishResponse>>,
     consumes: mpsc::UnboundedSender<FakeStream<pb::ConsumeRequest, pb::ConsumeResponse>>,
 }
@@ -103,10 +121,14 @@ pub(crate) async fn start(connection_lease_ms: u64) -> Fake {
     let (publishes_tx, publishes) = mpsc::unbounded_channel();
     let (consumes_tx, consumes) = mpsc::unbounded_channel();
     let heartbeat_answers = Arc::new(Mutex::new(VecDeque::new()));
+    let receive_answers = Scripted::default();
+    let ack_answers = Scripted::default();
     let service = Service {
         connection_lease_ms,
         heartbeats: heartbeats_tx,
         heartbeat_answers: heartbeat_answers.clone(),
+        receive_answers: receive_answers.clone(),
+        ack_answers: ack_answers.clone(),
         publishes: publishes_tx,
         consumes: consumes_tx,
     };
@@ -135,6 +157,8 @@ pub(crate) async fn start(connection_lease_ms: u64) -> Fake {
         client: Client::from_channel(channel),
         heartbeats,
         heartbeat_answers,
+        receive_answers,
+        ack_answers,
         publishes,
         consumes,
     }
@@ -228,7 +252,7 @@ impl Messaging for Service {
         &self,
         _: Request<pb::ReceiveRequest>,
     ) -> Result<Response<pb::ReceiveResponse>, Status> {
-        not_faked("receive")
+        scripted(&self.receive_answers, "receive")
     }
 
     type ConsumeStream = ReceiverStream<Result<pb::ConsumeResponse, Status>>;
@@ -241,7 +265,7 @@ impl Messaging for Service {
     }
 
     async fn ack(&self, _: Request<pb::AckRequest>) -> Result<Response<pb::AckResponse>, Status> {
-        not_faked("ack")
+        scripted(&self.ack_answers, "ack")
     }
 
     async fn nack(

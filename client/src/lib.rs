@@ -22,7 +22,7 @@ mod fake;
 mod message;
 mod request;
 
-pub use connection::{Client, Connection, ReceiveOptions, Session};
+pub use connection::{AutoAckFailures, Client, Connection, ReceiveOptions, Session};
 pub use consumer::{Consumer, ConsumerOptions};
 pub use ferry_proto::pb;
 pub use ferry_proto::pb::AckMode;
