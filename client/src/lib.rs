@@ -12,6 +12,14 @@
 //! # Ok(()) }
 //! ```
 //!
+//! **Auto acknowledgement.** In `Auto` (and `DupsOk`) mode a receive hands its batch to the
+//! application first and acknowledges it after it returned; the session's next receive, and the
+//! connection's close, wait for that acknowledgement. If it fails or gets no answer (a node that
+//! went down mid-call), the messages are still the application's: the server may have applied it
+//! (the answer was lost), or the messages come again when their leases run out, flagged
+//! redelivered. [`Connection::auto_ack_failures`] counts such acknowledgements, for an
+//! application that must know when a redelivery may follow.
+//!
 //! Depends on the API types only.
 
 mod batch;

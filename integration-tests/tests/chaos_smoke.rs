@@ -121,7 +121,25 @@ async fn kill9_smoke_loses_and_duplicates_nothing() -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill9_auto_receive_smoke_hands_over_a_batch_whose_ack_outcome_is_unknown(
 ) -> anyhow::Result<()> {
-    smoke("kill9-auto-receive", 1).await.map(drop)
+    let report = smoke("kill9-auto-receive", 1).await?;
+    // The run went through the postmortem's corner: kills cut off auto acknowledgements (whose
+    // batches were handed over all the same), not only receives.
+    assert!(
+        report.auto_ack_failures > 0,
+        "no kill cut off an auto acknowledgement, so the run did not test what it names"
+    );
+    Ok(())
+}
+
+/// The same corner with the old library's behaviour planted (emulated by the harness's auto
+/// consumers): a batch whose acknowledgement got no answer is thrown away, and the checker
+/// must find those messages lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_auto_receive_that_drops_its_batch_when_its_ack_is_cut_off_is_caught_as_lost(
+) -> anyhow::Result<()> {
+    let verdict = planted("auto-ack-drops-unconfirmed-batch", 1).await?;
+    assert!(verdict.lost > 0, "{verdict:?}");
+    Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -215,6 +215,17 @@ pub struct Event {
     pub op: Op,
 }
 
+/// A send attempt that ended confirmed.
+fn is_confirmed_send(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::SendEnd {
+            outcome: Outcome::Ok,
+            ..
+        }
+    )
+}
+
 #[derive(Debug, Default)]
 struct Inner {
     events: Vec<Event>,
@@ -227,6 +238,8 @@ struct Inner {
 pub struct History {
     start: Instant,
     inner: Arc<Mutex<Inner>>,
+    /// How many sends were confirmed so far, for those who wait on the run's progress.
+    confirmed: Arc<tokio::sync::watch::Sender<u64>>,
 }
 
 impl Default for History {
@@ -240,13 +253,16 @@ impl History {
         Self {
             start: Instant::now(),
             inner: Arc::default(),
+            confirmed: Arc::new(tokio::sync::watch::Sender::new(0)),
         }
     }
 
     /// A history made of these events (synthetic histories in tests, a history read back).
     pub fn from_events(events: Vec<Event>) -> Self {
         let next_id = events.len() as u64 + 1_000_000;
+        let confirmed = events.iter().filter(|e| is_confirmed_send(&e.op)).count();
         Self {
+            confirmed: Arc::new(tokio::sync::watch::Sender::new(confirmed as u64)),
             start: Instant::now(),
             inner: Arc::new(Mutex::new(Inner {
                 events,
@@ -280,12 +296,30 @@ impl History {
             inner.overflowed = true;
             return;
         }
+        let confirmed = is_confirmed_send(&op);
         inner.events.push(Event {
             t_us,
             process: process.into(),
             node: node.into(),
             op,
         });
+        drop(inner);
+        if confirmed {
+            self.confirmed.send_modify(|n| *n += 1);
+        }
+    }
+
+    /// How many sends were confirmed so far.
+    pub fn confirmed_sends(&self) -> u64 {
+        *self.confirmed.borrow()
+    }
+
+    /// Waits until more than `count` sends were confirmed, or `bound` passes; whether they were.
+    pub async fn wait_confirmed_beyond(&self, count: u64, bound: std::time::Duration) -> bool {
+        let mut confirmed = self.confirmed.subscribe();
+        tokio::time::timeout(bound, confirmed.wait_for(|n| *n > count))
+            .await
+            .is_ok_and(|r| r.is_ok())
     }
 
     /// Whether events were dropped because the history reached [`EVENTS_MAX`].

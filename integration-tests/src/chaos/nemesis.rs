@@ -352,21 +352,33 @@ impl Nemesis {
 
     /// Runs `schedule` from `load_start`, fault after fault, each at its time, until the
     /// schedule ends or `stop` turns true (a load that ended early: the fault under way is
-    /// finished and healed, no new one starts).
+    /// finished and healed, no new one starts). With `progress`, a fault starts only once a
+    /// send was confirmed after the one before was healed, or `progress` passed: so that each
+    /// fault hits a broker that came back and took sends again, however slow the machine (a
+    /// broker that does not is reported by the fault windows, and the smoke tests refuse it).
     pub async fn run(
         &self,
         history: &History,
         schedule: &[PlannedFault],
         load_start: tokio::time::Instant,
+        progress: Option<Duration>,
         mut stop: tokio::sync::watch::Receiver<bool>,
     ) -> anyhow::Result<()> {
+        let mut healed_at: Option<u64> = None;
         for f in schedule {
             let at = load_start + Duration::from_millis(f.at_ms);
+            let progressed = async {
+                if let (Some(bound), Some(count)) = (progress, healed_at) {
+                    history.wait_confirmed_beyond(count, bound).await;
+                }
+                tokio::time::sleep_until(at).await;
+            };
             tokio::select! {
-                _ = tokio::time::sleep_until(at) => {}
+                () = progressed => {}
                 _ = stop.wait_for(|s| *s) => return Ok(()),
             }
             self.inject(history, f).await?;
+            healed_at = Some(history.confirmed_sends());
         }
         Ok(())
     }

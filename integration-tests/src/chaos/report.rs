@@ -93,6 +93,13 @@ pub struct Report {
     /// bugs.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub fault_points: Vec<String>,
+    /// A planted bug of the client the run's consumers emulated.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub planted_in_client: Option<String>,
+    /// Acknowledgements sent by the client library after auto receives returned that failed or
+    /// got no answer: auto receives whose acknowledgement a fault cut off (their batches were
+    /// handed over all the same).
+    pub auto_ack_failures: u64,
     /// With a poison rule: whether "dead-lettered after exactly max deliveries" was checked (it
     /// is not when a fault or a client error disturbed the run); `None` without one.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -139,6 +146,8 @@ impl Report {
             run_errors,
             history_file,
             fault_points: vec![],
+            planted_in_client: None,
+            auto_ack_failures: 0,
             dead_letter_exact_checked: None,
             valid,
         }
@@ -181,6 +190,15 @@ impl Report {
             s.push_str(&format!(
                 "  fault points: {}\n",
                 self.fault_points.join(", ")
+            ));
+        }
+        if let Some(bug) = &self.planted_in_client {
+            s.push_str(&format!("  planted in the client: {bug}\n"));
+        }
+        if self.auto_ack_failures > 0 {
+            s.push_str(&format!(
+                "  auto acknowledgements cut off (failed or unanswered): {}\n",
+                self.auto_ack_failures
             ));
         }
         if let Some(exact) = self.dead_letter_exact_checked {

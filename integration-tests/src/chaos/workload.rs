@@ -6,9 +6,12 @@
 //! Every loop is bounded in time (a deadline or the run's stop signal) and in count; every call
 //! is bounded by the operation timeout, and a call that runs past it ends unknown.
 
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use ferry_client::{pb, Client, ClientError, ConsumerOptions, Message, ReceiveOptions, Received};
+use ferry_client::{
+    pb, AutoAckFailures, Client, ClientError, ConsumerOptions, Message, ReceiveOptions, Received,
+};
 use rand::{Rng, SeedableRng};
 use tokio::sync::watch;
 use tokio::time::{timeout, Instant};
@@ -32,7 +35,19 @@ pub struct Ctx {
     /// next session through the node after the one it used (`url`, `node_name`). Empty for
     /// one node.
     pub nodes: Vec<(String, String)>,
+    /// Every connection's count of auto acknowledgements that failed or got no answer (read
+    /// once the run is over: [`Ctx::auto_ack_failures`]).
+    pub auto_ack_failures: Arc<Mutex<Vec<AutoAckFailures>>>,
+    /// The planted client bug [`AUTO_ACK_DROPS_UNCONFIRMED_BATCH`] is on.
+    pub auto_ack_drops_unconfirmed_batch: bool,
 }
+
+/// A planted bug of the client, emulated by the auto-acknowledge consumers (the library itself
+/// has no switch for it): the library before the kill9 seed 1 postmortem, whose auto receive
+/// awaited its acknowledgement and, when that failed or got no answer, returned the error and
+/// threw its batch away. The acknowledgement may have been applied (its answer lost with the
+/// killed node), so those messages are lost; the `kill9-auto-receive` scenario must find them.
+pub const AUTO_ACK_DROPS_UNCONFIRMED_BATCH: &str = "auto-ack-drops-unconfirmed-batch";
 
 /// Pause between attempts to reach a node that is down (pacing, not synchronization).
 const RECONNECT_PAUSE: Duration = Duration::from_millis(100);
@@ -62,6 +77,17 @@ impl Ctx {
         *self.stop.borrow()
     }
 
+    /// How many auto acknowledgements of the run failed or got no answer so far: each the end
+    /// of an auto receive whose acknowledgement a fault cut off.
+    pub fn auto_ack_failures(&self) -> u64 {
+        self.auto_ack_failures
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .map(AutoAckFailures::count)
+            .sum()
+    }
+
     fn rng(&self, worker: u64) -> rand::rngs::StdRng {
         rand::rngs::StdRng::seed_from_u64(self.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ worker)
     }
@@ -89,6 +115,12 @@ impl Ctx {
         let made = timeout(self.op_timeout, async {
             let client = Client::connect(&self.url).await?;
             let conn = client.open_connection(client_id).await?;
+            if mode == pb::AckMode::Auto {
+                self.auto_ack_failures
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .push(conn.auto_ack_failures());
+            }
             let session = conn.create_session(mode).await?;
             Ok::<_, ClientError>((client, conn, session))
         })
@@ -170,7 +202,8 @@ pub async fn producer(mut ctx: Ctx, spec: ProducerSpec, settle_by: Instant) -> a
     let me = format!("producer-{}", spec.id);
     let mut session = None;
     let mut seq = 0u64;
-    while !ctx.stopped() && seq < spec.values_max {
+    // Past `settle_by` no batch starts (its attempts could not run: the loop would spin).
+    while !ctx.stopped() && seq < spec.values_max && Instant::now() < settle_by {
         let count = u32::try_from((spec.values_max - seq).min(u64::from(spec.batch)))?;
         let mut attempt = 0;
         'batch: while attempt < SEND_ATTEMPTS_MAX && Instant::now() < settle_by {
@@ -318,7 +351,10 @@ async fn incarnation(
     hang_after: Option<u32>,
 ) -> anyhow::Result<()> {
     let live = || !ctx.stopped() && until.is_none_or(|u| Instant::now() < u);
+    // The planted bug acknowledges as the old library did, by hand after the receive.
+    let planted = spec.kind == ConsumerKind::AutoAck && ctx.auto_ack_drops_unconfirmed_batch;
     let mode = match spec.kind {
+        _ if planted => pb::AckMode::Individual,
         ConsumerKind::ClientAck | ConsumerKind::Stream => pb::AckMode::Client,
         ConsumerKind::AutoAck | ConsumerKind::AutoAckStream => pb::AckMode::Auto,
         ConsumerKind::PoisonNack => pb::AckMode::Individual,
@@ -339,6 +375,13 @@ async fn incarnation(
         let got = timeout(ctx.op_timeout, session.receive(&spec.queue, opts))
             .await
             .map_err(|_| anyhow::anyhow!("receive timed out"))??;
+        if planted && !got.is_empty() {
+            // The planted bug: the batch goes to the application only if its acknowledgement
+            // is answered; otherwise the receive fails and the batch is thrown away.
+            timeout(ctx.op_timeout, session.ack(&got))
+                .await
+                .map_err(|_| anyhow::anyhow!("acknowledge timed out"))??;
+        }
         let ids = tool.delivered(&got, requested_us);
         batches += u32::from(!got.is_empty());
         if hang_after.is_some_and(|n| batches >= n) {

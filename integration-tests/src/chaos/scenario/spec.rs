@@ -5,7 +5,9 @@ use std::time::Duration;
 use ferry_client::pb;
 
 use crate::chaos::nemesis::{FaultKind, FaultPlan};
-use crate::chaos::workload::{ConsumerKind, ConsumerSpec, ProducerSpec};
+use crate::chaos::workload::{
+    ConsumerKind, ConsumerSpec, ProducerSpec, AUTO_ACK_DROPS_UNCONFIRMED_BATCH,
+};
 
 /// The scenarios `scripts/chaos` knows.
 pub const SCENARIOS: [&str; 15] = [
@@ -29,9 +31,14 @@ pub const SCENARIOS: [&str; 15] = [
 /// The planted bugs `scripts/chaos --planted BUG` switches on (fault points of the `ferry-faults`
 /// build, docs/reliability.md), each with the scenario that must catch it and what the checker
 /// must then report.
-pub const PLANTED: [(&str, &str, &str); 2] = [
+pub const PLANTED: [(&str, &str, &str); 3] = [
     ("confirm-before-durable", "power-loss", "lost"),
     ("skip-delivery-count", "kill9", "unflagged duplicates"),
+    (
+        AUTO_ACK_DROPS_UNCONFIRMED_BATCH,
+        "kill9-auto-receive",
+        "lost",
+    ),
 ];
 
 /// How big a run is.
@@ -79,6 +86,9 @@ pub struct Spec {
     /// A cluster node that joins as a learner owning no queue (clients use it too), removed
     /// halfway through the load and stopped.
     pub learner: Option<String>,
+    /// The planted client bug [`AUTO_ACK_DROPS_UNCONFIRMED_BATCH`] is on (in the harness's
+    /// auto-acknowledge consumers, not in the node).
+    pub auto_ack_drops_unconfirmed_batch: bool,
 }
 
 /// Node settings every scenario shares: short connection leases, so a client that vanished
@@ -188,6 +198,7 @@ pub fn spec(name: &str, seed: u64, size: Size) -> anyhow::Result<Spec> {
         lazyfs: false,
         fake_clock: false,
         learner: None,
+        auto_ack_drops_unconfirmed_batch: false,
     };
     match name {
         "kill9" | "kill9-auto-receive" | "power-loss" | "lazyfs" => {
@@ -347,11 +358,17 @@ pub fn spec(name: &str, seed: u64, size: Size) -> anyhow::Result<Spec> {
 }
 
 impl Spec {
-    /// Switches planted bug `bug` (a name of [`PLANTED`]) on in the node.
+    /// Switches planted bug `bug` (a name of [`PLANTED`]) on: in the node (a fault point of the
+    /// `ferry-faults` build), or for [`AUTO_ACK_DROPS_UNCONFIRMED_BATCH`] in the harness's
+    /// auto-acknowledge consumers.
     pub fn plant(&mut self, bug: &str) -> anyhow::Result<()> {
         if !PLANTED.iter().any(|(name, _, _)| *name == bug) {
             let names: Vec<&str> = PLANTED.iter().map(|(name, _, _)| *name).collect();
             anyhow::bail!("no planted bug {bug:?}; there are {names:?}");
+        }
+        if bug == AUTO_ACK_DROPS_UNCONFIRMED_BATCH {
+            self.auto_ack_drops_unconfirmed_batch = true;
+            return Ok(());
         }
         if !self.cluster.is_empty() {
             anyhow::bail!(
