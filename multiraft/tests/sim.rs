@@ -247,13 +247,6 @@ fn sixty_four_groups_on_three_nodes_share_one_batch_per_peer_per_round() {
 const SEEDS: u64 = 48;
 const FAULT_STEPS: u64 = 2000;
 
-/// raft-rs 0.7's batch_append put entry 14 into a pending "prev 14" append; the follower acked
-/// 15 without having it and later got commit 15 with a log ending at 14. batch_append is off.
-#[test]
-fn regression_a_follower_never_acks_an_entry_it_lacks() {
-    run_random(1001);
-}
-
 /// A leader applied its own removal, kept leading and raft-rs panicked at its next commit
 /// (its own progress was gone). A removed leader now steps down.
 #[test]
