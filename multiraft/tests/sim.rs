@@ -247,13 +247,6 @@ fn sixty_four_groups_on_three_nodes_share_one_batch_per_peer_per_round() {
 const SEEDS: u64 = 48;
 const FAULT_STEPS: u64 = 2000;
 
-/// A leader applied its own removal, kept leading and raft-rs panicked at its next commit
-/// (its own progress was gone). A removed leader now steps down.
-#[test]
-fn regression_a_removed_leader_steps_down() {
-    run_random(1010);
-}
-
 /// A follower campaigned between installing a snapshot and its persistence, while raft-rs's
 /// applied index still pointed into the compacted log (raft-rs aborted). Groups with a
 /// snapshot in flight no longer tick or take MsgTimeoutNow.

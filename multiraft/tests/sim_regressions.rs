@@ -9,10 +9,10 @@
 #[path = "support/sim.rs"]
 mod sim;
 
-use ferry_multiraft::{GroupId, NodeId};
+use ferry_multiraft::{ConfChange, GroupId, NodeId, Role};
 use raft::eraftpb::MessageType;
 use sim::scenario::ELECTION_STEPS;
-use sim::script::{Event, Msg};
+use sim::script::{Applied, Event, Msg};
 use sim::Sim;
 
 const G0: GroupId = GroupId(0);
@@ -157,4 +157,103 @@ fn deliver_heartbeat_response_then_rejection(sim: &mut Sim, leader: NodeId, f: N
         ),
         "the leader gets F's heartbeat response, then its rejection of prev P: {at_leader:?}"
     );
+}
+
+/// A leader applied its own removal, kept leading and raft-rs panicked at its next commit
+/// (its own progress was gone; seed 1010). A removed leader now steps down.
+///
+/// The precondition, scripted: the leader proposes its removal at R and an entry at R + 1,
+/// whose appends wait; it applies R while it leads. Then the followers get R + 1 and ack it:
+/// a leader that kept leading would commit R + 1 without its own progress.
+#[test]
+fn regression_a_removed_leader_steps_down() {
+    let mut sim = Sim::three_nodes(12, &[G0]);
+    sim.record_trace();
+    sim.propose_and_wait(G0, b"first");
+    let leader = sim.leader(G0).unwrap();
+    let term = sim.engine(leader).status(G0).unwrap().term;
+    let removal = sim
+        .propose_conf_change(G0, ConfChange::Remove(leader))
+        .unwrap();
+    sim.hold(move |m| m.entries.is_some_and(|(_, last)| last > removal.index));
+    let next = sim.propose(G0, b"after R").unwrap();
+    assert_eq!(next.index, removal.index + 1);
+    assert!(sim.run_until(ELECTION_STEPS, |s| {
+        s.applied_index(leader, G0) >= Some(removal.index)
+    }));
+
+    // Precondition: the leader applied its own removal while it led (the last role its rounds
+    // reported before that apply), with R + 1 not committed.
+    let applied_at = position_of(
+        &sim,
+        &Event::Applied {
+            node: leader,
+            group: G0,
+            position: removal,
+            what: Applied::ConfChange(ConfChange::Remove(leader)),
+        },
+    );
+    assert_eq!(
+        role_before(&sim, leader, applied_at),
+        Some((Role::Leader, term)),
+        "it led as it applied its removal"
+    );
+    assert_eq!(
+        sim.engine(leader).status(G0).unwrap().commit_index,
+        removal.index
+    );
+
+    // Outcome: it steps down in the round that applies its removal, in the same term, and
+    // takes no proposal; the followers' acks of R + 1 commit nothing on it (they made raft-rs
+    // panic), ...
+    let status = sim.engine(leader).status(G0).unwrap();
+    assert_eq!(
+        (status.role, status.term),
+        (Role::Follower, term),
+        "the removed leader steps down"
+    );
+    assert!(sim.engine_mut(leader).propose(G0, b"x".to_vec()).is_err());
+    sim.lift_all();
+    sim.release(|_| true);
+    sim.run(ELECTION_STEPS);
+    let acked = sim.trace()[applied_at..].iter().any(|t| {
+        matches!(t.event, Event::Delivered(m)
+            if m.to == leader && m.is_ack() && m.index > removal.index && m.term == term)
+    });
+    assert!(
+        acked,
+        "a follower acked R + 1 to the removed leader in its term"
+    );
+    // ... the other two elect a leader among themselves and commit, and the removed node never
+    // leads again.
+    sim.propose_and_wait(G0, b"after the removal");
+    let new_leader = sim.leader(G0).unwrap();
+    assert_ne!(new_leader, leader);
+    let voters = sim.engine(new_leader).status(G0).unwrap().voters;
+    assert!(!voters.contains(&leader) && voters.len() == 2, "{voters:?}");
+    let led_again = sim.trace()[applied_at..]
+        .iter()
+        .any(|t| matches!(t.event, Event::Role { node, role: Role::Leader, .. } if node == leader));
+    assert!(!led_again, "the removed node led again");
+}
+
+/// Where `event` first is in the trace.
+fn position_of(sim: &Sim, event: &Event) -> usize {
+    sim.trace()
+        .iter()
+        .position(|t| t.event == *event)
+        .unwrap_or_else(|| panic!("{event:?} never happened"))
+}
+
+/// The last role (and term) `node`'s rounds reported in group 0 before trace entry `at`.
+fn role_before(sim: &Sim, node: NodeId, at: usize) -> Option<(Role, u64)> {
+    sim.trace()[..at].iter().rev().find_map(|t| match t.event {
+        Event::Role {
+            node: n,
+            group,
+            role,
+            term,
+        } if n == node && group == G0 => Some((role, term)),
+        _ => None,
+    })
 }

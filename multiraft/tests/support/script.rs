@@ -256,6 +256,15 @@ impl Sim {
         msg
     }
 
+    /// Sends every held message `matches` selects, oldest first; how many.
+    pub fn release(&mut self, matches: impl Fn(&Msg) -> bool) -> usize {
+        let count = self.script.held.iter().filter(|c| matches(&c.msg)).count();
+        for _ in 0..count {
+            self.release_first(&matches);
+        }
+        count
+    }
+
     /// Loses the held messages `matches` selects; how many.
     pub fn discard(&mut self, matches: impl Fn(&Msg) -> bool) -> usize {
         let before = self.script.held.len();
