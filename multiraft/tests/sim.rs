@@ -247,14 +247,6 @@ fn sixty_four_groups_on_three_nodes_share_one_batch_per_peer_per_round() {
 const SEEDS: u64 = 48;
 const FAULT_STEPS: u64 = 2000;
 
-/// A follower campaigned between installing a snapshot and its persistence, while raft-rs's
-/// applied index still pointed into the compacted log (raft-rs aborted). Groups with a
-/// snapshot in flight no longer tick or take MsgTimeoutNow.
-#[test]
-fn regression_no_campaign_while_a_snapshot_is_not_durable() {
-    run_random(1002);
-}
-
 #[test]
 fn random_faults() {
     let seeds: Vec<u64> = match std::env::var("MULTIRAFT_SEED") {

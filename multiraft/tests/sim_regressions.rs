@@ -9,7 +9,7 @@
 #[path = "support/sim.rs"]
 mod sim;
 
-use ferry_multiraft::{ConfChange, GroupId, NodeId, Role};
+use ferry_multiraft::{ConfChange, EngineConfig, GroupId, NodeId, Role};
 use raft::eraftpb::MessageType;
 use sim::scenario::ELECTION_STEPS;
 use sim::script::{Applied, Event, Msg};
@@ -256,4 +256,115 @@ fn role_before(sim: &Sim, node: NodeId, at: usize) -> Option<(Role, u64)> {
         } if n == node && group == G0 => Some((role, term)),
         _ => None,
     })
+}
+
+/// A follower campaigned between installing a snapshot and its persistence, while raft-rs's
+/// applied index still pointed into the compacted log (raft-rs aborted; seed 1002). Groups
+/// with a snapshot in flight no longer tick or take MsgTimeoutNow.
+///
+/// The precondition, scripted: follower F falls behind the leader's compaction, its disk
+/// stalls, it installs the leader's snapshot and is then cut off for longer than any election
+/// timeout, the snapshot still not durable.
+#[test]
+fn regression_no_campaign_while_a_snapshot_is_not_durable() {
+    let mut sim = Sim::three_nodes(13, &[G0]);
+    sim.propose_and_wait(G0, b"first");
+    let leader = sim.leader(G0).unwrap();
+    let (f, _) = followers(&sim, leader);
+    let snapshot_at = install_an_unsynced_snapshot(&mut sim, leader, f);
+    let term = sim.engine(f).status(G0).unwrap().term;
+    sim.isolate(f);
+    // Packets already on their way arrive in the next step (no delays); none after it.
+    sim.step();
+    let (quiet_from, ticks) = (sim.now, sim.ticks(f));
+    let timeout_ticks_max = 2 * EngineConfig::new(f).election_tick as u64;
+    assert!(sim.run_until(ELECTION_STEPS * 2, |s| {
+        s.ticks(f) >= ticks + timeout_ticks_max
+    }));
+
+    // Precondition: F's election timeout elapsed (it heard nothing for as many ticks as the
+    // longest timeout) while its snapshot was installed and not durable.
+    let since = &sim.trace()[snapshot_at..];
+    assert!(!since.iter().any(|t| t.event == Event::Synced { node: f }));
+    assert!(!since
+        .iter()
+        .any(|t| matches!(t.event, Event::Delivered(m) if m.to == f && t.step > quiet_from)));
+
+    // Outcome: F did not campaign (raft-rs would have read the compacted log and aborted);
+    // once the snapshot is durable and F hears the leader again, it catches up.
+    assert_no_campaign(&sim, f, snapshot_at, term);
+    sim.resume_disk(f);
+    sim.heal();
+    sim.propose_and_wait(G0, b"after the snapshot");
+    assert_eq!(sim.leader(G0), Some(leader));
+}
+
+/// The same through a MsgTimeoutNow: the leader's transfer to F, held while F falls behind,
+/// reaches F while its snapshot is not durable.
+#[test]
+fn regression_no_campaign_on_timeout_now_while_a_snapshot_is_not_durable() {
+    let mut sim = Sim::three_nodes(14, &[G0]);
+    sim.propose_and_wait(G0, b"first");
+    let leader = sim.leader(G0).unwrap();
+    let (f, _) = followers(&sim, leader);
+    let timeout_now = move |m: &Msg| m.to == f && m.kind == MessageType::MsgTimeoutNow;
+    sim.hold(timeout_now);
+    sim.engine_mut(leader).transfer_leader(G0, f).unwrap();
+    wait_held(&mut sim, "the MsgTimeoutNow to F", timeout_now);
+    let snapshot_at = install_an_unsynced_snapshot(&mut sim, leader, f);
+    let term = sim.engine(f).status(G0).unwrap().term;
+    let sent = sim.release_first(timeout_now);
+    sim.step();
+
+    // Precondition: F took the MsgTimeoutNow of its term, its snapshot installed and not
+    // durable.
+    let since = &sim.trace()[snapshot_at..];
+    assert!(since.iter().any(|t| t.event == Event::Delivered(sent)));
+    assert!(!since.iter().any(|t| t.event == Event::Synced { node: f }));
+    assert_eq!(sent.term, term, "a MsgTimeoutNow of F's term");
+
+    // Outcome: F did not campaign; the leader's transfer times out and it keeps leading.
+    sim.run(ELECTION_STEPS);
+    assert_no_campaign(&sim, f, snapshot_at, term);
+    sim.resume_disk(f);
+    sim.propose_and_wait(G0, b"after the snapshot");
+    assert_eq!(sim.leader(G0), Some(leader));
+}
+
+/// Follower F, cut off, falls behind the leader's compaction; then its disk stalls and it
+/// installs the leader's snapshot, which stays unsynced. Where the install is in the trace.
+fn install_an_unsynced_snapshot(sim: &mut Sim, leader: NodeId, f: NodeId) -> usize {
+    sim.record_trace();
+    sim.compact_every_entries = 5;
+    sim.isolate(f);
+    for i in 0..20u32 {
+        sim.propose_and_wait_without(G0, f, format!("without F {i}").as_bytes());
+    }
+    let first_index = sim.engine(leader).status(G0).unwrap().first_index;
+    let f_last = sim.engine(f).status(G0).unwrap().last_index;
+    assert!(first_index > f_last + 1, "F lags behind the compacted log");
+    sim.stall_disk(f);
+    sim.heal();
+    let installed = |s: &Sim| {
+        s.trace().iter().position(|t| {
+            matches!(t.event, Event::Applied { node, what: Applied::Snapshot, .. } if node == f)
+        })
+    };
+    assert!(sim.run_until(ELECTION_STEPS, |s| installed(s).is_some()));
+    assert!(sim.unsynced_jobs(f) > 0, "the snapshot is not durable");
+    installed(sim).unwrap()
+}
+
+/// Since trace entry `from`, `node` asked for no (pre-)vote and stayed a follower in `term`.
+fn assert_no_campaign(sim: &Sim, node: NodeId, from: usize, term: u64) {
+    let campaigns: Vec<Msg> = sim.trace()[from..]
+        .iter()
+        .filter_map(|t| match t.event {
+            Event::Sent(m) if m.from == node && m.is_campaign() => Some(m),
+            _ => None,
+        })
+        .collect();
+    assert!(campaigns.is_empty(), "{node} campaigned: {campaigns:?}");
+    let status = sim.engine(node).status(G0).unwrap();
+    assert_eq!((status.role, status.term), (Role::Follower, term));
 }
