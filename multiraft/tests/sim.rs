@@ -4,6 +4,9 @@
 //! a committed (group, index) never changes, at most one leader per group and term, and each
 //! node's applied sequence is a prefix of the committed log.
 //!
+//! The bugs the random runs found are scripted scenarios in `sim_regressions.rs`, which do
+//! not hang on a seed's luck.
+//!
 //! A failing random seed prints itself; `MULTIRAFT_SEED=<seed> cargo test --release -p
 //! ferry-multiraft --test sim random_faults` replays it exactly, and `MULTIRAFT_SEEDS=<count>`
 //! runs more seeds than the default.
@@ -16,6 +19,7 @@ mod sim;
 use ferry_multiraft::{ConfChange, GroupId, NodeId, Role};
 use rand::Rng;
 use sim::scenario::{nodes, ELECTION_STEPS};
+use sim::script::{Applied, Event};
 use sim::{Faults, Sim, TICK_STEPS};
 
 const G0: GroupId = GroupId(0);
@@ -259,7 +263,7 @@ fn random_faults() {
         }
     };
     for seed in seeds {
-        let result = std::panic::catch_unwind(|| run_random(seed));
+        let result = std::panic::catch_unwind(|| run_random(seed, FAULT_STEPS, false));
         if let Err(panic) = result {
             eprintln!("random_faults failed; replay with MULTIRAFT_SEED={seed}");
             std::panic::resume_unwind(panic);
@@ -267,24 +271,72 @@ fn random_faults() {
     }
 }
 
+/// One seed gives the same run, event for event: every message sent and delivered, role
+/// change, configuration change, snapshot and sync at the same step; another seed another.
+#[test]
+fn one_seed_gives_the_same_trace_twice_and_another_seed_another() {
+    let steps = FAULT_STEPS / 4;
+    let first = run_random(1003, steps, true);
+    let again = run_random(1003, steps, true);
+    let (a, b) = (first.trace(), again.trace());
+    if let Some(at) = (0..a.len().min(b.len())).find(|i| a[*i] != b[*i]) {
+        panic!("the runs part at event {at}: {:?} and {:?}", a[at], b[at]);
+    }
+    assert_eq!(a.len(), b.len(), "one run goes on");
+    let count = |what: fn(&Event) -> bool| a.iter().filter(|t| what(&t.event)).count();
+    let delivered = count(|e| matches!(e, Event::Delivered(_)));
+    let roles = count(|e| matches!(e, Event::Role { .. }));
+    let changes = count(|e| {
+        matches!(
+            e,
+            Event::Applied {
+                what: Applied::ConfChange(_),
+                ..
+            }
+        )
+    });
+    let snapshots = count(|e| {
+        matches!(
+            e,
+            Event::Applied {
+                what: Applied::Snapshot,
+                ..
+            }
+        )
+    });
+    assert!(
+        delivered > 1000 && roles > 0 && changes > 0 && snapshots > 0,
+        "a run with faults, elections, membership changes and snapshots: {delivered} \
+         delivered, {roles} role changes, {changes} conf changes, {snapshots} snapshots"
+    );
+    assert_ne!(
+        run_random(1004, steps, true).trace(),
+        a,
+        "another seed, another run"
+    );
+}
+
 /// Five voters in three groups, a sixth node that group 0 adds as a learner, promotes, and
-/// then one voter removed, all under random faults; then a liveness phase.
-fn run_random(seed: u64) {
+/// then one voter removed, all under random faults for `fault_steps`; then a liveness phase.
+fn run_random(seed: u64, fault_steps: u64, trace: bool) -> Sim {
     let groups = [G0, GroupId(1), GroupId(2)];
     let mut sim = Sim::new(seed, 6, &groups, &nodes(&[1, 2, 3, 4, 5]));
+    if trace {
+        sim.record_trace();
+    }
     sim.create_group(NodeId(6), G0);
     sim.faults = Faults::lossy();
     sim.compact_every_entries = 10;
     let all = sim.node_ids();
     let churn = [
-        (FAULT_STEPS / 5, ConfChange::AddLearner(NodeId(6))),
-        (FAULT_STEPS * 2 / 5, ConfChange::PromoteLearner(NodeId(6))),
+        (fault_steps / 5, ConfChange::AddLearner(NodeId(6))),
+        (fault_steps * 2 / 5, ConfChange::PromoteLearner(NodeId(6))),
         (
-            FAULT_STEPS * 3 / 5,
+            fault_steps * 3 / 5,
             ConfChange::Remove(NodeId(1 + seed % 5)),
         ),
     ];
-    for step in 0..FAULT_STEPS {
+    for step in 0..fault_steps {
         for (at, change) in churn {
             // Proposed once; under faults it may be dropped, which is fine.
             if step == at {
@@ -311,6 +363,7 @@ fn run_random(seed: u64) {
         sim.propose_and_wait(g, b"after the storm");
     }
     assert!(sim.all_converged(&groups), "seed {seed}: no convergence");
+    sim
 }
 
 fn random_fault(sim: &mut Sim, all: &[NodeId]) {
