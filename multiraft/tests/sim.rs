@@ -4,6 +4,9 @@
 //! a committed (group, index) never changes, at most one leader per group and term, and each
 //! node's applied sequence is a prefix of the committed log.
 //!
+//! The bugs the random runs found are scripted scenarios in `sim_regressions.rs`, which do
+//! not hang on a seed's luck.
+//!
 //! A failing random seed prints itself; `MULTIRAFT_SEED=<seed> cargo test --release -p
 //! ferry-multiraft --test sim random_faults` replays it exactly, and `MULTIRAFT_SEEDS=<count>`
 //! runs more seeds than the default.
@@ -13,53 +16,17 @@
 #[path = "support/sim.rs"]
 mod sim;
 
-use ferry_multiraft::{ConfChange, GroupId, LogPosition, NodeId, Role};
+use ferry_multiraft::{ConfChange, GroupId, NodeId, Role};
 use rand::Rng;
+use sim::scenario::{nodes, ELECTION_STEPS};
+use sim::script::{Applied, Event};
 use sim::{Faults, Sim, TICK_STEPS};
 
 const G0: GroupId = GroupId(0);
 
-fn nodes(ids: &[u64]) -> Vec<NodeId> {
-    ids.iter().copied().map(NodeId).collect()
-}
-
-/// Enough steps for several election timeouts.
-const ELECTION_STEPS: u64 = 40 * TICK_STEPS;
-
-fn three_nodes(seed: u64, groups: &[GroupId]) -> Sim {
-    Sim::new(seed, 3, groups, &nodes(&[1, 2, 3]))
-}
-
-/// Proposes `data` until it is committed and every member applied it; a proposal lost to a
-/// leader change (its term is no longer the leader's and it never committed) is made again.
-fn propose_and_wait(sim: &mut Sim, group: GroupId, data: &[u8]) {
-    let mut position = None;
-    for _ in 0..ELECTION_STEPS * 4 {
-        if position.is_some_and(|p| sim.is_committed(group, p)) && sim.converged(group) {
-            return;
-        }
-        if position.is_none_or(|p| is_lost(sim, group, p)) {
-            position = sim.propose(group, data);
-        }
-        sim.step();
-    }
-    panic!(
-        "{group}: {data:?} not committed everywhere (position {position:?}) {}",
-        sim.describe(group)
-    );
-}
-
-/// A proposal that can no longer commit: another leader took over before it committed.
-fn is_lost(sim: &Sim, group: GroupId, position: LogPosition) -> bool {
-    !sim.is_committed(group, position)
-        && sim
-            .leader(group)
-            .is_some_and(|l| sim.engine(l).status(group).unwrap().term != position.term)
-}
-
 #[test]
 fn a_leader_is_elected_and_known_to_every_node() {
-    let mut sim = three_nodes(1, &[G0]);
+    let mut sim = Sim::three_nodes(1, &[G0]);
     assert!(sim.run_until(ELECTION_STEPS, |s| s.converged(G0)));
     let leader = sim.leader(G0).unwrap();
     for node in sim.node_ids() {
@@ -76,10 +43,10 @@ fn a_leader_is_elected_and_known_to_every_node() {
 
 #[test]
 fn proposals_are_replicated_and_applied_in_order_on_every_node() {
-    let mut sim = three_nodes(2, &[G0]);
+    let mut sim = Sim::three_nodes(2, &[G0]);
     sim.faults = Faults::lossy();
     for i in 0..30u32 {
-        propose_and_wait(&mut sim, G0, format!("entry {i}").as_bytes());
+        sim.propose_and_wait(G0, format!("entry {i}").as_bytes());
     }
     let leader = sim.leader(G0).unwrap();
     let commit = sim.engine(leader).status(G0).unwrap().commit_index;
@@ -97,12 +64,12 @@ fn membership_changes_add_a_learner_promote_it_add_a_voter_and_remove_a_node() {
     let mut sim = Sim::new(3, 5, &[G0], &nodes(&[1, 2, 3]));
     sim.compact_every_entries = 8;
     for i in 0..20u32 {
-        propose_and_wait(&mut sim, G0, format!("before {i}").as_bytes());
+        sim.propose_and_wait(G0, format!("before {i}").as_bytes());
     }
     // Node 4 joins as a learner: it fills from a snapshot (the log is compacted), then follows.
     sim.create_group(NodeId(4), G0);
-    conf_change_and_wait(&mut sim, ConfChange::AddLearner(NodeId(4)));
-    propose_and_wait(&mut sim, G0, b"learner catches up");
+    sim.conf_change_and_wait(G0, ConfChange::AddLearner(NodeId(4)));
+    sim.propose_and_wait(G0, b"learner catches up");
     assert!(
         sim.wire.snapshots >= 1,
         "the learner's snapshot travels apart from the batches"
@@ -111,10 +78,10 @@ fn membership_changes_add_a_learner_promote_it_add_a_voter_and_remove_a_node() {
     assert_eq!(status.learners, nodes(&[4]));
     assert_eq!(status.role, Role::Follower);
 
-    conf_change_and_wait(&mut sim, ConfChange::PromoteLearner(NodeId(4)));
+    sim.conf_change_and_wait(G0, ConfChange::PromoteLearner(NodeId(4)));
     sim.create_group(NodeId(5), G0);
-    conf_change_and_wait(&mut sim, ConfChange::AddVoter(NodeId(5)));
-    propose_and_wait(&mut sim, G0, b"five voters");
+    sim.conf_change_and_wait(G0, ConfChange::AddVoter(NodeId(5)));
+    sim.propose_and_wait(G0, b"five voters");
     let status = sim.engine(NodeId(5)).status(G0).unwrap();
     assert_eq!(status.voters, nodes(&[1, 2, 3, 4, 5]));
     assert!(status.learners.is_empty());
@@ -122,45 +89,31 @@ fn membership_changes_add_a_learner_promote_it_add_a_voter_and_remove_a_node() {
     // Remove a follower, then the leader itself.
     let leader = sim.leader(G0).unwrap();
     let follower = sim.node_ids().into_iter().find(|n| *n != leader).unwrap();
-    conf_change_and_wait(&mut sim, ConfChange::Remove(follower));
+    sim.conf_change_and_wait(G0, ConfChange::Remove(follower));
     sim.engine_mut(follower).remove_group(G0).unwrap();
-    conf_change_and_wait(&mut sim, ConfChange::Remove(leader));
+    sim.conf_change_and_wait(G0, ConfChange::Remove(leader));
     // The removed leader steps down as it applies its removal; the rest elect a leader.
     sim.run_until(ELECTION_STEPS * 2, |s| {
         s.leader(G0).is_some_and(|l| l != leader)
     });
     sim.engine_mut(leader).remove_group(G0).unwrap();
-    propose_and_wait(&mut sim, G0, b"three voters again");
+    sim.propose_and_wait(G0, b"three voters again");
     let new_leader = sim.leader(G0).unwrap();
     let status = sim.engine(new_leader).status(G0).unwrap();
     assert_eq!(status.voters.len(), 3);
     assert!(!status.voters.contains(&leader) && !status.voters.contains(&follower));
 }
 
-fn conf_change_and_wait(sim: &mut Sim, change: ConfChange) {
-    let mut position = None;
-    for _ in 0..ELECTION_STEPS * 4 {
-        if position.is_some_and(|p| sim.is_committed(G0, p)) && sim.converged(G0) {
-            return;
-        }
-        if position.is_none_or(|p| is_lost(sim, G0, p)) {
-            position = sim.propose_conf_change(G0, change);
-        }
-        sim.step();
-    }
-    panic!("{change:?} not applied everywhere (position {position:?})");
-}
-
 #[test]
 fn a_partitioned_minority_makes_no_progress_and_catches_up_after_heal() {
-    let mut sim = three_nodes(4, &[G0]);
-    propose_and_wait(&mut sim, G0, b"first");
+    let mut sim = Sim::three_nodes(4, &[G0]);
+    sim.propose_and_wait(G0, b"first");
     let leader = sim.leader(G0).unwrap();
     let minority = sim.node_ids().into_iter().find(|n| *n != leader).unwrap();
     let before = sim.engine(minority).status(G0).unwrap();
     sim.isolate(minority);
     for i in 0..20u32 {
-        propose_and_wait_without(&mut sim, minority, format!("while cut off {i}").as_bytes());
+        sim.propose_and_wait_without(G0, minority, format!("while cut off {i}").as_bytes());
     }
     sim.run(ELECTION_STEPS * 3);
     let during = sim.engine(minority).status(G0).unwrap();
@@ -183,25 +136,10 @@ fn a_partitioned_minority_makes_no_progress_and_catches_up_after_heal() {
     assert_eq!(sim.applied_index(minority, G0), Some(status.commit_index));
 }
 
-/// Commits `data` on every node but `absent`.
-fn propose_and_wait_without(sim: &mut Sim, absent: NodeId, data: &[u8]) {
-    let mut position = None;
-    for _ in 0..ELECTION_STEPS * 4 {
-        if position.is_some_and(|p| sim.is_committed(G0, p)) {
-            return;
-        }
-        if position.is_none_or(|p| is_lost(sim, G0, p)) {
-            position = sim.propose(G0, data);
-        }
-        sim.step();
-    }
-    panic!("{data:?} not committed without {absent}");
-}
-
 #[test]
 fn a_partitioned_leader_steps_down_and_the_majority_elects_a_new_one() {
-    let mut sim = three_nodes(5, &[G0]);
-    propose_and_wait(&mut sim, G0, b"first");
+    let mut sim = Sim::three_nodes(5, &[G0]);
+    sim.propose_and_wait(G0, b"first");
     let old = sim.leader(G0).unwrap();
     let old_term = sim.engine(old).status(G0).unwrap().term;
     sim.isolate(old);
@@ -213,7 +151,7 @@ fn a_partitioned_leader_steps_down_and_the_majority_elects_a_new_one() {
     assert!(sim.run_until(ELECTION_STEPS, |s| s.leader(G0).is_some_and(|l| l != old)));
     let new = sim.leader(G0).unwrap();
     assert!(sim.engine(new).status(G0).unwrap().term > old_term);
-    propose_and_wait_without(&mut sim, old, b"on the majority side");
+    sim.propose_and_wait_without(G0, old, b"on the majority side");
 
     sim.heal();
     assert!(sim.run_until(ELECTION_STEPS * 2, |s| s.converged(G0)));
@@ -224,8 +162,8 @@ fn a_partitioned_leader_steps_down_and_the_majority_elects_a_new_one() {
 
 #[test]
 fn a_leader_that_cannot_send_to_its_followers_is_replaced() {
-    let mut sim = three_nodes(6, &[G0]);
-    propose_and_wait(&mut sim, G0, b"first");
+    let mut sim = Sim::three_nodes(6, &[G0]);
+    sim.propose_and_wait(G0, b"first");
     let old = sim.leader(G0).unwrap();
     for node in sim.node_ids() {
         if node != old {
@@ -235,15 +173,15 @@ fn a_leader_that_cannot_send_to_its_followers_is_replaced() {
     assert!(sim.run_until(ELECTION_STEPS * 2, |s| s
         .leader(G0)
         .is_some_and(|l| l != old)));
-    propose_and_wait_without(&mut sim, old, b"after the one-way cut");
+    sim.propose_and_wait_without(G0, old, b"after the one-way cut");
     sim.heal();
     assert!(sim.run_until(ELECTION_STEPS * 2, |s| s.converged(G0)));
 }
 
 #[test]
 fn a_crash_loses_the_unsynced_tail_and_the_node_recovers() {
-    let mut sim = three_nodes(7, &[G0]);
-    propose_and_wait(&mut sim, G0, b"durable");
+    let mut sim = Sim::three_nodes(7, &[G0]);
+    sim.propose_and_wait(G0, b"durable");
     // Slow disks: writes stay unsynced for a while.
     sim.faults.sync_delay_steps_max = 30;
     let victim = sim.leader(G0).unwrap();
@@ -256,16 +194,16 @@ fn a_crash_loses_the_unsynced_tail_and_the_node_recovers() {
     sim.run(ELECTION_STEPS);
     sim.restart(victim);
     assert!(sim.run_until(ELECTION_STEPS * 2, |s| s.converged(G0)));
-    propose_and_wait(&mut sim, G0, b"after the restart");
+    sim.propose_and_wait(G0, b"after the restart");
 }
 
 #[test]
 fn the_whole_cluster_restarts_with_every_committed_entry() {
-    let mut sim = three_nodes(8, &[G0, GroupId(1)]);
+    let mut sim = Sim::three_nodes(8, &[G0, GroupId(1)]);
     sim.faults.sync_delay_steps_max = 4;
     for i in 0..10u32 {
-        propose_and_wait(&mut sim, G0, format!("a{i}").as_bytes());
-        propose_and_wait(&mut sim, GroupId(1), format!("b{i}").as_bytes());
+        sim.propose_and_wait(G0, format!("a{i}").as_bytes());
+        sim.propose_and_wait(GroupId(1), format!("b{i}").as_bytes());
     }
     let committed = sim.committed_count();
     for node in sim.node_ids() {
@@ -275,17 +213,17 @@ fn the_whole_cluster_restarts_with_every_committed_entry() {
         sim.restart(node);
     }
     assert!(sim.run_until(ELECTION_STEPS * 3, |s| s.all_converged(&[G0, GroupId(1)])));
-    propose_and_wait(&mut sim, G0, b"after");
+    sim.propose_and_wait(G0, b"after");
     assert!(sim.committed_count() > committed);
 }
 
 #[test]
 fn sixty_four_groups_on_three_nodes_share_one_batch_per_peer_per_round() {
     let groups: Vec<GroupId> = (0..64).map(GroupId).collect();
-    let mut sim = three_nodes(9, &groups);
+    let mut sim = Sim::three_nodes(9, &groups);
     assert!(sim.run_until(ELECTION_STEPS * 2, |s| s.all_converged(&groups)));
     for &g in &groups {
-        propose_and_wait(&mut sim, g, b"x");
+        sim.propose_and_wait(g, b"x");
     }
     // Idle now: count what heartbeats cost.
     let before = sim.wire;
@@ -313,28 +251,6 @@ fn sixty_four_groups_on_three_nodes_share_one_batch_per_peer_per_round() {
 const SEEDS: u64 = 48;
 const FAULT_STEPS: u64 = 2000;
 
-/// raft-rs 0.7's batch_append put entry 14 into a pending "prev 14" append; the follower acked
-/// 15 without having it and later got commit 15 with a log ending at 14. batch_append is off.
-#[test]
-fn regression_a_follower_never_acks_an_entry_it_lacks() {
-    run_random(1001);
-}
-
-/// A leader applied its own removal, kept leading and raft-rs panicked at its next commit
-/// (its own progress was gone). A removed leader now steps down.
-#[test]
-fn regression_a_removed_leader_steps_down() {
-    run_random(1010);
-}
-
-/// A follower campaigned between installing a snapshot and its persistence, while raft-rs's
-/// applied index still pointed into the compacted log (raft-rs aborted). Groups with a
-/// snapshot in flight no longer tick or take MsgTimeoutNow.
-#[test]
-fn regression_no_campaign_while_a_snapshot_is_not_durable() {
-    run_random(1002);
-}
-
 #[test]
 fn random_faults() {
     let seeds: Vec<u64> = match std::env::var("MULTIRAFT_SEED") {
@@ -347,7 +263,7 @@ fn random_faults() {
         }
     };
     for seed in seeds {
-        let result = std::panic::catch_unwind(|| run_random(seed));
+        let result = std::panic::catch_unwind(|| run_random(seed, FAULT_STEPS, false));
         if let Err(panic) = result {
             eprintln!("random_faults failed; replay with MULTIRAFT_SEED={seed}");
             std::panic::resume_unwind(panic);
@@ -355,24 +271,72 @@ fn random_faults() {
     }
 }
 
+/// One seed gives the same run, event for event: every message sent and delivered, role
+/// change, configuration change, snapshot and sync at the same step; another seed another.
+#[test]
+fn one_seed_gives_the_same_trace_twice_and_another_seed_another() {
+    let steps = FAULT_STEPS / 4;
+    let first = run_random(1003, steps, true);
+    let again = run_random(1003, steps, true);
+    let (a, b) = (first.trace(), again.trace());
+    if let Some(at) = (0..a.len().min(b.len())).find(|i| a[*i] != b[*i]) {
+        panic!("the runs part at event {at}: {:?} and {:?}", a[at], b[at]);
+    }
+    assert_eq!(a.len(), b.len(), "one run goes on");
+    let count = |what: fn(&Event) -> bool| a.iter().filter(|t| what(&t.event)).count();
+    let delivered = count(|e| matches!(e, Event::Delivered(_)));
+    let roles = count(|e| matches!(e, Event::Role { .. }));
+    let changes = count(|e| {
+        matches!(
+            e,
+            Event::Applied {
+                what: Applied::ConfChange(_),
+                ..
+            }
+        )
+    });
+    let snapshots = count(|e| {
+        matches!(
+            e,
+            Event::Applied {
+                what: Applied::Snapshot,
+                ..
+            }
+        )
+    });
+    assert!(
+        delivered > 1000 && roles > 0 && changes > 0 && snapshots > 0,
+        "a run with faults, elections, membership changes and snapshots: {delivered} \
+         delivered, {roles} role changes, {changes} conf changes, {snapshots} snapshots"
+    );
+    assert_ne!(
+        run_random(1004, steps, true).trace(),
+        a,
+        "another seed, another run"
+    );
+}
+
 /// Five voters in three groups, a sixth node that group 0 adds as a learner, promotes, and
-/// then one voter removed, all under random faults; then a liveness phase.
-fn run_random(seed: u64) {
+/// then one voter removed, all under random faults for `fault_steps`; then a liveness phase.
+fn run_random(seed: u64, fault_steps: u64, trace: bool) -> Sim {
     let groups = [G0, GroupId(1), GroupId(2)];
     let mut sim = Sim::new(seed, 6, &groups, &nodes(&[1, 2, 3, 4, 5]));
+    if trace {
+        sim.record_trace();
+    }
     sim.create_group(NodeId(6), G0);
     sim.faults = Faults::lossy();
     sim.compact_every_entries = 10;
     let all = sim.node_ids();
     let churn = [
-        (FAULT_STEPS / 5, ConfChange::AddLearner(NodeId(6))),
-        (FAULT_STEPS * 2 / 5, ConfChange::PromoteLearner(NodeId(6))),
+        (fault_steps / 5, ConfChange::AddLearner(NodeId(6))),
+        (fault_steps * 2 / 5, ConfChange::PromoteLearner(NodeId(6))),
         (
-            FAULT_STEPS * 3 / 5,
+            fault_steps * 3 / 5,
             ConfChange::Remove(NodeId(1 + seed % 5)),
         ),
     ];
-    for step in 0..FAULT_STEPS {
+    for step in 0..fault_steps {
         for (at, change) in churn {
             // Proposed once; under faults it may be dropped, which is fine.
             if step == at {
@@ -396,9 +360,10 @@ fn run_random(seed: u64) {
         }
     }
     for g in groups {
-        propose_and_wait(&mut sim, g, b"after the storm");
+        sim.propose_and_wait(g, b"after the storm");
     }
     assert!(sim.all_converged(&groups), "seed {seed}: no convergence");
+    sim
 }
 
 fn random_fault(sim: &mut Sim, all: &[NodeId]) {

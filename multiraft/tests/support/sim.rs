@@ -1,18 +1,25 @@
 //! A deterministic simulation of many engines in one process: a seeded network that drops,
 //! delays (so reorders) and partitions (both ways or one way), simulated ticks, in-memory
 //! stores whose unsynced writes a crash loses, and a toy state machine (a hash chain of applied
-//! entries). Invariants are checked after every step.
+//! entries). Invariants are checked after every step. Tests script runs with the hooks of
+//! `script.rs` (hold, drop and release messages, stall disks, a trace) and share the queries
+//! and waits of `scenario.rs`.
 
 #![allow(dead_code, clippy::unwrap_used)]
+
+pub mod scenario;
+pub mod script;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use ferry_multiraft::{
-    Apply, ConfChange, Engine, EngineConfig, EntryKind, GroupId, LogPosition, LogStore, MemStore,
-    NodeId, PersistId, Role, RoleChange,
+    Apply, Engine, EngineConfig, EntryKind, GroupId, LogPosition, LogStore, MemStore, NodeId,
+    PersistId, Role, RoleChange,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+
+use script::{Applied, Event, Msg, Script};
 
 /// Simulated steps per engine tick.
 pub const TICK_STEPS: u64 = 4;
@@ -54,6 +61,8 @@ struct Packet {
     to: NodeId,
     deliver_at: u64,
     bytes: bytes::Bytes,
+    /// What the batch holds, decoded.
+    messages: Vec<Msg>,
 }
 
 /// The toy state machine of one group on one node.
@@ -118,6 +127,11 @@ pub struct Sim {
     leaders: BTreeMap<(GroupId, u64), NodeId>,
     pub wire: WireStats,
     pub compact_every_entries: u64,
+    script: Script,
+    /// Nodes whose disks complete no sync (see [`Sim::stall_disk`]).
+    stalled: BTreeSet<NodeId>,
+    /// Engine ticks per node.
+    ticks: BTreeMap<NodeId, u64>,
 }
 
 fn mix(mut h: u64, word: u64) -> u64 {
@@ -154,6 +168,9 @@ impl Sim {
             leaders: BTreeMap::new(),
             wire: WireStats::default(),
             compact_every_entries: 0,
+            script: Script::default(),
+            stalled: BTreeSet::new(),
+            ticks: BTreeMap::new(),
         };
         for id in 1..=node_count {
             let node = NodeId(id);
@@ -295,6 +312,7 @@ impl Sim {
         for node in self.node_ids() {
             if self.is_up(node) && (self.now + node.0).is_multiple_of(TICK_STEPS) {
                 self.engine_mut(node).tick();
+                *self.ticks.entry(node).or_default() += 1;
             }
         }
         self.complete_syncs();
@@ -336,12 +354,19 @@ impl Sim {
                 continue;
             };
             engine.step(packet.from, &packet.bytes).unwrap();
+            for msg in packet.messages {
+                self.note(Event::Delivered(msg));
+            }
         }
     }
 
     fn complete_syncs(&mut self) {
         let now = self.now;
-        for n in self.nodes.values_mut() {
+        let mut synced = Vec::new();
+        for (&node, n) in &mut self.nodes {
+            if self.stalled.contains(&node) {
+                continue;
+            }
             let mut done = 0;
             let mut last_done = None;
             while n.pending_syncs.front().is_some_and(|(_, due)| *due <= now) {
@@ -351,7 +376,13 @@ impl Sim {
             if let Some(id) = last_done {
                 n.store.sync_jobs(done);
                 n.engine.as_mut().unwrap().on_persisted(id).unwrap();
+                if n.pending_syncs.is_empty() {
+                    synced.push(node);
+                }
             }
+        }
+        for node in synced {
+            self.note(Event::Synced { node });
         }
     }
 
@@ -368,6 +399,7 @@ impl Sim {
             for change in &round.role_changes {
                 self.observe_role(node, change);
             }
+            self.note_applies(node, &round.applies);
             let touched = self.apply_all(node, &round.applies);
             self.make_snapshots(node, &round.snapshot_requests);
             match round.persist {
@@ -412,8 +444,20 @@ impl Sim {
     }
 
     fn send(&mut self, from: NodeId, to: NodeId, bytes: bytes::Bytes) {
+        let mut carried = script::decode(from, &bytes);
+        for c in &carried {
+            self.check_ack(&c.msg);
+            self.note(Event::Sent(c.msg));
+        }
         if self.blocked.contains(&(from, to)) {
             return;
+        }
+        let mut bytes = bytes;
+        if self.filter(&mut carried) {
+            if carried.is_empty() {
+                return;
+            }
+            bytes = script::encode(&carried);
         }
         if self.rng.random_range(0..1000) < self.faults.drop_per_mille {
             return;
@@ -426,7 +470,29 @@ impl Sim {
             to,
             deliver_at: self.now + delay,
             bytes,
+            messages: carried.iter().map(|c| c.msg).collect(),
         });
+    }
+
+    /// A follower acknowledges only what its log holds: an append response of its current
+    /// term never claims an index past its last one (raft-rs's batch_append made one do so).
+    fn check_ack(&self, msg: &Msg) {
+        if !msg.is_ack() {
+            return;
+        }
+        let Some(status) = self.engine(msg.from).status(msg.group) else {
+            return;
+        };
+        assert!(
+            msg.term != status.term || msg.index <= status.last_index,
+            "{} {}: acked index {} in term {} with a log ending at {} (seed {})",
+            msg.from,
+            msg.group,
+            msg.index,
+            msg.term,
+            status.last_index,
+            self.seed
+        );
     }
 
     /// The leader needs a snapshot that includes a new member: compact at the applied index.
@@ -552,7 +618,33 @@ impl Sim {
         *app = state;
     }
 
+    /// Traces the configuration changes and snapshots a round applies.
+    fn note_applies(&mut self, node: NodeId, applies: &[Apply]) {
+        for apply in applies {
+            let what = match apply {
+                Apply::Entry {
+                    kind: EntryKind::ConfChange { change, .. },
+                    ..
+                } => Applied::ConfChange(*change),
+                Apply::Snapshot { .. } => Applied::Snapshot,
+                Apply::Entry { .. } => continue,
+            };
+            self.note(Event::Applied {
+                node,
+                group: apply.group(),
+                position: apply.position(),
+                what,
+            });
+        }
+    }
+
     fn observe_role(&mut self, node: NodeId, change: &RoleChange) {
+        self.note(Event::Role {
+            node,
+            group: change.group,
+            role: change.role,
+            term: change.term,
+        });
         if change.role == Role::Leader {
             self.note_leader(node, change.group, change.term);
         }
@@ -588,88 +680,6 @@ impl Sim {
         for (node, group, term) in leaders {
             self.note_leader(node, group, term);
         }
-    }
-
-    // ---- queries for tests ----
-
-    /// The up node that leads `group` in the highest term, if any.
-    pub fn leader(&self, group: GroupId) -> Option<NodeId> {
-        self.nodes
-            .iter()
-            .filter_map(|(&id, n)| Some((id, n.engine.as_ref()?.status(group)?)))
-            .filter(|(_, s)| s.role == Role::Leader)
-            .max_by_key(|(_, s)| s.term)
-            .map(|(id, _)| id)
-    }
-
-    /// Proposes through the current leader; `None` if there is none or it refused.
-    pub fn propose(&mut self, group: GroupId, data: &[u8]) -> Option<LogPosition> {
-        let leader = self.leader(group)?;
-        self.engine_mut(leader).propose(group, data.to_vec()).ok()
-    }
-
-    pub fn propose_conf_change(
-        &mut self,
-        group: GroupId,
-        change: ConfChange,
-    ) -> Option<LogPosition> {
-        let leader = self.leader(group)?;
-        self.engine_mut(leader)
-            .propose_conf_change(group, change)
-            .ok()
-    }
-
-    pub fn applied_index(&self, node: NodeId, group: GroupId) -> Option<u64> {
-        Some(self.nodes[&node].apps.get(&group)?.applied_index)
-    }
-
-    /// Whether (group, position) was committed (applied somewhere) with that term.
-    pub fn is_committed(&self, group: GroupId, position: LogPosition) -> bool {
-        self.committed
-            .get(&(group, position.index))
-            .is_some_and(|(term, _, _)| *term == position.term)
-    }
-
-    /// Every up member of the group's configuration applied everything its leader committed.
-    pub fn converged(&self, group: GroupId) -> bool {
-        let Some(leader) = self.leader(group) else {
-            return false;
-        };
-        let status = self.engine(leader).status(group).unwrap();
-        status.applied_index == status.commit_index
-            && status.voters.iter().chain(&status.learners).all(|m| {
-                !self.is_up(*m)
-                    || self.engine(*m).status(group).is_some_and(|s| {
-                        s.applied_index == status.commit_index && s.leader == Some(leader)
-                    })
-            })
-    }
-
-    pub fn all_converged(&self, groups: &[GroupId]) -> bool {
-        groups.iter().all(|g| self.converged(*g))
-    }
-
-    /// Every node's view of a group, for failure messages.
-    pub fn describe(&self, group: GroupId) -> String {
-        let mut out = format!("seed {} step {}:", self.seed, self.now);
-        for (&id, n) in &self.nodes {
-            match n
-                .engine
-                .as_ref()
-                .map(|e| (e.status(group), e.in_flight_job_count()))
-            {
-                None => out += &format!("\n  {id}: down"),
-                Some((None, _)) => out += &format!("\n  {id}: no group"),
-                Some((Some(s), jobs)) => {
-                    out += &format!("\n  {id}: {s:?} jobs in flight {jobs}");
-                }
-            }
-        }
-        out
-    }
-
-    pub fn committed_count(&self) -> usize {
-        self.committed.len()
     }
 }
 
