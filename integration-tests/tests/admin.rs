@@ -200,6 +200,11 @@ async fn message_history_tells_each_step() -> anyhow::Result<()> {
     );
     assert!(detail(3).contains("delivery 2"), "{out}");
     let at = |i: usize| steps[i]["at_ms"].as_u64().unwrap_or_default();
+    assert_eq!(
+        steps[2]["deliver_at_ms"].as_u64(),
+        Some(at(2) + 100),
+        "the rollback scheduled the redelivery after the policy's delay: {out}"
+    );
     assert!(
         at(3) >= at(2) + 100,
         "redelivered no sooner than the policy's delay: {out}"
