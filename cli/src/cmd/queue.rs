@@ -70,7 +70,8 @@ pub enum QueueCommand {
         /// Only messages matching this JMS selector.
         #[arg(long)]
         selector: Option<String>,
-        /// Messages per second; 0: as fast as possible.
+        /// Messages per second, each in its turn (message n no sooner than n / rate seconds
+        /// after the start); 0: as fast as possible.
         #[arg(long, default_value_t = 0)]
         rate: u64,
         /// Stop after this many; 0: until none is left (`--max` is an older name for it).
