@@ -26,7 +26,15 @@ pub(crate) struct Task {
     to: QueueName,
     moved: AtomicU64,
     at_start: u64,
-    end: Mutex<Option<Result<(), String>>>,
+    started_at_ms: u64,
+    end: Mutex<Option<End>>,
+}
+
+/// How a task ended, and when (ms since the Unix epoch).
+#[derive(Debug, Clone)]
+struct End {
+    result: Result<(), String>,
+    at_ms: u64,
 }
 
 impl Task {
@@ -36,7 +44,8 @@ impl Task {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
-        let (state, error) = match end {
+        let finished_at_ms = end.as_ref().map_or(0, |e| e.at_ms);
+        let (state, error) = match end.map(|e| e.result) {
             None => (pb::MoveState::Running, String::new()),
             Some(Ok(())) => (pb::MoveState::Done, String::new()),
             Some(Err(e)) => (pb::MoveState::Failed, e),
@@ -49,6 +58,8 @@ impl Task {
             state: state as i32,
             error,
             source_messages_at_start: self.at_start,
+            started_at_ms: self.started_at_ms,
+            finished_at_ms,
         }
     }
 }
@@ -89,6 +100,7 @@ impl Movers {
             to: spec.to.clone(),
             moved: AtomicU64::new(0),
             at_start,
+            started_at_ms: clock.now_ms(),
             end: Mutex::new(None),
         });
         self.tasks
@@ -108,7 +120,8 @@ impl Movers {
                     tracing::warn!(task = %t.id, from = %t.from, to = %t.to, error = %e, "move failed")
                 }
             }
-            *t.end.lock().unwrap_or_else(PoisonError::into_inner) = Some(result);
+            let at_ms = clock.now_ms();
+            *t.end.lock().unwrap_or_else(PoisonError::into_inner) = Some(End { result, at_ms });
         });
         task
     }
@@ -123,6 +136,7 @@ async fn run(
     spec: &MoveSpec,
     task: &Task,
 ) -> Result<(), Status> {
+    // After the task's `started_at_ms` was read: the rate counts from no earlier than it.
     let started = Instant::now();
     loop {
         let moved = task.moved.load(Ordering::Relaxed);
