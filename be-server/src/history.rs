@@ -14,6 +14,9 @@ pub struct Step {
     pub queue: String,
     pub event: &'static str,
     pub detail: String,
+    /// When the message may be delivered (again), as the queue scheduled it: a delayed send or a
+    /// delayed redelivery; `None` on other steps.
+    pub deliver_at_ms: Option<u64>,
 }
 
 /// A kept step: plain data, rendered only when asked for (recording is on the hot path).
@@ -110,9 +113,24 @@ impl History {
                     queue: queue.clone(),
                     event,
                     detail,
+                    deliver_at_ms: deliver_at_ms(&k.transition),
                 }
             })
             .collect()
+    }
+}
+
+fn deliver_at_ms(t: &Transition) -> Option<u64> {
+    match t {
+        Transition::Sent { deliver_at_ms, .. } => *deliver_at_ms,
+        Transition::Returned {
+            redeliver_at_ms, ..
+        } => *redeliver_at_ms,
+        Transition::Delivered { .. }
+        | Transition::Acked
+        | Transition::Undelivered
+        | Transition::DeadLettered { .. }
+        | Transition::Deleted => None,
     }
 }
 

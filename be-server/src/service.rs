@@ -585,6 +585,7 @@ impl pb::backend_server::Backend for BackendService {
                 event: s.event.into(),
                 detail: s.detail,
                 node: node.clone(),
+                deliver_at_ms: s.deliver_at_ms,
             })
             .collect();
         Ok(Response::new(pb::GetMessageHistoryResponse { steps }))

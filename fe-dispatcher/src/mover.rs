@@ -26,7 +26,15 @@ pub(crate) struct Task {
     to: QueueName,
     moved: AtomicU64,
     at_start: u64,
-    end: Mutex<Option<Result<(), String>>>,
+    started_at_ms: u64,
+    end: Mutex<Option<End>>,
+}
+
+/// How a task ended, and when (ms since the Unix epoch).
+#[derive(Debug, Clone)]
+struct End {
+    result: Result<(), String>,
+    at_ms: u64,
 }
 
 impl Task {
@@ -36,7 +44,8 @@ impl Task {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
-        let (state, error) = match end {
+        let finished_at_ms = end.as_ref().map_or(0, |e| e.at_ms);
+        let (state, error) = match end.map(|e| e.result) {
             None => (pb::MoveState::Running, String::new()),
             Some(Ok(())) => (pb::MoveState::Done, String::new()),
             Some(Err(e)) => (pb::MoveState::Failed, e),
@@ -49,6 +58,8 @@ impl Task {
             state: state as i32,
             error,
             source_messages_at_start: self.at_start,
+            started_at_ms: self.started_at_ms,
+            finished_at_ms,
         }
     }
 }
@@ -89,6 +100,7 @@ impl Movers {
             to: spec.to.clone(),
             moved: AtomicU64::new(0),
             at_start,
+            started_at_ms: clock.now_ms(),
             end: Mutex::new(None),
         });
         self.tasks
@@ -108,7 +120,8 @@ impl Movers {
                     tracing::warn!(task = %t.id, from = %t.from, to = %t.to, error = %e, "move failed")
                 }
             }
-            *t.end.lock().unwrap_or_else(PoisonError::into_inner) = Some(result);
+            let at_ms = clock.now_ms();
+            *t.end.lock().unwrap_or_else(PoisonError::into_inner) = Some(End { result, at_ms });
         });
         task
     }
@@ -123,6 +136,7 @@ async fn run(
     spec: &MoveSpec,
     task: &Task,
 ) -> Result<(), Status> {
+    // After the task's `started_at_ms` was read: the rate counts from no earlier than it.
     let started = Instant::now();
     loop {
         let moved = task.moved.load(Ordering::Relaxed);
@@ -133,24 +147,37 @@ async fn run(
         if left == 0 {
             return Ok(());
         }
-        let batch = if spec.rate_per_sec > 0 {
-            left.min(spec.rate_per_sec)
-        } else {
-            left
-        };
-        // The rate: message n may move no sooner than n / rate after the start.
-        if spec.rate_per_sec > 0 {
-            let due = Duration::from_secs_f64(moved as f64 / spec.rate_per_sec as f64);
-            if let Some(wait) = due.checked_sub(started.elapsed()) {
-                tokio::time::sleep(wait).await;
+        let batch = match spec.rate_per_sec {
+            0 => left,
+            // The rate: message n (from 0) moves no sooner than n / rate after the start. Wait
+            // for the next message's turn, then take every message whose turn has come (at
+            // least that one: the sleep ends no sooner than its deadline).
+            rate => {
+                tokio::time::sleep_until(started + turn_of(moved, rate)).await;
+                let due = turns_come(started.elapsed(), rate);
+                left.min(due.saturating_sub(moved).max(1))
             }
-        }
+        };
         let n = move_batch(router, clock, spec, batch).await?;
         if n == 0 {
             return Ok(());
         }
         task.moved.fetch_add(n, Ordering::Relaxed);
     }
+}
+
+/// How long after the start message `n` (from 0) may move at `rate_per_sec` (> 0), rounded up
+/// to the nanosecond: never early.
+fn turn_of(n: u64, rate_per_sec: u64) -> Duration {
+    let nanos = (u128::from(n) * 1_000_000_000).div_ceil(u128::from(rate_per_sec.max(1)));
+    Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
+}
+
+/// How many messages may have moved `elapsed` after the start at `rate_per_sec`: those whose
+/// turn ([`turn_of`]) has come.
+fn turns_come(elapsed: Duration, rate_per_sec: u64) -> u64 {
+    let n = elapsed.as_nanos().saturating_mul(u128::from(rate_per_sec)) / 1_000_000_000 + 1;
+    u64::try_from(n).unwrap_or(u64::MAX)
 }
 
 /// Moves up to `batch` messages: receive at the source, send to the target, then acknowledge at
@@ -243,5 +270,38 @@ fn outgoing(m: &pb::Message, now_ms: u64) -> pb::OutgoingMessage {
         delivery_mode: m.delivery_mode,
         dedup_id: String::new(),
         group_id: m.group_id.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_message_waits_for_its_turn_and_no_turn_comes_early() {
+        // 100 per second: message n's turn is n × 10 ms after the start.
+        assert_eq!(turn_of(0, 100), Duration::ZERO);
+        assert_eq!(turn_of(19, 100), Duration::from_millis(190));
+        assert_eq!(turns_come(Duration::ZERO, 100), 1);
+        assert_eq!(
+            turns_come(Duration::from_millis(190) - Duration::from_nanos(1), 100),
+            19
+        );
+        assert_eq!(turns_come(Duration::from_millis(190), 100), 20);
+        // A rate that does not divide a second: turns rounded up, and consistent both ways.
+        for rate in [1, 3, 7, 100, 999, 1_000_000] {
+            for n in [0, 1, 2, 10, 12_345] {
+                let turn = turn_of(n, rate);
+                assert_eq!(turns_come(turn, rate), n + 1, "rate {rate}, message {n}");
+                if turn > Duration::ZERO {
+                    let just_before = turn - Duration::from_nanos(1);
+                    assert_eq!(turns_come(just_before, rate), n, "rate {rate}, message {n}");
+                }
+            }
+        }
+        // Far-off turns and huge rates neither overflow nor wrap.
+        assert_eq!(turn_of(u64::MAX, 1), Duration::from_nanos(u64::MAX));
+        assert_eq!(turn_of(u64::MAX, u64::MAX), Duration::from_secs(1));
+        assert_eq!(turns_come(Duration::MAX, u64::MAX), u64::MAX);
     }
 }

@@ -188,6 +188,50 @@ impl Cluster {
         .await?;
         Ok(status(self.node(candidates[0])).await?.leader_node_id)
     }
+
+    /// Waits until every node in `candidates` names the same leader, one of them, in the same
+    /// term above `above_term`: a leader elected after that term. Returns its id and term.
+    pub async fn wait_leader_above(
+        &self,
+        candidates: &[&str],
+        above_term: u64,
+        timeout: Duration,
+    ) -> anyhow::Result<(String, u64)> {
+        // The (leader, term) each candidate named when last asked.
+        let last = std::cell::RefCell::new(vec![]);
+        let what = format!("a metadata leader among {candidates:?} in a term above {above_term}");
+        wait_until(timeout, &what, || {
+            let last = &last;
+            async move {
+                let mut seen = vec![];
+                for id in candidates {
+                    match status(self.node(id)).await {
+                        Ok(s) => seen.push((s.leader_node_id, s.term)),
+                        // A survivor that cannot answer yet is asked again.
+                        Err(_) => return Ok(false),
+                    }
+                }
+                let agreed = seen.windows(2).all(|w| w[0] == w[1]);
+                let done = agreed
+                    && seen.first().is_some_and(|(leader, term)| {
+                        *term > above_term && candidates.contains(&leader.as_str())
+                    });
+                *last.borrow_mut() = seen;
+                Ok(done)
+            }
+        })
+        .await
+        .with_context(|| {
+            format!(
+                "(leader, term) as each of {candidates:?} saw it: {:?}",
+                last.borrow()
+            )
+        })?;
+        let seen = last.into_inner();
+        seen.into_iter()
+            .next()
+            .context("invariant: the wait succeeded with every candidate's answer")
+    }
 }
 
 /// The cluster status as `node` sees it.

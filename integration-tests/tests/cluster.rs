@@ -156,16 +156,17 @@ async fn killing_the_metadata_leader_elects_another_and_queues_keep_serving() ->
     let via = cluster.node(s1).client().await?;
     create_queue_on(&via, "kept", Some(s2)).await?;
     create_queue_on(&via, "lost", Some(&leader)).await?;
+    let term = status(cluster.node(&leader)).await?.term;
 
     cluster.node_mut(&leader).kill9();
-    // A new leader among the survivors within 5 s of the kill (the election itself; the
-    // status calls add little).
-    let started = std::time::Instant::now();
+    // What Raft promises, as the survivors report it: they agree on a leader among themselves,
+    // elected in a later term. The bound is for liveness only (10 × the longest election timeout
+    // at the default tick, 20 ticks of 100 ms); how fast is a benchmark's question, not a timed
+    // assertion on 3 processes sharing loaded cores: `scripts/chaos cluster-meta` reports the
+    // time to a metadata write after the leader is cut off (docs/reliability.md).
     cluster
-        .wait_leader(&survivors, Duration::from_secs(5))
+        .wait_leader_above(&survivors, term, LEADER_WAIT)
         .await?;
-    let elected_in = started.elapsed();
-    assert!(elected_in < Duration::from_secs(5), "{elected_in:?}");
     // The survivors' queues serve through every survivor.
     for via_node in &survivors {
         let client = cluster.node(via_node).client().await?;

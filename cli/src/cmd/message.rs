@@ -48,6 +48,7 @@ pub async fn run(c: &ClientArgs, cmd: MessageCommand) -> anyhow::Result<()> {
                                 "event": s.event,
                                 "detail": s.detail,
                                 "node": s.node,
+                                "deliver_at_ms": s.deliver_at_ms,
                             })
                         )?;
                     }

@@ -70,7 +70,8 @@ pub enum QueueCommand {
         /// Only messages matching this JMS selector.
         #[arg(long)]
         selector: Option<String>,
-        /// Messages per second; 0: as fast as possible.
+        /// Messages per second, each in its turn (message n no sooner than n / rate seconds
+        /// after the start); 0: as fast as possible.
         #[arg(long, default_value_t = 0)]
         rate: u64,
         /// Stop after this many; 0: until none is left (`--max` is an older name for it).
@@ -958,11 +959,22 @@ fn print_move(format: Format, t: &pb::MoveTask) -> Result<(), crate::output::Std
                 "state": state,
                 "error": t.error,
                 "source_messages_at_start": t.source_messages_at_start,
+                "started_at_ms": t.started_at_ms,
+                "finished_at_ms": t.finished_at_ms,
             })
         )?,
         Format::Human => {
+            // A task that ended says how long it ran.
+            let took = if t.finished_at_ms > 0 {
+                format!(
+                    " in {}",
+                    duration_text(t.finished_at_ms.saturating_sub(t.started_at_ms))
+                )
+            } else {
+                String::new()
+            };
             outln!(
-                "{}: {} → {}: {} moved, {state}{}",
+                "{}: {} → {}: {} moved, {state}{took}{}",
                 t.task_id,
                 t.from_queue,
                 t.to_queue,
