@@ -152,36 +152,24 @@ impl MetaState {
             key: HEADER_KEY.to_vec(),
             value: self.wire_header().encode_to_vec(),
         });
-        for id in nodes {
-            let key = key(NODE_PREFIX, id.as_str());
-            writes.push(match self.nodes.get(id) {
-                Some(n) => DurableWrite::Put {
-                    key,
-                    value: wire_node(id, n).encode_to_vec(),
-                },
-                None => DurableWrite::Delete { key },
-            });
-        }
-        for name in queues {
-            let key = key(QUEUE_PREFIX, name.as_str());
-            writes.push(match self.queues.get(name) {
-                Some(q) => DurableWrite::Put {
-                    key,
-                    value: wire_queue(name, q).encode_to_vec(),
-                },
-                None => DurableWrite::Delete { key },
-            });
-        }
-        for id in requests {
-            let key = request_key(id);
-            writes.push(match self.requests.applied_at(id) {
-                Some(index) => DurableWrite::Put {
-                    key,
-                    value: index.to_be_bytes().to_vec(),
-                },
-                None => DurableWrite::Delete { key },
-            });
-        }
+        writes.extend(nodes.into_iter().map(|id| {
+            let value = self.nodes.get(id).map(|n| wire_node(id, n).encode_to_vec());
+            put_or_delete(key(NODE_PREFIX, id.as_str()), value)
+        }));
+        writes.extend(queues.into_iter().map(|name| {
+            let value = self
+                .queues
+                .get(name)
+                .map(|q| wire_queue(name, q).encode_to_vec());
+            put_or_delete(key(QUEUE_PREFIX, name.as_str()), value)
+        }));
+        writes.extend(requests.into_iter().map(|id| {
+            let value = self
+                .requests
+                .applied_at(id)
+                .map(|i| i.to_be_bytes().to_vec());
+            put_or_delete(request_key(id), value)
+        }));
         writes
     }
 
@@ -226,4 +214,12 @@ fn request_from_durable(id: &[u8], value: &[u8]) -> Option<(RequestId, u64)> {
     let id = u128::from_str_radix(std::str::from_utf8(id).ok()?, 16).ok()?;
     let index = u64::from_be_bytes(value.try_into().ok()?);
     Some((RequestId(id), index))
+}
+
+/// The write that leaves `key` holding `value`, or absent.
+fn put_or_delete(key: Vec<u8>, value: Option<Vec<u8>>) -> DurableWrite {
+    match value {
+        Some(value) => DurableWrite::Put { key, value },
+        None => DurableWrite::Delete { key },
+    }
 }
