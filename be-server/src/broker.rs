@@ -202,6 +202,17 @@ impl Broker {
         crate::queues::validate_config(name, &config)
     }
 
+    /// Waits, at most `bound`, until this back-end holds `queue` at placement epoch `epoch`
+    /// (at any epoch when `epoch` is unknown); whether it does.
+    pub async fn wait_placed(
+        &self,
+        queue: &QueueName,
+        epoch: PlacementEpoch,
+        bound: std::time::Duration,
+    ) -> bool {
+        self.inner.queues.wait_placed(queue, epoch, bound).await
+    }
+
     /// The placement epoch `queue` is served at, if this back-end holds it.
     pub fn placement_epoch(&self, queue: &QueueName) -> Option<PlacementEpoch> {
         self.inner.queues.placement_epoch(queue)

@@ -57,6 +57,9 @@ pub(crate) struct Queues<L: QueueLog = LocalLog> {
     stopping: AtomicBool,
     /// Turns true with `stopping`, for the streams that wait on it (see [`Queues::stopped`]).
     stopped_tx: tokio::sync::watch::Sender<bool>,
+    /// Counts the changes of which queue is here at which placement epoch, for the callers that
+    /// wait for one (see [`Queues::wait_placed`]).
+    placed_tx: tokio::sync::watch::Sender<u64>,
 }
 
 /// A queue read back from the store, with its delayed messages (kept in memory).
@@ -84,6 +87,7 @@ impl<L: QueueLog> Queues<L> {
             admin: tokio::sync::Mutex::new(()),
             stopping: false.into(),
             stopped_tx: tokio::sync::watch::Sender::new(false),
+            placed_tx: tokio::sync::watch::Sender::new(0),
         };
         let now = this.clock.now_ms();
         let mut messages = 0u64;
@@ -170,14 +174,47 @@ impl<L: QueueLog> Queues<L> {
     /// Records the placement epoch at which this back-end owns `queue` (the metadata group
     /// calls it when a placement change is committed). Returns whether the queue is here.
     pub(crate) fn set_placement_epoch(&self, queue: &QueueName, epoch: PlacementEpoch) -> bool {
-        let mut map = self.map.write().unwrap_or_else(PoisonError::into_inner);
-        match map.get_mut(queue) {
-            Some(o) => {
-                o.epoch = epoch;
-                true
-            }
-            None => false,
+        let here = {
+            let mut map = self.map.write().unwrap_or_else(PoisonError::into_inner);
+            map.get_mut(queue).map(|o| o.epoch = epoch).is_some()
+        };
+        if here {
+            self.placed_changed();
         }
+        here
+    }
+
+    fn placed_changed(&self) {
+        self.placed_tx.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// Waits until `queue` is here at placement epoch `asked` (any epoch, when `asked` is
+    /// unknown), or `bound` passes; whether it is. A queue the metadata defined a moment ago
+    /// is created here when this node applies that change: whoever must answer "created" waits
+    /// for exactly that, instead of asking again and again.
+    pub(crate) async fn wait_placed(
+        &self,
+        queue: &QueueName,
+        asked: PlacementEpoch,
+        bound: std::time::Duration,
+    ) -> bool {
+        let mut changes = self.placed_tx.subscribe();
+        let placed =
+            |epoch: Option<PlacementEpoch>| epoch.is_some_and(|e| !asked.is_known() || e == asked);
+        let wait = async {
+            // Bounded by the timeout below; each turn waits for a change of the map.
+            loop {
+                changes.borrow_and_update();
+                if placed(self.placement_epoch(queue)) {
+                    return;
+                }
+                if changes.changed().await.is_err() {
+                    return;
+                }
+            }
+        };
+        let _ = tokio::time::timeout(bound, wait).await;
+        placed(self.placement_epoch(queue))
     }
 
     /// The placement epoch `queue` is served at, if it is here.
@@ -311,6 +348,7 @@ impl<L: QueueLog> Queues<L> {
             .write()
             .unwrap_or_else(PoisonError::into_inner)
             .insert(name, owned);
+        self.placed_changed();
         self.share_budget();
         tracing::info!(queue = %s.name, temporary, "queue created");
         Ok((s, true))
@@ -357,6 +395,7 @@ impl<L: QueueLog> Queues<L> {
             .write()
             .unwrap_or_else(PoisonError::into_inner)
             .remove(name);
+        self.placed_changed();
         let held = owned.handle.stop(true).await;
         self.share_budget();
         if !owned.temporary {

@@ -3,6 +3,7 @@
 
 use std::str::FromStr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use ferry_kernel::{
     Caller, Delivery, KernelError, LeaseId, LeaseRef, NewMessage, PlacementEpoch, QueueName,
@@ -14,6 +15,9 @@ use tonic::{Request, Response, Status};
 
 use crate::broker::{Broker, DeliveryRefs, QueueSummary};
 use crate::error::Error;
+
+/// The longest a `GetQueue` waits for its queue to be placed here (`wait_placed_ms`).
+const WAIT_PLACED_MAX_MS: u64 = 10_000;
 
 /// See the module docs.
 #[derive(Debug, Clone)]
@@ -226,7 +230,15 @@ impl pb::backend_server::Backend for BackendService {
     }
 
     async fn get_queue(&self, req: Request<pb::BackendQueueRequest>) -> Reply<pb::QueueInfo> {
-        let name = self.placed(&req.into_inner())?;
+        let r = req.into_inner();
+        if r.wait_placed_ms > 0 {
+            let name = queue_name(&r.name)?;
+            let bound = Duration::from_millis(r.wait_placed_ms.min(WAIT_PLACED_MAX_MS));
+            self.broker
+                .wait_placed(&name, PlacementEpoch::new(r.placement_epoch), bound)
+                .await;
+        }
+        let name = self.placed(&r)?;
         Ok(Response::new(self.info(&self.broker.get_queue(&name)?)))
     }
 

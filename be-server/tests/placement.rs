@@ -38,6 +38,7 @@ fn stats(epoch: PlacementEpoch) -> Request<pb::BackendQueueRequest> {
     Request::new(pb::BackendQueueRequest {
         name: "q".into(),
         placement_epoch: epoch.get(),
+        wait_placed_ms: 0,
     })
 }
 
@@ -105,9 +106,62 @@ async fn once_the_epoch_moves_on_calls_routed_by_the_former_one_are_fenced() {
         .get_queue_stats(Request::new(pb::BackendQueueRequest {
             name: "nope".into(),
             placement_epoch: moved.get(),
+            wait_placed_ms: 0,
         }))
         .await
         .unwrap_err();
     assert_eq!(missing.code(), Code::NotFound);
     assert!(!broker.set_placement_epoch(&QueueName::new("nope").unwrap(), PlacementEpoch::new(3)));
+}
+
+/// A `GetQueue` with `wait_placed_ms` for a queue the metadata just defined answers as soon as
+/// the queue is here at the asked epoch, woken by its placement rather than at the end of its
+/// wait, and with NOT_FOUND at the end of its wait when the queue never comes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_get_queue_that_waits_for_its_placement_answers_once_the_queue_is_placed() {
+    const WAIT: std::time::Duration = std::time::Duration::from_secs(20);
+    let (broker, be) = backend().await;
+    let epoch = PlacementEpoch::new(7);
+    let ask = move |name: &str, wait: std::time::Duration| {
+        Request::new(pb::BackendQueueRequest {
+            name: name.into(),
+            placement_epoch: epoch.get(),
+            wait_placed_ms: u64::try_from(wait.as_millis()).unwrap(),
+        })
+    };
+    // Without a wait: NOT_FOUND at once.
+    let e = be
+        .get_queue(ask("fresh", std::time::Duration::ZERO))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound, "{e}");
+    // Created as the metadata's apply does it: first the queue, then its epoch.
+    let fresh = QueueName::new("fresh").unwrap();
+    broker
+        .create_queue(fresh.clone(), QueueConfig::default(), false, false)
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let wait = broker.wait_placed(&fresh, epoch, WAIT);
+    tokio::pin!(wait);
+    // Polled once: it waits (the queue is here, at another epoch).
+    assert!(futures::poll!(&mut wait).is_pending(), "placed too soon");
+    assert!(broker.set_placement_epoch(&fresh, epoch));
+    assert!(wait.await, "placed");
+    // A wait that missed the placement would end only at its 20 s bound.
+    assert!(
+        started.elapsed() < WAIT,
+        "woken by the placement, not by the end of its wait: {:?}",
+        started.elapsed()
+    );
+    // Now the call answers at once.
+    let info = be.get_queue(ask("fresh", WAIT)).await.unwrap().into_inner();
+    assert_eq!(info.name, "fresh");
+
+    // A queue that never comes: NOT_FOUND once the wait is over.
+    let wait = std::time::Duration::from_millis(200);
+    let started = std::time::Instant::now();
+    let e = be.get_queue(ask("never", wait)).await.unwrap_err();
+    assert_eq!(e.code(), Code::NotFound, "{e}");
+    assert!(started.elapsed() >= wait);
 }

@@ -173,6 +173,7 @@ async fn check(
                     name: q.name.clone(),
                     // Asked of the node that listed it, whoever the owner is by now.
                     placement_epoch: PlacementEpoch::UNKNOWN.get(),
+                    wait_placed_ms: 0,
                 }))
                 .await
             else {

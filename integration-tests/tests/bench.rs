@@ -116,3 +116,65 @@ async fn rtt_times_heartbeat_round_trips_and_leaves_no_connection() -> anyhow::R
     assert!(err.contains("--count"), "{err}");
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_queues_creates_and_deletes_its_queues_and_times_both() -> anyhow::Result<()> {
+    let (_dir, node, client) = memory_node(&[]).await?;
+    let list = |client: ferry_client::Client| async move {
+        let queues = client
+            .admin()
+            .list_queues(ferry_client::pb::ListQueuesRequest::default())
+            .await?
+            .into_inner()
+            .queues;
+        Ok::<_, anyhow::Error>(
+            queues
+                .into_iter()
+                .map(|q| q.name)
+                .filter(|n| n.starts_with("bq."))
+                .collect::<Vec<_>>(),
+        )
+    };
+    let args = ["bench-queues", "--count", "30", "--concurrency", "4"];
+    let (ok, out, err) = ferry_cli(
+        &node,
+        &[&args[..], &["--prefix", "bq", "--keep", "-o", "json"]].concat(),
+    )?;
+    assert!(ok, "ferry bench-queues failed: {err}");
+    let r: serde_json::Value = serde_json::from_str(out.trim())?;
+    assert_eq!(r["create"]["calls"], 30, "{r}");
+    assert!(r["delete"].is_null(), "kept, so nothing deleted: {r}");
+    let at = |k: &str| r["create"][k].as_f64().unwrap_or(-1.0);
+    assert!(0.0 < at("p50_ms") && at("p50_ms") <= at("max_ms"), "{r}");
+    let mut kept = list(client.clone()).await?;
+    kept.sort();
+    assert_eq!(kept.len(), 30, "every queue exists, once: {kept:?}");
+    assert!(kept.contains(&"bq.0".to_string()) && kept.contains(&"bq.29".to_string()));
+
+    // Again with the same prefix: the queues exist, and the run says which one.
+    let (ok, _, err) = ferry_cli(&node, &[&args[..], &["--prefix", "bq"]].concat())?;
+    assert!(!ok);
+    assert!(err.contains("cannot create queue bq."), "{err}");
+
+    // Without --keep, a run of its own removes what it made.
+    let (ok, out, err) = ferry_cli(&node, &["bench-queues", "--count", "10", "-o", "json"])?;
+    assert!(ok, "{err}");
+    let r: serde_json::Value = serde_json::from_str(out.trim())?;
+    assert_eq!(r["delete"]["calls"], 10, "{r}");
+    let prefix = r["prefix"].as_str().unwrap_or_default().to_string();
+    let left = client
+        .admin()
+        .list_queues(ferry_client::pb::ListQueuesRequest::default())
+        .await?
+        .into_inner()
+        .queues;
+    assert!(
+        left.iter().all(|q| !q.name.starts_with(&prefix)),
+        "{left:?}"
+    );
+
+    let (ok, _, err) = ferry_cli(&node, &["bench-queues", "--concurrency", "0"])?;
+    assert!(!ok);
+    assert!(err.contains("--concurrency"), "{err}");
+    Ok(())
+}

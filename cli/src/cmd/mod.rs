@@ -1,6 +1,7 @@
 //! The `ferry` command line.
 
 mod bench;
+mod bench_queues;
 mod browse;
 mod check_disk;
 mod cluster;
@@ -189,6 +190,16 @@ pub enum Command {
   ferry bench --producers 4 --consumers 4 --size 1024 --count 100000
   ferry bench --rate 5000 --duration-ms 60000           latency at a fixed rate"#)]
     Bench(bench::BenchArgs),
+    /// Measure queue creation: creates (then deletes) queues one at a time or from several
+    /// concurrent creators; queues per second and each call's latency.
+    #[command(
+        name = "bench-queues",
+        after_help = r#"Examples:
+  ferry bench-queues                                    1 000 creates, one at a time
+  ferry bench-queues --count 10000 --concurrency 8      eight creators at once
+  ferry bench-queues --count 100000 --keep -o json      keep them (idle figures afterwards)"#
+    )]
+    BenchQueues(bench_queues::BenchQueuesArgs),
     /// Time the round trip of the cheapest call to the node (a connection heartbeat): the floor
     /// under every send and receive, like `nats rtt`.
     #[command(after_help = r#"Examples:
@@ -242,6 +253,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Request(a) => request::request(&cli.client, a).await,
         Command::Reply(a) => request::reply(&cli.client, a).await,
         Command::Bench(a) => bench::run(&cli.client, a).await,
+        Command::BenchQueues(a) => bench_queues::run(&cli.client, a).await,
         Command::Rtt(a) => rtt::run(&cli.client, a).await,
         // Blocking file I/O on the command's own runtime: nothing else runs on it.
         Command::CheckDisk(a) => check_disk::run(&cli.client, a),

@@ -75,9 +75,14 @@ impl AdminService {
             .clone();
         let deadline = tokio::time::Instant::now() + OWNER_CREATE_WAIT;
         loop {
+            // The owner creates the queue when it applies the change: it answers once it has
+            // (`wait_placed_ms`), so one call is enough. A node of an older release answers at
+            // once; the loop then asks again.
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             let req = pb::BackendQueueRequest {
                 name: name.to_string(),
                 placement_epoch: entry.owner.epoch.get(),
+                wait_placed_ms: u64::try_from(left.as_millis()).unwrap_or(u64::MAX).max(1),
             };
             match backend.get_queue(Request::new(req)).await {
                 Ok(info) => {
@@ -186,6 +191,7 @@ impl AdminService {
                 let req = pb::BackendQueueRequest {
                     name: queue.to_string(),
                     placement_epoch: placement_epoch.get(),
+                    wait_placed_ms: 0,
                 };
                 f(be, req)
             })
@@ -605,6 +611,7 @@ impl pb::admin_server::Admin for AdminService {
             let req = pb::BackendQueueRequest {
                 name: name.to_string(),
                 placement_epoch: owner.epoch.get(),
+                wait_placed_ms: 0,
             };
             let info = backend.get_queue(Request::new(req)).await?.into_inner();
             if !changed || info.config.as_ref() == Some(&expected) {

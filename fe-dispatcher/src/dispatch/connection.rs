@@ -130,6 +130,7 @@ impl Dispatch {
                     let req = pb::BackendQueueRequest {
                         name: q.to_string(),
                         placement_epoch: placement_epoch.get(),
+                        wait_placed_ms: 0,
                     };
                     async move { be.delete_queue(Request::new(req)).await }
                 })

@@ -75,6 +75,7 @@ impl Dispatch {
                     let req = pb::BackendQueueRequest {
                         name: reply_to.to_string(),
                         placement_epoch: placement_epoch.get(),
+                        wait_placed_ms: 0,
                     };
                     async move { be.get_queue(Request::new(req)).await }
                 })

@@ -47,6 +47,7 @@ async fn get_queue(router: &Router, q: &str) -> Result<pb::QueueInfo, Status> {
             let req = pb::BackendQueueRequest {
                 name: q.to_string(),
                 placement_epoch: placement_epoch.get(),
+                wait_placed_ms: 0,
             };
             async move { be.get_queue(Request::new(req)).await }
         })
@@ -256,6 +257,7 @@ async fn the_refresh_wait_ends_at_the_call_deadline() {
             let req = pb::BackendQueueRequest {
                 name: "orders".into(),
                 placement_epoch: placement_epoch.get(),
+                wait_placed_ms: 0,
             };
             async move { be.get_queue(Request::new(req)).await }
         })
