@@ -72,12 +72,7 @@ async fn bench_reports_and_verifies_every_mode() -> anyhow::Result<()> {
     );
     assert!(0.0 < p50 && p50 <= max, "{r}");
     // Its own queues are gone afterwards.
-    let queues = client
-        .admin()
-        .list_queues(ferry_client::pb::ListQueuesRequest::default())
-        .await?
-        .into_inner()
-        .queues;
+    let queues = queue_names(&client).await?;
     assert!(queues.is_empty(), "{queues:?}");
 
     // Bad input is refused with what to fix.
@@ -120,21 +115,6 @@ async fn rtt_times_heartbeat_round_trips_and_leaves_no_connection() -> anyhow::R
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bench_queues_creates_and_deletes_its_queues_and_times_both() -> anyhow::Result<()> {
     let (_dir, node, client) = memory_node(&[]).await?;
-    let list = |client: ferry_client::Client| async move {
-        let queues = client
-            .admin()
-            .list_queues(ferry_client::pb::ListQueuesRequest::default())
-            .await?
-            .into_inner()
-            .queues;
-        Ok::<_, anyhow::Error>(
-            queues
-                .into_iter()
-                .map(|q| q.name)
-                .filter(|n| n.starts_with("bq."))
-                .collect::<Vec<_>>(),
-        )
-    };
     let args = ["bench-queues", "--count", "30", "--concurrency", "4"];
     let (ok, out, err) = ferry_cli(
         &node,
@@ -146,7 +126,11 @@ async fn bench_queues_creates_and_deletes_its_queues_and_times_both() -> anyhow:
     assert!(r["delete"].is_null(), "kept, so nothing deleted: {r}");
     let at = |k: &str| r["create"][k].as_f64().unwrap_or(-1.0);
     assert!(0.0 < at("p50_ms") && at("p50_ms") <= at("max_ms"), "{r}");
-    let mut kept = list(client.clone()).await?;
+    let mut kept: Vec<String> = queue_names(&client)
+        .await?
+        .into_iter()
+        .filter(|n| n.starts_with("bq."))
+        .collect();
     kept.sort();
     assert_eq!(kept.len(), 30, "every queue exists, once: {kept:?}");
     assert!(kept.contains(&"bq.0".to_string()) && kept.contains(&"bq.29".to_string()));
@@ -162,19 +146,22 @@ async fn bench_queues_creates_and_deletes_its_queues_and_times_both() -> anyhow:
     let r: serde_json::Value = serde_json::from_str(out.trim())?;
     assert_eq!(r["delete"]["calls"], 10, "{r}");
     let prefix = r["prefix"].as_str().unwrap_or_default().to_string();
-    let left = client
-        .admin()
-        .list_queues(ferry_client::pb::ListQueuesRequest::default())
-        .await?
-        .into_inner()
-        .queues;
-    assert!(
-        left.iter().all(|q| !q.name.starts_with(&prefix)),
-        "{left:?}"
-    );
+    let left = queue_names(&client).await?;
+    assert!(left.iter().all(|q| !q.starts_with(&prefix)), "{left:?}");
 
     let (ok, _, err) = ferry_cli(&node, &["bench-queues", "--concurrency", "0"])?;
     assert!(!ok);
     assert!(err.contains("--concurrency"), "{err}");
     Ok(())
+}
+
+/// The names of the node's queues.
+async fn queue_names(client: &ferry_client::Client) -> anyhow::Result<Vec<String>> {
+    let queues = client
+        .admin()
+        .list_queues(ferry_client::pb::ListQueuesRequest::default())
+        .await?
+        .into_inner()
+        .queues;
+    Ok(queues.into_iter().map(|q| q.name).collect())
 }
