@@ -66,6 +66,10 @@ pub(crate) struct Start {
     pub(crate) election_seed: u64,
     /// The durable copy is in an earlier release's form (one key): write it all again.
     pub(crate) rewrite_durable: bool,
+    /// The store held this node's Raft state: it resumes as a member.
+    pub(crate) resumed: bool,
+    /// How the round loop compacts and how many rounds it runs per wake-up.
+    pub(crate) rounds: DriverConfig,
 }
 
 /// The running driver.
@@ -112,7 +116,7 @@ impl Driver {
             BTreeMap::from([(META_GROUP, machine)]),
             start.store,
             links,
-            DriverConfig::default(),
+            start.rounds,
         );
         Driver {
             rounds,

@@ -71,6 +71,8 @@ impl Cluster {
                 tick: Duration::from_millis(100),
                 election_seed: seed + i as u64,
                 rewrite_durable: false,
+                resumed: false,
+                rounds: ferry_multiraft::DriverConfig::default(),
             };
             let (view_tx, view) = watch::channel(Arc::new(MetaView::empty()));
             let mut driver = Driver::new(
