@@ -130,6 +130,21 @@ impl Driver {
         }
     }
 
+    /// Shows every change of the metadata machine to `probe` (set it before [`Driver::begin`]
+    /// to see the entries a restart applies again).
+    #[cfg(test)]
+    pub(crate) fn set_probe(&mut self, probe: super::machine::Probe) {
+        if let Some(machine) = self.rounds.machine_mut(META_GROUP) {
+            machine.set_probe(probe);
+        }
+    }
+
+    /// Why the round loop stopped by itself, once it has (see [`ferry_multiraft::Halt`]).
+    #[cfg(test)]
+    pub(crate) fn halted(&self) -> Option<&ferry_multiraft::Halt> {
+        self.rounds.halted()
+    }
+
     /// Runs on the calling thread until [`Input::Stop`] or until every sender is gone: the real
     /// clock decides when a tick is due, everything else is [`Driver::step`]. Returns why it
     /// stopped by itself (see [`ferry_multiraft::Halt`]), if it did.

@@ -22,7 +22,7 @@ mod propose;
 mod reach;
 mod service;
 #[cfg(test)]
-mod sim_tests;
+mod sim;
 #[cfg(test)]
 mod test_host;
 #[cfg(test)]
