@@ -5,6 +5,9 @@
 //! [`Driver`] is a [`Replica`] as it is, and a node's own thread (which adds joining, membership
 //! and a published view around it) implements [`Replica`] over its `step`.
 //!
+//! A node's store is a [`SimStore`]: the test keeps a handle to restart the node from what it
+//! made durable, and can make the node die in a synced write, losing it.
+//!
 //! The same seed gives the same run, step for step: [`Sim::trace`] records every packet sent,
 //! delivered and lost, so a test can show it (and a failing seed replays exactly). The
 //! simulator only moves bytes and time: what a replica applies and whether the cluster stays
@@ -18,8 +21,12 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use crate::driver::{Driver, GroupMachine, Outbound};
+use crate::error::Error;
 use crate::ids::NodeId;
+use crate::persist::PersistJob;
 use crate::round::OutSnapshot;
+use crate::storage::memory::MemStore;
+use crate::storage::{KeyValue, LogStore, Recovered};
 
 /// What the simulator asks of a node.
 pub trait Replica {
@@ -118,6 +125,84 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// A node's store in a simulation: a [`MemStore`] behind a handle that the test keeps across
+/// the node's crashes while the replica owns a clone. A write is synced before it returns, as
+/// the real store's is; a node set to die in its next write
+/// ([`SimStore::die_in_next_write`]) leaves that write unsynced and fails it, so that its
+/// driver halts with the round's messages sent and nothing of it durable, as a process killed
+/// in its synced write; [`SimStore::crash`] then loses what was not synced.
+#[derive(Debug, Clone, Default)]
+pub struct SimStore(Arc<Mutex<SimDisk>>);
+
+#[derive(Debug, Default)]
+struct SimDisk {
+    store: MemStore,
+    die_in_next_write: bool,
+    /// The node died in a write: nothing more is written until [`SimStore::crash`].
+    dead: bool,
+}
+
+impl SimStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        SimStore::default()
+    }
+
+    /// The node dies in its next write (see the type's docs).
+    pub fn die_in_next_write(&self) {
+        lock(&self.0).die_in_next_write = true;
+    }
+
+    /// Whether the node died in a write since the last [`SimStore::crash`].
+    pub fn died(&self) -> bool {
+        lock(&self.0).dead
+    }
+
+    /// The node's power goes: every write not synced is lost, and the store opens again for
+    /// the node's restart.
+    pub fn crash(&self) {
+        let mut disk = lock(&self.0);
+        disk.store.crash();
+        disk.die_in_next_write = false;
+        disk.dead = false;
+    }
+
+    /// Writes handed to the store and not synced (the one a node died in).
+    pub fn unsynced_job_count(&self) -> usize {
+        lock(&self.0).store.unsynced_job_count()
+    }
+}
+
+impl LogStore for SimStore {
+    fn write(&mut self, job: &PersistJob) -> Result<(), Error> {
+        let mut disk = lock(&self.0);
+        if disk.dead {
+            return Err(Error::StoragePoisoned);
+        }
+        if std::mem::take(&mut disk.die_in_next_write) {
+            disk.store.write_unsynced(job);
+            disk.dead = true;
+            return Err(Error::Storage {
+                operation: "write",
+                reason: "the simulated node died in its synced write".into(),
+            });
+        }
+        disk.store.write(job)
+    }
+
+    fn load(&self) -> Result<Recovered, Error> {
+        lock(&self.0).store.load()
+    }
+
+    fn app_get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
+        lock(&self.0).store.app_get(key)
+    }
+
+    fn app_scan(&self, prefix: &[u8]) -> Result<Vec<KeyValue>, Error> {
+        lock(&self.0).store.app_scan(prefix)
+    }
+}
+
 #[derive(Debug)]
 struct Packet {
     from: NodeId,
@@ -178,8 +263,17 @@ impl<R: Replica> Sim<R> {
 
     /// Stops node `id` at once, as a kill does: its replica is handed back (what its store
     /// made durable is the test's to restart it from), and packets to it are lost until it is
-    /// added again.
+    /// added again, those on their way included (its connections broke).
     pub fn crash(&mut self, id: NodeId) -> Option<R> {
+        let now = self.now;
+        let (lost, kept): (Vec<Packet>, Vec<Packet>) = std::mem::take(&mut self.in_flight)
+            .into_iter()
+            .partition(|p| p.to == id);
+        self.in_flight = kept;
+        for p in lost {
+            let (from, to, len) = (p.from, p.to, p.bytes.len());
+            self.trace.push((now, Traced::Lost { from, to, len }));
+        }
         self.replicas.remove(&id)
     }
 

@@ -9,10 +9,10 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use ferry_multiraft::sim::{Faults, Sim};
+use ferry_multiraft::sim::{Faults, Sim, SimStore};
 use ferry_multiraft::{
     Driver, DriverConfig, Engine, EngineConfig, GroupId, GroupMachine, Halt, LogPosition, LogStore,
-    MemStore, NodeId, PersistJob, ProposeFailure, Proposed, Recovered, Role,
+    NodeId, PersistJob, ProposeFailure, Proposed, Recovered, Role,
 };
 
 const G0: GroupId = GroupId(0);
@@ -71,31 +71,9 @@ impl GroupMachine for Toy {
     }
 }
 
-/// A store the test can read while the driver owns it.
-#[derive(Clone, Default)]
-struct SharedStore(Arc<Mutex<MemStore>>);
-
-impl LogStore for SharedStore {
-    fn write(&mut self, job: &PersistJob) -> Result<(), ferry_multiraft::Error> {
-        self.0.lock().unwrap().write(job)
-    }
-    fn load(&self) -> Result<Recovered, ferry_multiraft::Error> {
-        self.0.lock().unwrap().load()
-    }
-    fn app_get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, ferry_multiraft::Error> {
-        self.0.lock().unwrap().app_get(key)
-    }
-    fn app_scan(
-        &self,
-        prefix: &[u8],
-    ) -> Result<Vec<ferry_multiraft::KeyValue>, ferry_multiraft::Error> {
-        self.0.lock().unwrap().app_scan(prefix)
-    }
-}
-
 struct Cluster {
     sim: Sim<Driver<Toy>>,
-    stores: BTreeMap<NodeId, SharedStore>,
+    stores: BTreeMap<NodeId, SimStore>,
 }
 
 impl Cluster {
@@ -110,7 +88,7 @@ impl Cluster {
             };
             let mut engine = Engine::open(config, Recovered::default()).unwrap();
             engine.bootstrap_group(G0, &voters).unwrap();
-            let store = SharedStore::default();
+            let store = SimStore::new();
             let machines = BTreeMap::from([(G0, Toy::default())]);
             let driver = Driver::new(
                 Some(engine),

@@ -66,6 +66,10 @@ pub(crate) struct Start {
     pub(crate) election_seed: u64,
     /// The durable copy is in an earlier release's form (one key): write it all again.
     pub(crate) rewrite_durable: bool,
+    /// The store held this node's Raft state: it resumes as a member.
+    pub(crate) resumed: bool,
+    /// How the round loop compacts and how many rounds it runs per wake-up.
+    pub(crate) rounds: DriverConfig,
 }
 
 /// The running driver.
@@ -112,7 +116,7 @@ impl Driver {
             BTreeMap::from([(META_GROUP, machine)]),
             start.store,
             links,
-            DriverConfig::default(),
+            start.rounds,
         );
         Driver {
             rounds,
@@ -124,6 +128,21 @@ impl Driver {
             last_leader: None,
             stopping: false,
         }
+    }
+
+    /// Shows every change of the metadata machine to `probe` (set it before [`Driver::begin`]
+    /// to see the entries a restart applies again).
+    #[cfg(test)]
+    pub(crate) fn set_probe(&mut self, probe: super::machine::Probe) {
+        if let Some(machine) = self.rounds.machine_mut(META_GROUP) {
+            machine.set_probe(probe);
+        }
+    }
+
+    /// Why the round loop stopped by itself, once it has (see [`ferry_multiraft::Halt`]).
+    #[cfg(test)]
+    pub(crate) fn halted(&self) -> Option<&ferry_multiraft::Halt> {
+        self.rounds.halted()
     }
 
     /// Runs on the calling thread until [`Input::Stop`] or until every sender is gone: the real

@@ -18,6 +18,36 @@ pub(crate) struct MetaMachine {
     /// This node's raft id once it is a member, written with every job (a joining node's first
     /// job must carry it; it is 8 bytes).
     raft_id: Option<RaftId>,
+    #[cfg(test)]
+    probe: Option<Probe>,
+}
+
+/// What the machine just did to its state, as a test's [`Probe`] sees it.
+#[cfg(test)]
+#[derive(Debug)]
+pub(crate) enum Change<'a> {
+    /// A normal entry applied, with its outcome.
+    Applied(&'a Result<MetaEvent, MetaError>),
+    /// A configuration change passed over.
+    Skipped,
+    /// The state replaced by a snapshot.
+    Restored,
+}
+
+/// A test's window on the machine: called after every change of its state with the position
+/// reached, what happened and the state there, so that the simulations check every applied
+/// entry of the real machine (`sim/checks.rs`).
+#[cfg(test)]
+pub(crate) struct Probe(pub(crate) Box<ProbeFn>);
+
+#[cfg(test)]
+pub(crate) type ProbeFn = dyn FnMut(LogPosition, Change<'_>, &MetaState) + Send;
+
+#[cfg(test)]
+impl std::fmt::Debug for Probe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Probe")
+    }
 }
 
 impl MetaMachine {
@@ -32,6 +62,21 @@ impl MetaMachine {
             meta,
             touched,
             raft_id,
+            #[cfg(test)]
+            probe: None,
+        }
+    }
+
+    /// Shows every change of the state to `probe` from now on.
+    #[cfg(test)]
+    pub(crate) fn set_probe(&mut self, probe: Probe) {
+        self.probe = Some(probe);
+    }
+
+    #[cfg(test)]
+    fn show(&mut self, position: LogPosition, change: Change<'_>) {
+        if let Some(probe) = self.probe.as_mut() {
+            (probe.0)(position, change, &self.meta);
         }
     }
 
@@ -55,21 +100,26 @@ impl GroupMachine for MetaMachine {
     }
 
     fn apply(&mut self, position: LogPosition, data: &[u8]) -> Result<Self::Outcome, Halt> {
-        match self.meta.apply_entry(position.index, data) {
+        let outcome = match self.meta.apply_entry(position.index, data) {
             Ok(applied) => {
                 self.touched.note_applied(&applied);
-                Ok(Ok(applied.event))
+                Ok(applied.event)
             }
-            Err(e) if e.stops_apply() => Err(Halt(format!(
-                "cannot apply metadata entry {} (term {}): {e}",
-                position.index, position.term
-            ))),
+            Err(e) if e.stops_apply() => {
+                return Err(Halt(format!(
+                    "cannot apply metadata entry {} (term {}): {e}",
+                    position.index, position.term
+                )))
+            }
             Err(e) => {
                 self.touched.note_index();
                 tracing::debug!(index = position.index, error = %e, "metadata command refused");
-                Ok(Err(e))
+                Err(e)
             }
-        }
+        };
+        #[cfg(test)]
+        self.show(position, Change::Applied(&outcome));
+        Ok(outcome)
     }
 
     fn skip(&mut self, position: LogPosition) -> Result<(), Halt> {
@@ -80,6 +130,8 @@ impl GroupMachine for MetaMachine {
             ))
         })?;
         self.touched.note_index();
+        #[cfg(test)]
+        self.show(position, Change::Skipped);
         Ok(())
     }
 
@@ -98,6 +150,8 @@ impl GroupMachine for MetaMachine {
         })?;
         self.meta = meta;
         self.touched.everything();
+        #[cfg(test)]
+        self.show(position, Change::Restored);
         Ok(())
     }
 

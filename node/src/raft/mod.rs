@@ -22,7 +22,7 @@ mod propose;
 mod reach;
 mod service;
 #[cfg(test)]
-mod sim_tests;
+mod sim;
 #[cfg(test)]
 mod test_host;
 #[cfg(test)]
@@ -37,7 +37,7 @@ use std::time::Duration;
 
 use ferry_cluster::StartMode;
 use ferry_kernel::NodeId;
-use ferry_multiraft::{LogStore, NodeId as PeerId};
+use ferry_multiraft::{DriverConfig, LogStore, NodeId as PeerId};
 use tokio::sync::watch;
 
 pub use driver::META_GROUP;
@@ -159,32 +159,17 @@ impl MetaNode {
         host: Arc<dyn QueueHost>,
         log: Box<dyn LogStore + Send>,
     ) -> Result<MetaNode, StartError> {
-        let store = log;
-        let recovered = store.load().map_err(StartError::Store)?;
-        let durable = store.app_scan(DURABLE_PREFIX).map_err(StartError::Store)?;
-        let (meta, rewrite_durable) = match MetaState::from_durable(&durable)? {
-            Some(meta) => (meta, false),
-            // An earlier release kept the whole state under one key: read it, write it anew.
-            None => match store.app_get(META_KEY).map_err(StartError::Store)? {
-                Some(bytes) => (MetaState::restore(&bytes)?, true),
-                None => (MetaState::new(), false),
-            },
-        };
-        let seed: u64 = rand::random();
-        let member = recovered.group_ids().contains(&META_GROUP);
-        let engine = if member {
-            let raft_id = stored_raft_id(&*store).map_err(StartError::Store)?;
-            Some(driver::open_engine(raft_id, recovered, seed).map_err(StartError::Store)?)
-        } else {
-            match &settings.start {
-                StartMode::Initial(voters) => Some(bootstrap(&settings.node_id, voters, seed)?),
-                StartMode::Join(addr) => {
-                    propose::check_join_target(addr).await?;
-                    None
-                }
-            }
-        };
-        let resumed = member;
+        let start = open_start(
+            &settings.node_id,
+            &settings.start,
+            log,
+            settings.tick,
+            rand::random(),
+        )?;
+        let resumed = start.resumed;
+        if let (false, StartMode::Join(addr)) = (resumed, &settings.start) {
+            propose::check_join_target(addr).await?;
+        }
         let (inputs, inputs_rx) = sync_channel(INPUT_QUEUE_MAX);
         let links = Arc::new(Links::new(
             inputs.clone(),
@@ -193,7 +178,7 @@ impl MetaNode {
         ));
         // The stored metadata is the first view, so nothing reads an empty one meanwhile.
         let first_view = MetaView {
-            meta: meta.clone(),
+            meta: start.meta.clone(),
             ..MetaView::empty()
         };
         let (view_tx, view) = watch::channel(Arc::new(first_view));
@@ -201,17 +186,9 @@ impl MetaNode {
         // The stored metadata first, so the back-end can be reconciled before serving.
         let me = settings.node_id.clone();
         if resumed {
-            host::reconcile(&*host, &meta, &me, settings.import_marker.is_none()).await;
+            host::reconcile(&*host, &start.meta, &me, settings.import_marker.is_none()).await;
         }
         let settings_start = settings.start.clone();
-        let start = Start {
-            engine,
-            meta,
-            store,
-            tick: settings.tick,
-            election_seed: seed,
-            rewrite_durable,
-        };
         let counters = Arc::new(RaftCounters::default());
         let driver = Driver::new(
             start,
@@ -240,35 +217,42 @@ impl MetaNode {
             first_asked: std::sync::Mutex::default(),
         });
         let node = MetaNode { shared };
-        let mut tasks = vec![
-            tokio::spawn(node.clone().follow()),
-            tokio::spawn(node.clone().count_bytes()),
-            tokio::spawn(node.clone().log_reachability()),
-        ];
-        if !resumed {
-            match &node.shared.settings.start {
-                StartMode::Initial(_) => {
-                    tasks.push(tokio::spawn(node.clone().bootstrap_when_leader()));
-                }
-                StartMode::Join(addr) => {
-                    tasks.push(tokio::spawn(node.clone().wait_until_added(addr.clone())));
-                }
-            }
-        }
-        if node.shared.settings.import_marker.is_some() {
-            tasks.push(tokio::spawn(node.clone().import_local_queues()));
-        }
-        *node
-            .shared
-            .tasks
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = tasks;
+        node.spawn_tasks(resumed);
         if matches!(&node.shared.settings.start, StartMode::Initial(v) if v.len() == 1) {
             // A one-node cluster forms by itself at once: serve only once it has.
             let deadline = tokio::time::Instant::now() + ALONE_FORM_WAIT;
             node.wait_formed(deadline).await;
         }
         Ok(node)
+    }
+
+    /// Starts the node's tasks (kept to be stopped by [`MetaNode::stop`]): following the
+    /// metadata, counting bytes, logging reachability, and, on a node that did not resume,
+    /// forming the cluster or waiting to be added; importing the local queues when marked.
+    fn spawn_tasks(&self, resumed: bool) {
+        let mut tasks = vec![
+            tokio::spawn(self.clone().follow()),
+            tokio::spawn(self.clone().count_bytes()),
+            tokio::spawn(self.clone().log_reachability()),
+        ];
+        if !resumed {
+            match &self.shared.settings.start {
+                StartMode::Initial(_) => {
+                    tasks.push(tokio::spawn(self.clone().bootstrap_when_leader()));
+                }
+                StartMode::Join(addr) => {
+                    tasks.push(tokio::spawn(self.clone().wait_until_added(addr.clone())));
+                }
+            }
+        }
+        if self.shared.settings.import_marker.is_some() {
+            tasks.push(tokio::spawn(self.clone().import_local_queues()));
+        }
+        *self
+            .shared
+            .tasks
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = tasks;
     }
 
     /// Completes, with the reason, once the metadata group stopped on this node by itself: its
@@ -506,6 +490,56 @@ fn initial_peers(start: &StartMode, me: &NodeId) -> HashMap<PeerId, String> {
             Some((PeerId(raft_id.0), addr.clone()))
         })
         .collect()
+}
+
+/// Where the metadata driver of node `me` starts from, read from `store` on the calling thread
+/// (no async runtime): the metadata stored with its applied index, and the engine resumed from
+/// the Raft records, or, when the store has none, bootstrapped with `mode`'s initial voters, or
+/// none yet (`Join`: the node waits to be added). [`MetaNode::start`] opens a node's store with
+/// it, and the simulations restart a node from its store with it.
+pub(crate) fn open_start(
+    me: &NodeId,
+    mode: &StartMode,
+    store: Box<dyn LogStore + Send>,
+    tick: Duration,
+    seed: u64,
+) -> Result<Start, StartError> {
+    let recovered = store.load().map_err(StartError::Store)?;
+    let durable = store.app_scan(DURABLE_PREFIX).map_err(StartError::Store)?;
+    let (mut meta, rewrite_durable) = match MetaState::from_durable(&durable)? {
+        Some(meta) => (meta, false),
+        // An earlier release kept the whole state under one key: read it, write it anew.
+        None => match store.app_get(META_KEY).map_err(StartError::Store)? {
+            Some(bytes) => (MetaState::restore(&bytes)?, true),
+            None => (MetaState::new(), false),
+        },
+    };
+    let resumed = recovered.group_ids().contains(&META_GROUP);
+    let engine = if resumed {
+        let raft_id = stored_raft_id(&*store).map_err(StartError::Store)?;
+        Some(driver::open_engine(raft_id, recovered, seed).map_err(StartError::Store)?)
+    } else {
+        match mode {
+            StartMode::Initial(voters) => Some(bootstrap(me, voters, seed)?),
+            StartMode::Join(_) => None,
+        }
+    };
+    // A bootstrapped group starts with its first entry (the initial voters) applied, and no
+    // metadata is written for it: the machine starts there too, as the engine does.
+    let group = engine.as_ref().and_then(|e| e.status(META_GROUP));
+    if group.is_some_and(|g| g.applied_index == 1) && meta.applied_index() == 0 {
+        meta.skip(1)?;
+    }
+    Ok(Start {
+        engine,
+        meta,
+        store,
+        tick,
+        election_seed: seed,
+        rewrite_durable,
+        resumed,
+        rounds: DriverConfig::default(),
+    })
 }
 
 /// Creates the engine of a node forming a new cluster: group 0 with every initial voter.
