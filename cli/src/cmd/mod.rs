@@ -12,6 +12,7 @@ mod latency;
 mod message;
 mod partial;
 mod queue;
+mod queue_stats;
 mod receive;
 mod request;
 mod rtt;
