@@ -18,24 +18,24 @@ const QUEUE_V2: u8 = 2;
 /// V2 plus the queue limits (`max_messages`, `max_bytes`).
 const QUEUE_V3: u8 = 3;
 
-struct Writer(Vec<u8>);
+pub(crate) struct Writer(pub(crate) Vec<u8>);
 
 impl Writer {
-    fn u8(&mut self, v: u8) {
+    pub(crate) fn u8(&mut self, v: u8) {
         self.0.push(v);
     }
-    fn u32(&mut self, v: u32) {
+    pub(crate) fn u32(&mut self, v: u32) {
         self.0.extend_from_slice(&v.to_be_bytes());
     }
-    fn u64(&mut self, v: u64) {
+    pub(crate) fn u64(&mut self, v: u64) {
         self.0.extend_from_slice(&v.to_be_bytes());
     }
-    fn bytes(&mut self, b: &[u8]) {
+    pub(crate) fn bytes(&mut self, b: &[u8]) {
         // Lengths are bounded by the message size limit, far below u32::MAX.
         self.u32(u32::try_from(b.len()).unwrap_or(u32::MAX));
         self.0.extend_from_slice(b);
     }
-    fn opt_u64(&mut self, v: Option<u64>) {
+    pub(crate) fn opt_u64(&mut self, v: Option<u64>) {
         match v {
             Some(v) => {
                 self.u8(1);
@@ -44,7 +44,7 @@ impl Writer {
             None => self.u8(0),
         }
     }
-    fn opt_str(&mut self, v: Option<&str>) {
+    pub(crate) fn opt_str(&mut self, v: Option<&str>) {
         match v {
             Some(s) => {
                 self.u8(1);
@@ -55,19 +55,19 @@ impl Writer {
     }
 }
 
-struct Reader<'a> {
-    buf: &'a [u8],
-    what: &'static str,
+pub(crate) struct Reader<'a> {
+    pub(crate) buf: &'a [u8],
+    pub(crate) what: &'static str,
 }
 
 impl<'a> Reader<'a> {
-    fn corrupt(&self, reason: &str) -> StoreError {
+    pub(crate) fn corrupt(&self, reason: &str) -> StoreError {
         StoreError::Corrupt {
             what: self.what,
             reason: reason.to_string(),
         }
     }
-    fn take(&mut self, n: usize) -> Result<&'a [u8], StoreError> {
+    pub(crate) fn take(&mut self, n: usize) -> Result<&'a [u8], StoreError> {
         if self.buf.len() < n {
             return Err(self.corrupt("truncated record"));
         }
@@ -75,40 +75,40 @@ impl<'a> Reader<'a> {
         self.buf = tail;
         Ok(head)
     }
-    fn u8(&mut self) -> Result<u8, StoreError> {
+    pub(crate) fn u8(&mut self) -> Result<u8, StoreError> {
         Ok(self.take(1)?[0])
     }
-    fn u32(&mut self) -> Result<u32, StoreError> {
+    pub(crate) fn u32(&mut self) -> Result<u32, StoreError> {
         let b = self.take(4)?;
         Ok(u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
     }
-    fn u64(&mut self) -> Result<u64, StoreError> {
+    pub(crate) fn u64(&mut self) -> Result<u64, StoreError> {
         let mut a = [0u8; 8];
         a.copy_from_slice(self.take(8)?);
         Ok(u64::from_be_bytes(a))
     }
-    fn bytes(&mut self) -> Result<&'a [u8], StoreError> {
+    pub(crate) fn bytes(&mut self) -> Result<&'a [u8], StoreError> {
         let n = self.u32()? as usize;
         self.take(n)
     }
-    fn string(&mut self) -> Result<String, StoreError> {
+    pub(crate) fn string(&mut self) -> Result<String, StoreError> {
         String::from_utf8(self.bytes()?.to_vec()).map_err(|_| self.corrupt("invalid UTF-8"))
     }
-    fn opt_u64(&mut self) -> Result<Option<u64>, StoreError> {
+    pub(crate) fn opt_u64(&mut self) -> Result<Option<u64>, StoreError> {
         match self.u8()? {
             0 => Ok(None),
             1 => self.u64().map(Some),
             _ => Err(self.corrupt("bad option tag")),
         }
     }
-    fn opt_string(&mut self) -> Result<Option<String>, StoreError> {
+    pub(crate) fn opt_string(&mut self) -> Result<Option<String>, StoreError> {
         match self.u8()? {
             0 => Ok(None),
             1 => self.string().map(Some),
             _ => Err(self.corrupt("bad option tag")),
         }
     }
-    fn queue_name(&mut self) -> Result<QueueName, StoreError> {
+    pub(crate) fn queue_name(&mut self) -> Result<QueueName, StoreError> {
         let s = self.string()?;
         QueueName::new(s).map_err(|e| self.corrupt(&e.to_string()))
     }

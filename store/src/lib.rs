@@ -21,10 +21,12 @@
 //! Depends on the kernel for domain types only; it must not depend on gRPC or the servers.
 
 mod codec;
+mod entry;
 pub mod faults;
 mod group_commit;
 mod kv;
 mod memory;
+mod message_keys;
 mod rocks;
 
 use ferry_kernel::{
@@ -32,12 +34,14 @@ use ferry_kernel::{
     RecoveredMessage, Seq,
 };
 
+pub use entry::{decode_entry, encode_entry, ENTRY_VERSION};
 pub use group_commit::{
     Buckets, BucketsSnapshot, CommitSettings, CommitTicket, CommitWriter, GroupCommit,
     GroupCommitStats,
 };
 pub use kv::{KeyValue, KvOp, KvSpace};
 pub use memory::MemoryStore;
+pub use message_keys::MessageKeys;
 #[doc(hidden)]
 pub use rocks::{split_raft_database_out, write_pre_paging_database};
 pub use rocks::{Absorbed, RocksStore};
@@ -63,6 +67,13 @@ pub enum StoreOp {
     Queue {
         uid: QueueUid,
         op: PersistOp,
+    },
+    /// Deletes one message known by its keys and size only: how a replicated log entry carries
+    /// a [`PersistOp::DeleteMessage`] ([`encode_entry`]). A store applies it exactly as it
+    /// applies that op for the whole message.
+    DeleteMessage {
+        uid: QueueUid,
+        keys: MessageKeys,
     },
     /// A write to a key space kept for another part of the node (the Raft engine).
     Kv(KvOp),

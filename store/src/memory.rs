@@ -2,7 +2,7 @@
 //! in delivery order, per-priority counts changed by deltas, a header index and delayed entries
 //! that `DeleteStored` leaves orphans in). Clones share state, so a test can "reopen" it.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Bound;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
@@ -10,6 +10,7 @@ use ferry_kernel::{
     DedupRecord, IndexedHeader, Message, PersistOp, Priority, QueueUid, RecoveredMessage, Seq,
 };
 
+use crate::message_keys::KeysRef;
 use crate::{codec, header_kind, priorities_high_first, priority_of_rank, rank, INDEXED_HEADERS};
 use crate::{KeyValue, KvOp, KvSpace};
 use crate::{Page, QueueDef, QueueStore, RecoveredQueue, StoreError, StoreOp, PRIORITY_LEVELS};
@@ -29,7 +30,7 @@ struct State {
     index: BTreeSet<IndexKey>,
     /// `(uid, deliver_at_ms, seq)` → priority, for messages with a delivery time.
     delayed: BTreeMap<(QueueUid, u64, Seq), Priority>,
-    seq_reserved: HashMap<QueueUid, Seq>,
+    seq_reserved: BTreeMap<QueueUid, Seq>,
     dedup: BTreeMap<(QueueUid, String), (Seq, u64)>,
     /// The key spaces kept for other parts of the node.
     kv: BTreeMap<KvSpace, BTreeMap<Vec<u8>, Vec<u8>>>,
@@ -86,6 +87,20 @@ impl State {
         c.1 = c.1.wrapping_add(bytes);
     }
 
+    fn delete_message(&mut self, uid: QueueUid, m: KeysRef<'_>) {
+        self.messages.remove(&message_key(uid, m.priority, m.seq));
+        self.delivery_counts.remove(&(uid, m.seq));
+        self.add_counts(uid, m.priority, -1, -signed(m.size_bytes));
+        for h in INDEXED_HEADERS {
+            if let Some(v) = m.header(h) {
+                self.index.remove(&index_key(uid, h, v, m.priority, m.seq));
+            }
+        }
+        if let Some(at_ms) = m.deliver_at_ms {
+            self.delayed.remove(&(uid, at_ms, m.seq));
+        }
+    }
+
     fn apply(&mut self, uid: QueueUid, op: &PersistOp) {
         match op {
             PersistOp::PutMessage(m) => {
@@ -101,19 +116,7 @@ impl State {
                     self.delayed.insert((uid, at_ms, m.seq), m.priority);
                 }
             }
-            PersistOp::DeleteMessage(m) => {
-                self.messages.remove(&message_key(uid, m.priority, m.seq));
-                self.delivery_counts.remove(&(uid, m.seq));
-                self.add_counts(uid, m.priority, -1, -signed(m.size_bytes()));
-                for h in INDEXED_HEADERS {
-                    if let Some(v) = h.value_of(m) {
-                        self.index.remove(&index_key(uid, h, v, m.priority, m.seq));
-                    }
-                }
-                if let Some(at_ms) = m.deliver_at_ms {
-                    self.delayed.remove(&(uid, at_ms, m.seq));
-                }
-            }
+            PersistOp::DeleteMessage(m) => self.delete_message(uid, KeysRef::of_message(m)),
             PersistOp::DeleteStored {
                 priority,
                 from,
@@ -218,6 +221,9 @@ impl QueueStore for MemoryStore {
                 }
                 StoreOp::DeleteQueue(uid) => s.delete_queue(*uid),
                 StoreOp::Queue { uid, op } => s.apply(*uid, op),
+                StoreOp::DeleteMessage { uid, keys } => {
+                    s.delete_message(*uid, KeysRef::of_keys(keys));
+                }
                 StoreOp::Kv(op) => s.apply_kv(op),
             }
         }

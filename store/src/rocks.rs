@@ -42,6 +42,7 @@ use ferry_kernel::{
 };
 use rocksdb::{ColumnFamily, ReadOptions, WriteBatch, WriteOptions, DB};
 
+use crate::message_keys::KeysRef;
 use crate::{codec, INDEXED_HEADERS, PRIORITY_LEVELS};
 use crate::{KeyValue, KvOp, KvSpace};
 use crate::{Page, QueueDef, QueueStore, RecoveredQueue, StoreError, StoreOp, StoredLevel};
@@ -61,6 +62,10 @@ const CF_DEDUP: &str = "dedup";
 const CF_DELAYED: &str = "delayed";
 /// Messages before paging, keyed `uid ++ seq`; only opened to be migrated.
 const CF_OLD_MESSAGES: &str = "messages";
+
+/// A key of [`RocksStore::dump`]: its column family, key and value.
+#[doc(hidden)]
+pub type DumpedKey = (&'static str, Box<[u8]>, Box<[u8]>);
 
 /// See the module docs.
 #[derive(Debug)]
@@ -154,13 +159,13 @@ impl<'a> Cfs<'a> {
         }
     }
 
-    fn delete_message(&self, batch: &mut WriteBatch, uid: QueueUid, m: &Message) {
+    fn delete_message(&self, batch: &mut WriteBatch, uid: QueueUid, m: KeysRef<'_>) {
         batch.delete_cf(self.messages, message_key(uid, m.priority, m.seq));
         batch.delete_cf(self.deliveries, delivery_key(uid, m.seq));
-        let delta = codec::encode_counts(-1, -signed(m.size_bytes()));
+        let delta = codec::encode_counts(-1, -signed(m.size_bytes));
         batch.merge_cf(self.counts, counts_key(uid, m.priority), delta);
         for h in INDEXED_HEADERS {
-            if let Some(v) = h.value_of(m) {
+            if let Some(v) = m.header(h) {
                 batch.delete_cf(self.index, index_key(uid, h, v, m.priority, m.seq));
             }
         }
@@ -200,6 +205,9 @@ impl<'a> Cfs<'a> {
             }
             StoreOp::DeleteQueue(uid) => self.delete_queue(batch, *uid)?,
             StoreOp::Queue { uid, op } => self.add_queue_op(batch, *uid, op),
+            StoreOp::DeleteMessage { uid, keys } => {
+                self.delete_message(batch, *uid, KeysRef::of_keys(keys));
+            }
             StoreOp::Kv(op) => self.add_kv(batch, op),
         }
         Ok(())
@@ -208,7 +216,7 @@ impl<'a> Cfs<'a> {
     fn add_queue_op(&self, batch: &mut WriteBatch, uid: QueueUid, op: &PersistOp) {
         match op {
             PersistOp::PutMessage(m) => self.put_message(batch, uid, m),
-            PersistOp::DeleteMessage(m) => self.delete_message(batch, uid, m),
+            PersistOp::DeleteMessage(m) => self.delete_message(batch, uid, KeysRef::of_message(m)),
             PersistOp::DeleteStored {
                 priority,
                 from,
@@ -278,6 +286,37 @@ impl RocksStore {
 
     fn cfs(&self) -> Result<Cfs<'_>, StoreError> {
         Cfs::of(&self.db)
+    }
+
+    /// Every key and value of every column family, in key order: for tests that compare two
+    /// stores byte for byte (a replica and the store it replicates).
+    #[doc(hidden)]
+    pub fn dump(&self) -> Result<Vec<DumpedKey>, StoreError> {
+        let names = [
+            CF_QUEUES,
+            CF_QUEUE_MESSAGES,
+            CF_DELIVERIES,
+            CF_COUNTS,
+            CF_HEADER_INDEX,
+            CF_META,
+            CF_DEDUP,
+            CF_DELAYED,
+            KvSpace::RaftLog.column_family(),
+            KvSpace::RaftApp.column_family(),
+        ];
+        let mut all = Vec::new();
+        for name in names {
+            let mut ro = ReadOptions::default();
+            ro.set_total_order_seek(true);
+            let iter =
+                self.db
+                    .iterator_cf_opt(cf(&self.db, name)?, ro, rocksdb::IteratorMode::Start);
+            for item in iter {
+                let (k, v) = item.map_err(io("dumping the database"))?;
+                all.push((name, k, v));
+            }
+        }
+        Ok(all)
     }
 
     fn recover_queue(&self, cfs: &Cfs<'_>, def: QueueDef) -> Result<RecoveredQueue, StoreError> {
