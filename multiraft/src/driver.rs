@@ -378,7 +378,10 @@ impl<M: GroupMachine> Driver<M> {
             return;
         };
         let applied = machine.applied_index();
-        let due = applied >= status.first_index + self.config.compact_after_entries;
+        let due = applied
+            >= status
+                .first_index
+                .saturating_add(self.config.compact_after_entries);
         if (now || due) && applied >= status.first_index {
             if let Err(e) = engine.compact(group, applied, machine.snapshot()) {
                 tracing::debug!(%group, error = %e, "log not compacted");

@@ -495,6 +495,7 @@ impl Engine {
             id,
             ops: std::mem::take(&mut cx.ops),
             must_sync: cx.must_sync,
+            attached: Vec::new(),
         })
     }
 }

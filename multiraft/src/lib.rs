@@ -68,7 +68,7 @@ pub use error::Error;
 pub use ids::{GroupId, LogPosition, NodeId, PersistId};
 pub use keys::{KvOp, Space};
 pub use logger::raft_logger;
-pub use persist::PersistJob;
+pub use persist::{Attachment, PersistJob};
 pub use round::{Apply, ConfChange, EntryKind, OutBatch, OutSnapshot, Role, RoleChange, Round};
 pub use storage::memory::MemStore;
 pub use storage::rocks::{RocksStore, APP_CF, RAFT_CF};

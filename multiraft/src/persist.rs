@@ -1,8 +1,15 @@
 //! The persistence job of a round: every group's Raft writes plus the application's own, for
 //! one synced write.
 
+use std::any::Any;
+use std::sync::Arc;
+
 use crate::ids::PersistId;
 use crate::keys::{KvOp, Space};
+
+/// Writes of the application's own store, opaque to the engine, carried in a job by
+/// [`PersistJob::attach`].
+pub type Attachment = Arc<dyn Any + Send + Sync>;
 
 /// Everything to make durable at the end of a round, for every group, as ONE atomic synced
 /// write ([`crate::LogStore::write`]).
@@ -13,13 +20,30 @@ use crate::keys::{KvOp, Space};
 /// live in their own key space (the `app` column family in RocksDB) and are read back with
 /// [`crate::LogStore::app_get`] / [`crate::LogStore::app_scan`].
 ///
+/// Writes the application keeps outside these key spaces (a queue shard's applied data, in
+/// the node's queue store) travel as [`Attachment`]s ([`PersistJob::attach`]): the engine does
+/// not look inside them, and the [`crate::LogStore`] that writes the job, which knows their
+/// type, writes them in the same atomic batch. A store that does not know an attachment's type
+/// must fail the write, never drop it.
+///
 /// After the write returns, the driver calls [`crate::Engine::on_persisted`] with
 /// [`PersistJob::id`]. Jobs must be written in the order of their ids.
-#[derive(Debug)]
 pub struct PersistJob {
     pub(crate) id: PersistId,
     pub(crate) ops: Vec<KvOp>,
     pub(crate) must_sync: bool,
+    pub(crate) attached: Vec<Attachment>,
+}
+
+impl std::fmt::Debug for PersistJob {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PersistJob")
+            .field("id", &self.id)
+            .field("ops", &self.ops)
+            .field("must_sync", &self.must_sync)
+            .field("attached", &self.attached.len())
+            .finish()
+    }
 }
 
 impl PersistJob {
@@ -67,6 +91,17 @@ impl PersistJob {
             from: from.into(),
             to: to.into(),
         });
+    }
+
+    /// Adds writes of the application's own store, made durable atomically with the rest of
+    /// the job by a store that knows their type (see the type's docs).
+    pub fn attach(&mut self, writes: Attachment) {
+        self.attached.push(writes);
+    }
+
+    /// The attachments, in the order they were added.
+    pub fn attachments(&self) -> &[Attachment] {
+        &self.attached
     }
 
     /// Deletes an application key, atomically with the rest of the job.

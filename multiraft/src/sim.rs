@@ -167,6 +167,12 @@ impl SimStore {
         disk.dead = false;
     }
 
+    /// The attachments of every durable job, in the order they were written (see
+    /// [`MemStore::attachments`]).
+    pub fn attachments(&self) -> Vec<crate::persist::Attachment> {
+        lock(&self.0).store.attachments().to_vec()
+    }
+
     /// Writes handed to the store and not synced (the one a node died in).
     pub fn unsynced_job_count(&self) -> usize {
         lock(&self.0).store.unsynced_job_count()

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use crate::error::Error;
 use crate::keys::{KvOp, Space};
-use crate::persist::PersistJob;
+use crate::persist::{Attachment, PersistJob};
 use crate::storage::{KeyValue, LogStore, Recovered};
 
 type KvMap = BTreeMap<Vec<u8>, Vec<u8>>;
@@ -13,12 +13,29 @@ type KvMap = BTreeMap<Vec<u8>, Vec<u8>>;
 /// The same key layout as [`crate::RocksStore`], in two ordered maps. Writes are queued by
 /// [`MemStore::write_unsynced`] and become durable at [`MemStore::sync`];
 /// [`MemStore::crash`] drops the queue. [`LogStore::write`] does both at once.
-#[derive(Debug, Default)]
+///
+/// A job's attachments are kept, in order, once the job is durable ([`MemStore::attachments`]):
+/// the application's own store, modelled by whoever knows their type, is what replaying them
+/// gives.
+#[derive(Default)]
 pub struct MemStore {
     raft: KvMap,
     app: KvMap,
-    unsynced: Vec<Vec<KvOp>>,
+    unsynced: Vec<(Vec<KvOp>, Vec<Attachment>)>,
+    attached: Vec<Attachment>,
     synced_write_count: u64,
+}
+
+impl std::fmt::Debug for MemStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemStore")
+            .field("raft", &self.raft)
+            .field("app", &self.app)
+            .field("unsynced", &self.unsynced.len())
+            .field("attached", &self.attached.len())
+            .field("synced_write_count", &self.synced_write_count)
+            .finish()
+    }
 }
 
 impl MemStore {
@@ -30,7 +47,7 @@ impl MemStore {
     /// Queues a job's writes; they are lost by [`MemStore::crash`] unless [`MemStore::sync`]
     /// runs first.
     pub fn write_unsynced(&mut self, job: &PersistJob) {
-        self.unsynced.push(job.ops.clone());
+        self.unsynced.push((job.ops.clone(), job.attached.clone()));
     }
 
     /// Makes every queued write durable, in order, each job atomically.
@@ -41,10 +58,11 @@ impl MemStore {
     /// Makes the oldest `count` queued jobs durable, in order, each atomically.
     pub fn sync_jobs(&mut self, count: usize) {
         let count = count.min(self.unsynced.len());
-        for ops in self.unsynced.drain(..count).collect::<Vec<_>>() {
+        for (ops, attached) in self.unsynced.drain(..count).collect::<Vec<_>>() {
             for op in ops {
                 self.apply(op);
             }
+            self.attached.extend(attached);
             self.synced_write_count += 1;
         }
     }
@@ -52,6 +70,11 @@ impl MemStore {
     /// A simulated crash: every write not synced is lost.
     pub fn crash(&mut self) {
         self.unsynced.clear();
+    }
+
+    /// The attachments of every durable job, in the order they were written.
+    pub fn attachments(&self) -> &[Attachment] {
+        &self.attached
     }
 
     /// Jobs written but not yet synced.

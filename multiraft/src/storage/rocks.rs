@@ -65,6 +65,14 @@ impl RocksStore {
     }
 
     fn batch(&self, job: &PersistJob) -> Result<WriteBatch, Error> {
+        if !job.attached.is_empty() {
+            // This store keeps the engine's key spaces only: an attachment has nowhere to go.
+            return Err(Error::Storage {
+                operation: "synced write",
+                reason: "the job carries writes of an application store this store does not have"
+                    .into(),
+            });
+        }
         let mut batch = WriteBatch::default();
         for op in &job.ops {
             match op {

@@ -1,6 +1,9 @@
 //! The Raft engine's storage on the node's one database: [`NodeLogStore`] writes each round's
 //! job through the node's group-commit writer, as a synced batch shared with whatever the queues
 //! submitted meanwhile, and reads the engine's key spaces back from the same store.
+//!
+//! A job's attachments are the queue shards' applied data: batches of [`StoreOp`]s
+//! ([`ShardWrites`]) written in the same atomic batch as the Raft records and applied indexes.
 
 use std::sync::Arc;
 
@@ -68,9 +71,37 @@ fn engine_error(operation: &'static str) -> impl FnOnce(StoreError) -> ferry_mul
     }
 }
 
+/// What a queue shard attaches to a job: the store operations its applied entries carried.
+pub(crate) type ShardWrites = Vec<StoreOp>;
+
+/// Every op of a job, in one batch: the engine's records, then the attached shard writes. An
+/// attachment of another type fails the write (nothing of the job is written).
+pub(crate) fn job_ops(job: &PersistJob) -> Result<Vec<StoreOp>, ferry_multiraft::Error> {
+    let mut ops: Vec<StoreOp> = job.ops().iter().map(store_op).collect();
+    for attached in job.attachments() {
+        let Some(writes) = attached.downcast_ref::<ShardWrites>() else {
+            return Err(ferry_multiraft::Error::Storage {
+                operation: "synced write",
+                reason: "a Raft job carries an attachment that is not a shard's store writes"
+                    .into(),
+            });
+        };
+        ops.extend(writes.iter().cloned());
+    }
+    Ok(ops)
+}
+
+/// The shard writes attached to a job, in order.
+#[cfg(test)]
+pub(crate) fn shard_writes(
+    attachments: &[ferry_multiraft::Attachment],
+) -> impl Iterator<Item = &ShardWrites> {
+    attachments.iter().filter_map(|a| a.downcast_ref())
+}
+
 impl LogStore for NodeLogStore {
     fn write(&mut self, job: &PersistJob) -> Result<(), ferry_multiraft::Error> {
-        let ops = job.ops().iter().map(store_op).collect();
+        let ops = job_ops(job)?;
         self.commit
             .commit_blocking(ops)
             .map_err(engine_error("synced write"))
@@ -94,5 +125,59 @@ impl LogStore for NodeLogStore {
         self.store
             .kv_scan(KvSpace::RaftApp, prefix)
             .map_err(engine_error("scan app keys"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use ferry_kernel::{QueueConfig, QueueName, QueueUid};
+    use ferry_multiraft::{Engine, EngineConfig, GroupId, LogStore, NodeId, Recovered};
+    use ferry_store::{GroupCommit, KvSpace, QueueDef, QueueStore, RocksStore, StoreOp};
+
+    use super::NodeLogStore;
+
+    fn open(dir: &std::path::Path) -> (Arc<dyn QueueStore>, NodeLogStore) {
+        let store: Arc<dyn QueueStore> = Arc::new(RocksStore::open(dir).unwrap());
+        let (commit, _thread) =
+            GroupCommit::start(Arc::clone(&store), 16, 16, Duration::ZERO).unwrap();
+        (Arc::clone(&store), NodeLogStore::new(store, commit))
+    }
+
+    /// A bootstrap job of one group, as the engine hands it over.
+    fn job() -> ferry_multiraft::PersistJob {
+        let mut engine = Engine::open(EngineConfig::new(NodeId(1)), Recovered::default()).unwrap();
+        engine.bootstrap_group(GroupId(3), &[NodeId(1)]).unwrap();
+        engine.round().persist.unwrap()
+    }
+
+    #[test]
+    fn a_shards_writes_go_in_the_same_batch_as_the_raft_records() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, mut log) = open(dir.path());
+        let mut job = job();
+        let def = QueueDef {
+            name: QueueName::new("orders").unwrap(),
+            uid: QueueUid(9),
+            config: QueueConfig::default(),
+        };
+        job.attach(Arc::new(vec![StoreOp::PutQueue(def.clone())]));
+        log.write(&job).unwrap();
+        assert_eq!(store.recover().unwrap()[0].def, def);
+        assert!(!log.load().unwrap().group_ids().is_empty());
+    }
+
+    #[test]
+    fn an_attachment_of_another_kind_fails_the_write_and_writes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, mut log) = open(dir.path());
+        let mut job = job();
+        job.attach(Arc::new("not store writes".to_string()));
+        assert!(log.write(&job).is_err());
+        assert!(store.kv_scan(KvSpace::RaftLog, &[]).unwrap().is_empty());
     }
 }

@@ -1,0 +1,174 @@
+//! A queue shard as a Raft group's state machine (issue 24 §1): what the driver applies a
+//! shard's committed entries to.
+//!
+//! An entry is one batch of store operations in the format of [`ferry_store::encode_entry`],
+//! as the shard leader's owner task handed it to its log. Applying it hands the same batch to
+//! the node's store: the machine attaches the batches applied in a round to the round's job
+//! (`log_store::ShardWrites`), so they reach the disk in the node's one synced write, with the Raft log,
+//! the engine's applied index and the shard's own applied position (exactly-once apply: after a
+//! crash the engine resumes past what was written, and an entry at or below the machine's
+//! applied position is skipped, never applied twice, because counts are merge deltas that a
+//! replay would corrupt for good).
+//!
+//! Not here yet: snapshots. A shard's snapshot will be streamed from a RocksDB snapshot of its
+//! key ranges (issue 24 §3); until then a shard group must not be compacted, and a follower
+//! that needs a snapshot halts its driver rather than guess at the state.
+
+use std::sync::Arc;
+
+use ferry_multiraft::{GroupId, GroupMachine, Halt, LogPosition, LogStore, PersistJob};
+use ferry_store::{decode_entry, StoreOp};
+
+/// The application key of a shard's applied position: `shard/` and the group id, big-endian.
+fn applied_key(group: GroupId) -> Vec<u8> {
+    let mut key = b"shard/".to_vec();
+    key.extend_from_slice(&group.0.to_be_bytes());
+    key.extend_from_slice(b"/applied");
+    key
+}
+
+fn encode_position(p: LogPosition) -> Vec<u8> {
+    let mut v = p.index.to_be_bytes().to_vec();
+    v.extend_from_slice(&p.term.to_be_bytes());
+    v
+}
+
+fn decode_position(v: &[u8]) -> Option<LogPosition> {
+    let index = u64::from_be_bytes(v.get(..8)?.try_into().ok()?);
+    let term = u64::from_be_bytes(v.get(8..16)?.try_into().ok()?);
+    (v.len() == 16).then_some(LogPosition { index, term })
+}
+
+/// See the module docs.
+#[derive(Debug)]
+pub(crate) struct ShardMachine {
+    group: GroupId,
+    /// The last entry applied.
+    applied: LogPosition,
+    /// Batches applied since the last job, for the next one.
+    pending: Vec<StoreOp>,
+    /// The applied position moved since the last job.
+    dirty: bool,
+    #[cfg(test)]
+    plant: Plant,
+}
+
+/// Bugs a test plants to show its checker catches them.
+#[cfg(test)]
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Plant {
+    /// The applied data is written one job late: a crash between the two jobs keeps the
+    /// applied position and loses what was applied.
+    pub(crate) data_one_job_late: bool,
+}
+
+impl ShardMachine {
+    /// The machine of `group` as `store` last made it durable (a new group: nothing applied).
+    pub(crate) fn open(group: GroupId, store: &dyn LogStore) -> Result<Self, Halt> {
+        let read = store
+            .app_get(&applied_key(group))
+            .map_err(|e| Halt(format!("cannot read shard {group}'s applied position: {e}")))?;
+        let applied = match read {
+            None => LogPosition { index: 0, term: 0 },
+            Some(v) => decode_position(&v).ok_or_else(|| {
+                Halt(format!(
+                    "shard {group}'s applied position is unreadable ({} bytes)",
+                    v.len()
+                ))
+            })?,
+        };
+        Ok(ShardMachine {
+            group,
+            applied,
+            pending: Vec::new(),
+            dirty: false,
+            #[cfg(test)]
+            plant: Plant::default(),
+        })
+    }
+
+    #[cfg(test)]
+    pub(crate) fn plant(&mut self, plant: Plant) {
+        self.plant = plant;
+    }
+
+    /// Whether `position` was applied already (then it is skipped).
+    fn done(&self, position: LogPosition) -> bool {
+        position.index <= self.applied.index
+    }
+
+    /// Planted bug only: the applied data waits for a job that must sync.
+    fn holds_data_back(&self, _job: &PersistJob) -> bool {
+        #[cfg(test)]
+        return self.plant.data_one_job_late && !_job.must_sync();
+        #[cfg(not(test))]
+        false
+    }
+
+    fn advance(&mut self, position: LogPosition) {
+        self.applied = position;
+        self.dirty = true;
+    }
+}
+
+impl GroupMachine for ShardMachine {
+    /// The leader's owner task learns only that its batch was applied (at the index the driver
+    /// reports): the batch's effects are already in its kernel's memory.
+    type Outcome = ();
+
+    fn applied_index(&self) -> u64 {
+        self.applied.index
+    }
+
+    fn apply(&mut self, position: LogPosition, data: &[u8]) -> Result<(), Halt> {
+        if self.done(position) {
+            tracing::debug!(shard = %self.group, index = position.index, "entry applied already");
+            return Ok(());
+        }
+        if !data.is_empty() {
+            let ops = decode_entry(data).map_err(|e| {
+                Halt(format!(
+                    "cannot apply shard {} entry {} (term {}): {e}",
+                    self.group, position.index, position.term
+                ))
+            })?;
+            self.pending.extend(ops);
+        }
+        self.advance(position);
+        Ok(())
+    }
+
+    fn skip(&mut self, position: LogPosition) -> Result<(), Halt> {
+        if !self.done(position) {
+            self.advance(position);
+        }
+        Ok(())
+    }
+
+    fn restore(&mut self, position: LogPosition, _data: &[u8]) -> Result<(), Halt> {
+        if self.done(position) {
+            return Ok(());
+        }
+        Err(Halt(format!(
+            "shard {} needs a snapshot at index {} to catch up; shard snapshots are not \
+             implemented yet (streamed snapshots, issue 24 §3)",
+            self.group, position.index
+        )))
+    }
+
+    fn snapshot(&self) -> Vec<u8> {
+        Vec::new()
+    }
+
+    fn persist(&mut self, job: &mut PersistJob) {
+        if !self.pending.is_empty() && !self.holds_data_back(job) {
+            job.attach(Arc::new(std::mem::take(&mut self.pending)));
+        }
+        if std::mem::take(&mut self.dirty) {
+            job.put_app(applied_key(self.group), encode_position(self.applied));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
