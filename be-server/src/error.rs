@@ -1,5 +1,8 @@
 use ferry_kernel::{KernelError, NodeId, PlacementEpoch};
 use ferry_store::StoreError;
+
+use crate::log::LogError;
+use crate::shard_log::ShardRefusal;
 use tonic::{Code, Status};
 
 /// Everything the back-end can refuse or fail at.
@@ -28,6 +31,9 @@ pub enum Error {
     Kernel(#[from] KernelError),
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// A replicated queue's shard did not confirm a write here (see `shard_log.rs`).
+    #[error(transparent)]
+    Shard(ShardRefusal),
     #[error("receipt handle {handle:?} belongs to queue {handle_queue:?}, not {queue:?}")]
     WrongQueue {
         handle: String,
@@ -55,6 +61,15 @@ pub enum Error {
     /// The disk guard (see `disk.rs`): sends are refused while free space is short.
     #[error("the disk holding the data directory has {free_bytes} bytes free, under disk_free_min_bytes = {limit_bytes}: free space or raise the limit; receives and acknowledgements still work")]
     DiskFull { free_bytes: u64, limit_bytes: u64 },
+}
+
+impl From<LogError> for Error {
+    fn from(e: LogError) -> Self {
+        match e {
+            LogError::Store(e) => Error::Store(e),
+            LogError::Shard(e) => Error::Shard(e),
+        }
+    }
 }
 
 /// RocksDB reports a full disk (ENOSPC) as an I/O error whose text the store keeps.
@@ -97,7 +112,7 @@ impl From<Error> for Status {
                 StoreError::Corrupt { .. } => Code::DataLoss,
             },
             Error::WrongQueue { .. } | Error::NotOwner { .. } => Code::FailedPrecondition,
-            Error::ShuttingDown => Code::Unavailable,
+            Error::ShuttingDown | Error::Shard(_) => Code::Unavailable,
             Error::TransactionFenced { .. } => Code::Aborted,
             Error::DiskFull { .. } => Code::ResourceExhausted,
         };
@@ -124,5 +139,35 @@ mod tests {
             message: "IO error: Input/output error".into(),
         });
         assert_eq!(Status::from(other).code(), Code::Unavailable);
+    }
+
+    #[test]
+    fn a_write_a_shard_did_not_confirm_is_unavailable_saying_what_to_do() {
+        use crate::shard_log::{ShardId, ShardRefusal};
+        let not_leader = Status::from(Error::from(LogError::Shard(ShardRefusal::NotLeader {
+            shard: ShardId(3),
+            leader: Some("n2".into()),
+        })));
+        assert_eq!(not_leader.code(), Code::Unavailable);
+        assert!(
+            not_leader.message().contains("shard 3 (leader: n2)"),
+            "{}",
+            not_leader.message()
+        );
+        assert!(
+            not_leader.message().contains("was not made"),
+            "{}",
+            not_leader.message()
+        );
+        let unknown = Status::from(Error::from(LogError::Shard(ShardRefusal::Unknown {
+            shard: ShardId(3),
+            reason: "overwritten by a new leader".into(),
+        })));
+        assert_eq!(unknown.code(), Code::Unavailable);
+        assert!(
+            unknown.message().contains("same dedup id"),
+            "{}",
+            unknown.message()
+        );
     }
 }

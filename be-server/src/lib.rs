@@ -17,6 +17,9 @@ mod log;
 mod outbox;
 mod queues;
 mod service;
+// The second log (a shard proposal): the node wires it with shard routing (issue 24 §1).
+#[cfg_attr(not(test), allow(dead_code))]
+mod shard_log;
 mod targets;
 mod tx;
 
@@ -30,3 +33,4 @@ pub use error::Error;
 pub use history::{History, Step};
 pub use outbox::BrokerEvent;
 pub use service::BackendService;
+pub use shard_log::{ProposalOutcome, ShardId, ShardProposer, ShardRefusal};

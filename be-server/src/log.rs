@@ -2,14 +2,30 @@
 //! commit) hands it a batch of [`StoreOp`]s and learns, from a future, when the batch is
 //! durable. Batches become durable in the order they were submitted.
 //!
-//! Today's one implementation is [`LocalLog`], the node's group commit (replication factor 1:
-//! the batch is written to this node's store, and durable once synced). A queue shard will be
-//! the second: the batch proposed to the shard's Raft group, durable once committed and applied.
+//! Two implementations: [`LocalLog`], the node's group commit (replication factor 1: the batch
+//! is written to this node's store, and durable once synced), and `ShardLog` (`shard_log.rs`):
+//! the batch proposed to a queue shard's Raft group, durable once committed and applied here.
 //! The interface names no storage engine, so either fits behind it.
 
 use std::future::Future;
 
+use futures::TryFutureExt;
+
 use ferry_store::{CommitTicket, GroupCommit, StoreError, StoreOp};
+
+/// Why a batch handed to a queue's log is not known to be durable.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum LogError {
+    /// The node's store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// A queue shard did not confirm the batch here: this node does not lead the shard (any
+    /// more), or the batch's outcome is unknown (appended, then overwritten or dropped; the
+    /// driver stopped). Either way the owner task's memory may be ahead of the log, and the
+    /// owner task must be rebuilt from the store before it serves again.
+    #[error("{0}")]
+    Shard(#[from] crate::shard_log::ShardRefusal),
+}
 
 /// When a submitted batch must reach the disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,8 +40,8 @@ pub(crate) enum LogSync {
 
 /// See the module docs. Cheap to clone: every owner task holds one.
 pub(crate) trait QueueLog: Clone + Send + Sync + 'static {
-    /// Resolves once a submitted batch is durable, or with why it never will be.
-    type Durable: Future<Output = Result<(), StoreError>> + Send + 'static;
+    /// Resolves once a submitted batch is durable, or with why it is not known to be.
+    type Durable: Future<Output = Result<(), LogError>> + Send + 'static;
 
     /// Queues `ops` as one batch, after everything submitted before. Waits only while the log
     /// is full; fails if the log is closed.
@@ -33,10 +49,10 @@ pub(crate) trait QueueLog: Clone + Send + Sync + 'static {
         &self,
         ops: Vec<StoreOp>,
         sync: LogSync,
-    ) -> impl Future<Output = Result<Self::Durable, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Self::Durable, LogError>> + Send;
 
     /// Queues `ops` as one batch, synced, and waits until it is durable.
-    fn write(&self, ops: Vec<StoreOp>) -> impl Future<Output = Result<(), StoreError>> + Send {
+    fn write(&self, ops: Vec<StoreOp>) -> impl Future<Output = Result<(), LogError>> + Send {
         async move { self.submit(ops, LogSync::Now).await?.await }
     }
 }
@@ -59,13 +75,17 @@ impl LocalLog {
     }
 }
 
-impl QueueLog for LocalLog {
-    type Durable = CommitTicket;
+/// A [`LocalLog`] batch's durability: the group commit's ticket, its error a [`LogError`].
+pub(crate) type LocalDurable = futures::future::MapErr<CommitTicket, fn(StoreError) -> LogError>;
 
-    async fn submit(&self, ops: Vec<StoreOp>, sync: LogSync) -> Result<CommitTicket, StoreError> {
-        match sync {
+impl QueueLog for LocalLog {
+    type Durable = LocalDurable;
+
+    async fn submit(&self, ops: Vec<StoreOp>, sync: LogSync) -> Result<LocalDurable, LogError> {
+        let ticket = match sync {
             LogSync::Now => self.commit.submit(ops).await,
             LogSync::Deferred => self.commit.submit_deferred(ops).await,
-        }
+        }?;
+        Ok(ticket.map_err(LogError::Store as fn(StoreError) -> LogError))
     }
 }

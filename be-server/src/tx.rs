@@ -6,13 +6,12 @@
 use std::collections::{BTreeMap, HashSet};
 
 use ferry_kernel::{LeaseRef, MessageId, NewMessage, QueueName, SessionId};
-use ferry_store::StoreError;
 use tokio::sync::oneshot;
 
 use crate::actor::{Cmd, QueueHandle, TxDecision};
 use crate::broker::Broker;
 use crate::error::Error;
-use crate::log::{LogSync, QueueLog};
+use crate::log::{LogError, LogSync, QueueLog};
 
 impl Broker {
     /// Stages sends of a transacted session: invisible until [`Broker::commit`].
@@ -169,7 +168,7 @@ async fn prepare_all(
 async fn write_decided(
     log: &impl QueueLog,
     decisions: Vec<oneshot::Sender<TxDecision>>,
-) -> Result<(), StoreError> {
+) -> Result<(), LogError> {
     let mut writes = Vec::with_capacity(decisions.len());
     let mut submitted = Vec::with_capacity(decisions.len());
     let mut durables = Vec::with_capacity(decisions.len());

@@ -1,8 +1,8 @@
 //! Answers that wait for a write: each is called with the write's result once it is durable (or
 //! failed), and gives back the deliveries nobody took.
 
+use crate::log::LogError;
 use ferry_kernel::{Delivery, LeaseRef};
-use ferry_store::StoreError;
 use tokio::sync::oneshot;
 
 use super::Reply;
@@ -10,7 +10,7 @@ use crate::error::Error;
 
 /// Sends a caller its answer once the write it depends on is done. Returns the leases of
 /// deliveries that could not be handed over (the receiver was gone or the write failed).
-pub(super) type Answer = Box<dyn FnOnce(Result<(), StoreError>) -> Vec<LeaseRef> + Send>;
+pub(super) type Answer = Box<dyn FnOnce(Result<(), LogError>) -> Vec<LeaseRef> + Send>;
 
 pub(super) fn answer<T: Send + 'static>(reply: Reply<T>, value: T) -> Answer {
     Box::new(move |written| {

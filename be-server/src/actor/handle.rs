@@ -8,7 +8,9 @@ use ferry_kernel::{
     Caller, Delivery, KernelError, LeaseId, LeaseRef, MessageId, MessageState, NewMessage,
     QueueStats, ReceiveRequest, Renewed, Seq, SessionId,
 };
-use ferry_store::{StoreError, StoreOp};
+use ferry_store::StoreOp;
+
+use crate::log::LogError;
 use tokio::sync::{mpsc, oneshot};
 
 use super::Reply;
@@ -171,7 +173,7 @@ pub(crate) enum TxDecision {
         ops: oneshot::Sender<Vec<StoreOp>>,
         /// The batch is queued for writing (after every write this queue submitted before).
         submitted: oneshot::Receiver<()>,
-        durable: oneshot::Receiver<Result<(), StoreError>>,
+        durable: oneshot::Receiver<Result<(), LogError>>,
     },
     Abort,
 }

@@ -23,7 +23,7 @@ use futures::stream::{FuturesOrdered, StreamExt};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::error::Error;
-use crate::log::QueueLog;
+use crate::log::{LogError, QueueLog};
 use crate::outbox::{BrokerEvent, Outbox};
 
 mod admin;
@@ -47,7 +47,7 @@ const TIMER_MAX_MS: u64 = 3_600_000;
 /// A result of `None` is a command that wrote nothing: it is answered behind the writes submitted
 /// before it, with the result of the last of them.
 type PendingCommit =
-    Pin<Box<dyn Future<Output = (Option<Result<(), StoreError>>, Vec<Answer>, Seq)> + Send>>;
+    Pin<Box<dyn Future<Output = (Option<Result<(), LogError>>, Vec<Answer>, Seq)> + Send>>;
 
 /// Dead letters bound for one target queue, with the event of each.
 type Moving = (Vec<DeadLetter>, Vec<BrokerEvent>);
@@ -78,7 +78,7 @@ pub(crate) struct QueueActor<L: QueueLog> {
     tickets: HashMap<u64, WaiterId>,
     pending: FuturesOrdered<PendingCommit>,
     /// The result of the last write that completed (see `PendingCommit`).
-    last_write: Result<(), StoreError>,
+    last_write: Result<(), LogError>,
     /// Dead letters of the command being handled, on their way to their dead-letter queues:
     /// each says when its move is done (see `collect`).
     moving: Vec<oneshot::Receiver<Result<(), Error>>>,
@@ -198,11 +198,7 @@ impl<L: QueueLog> QueueActor<L> {
     }
 
     /// A pending write (or a command behind it, `None`) completed: its result.
-    fn settle(
-        &mut self,
-        result: Option<Result<(), StoreError>>,
-        seq: Seq,
-    ) -> Result<(), StoreError> {
+    fn settle(&mut self, result: Option<Result<(), LogError>>, seq: Seq) -> Result<(), LogError> {
         let result = result.unwrap_or_else(|| self.last_write.clone());
         if result.is_ok() {
             self.applied = self.applied.max(seq);
@@ -415,7 +411,11 @@ impl<L: QueueLog> QueueActor<L> {
         let seq = self.queue.next_seq();
         self.pending.push_back(Box::pin(async move {
             (
-                Some(durable.await.unwrap_or(Err(StoreError::Closed))),
+                Some(
+                    durable
+                        .await
+                        .unwrap_or(Err(LogError::Store(StoreError::Closed))),
+                ),
                 answers,
                 seq,
             )

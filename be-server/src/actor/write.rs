@@ -5,7 +5,9 @@
 use std::collections::HashMap;
 
 use ferry_kernel::{Caller, DeadLetter, Effects, LeaseRef, QueueName};
-use ferry_store::{StoreError, StoreOp};
+use ferry_store::StoreOp;
+
+use crate::log::LogError;
 use tokio::sync::oneshot;
 
 use super::answers::{deliver, Answer};
@@ -226,7 +228,7 @@ impl<L: QueueLog> QueueActor<L> {
     }
 
     /// Sends the answers; deliveries nobody took go straight back to Ready.
-    pub(super) async fn answer(&mut self, result: Result<(), StoreError>, answers: Vec<Answer>) {
+    pub(super) async fn answer(&mut self, result: Result<(), LogError>, answers: Vec<Answer>) {
         let undelivered: Vec<LeaseRef> = answers
             .into_iter()
             .flat_map(|a| a(result.clone()))

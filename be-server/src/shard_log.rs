@@ -1,0 +1,109 @@
+//! The log of a replicated queue: its batches proposed to the queue shard's Raft group
+//! (issue 24 §1), the second implementation of [`QueueLog`] beside the node's group commit.
+//!
+//! A batch is encoded as a shard entry (`ferry_store::encode_entry`) and handed to a
+//! [`ShardProposer`], the node's Raft driver behind a trait so that the back-end knows no
+//! engine. It is durable once the entry is committed (on a majority of the shard's replicas'
+//! disks) and applied on this node; entries are proposed in the order they are submitted, so
+//! they are applied in that order. A batch that is not confirmed fails with a
+//! [`ShardRefusal`]: the owner task's memory may then be ahead of the log, and it must be
+//! rebuilt from the store before it serves again (a later batch may still be applied; the
+//! kernel's view is only trusted up to the last confirmed one).
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use ferry_store::StoreOp;
+use tokio::sync::oneshot;
+
+use crate::log::{LogError, LogSync, QueueLog};
+
+/// A queue shard: the Raft group holding some queues' data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ShardId(pub u64);
+
+impl fmt::Display for ShardId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "shard {}", self.0)
+    }
+}
+
+/// Why a proposal to a shard was not confirmed here.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ShardRefusal {
+    /// This node does not lead the shard; `leader` is the node it believes does.
+    #[error("this node does not lead {shard} (leader: {}); the write was not made: retry it (any node routes it to the leader)", leader.as_deref().unwrap_or("unknown"))]
+    NotLeader {
+        shard: ShardId,
+        leader: Option<String>,
+    },
+    /// The entry may or may not be committed: it was appended and then overwritten or dropped,
+    /// or the driver stopped before it was applied.
+    #[error("the outcome of a write to {shard} is unknown ({reason}): a send may or may not have been stored; resend it with the same dedup id, through any node, so it is stored once")]
+    Unknown { shard: ShardId, reason: String },
+}
+
+/// What answers a proposal: its outcome once the entry is applied here, or why it has none.
+pub type ProposalOutcome = oneshot::Receiver<Result<(), ShardRefusal>>;
+
+/// The node's side of a shard's log: proposes an encoded entry to the shard's Raft group.
+/// Proposals must reach the group in the order of the calls.
+pub trait ShardProposer: Send + Sync + fmt::Debug + 'static {
+    /// Proposes `entry` to `shard`. The outcome's sender is dropped if the driver stops.
+    fn propose(&self, shard: ShardId, entry: Vec<u8>) -> ProposalOutcome;
+}
+
+/// See the module docs. Cheap to clone: every owner task of the shard holds one.
+#[derive(Debug, Clone)]
+pub(crate) struct ShardLog {
+    shard: ShardId,
+    proposer: Arc<dyn ShardProposer>,
+}
+
+impl ShardLog {
+    pub(crate) fn new(shard: ShardId, proposer: Arc<dyn ShardProposer>) -> Self {
+        ShardLog { shard, proposer }
+    }
+}
+
+/// A [`ShardLog`] batch's durability (see [`QueueLog::Durable`]).
+#[derive(Debug)]
+pub(crate) struct ShardDurable {
+    shard: ShardId,
+    outcome: ProposalOutcome,
+}
+
+impl Future for ShardDurable {
+    type Output = Result<(), LogError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let shard = self.shard;
+        Pin::new(&mut self.outcome).poll(cx).map(|got| match got {
+            Ok(outcome) => outcome.map_err(LogError::from),
+            Err(_) => Err(LogError::Shard(ShardRefusal::Unknown {
+                shard,
+                reason: "the node's Raft driver stopped before the entry was applied".into(),
+            })),
+        })
+    }
+}
+
+impl QueueLog for ShardLog {
+    type Durable = ShardDurable;
+
+    /// Every batch is a proposal: replication has no deferred write (`sync` is moot: a
+    /// committed entry is on a majority's disks).
+    async fn submit(&self, ops: Vec<StoreOp>, _sync: LogSync) -> Result<ShardDurable, LogError> {
+        let entry = ferry_store::encode_entry(&ops)?;
+        Ok(ShardDurable {
+            shard: self.shard,
+            outcome: self.proposer.propose(self.shard, entry),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;

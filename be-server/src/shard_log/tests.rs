@@ -1,0 +1,97 @@
+#![allow(clippy::unwrap_used)]
+
+use std::sync::{Arc, Mutex};
+
+use ferry_kernel::QueueUid;
+use ferry_store::{decode_entry, KvOp, KvSpace, StoreError, StoreOp};
+use tokio::sync::oneshot;
+
+use super::{ProposalOutcome, ShardId, ShardLog, ShardProposer, ShardRefusal};
+use crate::log::{LogError, LogSync, QueueLog};
+
+type Proposed = (ShardId, Vec<u8>, oneshot::Sender<Result<(), ShardRefusal>>);
+
+/// Keeps every proposal for the test to answer.
+#[derive(Debug, Default)]
+struct Fake(Mutex<Vec<Proposed>>);
+
+impl ShardProposer for Fake {
+    fn propose(&self, shard: ShardId, entry: Vec<u8>) -> ProposalOutcome {
+        let (tx, rx) = oneshot::channel();
+        self.0.lock().unwrap().push((shard, entry, tx));
+        rx
+    }
+}
+
+fn setup() -> (Arc<Fake>, ShardLog) {
+    let fake = Arc::new(Fake::default());
+    let log = ShardLog::new(ShardId(4), Arc::clone(&fake) as Arc<dyn ShardProposer>);
+    (fake, log)
+}
+
+fn delete(uid: u64) -> Vec<StoreOp> {
+    vec![StoreOp::DeleteQueue(QueueUid(uid))]
+}
+
+#[tokio::test]
+async fn batches_are_proposed_in_order_as_entries_and_durable_once_applied() {
+    let (fake, log) = setup();
+    let first = log.submit(delete(1), LogSync::Now).await.unwrap();
+    let second = log.submit(delete(2), LogSync::Deferred).await.unwrap();
+    let proposed: Vec<Proposed> = std::mem::take(&mut *fake.0.lock().unwrap());
+    let entries: Vec<Vec<StoreOp>> = proposed
+        .iter()
+        .map(|(shard, entry, _)| {
+            assert_eq!(*shard, ShardId(4));
+            decode_entry(entry).unwrap()
+        })
+        .collect();
+    assert_eq!(entries, [delete(1), delete(2)]);
+    let mut senders = proposed.into_iter().map(|(_, _, tx)| tx);
+    senders.next().unwrap().send(Ok(())).unwrap();
+    assert_eq!(first.await, Ok(()));
+    let not_leader = ShardRefusal::NotLeader {
+        shard: ShardId(4),
+        leader: Some("n2".into()),
+    };
+    senders
+        .next()
+        .unwrap()
+        .send(Err(not_leader.clone()))
+        .unwrap();
+    assert_eq!(second.await, Err(LogError::Shard(not_leader)));
+}
+
+#[tokio::test]
+async fn a_proposal_whose_driver_stopped_has_an_unknown_outcome() {
+    let (fake, log) = setup();
+    let durable = log.submit(delete(1), LogSync::Now).await.unwrap();
+    fake.0.lock().unwrap().clear();
+    let e = durable.await.unwrap_err();
+    assert!(
+        matches!(
+            &e,
+            LogError::Shard(ShardRefusal::Unknown {
+                shard: ShardId(4),
+                ..
+            })
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains("outcome"), "{e}");
+}
+
+#[tokio::test]
+async fn a_batch_no_shard_entry_can_carry_is_refused_before_it_is_proposed() {
+    let (fake, log) = setup();
+    let kv = StoreOp::Kv(KvOp::Delete {
+        space: KvSpace::RaftApp,
+        key: b"k".to_vec(),
+    });
+    let e = log.submit(vec![kv], LogSync::Now).await.unwrap_err();
+    assert!(
+        matches!(e, LogError::Store(StoreError::Corrupt { .. })),
+        "{e}"
+    );
+    assert!(fake.0.lock().unwrap().is_empty());
+}
