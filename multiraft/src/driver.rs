@@ -44,6 +44,12 @@ pub trait GroupMachine {
     /// The state at its applied index, for [`Engine::compact`].
     fn snapshot(&self) -> Vec<u8>;
 
+    /// Whether the machine can make a snapshot: a machine that cannot (yet) keeps its whole
+    /// log, and its group is never compacted.
+    fn can_snapshot(&self) -> bool {
+        true
+    }
+
     /// Adds to `job` what was applied since the last call, with the applied index, so that
     /// both reach the disk in the same synced write.
     fn persist(&mut self, job: &mut PersistJob);
@@ -176,6 +182,16 @@ impl<M: GroupMachine> Driver<M> {
     /// The machine of `group`, to change what it holds outside the log (a node's identity).
     pub fn machine_mut(&mut self, group: GroupId) -> Option<&mut M> {
         self.machines.get_mut(&group)
+    }
+
+    /// Gives `group` its machine (a group created after the driver was), unless it has one.
+    pub fn add_machine(&mut self, group: GroupId, machine: M) {
+        self.machines.entry(group).or_insert(machine);
+    }
+
+    /// The store the driver writes to, to read a new machine's durable state from.
+    pub fn store(&self) -> &dyn LogStore {
+        self.store.as_ref()
     }
 
     /// Why the driver stopped by itself, once it has.
@@ -374,6 +390,9 @@ impl<M: GroupMachine> Driver<M> {
         else {
             return;
         };
+        if !machine.can_snapshot() {
+            return;
+        }
         let Some(status) = engine.status(group) else {
             return;
         };

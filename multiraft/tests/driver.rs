@@ -27,6 +27,8 @@ struct Toy {
     applied_index: u64,
     entries: Vec<(u64, Vec<u8>)>,
     dirty: bool,
+    /// Says it cannot make snapshots.
+    no_snapshots: bool,
 }
 
 impl GroupMachine for Toy {
@@ -64,6 +66,10 @@ impl GroupMachine for Toy {
         Vec::new()
     }
 
+    fn can_snapshot(&self) -> bool {
+        !self.no_snapshots
+    }
+
     fn persist(&mut self, job: &mut PersistJob) {
         if std::mem::take(&mut self.dirty) {
             job.put_app(APPLIED_KEY, self.applied_index.to_be_bytes().to_vec());
@@ -78,6 +84,10 @@ struct Cluster {
 
 impl Cluster {
     fn new(n: u64, seed: u64, faults: Faults) -> Self {
+        Self::with(n, seed, faults, DriverConfig::default(), false)
+    }
+
+    fn with(n: u64, seed: u64, faults: Faults, rounds: DriverConfig, no_snapshots: bool) -> Self {
         let voters: Vec<NodeId> = (1..=n).map(NodeId).collect();
         let mut sim = Sim::new(seed, faults);
         let mut stores = BTreeMap::new();
@@ -89,13 +99,17 @@ impl Cluster {
             let mut engine = Engine::open(config, Recovered::default()).unwrap();
             engine.bootstrap_group(G0, &voters).unwrap();
             let store = SimStore::new();
-            let machines = BTreeMap::from([(G0, Toy::default())]);
+            let toy = Toy {
+                no_snapshots,
+                ..Toy::default()
+            };
+            let machines = BTreeMap::from([(G0, toy)]);
             let driver = Driver::new(
                 Some(engine),
                 machines,
                 Box::new(store.clone()),
                 Box::new(sim.outbound(node)),
-                DriverConfig::default(),
+                rounds,
             );
             sim.add(node, driver);
             stores.insert(node, store);
@@ -201,6 +215,29 @@ fn a_proposal_is_answered_once_applied_and_every_node_applies_the_same_entries()
             "node {node}"
         );
     }
+}
+
+/// A machine that cannot make snapshots keeps its group's whole log; one that can is
+/// compacted once it applied `compact_after_entries` entries.
+#[test]
+fn a_group_whose_machine_cannot_snapshot_is_never_compacted() {
+    let config = DriverConfig {
+        compact_after_entries: 4,
+        ..DriverConfig::default()
+    };
+    let mut first_indexes = vec![];
+    for no_snapshots in [false, true] {
+        let mut cluster = Cluster::with(3, 3, Faults::none(), config, no_snapshots);
+        let leader = cluster.elect();
+        for i in 0..12 {
+            let answer = cluster.propose(leader, format!("entry {i}").as_bytes());
+            cluster.outcome(&answer).unwrap();
+        }
+        let engine = cluster.sim.replica(leader).unwrap().engine().unwrap();
+        first_indexes.push(engine.status(G0).unwrap().first_index);
+    }
+    assert!(first_indexes[0] > 2, "compacted: {first_indexes:?}");
+    assert_eq!(first_indexes[1], 2, "never compacted: {first_indexes:?}");
 }
 
 #[test]

@@ -11,8 +11,9 @@
 //! replay would corrupt for good).
 //!
 //! Not here yet: snapshots. A shard's snapshot will be streamed from a RocksDB snapshot of its
-//! key ranges (issue 24 §3); until then a shard group must not be compacted, and a follower
-//! that needs a snapshot halts its driver rather than guess at the state.
+//! key ranges (issue 24 §3); until then the machine says it cannot make one
+//! ([`GroupMachine::can_snapshot`]), so its group keeps its whole log and is never compacted,
+//! and a follower told to restore one halts its driver rather than guess at the state.
 
 use std::sync::Arc;
 
@@ -158,6 +159,10 @@ impl GroupMachine for ShardMachine {
 
     fn snapshot(&self) -> Vec<u8> {
         Vec::new()
+    }
+
+    fn can_snapshot(&self) -> bool {
+        false
     }
 
     fn persist(&mut self, job: &mut PersistJob) {
