@@ -125,6 +125,10 @@ pub struct RoundsDone {
 /// A proposal made here: the term it was appended at, and who waits for its outcome.
 type Pending<O> = (u64, Reply<O>);
 
+/// An entry applied in a round: its group, position and outcome (none for a configuration
+/// change), answered once the round's job is written.
+type Applied<O> = (GroupId, LogPosition, Option<O>);
+
 /// See the module docs.
 #[allow(missing_debug_implementations)]
 pub struct Driver<M: GroupMachine> {
@@ -226,8 +230,9 @@ impl<M: GroupMachine> Driver<M> {
         }
     }
 
-    /// Proposes `data` to `group`; `reply` gets its outcome once applied here, or why it will
-    /// have none.
+    /// Proposes `data` to `group`; `reply` gets its outcome once applied here and what it
+    /// applied is written with its round's job (so a store read after the answer sees it), or
+    /// why it will have none.
     pub fn propose(&mut self, group: GroupId, data: Vec<u8>, reply: Reply<M::Outcome>) {
         let Some(engine) = self.engine.as_mut() else {
             reply(Err(ProposeFailure::NotMember));
@@ -284,10 +289,13 @@ impl<M: GroupMachine> Driver<M> {
                 self.outbound.send_snapshot(snapshot);
             }
             done.role_changes.extend(round.role_changes);
-            if let Err(halt) = self.apply(&round.applies, &mut done) {
-                self.halt(halt);
-                break;
-            }
+            let outcomes = match self.apply(&round.applies, &mut done) {
+                Ok(outcomes) => outcomes,
+                Err(halt) => {
+                    self.halt(halt);
+                    break;
+                }
+            };
             for group in round.snapshot_requests {
                 self.compact(group, true);
             }
@@ -306,6 +314,11 @@ impl<M: GroupMachine> Driver<M> {
                         tracing::error!(error = %e, "invariant: jobs are reported in order");
                     }
                 }
+            }
+            // Only now: what the entries applied is on this node's disk, so a proposer that
+            // reads the store after its answer finds it.
+            for (group, position, outcome) in outcomes {
+                self.answer(group, position, outcome);
             }
             let groups: Vec<GroupId> = self.machines.keys().copied().collect();
             for group in groups {
@@ -327,7 +340,14 @@ impl<M: GroupMachine> Driver<M> {
         self.halted = Some(halt);
     }
 
-    fn apply(&mut self, applies: &[Apply], done: &mut RoundsDone) -> Result<(), Halt> {
+    /// Applies a round's entries and snapshots; the outcomes of its entries, to answer once
+    /// the round's job is written.
+    fn apply(
+        &mut self,
+        applies: &[Apply],
+        done: &mut RoundsDone,
+    ) -> Result<Vec<Applied<M::Outcome>>, Halt> {
+        let mut outcomes = Vec::new();
         for apply in applies {
             let group = apply.group();
             let Some(machine) = self.machines.get_mut(&group) else {
@@ -349,7 +369,7 @@ impl<M: GroupMachine> Driver<M> {
                             None
                         }
                     };
-                    self.answer(group, *position, outcome);
+                    outcomes.push((group, *position, outcome));
                 }
                 Apply::Snapshot { position, data, .. } => {
                     machine.restore(*position, data)?;
@@ -369,7 +389,7 @@ impl<M: GroupMachine> Driver<M> {
                 }
             }
         }
-        Ok(())
+        Ok(outcomes)
     }
 
     /// Answers the proposal made here at `position`'s index, if any: with `outcome` when it is

@@ -20,7 +20,10 @@ use ferry_multiraft::{
 use tokio::sync::{oneshot, watch};
 
 use super::machine::MetaMachine;
+use super::machines::{NodeMachine, Outcome};
+use super::shard::ShardMachine;
 use super::view::{MetaView, RaftCounters};
+use ferry_be_server::{ShardId, ShardRefusal};
 use ferry_cluster::meta::{MetaError, MetaEvent, MetaState, RaftId};
 use ferry_cluster::next_conf_change;
 
@@ -48,6 +51,19 @@ pub(crate) enum Input {
         command: Vec<u8>,
         reply: oneshot::Sender<Proposed>,
     },
+    /// An encoded shard entry to propose to its group, answered once applied here.
+    ProposeShard {
+        group: GroupId,
+        entry: Vec<u8>,
+        reply: oneshot::Sender<Result<(), ShardRefusal>>,
+    },
+    /// Starts a queue shard's group on this node with `voters` as its first replicas (each of
+    /// them is told the same), unless it runs already.
+    OpenShard {
+        group: GroupId,
+        voters: Vec<PeerId>,
+        reply: oneshot::Sender<Result<(), String>>,
+    },
     /// The stream to a peer broke.
     Unreachable(PeerId),
     /// This node was added to a cluster as `raft_id`: create group 0 (empty, filled by the
@@ -74,7 +90,7 @@ pub(crate) struct Start {
 
 /// The running driver.
 pub(crate) struct Driver {
-    rounds: RoundLoop<MetaMachine>,
+    rounds: RoundLoop<NodeMachine>,
     view: watch::Sender<Arc<MetaView>>,
     tick: Duration,
     election_seed: u64,
@@ -111,13 +127,26 @@ impl Driver {
     ) -> Self {
         let raft_id = start.engine.as_ref().map(|e| RaftId(e.node().0));
         let machine = MetaMachine::new(start.meta, raft_id, start.rewrite_durable);
-        let rounds = RoundLoop::new(
+        let mut rounds = RoundLoop::new(
             start.engine,
-            BTreeMap::from([(META_GROUP, machine)]),
+            BTreeMap::from([(META_GROUP, NodeMachine::Meta(Box::new(machine)))]),
             start.store,
             links,
             start.rounds,
         );
+        let shards: Vec<GroupId> = rounds.engine().map_or_else(Vec::new, |e| {
+            e.group_ids()
+                .into_iter()
+                .filter(|g| *g != META_GROUP)
+                .collect()
+        });
+        for group in shards {
+            match ShardMachine::open(group, rounds.store()) {
+                Ok(machine) => rounds.add_machine(group, NodeMachine::Shard(machine)),
+                // Its entries halt the driver when they come: no machine to apply them to.
+                Err(e) => tracing::error!(%group, reason = %e.0, "cannot open a queue shard"),
+            }
+        }
         Driver {
             rounds,
             view,
@@ -134,7 +163,7 @@ impl Driver {
     /// to see the entries a restart applies again).
     #[cfg(test)]
     pub(crate) fn set_probe(&mut self, probe: super::machine::Probe) {
-        if let Some(machine) = self.rounds.machine_mut(META_GROUP) {
+        if let Some(machine) = self.meta_machine_mut() {
             machine.set_probe(probe);
         }
     }
@@ -174,10 +203,16 @@ impl Driver {
         self.rounds.halted().map(|h| h.0.clone())
     }
 
-    /// What the driver does first: the only voter campaigns, a first round runs, the view is
-    /// published.
+    /// What the driver does first: the only voter of a group (the metadata's, a shard's)
+    /// campaigns, a first round runs, the view is published.
     pub(crate) fn begin(&mut self) {
-        self.rounds.campaign_if_alone(META_GROUP);
+        let groups = self
+            .rounds
+            .engine()
+            .map_or_else(Vec::new, Engine::group_ids);
+        for group in groups {
+            self.rounds.campaign_if_alone(group);
+        }
         self.run_rounds();
         self.publish();
     }
@@ -219,13 +254,107 @@ impl Driver {
                 META_GROUP,
                 command,
                 Box::new(move |outcome| {
-                    let _ = reply.send(outcome);
+                    let _ = reply.send(outcome.and_then(|(index, outcome)| match outcome {
+                        Outcome::Meta(outcome) => Ok((index, outcome)),
+                        Outcome::Shard => Err(ProposeFailure::Dropped(
+                            "group 0 answered as a queue shard".into(),
+                        )),
+                    }));
                 }),
             ),
+            Input::ProposeShard {
+                group,
+                entry,
+                reply,
+            } => self.propose_shard(group, entry, reply),
+            Input::OpenShard {
+                group,
+                voters,
+                reply,
+            } => {
+                let _ = reply.send(self.open_shard(group, &voters));
+            }
             Input::Unreachable(peer) => self.rounds.unreachable(peer),
             Input::Join(raft_id) => self.join(raft_id),
             Input::Stop => self.stopping = true,
         }
+    }
+
+    /// Proposes a shard entry; `reply` learns whether it was applied here (see
+    /// `ferry_be_server::ShardProposer`).
+    fn propose_shard(
+        &mut self,
+        group: GroupId,
+        entry: Vec<u8>,
+        reply: oneshot::Sender<Result<(), ShardRefusal>>,
+    ) {
+        let shard = ShardId(group.0);
+        // Named now: a refusal comes back before `propose` returns.
+        let leader = self
+            .rounds
+            .engine()
+            .and_then(|e| e.status(group))
+            .and_then(|s| s.leader)
+            .and_then(|l| self.node_name(l));
+        self.rounds.propose(
+            group,
+            entry,
+            Box::new(move |outcome| {
+                let answer = match outcome {
+                    Ok(_) => Ok(()),
+                    Err(ProposeFailure::NotLeader(_) | ProposeFailure::NotMember) => {
+                        Err(ShardRefusal::NotLeader { shard, leader })
+                    }
+                    Err(e) => Err(ShardRefusal::Unknown {
+                        shard,
+                        reason: format!("{e:?}"),
+                    }),
+                };
+                let _ = reply.send(answer);
+            }),
+        );
+    }
+
+    /// The node id the metadata gives a raft id.
+    fn node_name(&self, peer: PeerId) -> Option<String> {
+        let meta = self.meta_machine()?.meta();
+        let raft_id = RaftId(peer.0);
+        meta.nodes()
+            .iter()
+            .find(|(_, n)| n.raft_id == raft_id)
+            .map(|(id, _)| id.to_string())
+    }
+
+    /// Starts a shard's group here (see [`Input::OpenShard`]).
+    fn open_shard(&mut self, group: GroupId, voters: &[PeerId]) -> Result<(), String> {
+        if group == META_GROUP {
+            return Err("group 0 is the metadata group, not a queue shard".into());
+        }
+        let Some(engine) = self.rounds.engine_mut() else {
+            return Err("this node is not a cluster member yet".into());
+        };
+        if engine.status(group).is_some() {
+            return Ok(());
+        }
+        engine
+            .bootstrap_group(group, voters)
+            .map_err(|e| format!("cannot start shard group {group}: {e}"))?;
+        let machine = ShardMachine::open(group, self.rounds.store()).map_err(|h| h.0)?;
+        self.rounds.add_machine(group, NodeMachine::Shard(machine));
+        self.rounds.campaign_if_alone(group);
+        Ok(())
+    }
+
+    fn meta_machine(&self) -> Option<&MetaMachine> {
+        self.rounds
+            .machine(META_GROUP)
+            .and_then(NodeMachine::as_meta)
+    }
+
+    fn meta_machine_mut(&mut self) -> Option<&mut MetaMachine> {
+        self.rounds
+            .machine_mut(META_GROUP)
+            .and_then(NodeMachine::as_meta_mut)
     }
 
     fn join(&mut self, raft_id: RaftId) {
@@ -244,7 +373,7 @@ impl Driver {
                     "added to the cluster; following its leader"
                 );
                 self.rounds.set_engine(engine);
-                if let Some(machine) = self.rounds.machine_mut(META_GROUP) {
+                if let Some(machine) = self.meta_machine_mut() {
                     machine.set_raft_id(raft_id);
                 }
             }
@@ -283,7 +412,12 @@ impl Driver {
     /// As leader: forms the cluster's Raft membership after the nodes recorded in the metadata,
     /// one configuration change at a time.
     fn drive_leader(&mut self) {
-        let Some(machine) = self.rounds.machine(META_GROUP) else {
+        // The field, not `meta_machine()`: `conf_pending` changes while this is borrowed.
+        let Some(machine) = self
+            .rounds
+            .machine(META_GROUP)
+            .and_then(NodeMachine::as_meta)
+        else {
             return;
         };
         if machine.meta().cluster_id().is_none() {
@@ -318,7 +452,7 @@ impl Driver {
 
     /// Publishes the view when it changed.
     fn publish(&self) {
-        let Some(machine) = self.rounds.machine(META_GROUP) else {
+        let Some(machine) = self.meta_machine() else {
             return;
         };
         let meta = machine.meta();

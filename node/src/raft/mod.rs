@@ -18,11 +18,10 @@ mod driver;
 mod host;
 mod log_store;
 mod machine;
+mod machines;
 mod propose;
 mod reach;
 mod service;
-// Wired into the node's driver with shard routing (issue 24 §1, the next step).
-#[cfg_attr(not(test), allow(dead_code))]
 mod shard;
 #[cfg(test)]
 mod sim;

@@ -176,4 +176,7 @@ impl GroupMachine for ShardMachine {
 }
 
 #[cfg(test)]
+mod node_tests;
+mod proposer;
+#[cfg(test)]
 mod tests;

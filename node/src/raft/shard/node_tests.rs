@@ -1,0 +1,87 @@
+//! A queue shard on a node's real driver, beside the metadata group: entries proposed through
+//! the node's `ShardProposer` reach its store through its one writer, and the shard's group
+//! comes back with the node after a restart.
+
+#![allow(clippy::unwrap_used)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferry_be_server::{ShardId, ShardRefusal};
+use ferry_kernel::{NodeId, QueueConfig, QueueName, QueueUid};
+use ferry_store::{encode_entry, GroupCommit, QueueDef, QueueStore, RocksStore, StoreOp};
+
+use crate::raft::log_store::NodeLogStore;
+use crate::raft::test_host::Recorder;
+use crate::raft::{MetaNode, NodeSettings, StartMode};
+
+const SHARD: ShardId = ShardId(1);
+
+/// A one-node cluster on `store`, formed (or resumed).
+async fn node_on(store: &Arc<dyn QueueStore>) -> MetaNode {
+    let me = NodeId::new("a").unwrap();
+    let settings = NodeSettings {
+        node_id: me.clone(),
+        client_addr: "127.0.0.1:1".into(),
+        peer_addr: "127.0.0.1:2".into(),
+        start: StartMode::Initial(vec![(me, "127.0.0.1:2".into())]),
+        tick: Duration::from_millis(10),
+        liveness_timeout: Duration::from_secs(3),
+        probe_interval: Duration::from_millis(500),
+        import_marker: None,
+    };
+    let (commit, _thread) = GroupCommit::start(Arc::clone(store), 64, 64, Duration::ZERO).unwrap();
+    let log = NodeLogStore::new(Arc::clone(store), commit);
+    let node = MetaNode::start(settings, Arc::new(Recorder::default()), Box::new(log))
+        .await
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    assert!(node.wait_formed(deadline).await, "formed");
+    node
+}
+
+/// Proposes `ops` to the shard through the node's proposer. A shard's only replica leads as
+/// soon as its group starts (it campaigns alone), so no retry is needed.
+async fn propose(node: &MetaNode, ops: &[StoreOp]) -> Result<(), ShardRefusal> {
+    let proposer = node.shard_proposer();
+    proposer
+        .propose(SHARD, encode_entry(ops).unwrap())
+        .await
+        .unwrap()
+}
+
+fn def() -> QueueDef {
+    QueueDef {
+        name: QueueName::new("orders").unwrap(),
+        uid: QueueUid(41),
+        config: QueueConfig::default(),
+    }
+}
+
+#[tokio::test]
+async fn a_shard_on_the_nodes_driver_writes_to_its_store_and_comes_back_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn QueueStore> = Arc::new(RocksStore::open(dir.path()).unwrap());
+    let node = node_on(&store).await;
+    let me = node.view().borrow().raft_id.unwrap().0;
+
+    let e = propose(&node, &[StoreOp::PutQueue(def())])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(e, ShardRefusal::NotLeader { .. }),
+        "not open yet: {e}"
+    );
+    node.open_shard(SHARD, &[me]).await.unwrap();
+    node.open_shard(SHARD, &[me]).await.unwrap();
+    propose(&node, &[StoreOp::PutQueue(def())]).await.unwrap();
+    assert_eq!(store.recover().unwrap()[0].def, def());
+    node.stop().await;
+
+    let node = node_on(&store).await;
+    propose(&node, &[StoreOp::DeleteQueue(def().uid)])
+        .await
+        .unwrap();
+    assert!(store.recover().unwrap().is_empty());
+    node.stop().await;
+}
