@@ -53,6 +53,38 @@ pub enum Error {
     /// does not wait on them and clients can tell the end from "no message came".
     #[error("node {node} is shutting down; retry on another node or after it restarts")]
     NodeStopping { node: NodeId },
+    /// The link to another node broke while a call to it was under way (it stopped, restarted or
+    /// was cut off). The router prefixes the node's name, as for every UNAVAILABLE from another
+    /// node; the message says what may have happened there.
+    #[error("the connection to it broke while the {call} was under way (the node stopped, restarted or was cut off): {outcome}; retry, or connect to another node")]
+    OwnerLost {
+        call: &'static str,
+        outcome: CallOutcome,
+    },
+}
+
+/// What a call may have done at a node that was lost while it was under way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallOutcome {
+    /// It may have taken effect or not (a send may be stored, an ack may be applied).
+    Unknown,
+    /// A receive: whatever it was handed stays leased until the leases run out, then is
+    /// delivered again.
+    LeasesReturn,
+    /// A read: nothing changed.
+    NothingChanged,
+}
+
+impl std::fmt::Display for CallOutcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            CallOutcome::Unknown => "its outcome is unknown, it may or may not have taken effect",
+            CallOutcome::LeasesReturn => {
+                "any messages it was handed return to the queue when their leases run out"
+            }
+            CallOutcome::NothingChanged => "it changed nothing",
+        })
+    }
 }
 
 impl From<Error> for Status {
@@ -61,7 +93,9 @@ impl From<Error> for Status {
             Error::Kernel(k) => ferry_proto::convert::kernel_error_code(k),
             Error::ConnectionNotFound { .. } | Error::SessionNotFound { .. } => Code::NotFound,
             Error::NegativeWait { .. } | Error::ConsumeNotStarted => Code::InvalidArgument,
-            Error::UnknownNode { .. } | Error::NodeStopping { .. } => Code::Unavailable,
+            Error::UnknownNode { .. } | Error::NodeStopping { .. } | Error::OwnerLost { .. } => {
+                Code::Unavailable
+            }
             Error::OwnerUnsettled { .. } => Code::FailedPrecondition,
             Error::LimitReached { .. } => Code::ResourceExhausted,
             Error::RolledBack { .. } => Code::Aborted,

@@ -8,6 +8,11 @@
 //! A call already under way keeps waiting for its answer (until the client's deadline): the
 //! owner may have acted on it, and an answer that arrives once the link heals (TCP retransmits
 //! it) still reaches the client; dropping it would strand what a receive was handed.
+//!
+//! When the link breaks while a call is under way (the node was killed, restarted, or its
+//! connection reset), the call fails with UNAVAILABLE saying what may have happened there
+//! ([`Error::OwnerLost`]): a send's or an ack's outcome is unknown, a receive's messages come
+//! back when their leases run out, a read changed nothing. The router names the node.
 
 use std::future::Future;
 
@@ -15,6 +20,8 @@ use ferry_proto::pb;
 use ferry_proto::pb::backend_client::BackendClient;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Response, Status};
+
+use crate::error::{CallOutcome, Error};
 
 /// The largest message one node sends another.
 const NODE_MESSAGE_BYTES_MAX: usize = 1 << 30;
@@ -69,8 +76,14 @@ impl RemoteBackend {
         self
     }
 
-    /// Runs `call` unless the node is unreachable (see the module docs).
-    async fn guarded<T>(&self, call: impl Future<Output = Result<T, Status>>) -> Result<T, Status> {
+    /// Runs `call` unless the node is unreachable (see the module docs); `name` and `outcome`
+    /// say what the call was and what it may have done if the link breaks under it.
+    async fn guarded<T>(
+        &self,
+        name: &'static str,
+        outcome: CallOutcome,
+        call: impl Future<Output = Result<T, Status>>,
+    ) -> Result<T, Status> {
         if let Some(reach) = &self.reach {
             if !(reach.up)() {
                 return Err(Status::unavailable(format!(
@@ -80,7 +93,21 @@ impl RemoteBackend {
             }
         }
         call.await
+            .map_err(|status| lost_mid_call(status, name, outcome))
     }
+}
+
+/// `status` as the caller sees it: a failure of the link itself, rather than an answer from
+/// the node, becomes [`Error::OwnerLost`]. Only such failures carry a source error: a status
+/// the node answered arrives without one. An UNAVAILABLE passes as it is (a connection that
+/// could not be made: nothing was sent).
+fn lost_mid_call(status: Status, call: &'static str, outcome: CallOutcome) -> Status {
+    use std::error::Error as _;
+    if status.code() == tonic::Code::Unavailable || status.source().is_none() {
+        return status;
+    }
+    tracing::debug!(error = %status, call, "the link to a back-end broke during a call");
+    Error::OwnerLost { call, outcome }.into()
 }
 
 /// Forwards one call, keeping the caller's deadline.
@@ -94,12 +121,14 @@ fn forward<T>(req: Request<T>) -> Request<T> {
 }
 
 macro_rules! forward_all {
-    ($($name:ident($req:ty) -> $resp:ty;)*) => {
+    ($($name:ident($req:ty) -> $resp:ty, $outcome:ident;)*) => {
         #[tonic::async_trait]
         impl pb::backend_server::Backend for RemoteBackend {
             $(
                 async fn $name(&self, req: Request<$req>) -> Result<Response<$resp>, Status> {
-                    self.guarded(self.client.clone().$name(forward(req))).await
+                    let mut client = self.client.clone();
+                    let call = client.$name(forward(req));
+                    self.guarded(stringify!($name), CallOutcome::$outcome, call).await
                 }
             )*
 
@@ -109,8 +138,13 @@ macro_rules! forward_all {
                 &self,
                 req: Request<pb::BackendWatchEventsRequest>,
             ) -> Result<Response<Self::WatchEventsStream>, Status> {
+                let mut client = self.client.clone();
                 let stream = self
-                    .guarded(self.client.clone().watch_events(req.into_inner()))
+                    .guarded(
+                        "watch_events",
+                        CallOutcome::NothingChanged,
+                        client.watch_events(req.into_inner()),
+                    )
                     .await?;
                 Ok(Response::new(Box::pin(stream.into_inner())))
             }
@@ -119,23 +153,73 @@ macro_rules! forward_all {
 }
 
 forward_all! {
-    create_queue(pb::BackendCreateQueueRequest) -> pb::QueueInfo;
-    get_queue(pb::BackendQueueRequest) -> pb::QueueInfo;
-    list_queues(pb::BackendListQueuesRequest) -> pb::BackendListQueuesResponse;
-    delete_queue(pb::BackendQueueRequest) -> pb::BackendCountResponse;
-    purge_queue(pb::BackendQueueRequest) -> pb::BackendCountResponse;
-    get_queue_stats(pb::BackendQueueRequest) -> pb::QueueStats;
-    send(pb::BackendSendRequest) -> pb::BackendSendResponse;
-    receive(pb::BackendReceiveRequest) -> pb::BackendReceiveResponse;
-    ack(pb::BackendLeaseRequest) -> pb::BackendLeaseResponse;
-    nack(pb::BackendLeaseRequest) -> pb::BackendLeaseResponse;
-    extend_lease(pb::BackendLeaseRequest) -> pb::BackendLeaseResponse;
-    release_session(pb::BackendReleaseSessionRequest) -> pb::BackendReleaseSessionResponse;
-    browse(pb::BackendBrowseRequest) -> pb::BackendBrowseResponse;
-    commit(pb::BackendCommitRequest) -> pb::BackendCountResponse;
-    rollback(pb::BackendRollbackRequest) -> pb::BackendCountResponse;
-    delete_message(pb::BackendDeleteMessageRequest) -> pb::BackendCountResponse;
-    get_message_history(pb::GetMessageHistoryRequest) -> pb::GetMessageHistoryResponse;
-    seal_queue(pb::BackendSealQueueRequest) -> pb::BackendCountResponse;
-    session_leases(pb::BackendSessionLeasesRequest) -> pb::BackendSessionLeasesResponse;
+    create_queue(pb::BackendCreateQueueRequest) -> pb::QueueInfo, Unknown;
+    get_queue(pb::BackendQueueRequest) -> pb::QueueInfo, NothingChanged;
+    list_queues(pb::BackendListQueuesRequest) -> pb::BackendListQueuesResponse, NothingChanged;
+    delete_queue(pb::BackendQueueRequest) -> pb::BackendCountResponse, Unknown;
+    purge_queue(pb::BackendQueueRequest) -> pb::BackendCountResponse, Unknown;
+    get_queue_stats(pb::BackendQueueRequest) -> pb::QueueStats, NothingChanged;
+    send(pb::BackendSendRequest) -> pb::BackendSendResponse, Unknown;
+    receive(pb::BackendReceiveRequest) -> pb::BackendReceiveResponse, LeasesReturn;
+    ack(pb::BackendLeaseRequest) -> pb::BackendLeaseResponse, Unknown;
+    nack(pb::BackendLeaseRequest) -> pb::BackendLeaseResponse, Unknown;
+    extend_lease(pb::BackendLeaseRequest) -> pb::BackendLeaseResponse, Unknown;
+    release_session(pb::BackendReleaseSessionRequest) -> pb::BackendReleaseSessionResponse, Unknown;
+    browse(pb::BackendBrowseRequest) -> pb::BackendBrowseResponse, NothingChanged;
+    commit(pb::BackendCommitRequest) -> pb::BackendCountResponse, Unknown;
+    rollback(pb::BackendRollbackRequest) -> pb::BackendCountResponse, Unknown;
+    delete_message(pb::BackendDeleteMessageRequest) -> pb::BackendCountResponse, Unknown;
+    get_message_history(pb::GetMessageHistoryRequest) -> pb::GetMessageHistoryResponse, NothingChanged;
+    seal_queue(pb::BackendSealQueueRequest) -> pb::BackendCountResponse, Unknown;
+    session_leases(pb::BackendSessionLeasesRequest) -> pb::BackendSessionLeasesResponse, NothingChanged;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What tonic makes of a connection reset under a call: UNKNOWN, with the I/O error as its
+    /// source.
+    fn reset() -> Status {
+        let e = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "connection reset");
+        Status::from_error(Box::new(e))
+    }
+
+    // Postmortem: a send whose owner died under it ended `UNKNOWN: transport error`, which did
+    // not say that the send may have been stored.
+    #[test]
+    fn a_send_whose_link_breaks_under_it_is_unavailable_with_its_outcome_unknown() {
+        let broken = reset();
+        assert_eq!(broken.code(), tonic::Code::Unknown, "what tonic gives");
+        let status = lost_mid_call(broken, "send", CallOutcome::Unknown);
+        assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+        let message = status.message();
+        assert!(
+            message.contains("while the send was under way"),
+            "{message}"
+        );
+        assert!(message.contains("its outcome is unknown"), "{message}");
+    }
+
+    #[test]
+    fn a_read_whose_link_breaks_says_it_changed_nothing() {
+        let status = lost_mid_call(reset(), "browse", CallOutcome::NothingChanged);
+        assert_eq!(status.code(), tonic::Code::Unavailable);
+        assert!(
+            status.message().contains("it changed nothing"),
+            "{status:?}"
+        );
+    }
+
+    #[test]
+    fn an_answer_from_the_node_passes_as_it_is() {
+        let answered = Status::unknown("the node's own answer");
+        let status = lost_mid_call(answered, "send", CallOutcome::Unknown);
+        assert_eq!(status.code(), tonic::Code::Unknown);
+        assert_eq!(status.message(), "the node's own answer");
+        // A connection that could not be made: nothing was sent, and it already says so.
+        let refused = Status::unavailable("tcp connect error");
+        let status = lost_mid_call(refused, "send", CallOutcome::Unknown);
+        assert_eq!(status.message(), "tcp connect error");
+    }
 }

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use ferry_client::{AckMode, Message, ReceiveOptions};
+use ferry_client::{AckMode, ConsumerOptions, Message, ReceiveOptions};
 use ferry_integration_tests::cluster::{create_queue_on, Cluster};
 use ferry_integration_tests::{stats, wait_until};
 
@@ -115,5 +115,80 @@ async fn a_commit_after_the_back_end_restarted_is_aborted_not_lost() -> anyhow::
     tx.send("orders", vec![Message::text("again")]).await?;
     tx.commit().await?;
     assert_eq!(stats(&via_b, "orders").await?.ready, 1);
+    Ok(())
+}
+
+/// A two-node cluster with `orders` on `b`, and a session through `a`.
+async fn owner_b(
+    dir: &std::path::Path,
+) -> anyhow::Result<(Cluster, ferry_client::Client, ferry_client::Session)> {
+    let cluster = two_nodes(dir)?;
+    cluster
+        .wait_leader(&["a", "b"], Duration::from_secs(20))
+        .await?;
+    let via_a = cluster.node("a").client().await?;
+    create_on(&via_a, "orders", "b").await?;
+    let session = via_a
+        .open_connection("t")
+        .await?
+        .create_session(AckMode::Client)
+        .await?;
+    let via_b = cluster.node("b").client().await?;
+    Ok((cluster, via_b, session))
+}
+
+/// Waits until a receive through `a` is parked at `b` (nothing is in the queue).
+async fn parked_at_b(via_b: &ferry_client::Client) -> anyhow::Result<()> {
+    wait_until(
+        Duration::from_secs(10),
+        "the receive parked at B",
+        || async { Ok(stats(via_b, "orders").await?.consumers == 1) },
+    )
+    .await
+}
+
+/// Fails unless `e` is UNAVAILABLE naming node `b` and saying the leases bring the messages back.
+fn owner_b_lost(e: &ferry_client::ClientError) {
+    assert_eq!(e.code(), Some(tonic::Code::Unavailable), "{e}");
+    let text = e.to_string();
+    assert!(text.starts_with("node b: "), "names the owner: {text}");
+    assert!(text.contains("while the receive was under way"), "{text}");
+    assert!(text.contains("when their leases run out"), "{text}");
+}
+
+// Postmortem: the front-end passed on the broken link's own error, `UNKNOWN: transport
+// error`, which said neither which node was lost nor what became of the receive (the CLI even
+// read it as its own connection failing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receive_parked_at_an_owner_that_dies_ends_unavailable_naming_it() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (mut cluster, via_b, session) = owner_b(dir.path()).await?;
+    let waiting = tokio::spawn(async move {
+        session
+            .receive("orders", ReceiveOptions::timeout_ms(60_000))
+            .await
+    });
+    parked_at_b(&via_b).await?;
+    cluster.node_mut("b").kill9();
+    let e = waiting.await?.unwrap_err();
+    owner_b_lost(&e);
+    Ok(())
+}
+
+// Postmortem: as above, on a Consume stream, whose open receive is parked at the owner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consume_stream_whose_owner_dies_ends_unavailable_naming_it() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (mut cluster, via_b, session) = owner_b(dir.path()).await?;
+    let mut consumer = session
+        .consumer("orders", ConsumerOptions::default().prefetch(1))
+        .await?;
+    parked_at_b(&via_b).await?;
+    cluster.node_mut("b").kill9();
+    let e = consumer
+        .receive(Some(Duration::from_secs(60)))
+        .await
+        .unwrap_err();
+    owner_b_lost(&e);
     Ok(())
 }
