@@ -19,6 +19,11 @@ pub struct EngineConfig {
     pub max_inflight_msgs: usize,
     /// Most bytes of uncommitted entries a leader accepts before dropping proposals.
     pub max_uncommitted_size_bytes: u64,
+    /// Largest encoded batch for one peer: a round's messages to a peer that do not fit go in
+    /// further batches, in order (a single message larger than this goes alone). Keep it under
+    /// what the transport accepts, and at least `max_size_per_msg_bytes` plus room for a
+    /// message's headers.
+    pub batch_bytes_max: usize,
     /// Seed of the election timeout draws. raft-rs draws them from a thread-local random source;
     /// the engine overrides each draw with a hash of (seed, node, group, term, role) so that a
     /// simulation replays exactly. Defaults to the node id.
@@ -26,7 +31,8 @@ pub struct EngineConfig {
 }
 
 impl EngineConfig {
-    /// Defaults for a node: election after 10 ticks, heartbeat every 2, 1 MiB messages.
+    /// Defaults for a node: election after 10 ticks, heartbeat every 2, 1 MiB messages,
+    /// batches of at most 16 MiB.
     pub fn new(node: NodeId) -> Self {
         EngineConfig {
             node,
@@ -35,6 +41,7 @@ impl EngineConfig {
             max_size_per_msg_bytes: 1024 * 1024,
             max_inflight_msgs: 256,
             max_uncommitted_size_bytes: 64 * 1024 * 1024,
+            batch_bytes_max: 16 * 1024 * 1024,
             election_seed: node.0,
         }
     }

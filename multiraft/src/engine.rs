@@ -67,12 +67,27 @@ pub struct Engine {
     unknown_groups: BTreeSet<GroupId>,
 }
 
+/// Room for a message's headers (terms, indexes, commit, context) beside its entries' bytes.
+const BATCH_HEADROOM_BYTES: u64 = 64 * 1024;
+
 impl Engine {
     /// An engine resuming from a store's durable state (empty for a new node).
     pub fn open(config: EngineConfig, recovered: Recovered) -> Result<Self, Error> {
         if config.node.0 == 0 {
             return Err(Error::InvalidConfig {
                 reason: "node id 0 is reserved; give the node an id from 1".to_owned(),
+            });
+        }
+        let message_max = config
+            .max_size_per_msg_bytes
+            .saturating_add(BATCH_HEADROOM_BYTES);
+        if (config.batch_bytes_max as u64) < message_max {
+            return Err(Error::InvalidConfig {
+                reason: format!(
+                    "batch_bytes_max ({}) must hold the largest append message \
+                     (max_size_per_msg_bytes {} plus {BATCH_HEADROOM_BYTES} bytes of headers)",
+                    config.batch_bytes_max, config.max_size_per_msg_bytes
+                ),
             });
         }
         let mut engine = Engine {
@@ -461,7 +476,7 @@ impl Engine {
             .collect();
         Round {
             persist,
-            batches: RoundCx::batches(std::mem::take(&mut cx.outbox)),
+            batches: RoundCx::batches(std::mem::take(&mut cx.outbox), self.config.batch_bytes_max),
             snapshots: std::mem::take(&mut cx.snapshots),
             applies: cx.applies,
             role_changes: cx.role_changes,
@@ -522,6 +537,18 @@ mod tests {
         m.to = to;
         m.term = 1;
         encode(&m)
+    }
+
+    #[test]
+    fn a_batch_cap_below_the_largest_message_is_refused_saying_why() {
+        let config = EngineConfig {
+            batch_bytes_max: 1024 * 1024,
+            ..EngineConfig::new(NodeId(1))
+        };
+        let Err(e) = Engine::open(config, Recovered::default()) else {
+            panic!("opened");
+        };
+        assert!(e.to_string().contains("batch_bytes_max"), "{e}");
     }
 
     #[test]

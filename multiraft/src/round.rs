@@ -234,16 +234,76 @@ impl RoundCx {
         }
     }
 
-    /// One batch per destination.
-    pub(crate) fn batches(outbox: BTreeMap<NodeId, Vec<(GroupId, Vec<u8>)>>) -> Vec<OutBatch> {
-        outbox
-            .into_iter()
-            .filter(|(_, messages)| !messages.is_empty())
-            .map(|(to, messages)| OutBatch {
-                to,
-                bytes: encode_batch(messages.iter().map(|(g, m)| (*g, &m[..]))),
-                message_count: messages.len(),
-            })
-            .collect()
+    /// The batches for each destination, in the order of the messages, each at most
+    /// `max_bytes` encoded (a message larger than that goes alone).
+    pub(crate) fn batches(
+        outbox: BTreeMap<NodeId, Vec<(GroupId, Vec<u8>)>>,
+        max_bytes: usize,
+    ) -> Vec<OutBatch> {
+        let mut batches = Vec::new();
+        for (to, messages) in outbox {
+            let mut start = 0;
+            let mut size = 1; // the version byte
+            for (i, (_, m)) in messages.iter().enumerate() {
+                // Two varints of at most 10 bytes each, then the message.
+                let cost = m.len() + 20;
+                if i > start && size + cost > max_bytes {
+                    batches.push(OutBatch::of(to, &messages[start..i]));
+                    (start, size) = (i, 1);
+                }
+                size += cost;
+            }
+            if start < messages.len() {
+                batches.push(OutBatch::of(to, &messages[start..]));
+            }
+        }
+        batches
+    }
+}
+
+impl OutBatch {
+    fn of(to: NodeId, messages: &[(GroupId, Vec<u8>)]) -> Self {
+        OutBatch {
+            to,
+            bytes: encode_batch(messages.iter().map(|(g, m)| (*g, &m[..]))),
+            message_count: messages.len(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::collections::BTreeMap;
+
+    use super::RoundCx;
+    use crate::codec::decode_batch;
+    use crate::ids::{GroupId, NodeId};
+
+    #[test]
+    fn a_peers_messages_are_split_into_batches_under_the_cap_in_order() {
+        let messages: Vec<(GroupId, Vec<u8>)> = (0..10u8)
+            .map(|i| (GroupId(u64::from(i)), vec![i; 100 * usize::from(i + 1)]))
+            .collect();
+        let outbox = BTreeMap::from([(NodeId(2), messages.clone()), (NodeId(3), vec![])]);
+        let batches = RoundCx::batches(outbox, 1_000);
+        assert!(batches.len() > 3, "{}", batches.len());
+        let mut seen = Vec::new();
+        for b in &batches {
+            assert_eq!(b.to, NodeId(2));
+            let decoded = decode_batch(&b.bytes).unwrap();
+            assert_eq!(decoded.len(), b.message_count);
+            // Under the cap, unless one message alone is larger.
+            assert!(
+                b.bytes.len() <= 1_000 || decoded.len() == 1,
+                "{}",
+                b.bytes.len()
+            );
+            seen.extend(decoded.into_iter().map(|(g, m)| (g, m.to_vec())));
+        }
+        assert_eq!(seen, messages);
+        let one = RoundCx::batches(BTreeMap::from([(NodeId(2), messages)]), usize::MAX);
+        assert_eq!(one.len(), 1);
     }
 }

@@ -114,6 +114,8 @@ pub(crate) fn open_engine(
 fn engine_config(raft_id: RaftId, election_seed: u64) -> EngineConfig {
     EngineConfig {
         election_seed: election_seed ^ raft_id.0,
+        // Well under what a peer's stream accepts, so no round's batch is refused there.
+        batch_bytes_max: super::transport::BATCH_BYTES_MAX / 4,
         ..EngineConfig::new(PeerId(raft_id.0))
     }
 }
