@@ -60,6 +60,17 @@ const CF_HEADER_INDEX: &str = "header_index";
 const CF_META: &str = "meta";
 const CF_DEDUP: &str = "dedup";
 const CF_DELAYED: &str = "delayed";
+/// Every column family of the queues, in the order `dump` lists them.
+const QUEUE_CFS: [&str; 8] = [
+    CF_QUEUES,
+    CF_QUEUE_MESSAGES,
+    CF_DELIVERIES,
+    CF_COUNTS,
+    CF_HEADER_INDEX,
+    CF_META,
+    CF_DEDUP,
+    CF_DELAYED,
+];
 /// Messages before paging, keyed `uid ++ seq`; only opened to be migrated.
 const CF_OLD_MESSAGES: &str = "messages";
 
@@ -292,20 +303,12 @@ impl RocksStore {
     /// stores byte for byte (a replica and the store it replicates).
     #[doc(hidden)]
     pub fn dump(&self) -> Result<Vec<DumpedKey>, StoreError> {
-        let names = [
-            CF_QUEUES,
-            CF_QUEUE_MESSAGES,
-            CF_DELIVERIES,
-            CF_COUNTS,
-            CF_HEADER_INDEX,
-            CF_META,
-            CF_DEDUP,
-            CF_DELAYED,
+        let kv = [
             KvSpace::RaftLog.column_family(),
             KvSpace::RaftApp.column_family(),
         ];
         let mut all = Vec::new();
-        for name in names {
+        for name in QUEUE_CFS.into_iter().chain(kv) {
             let mut ro = ReadOptions::default();
             ro.set_total_order_seek(true);
             let iter =
@@ -531,21 +534,10 @@ mod tests {
 
     use super::*;
 
-    const ALL: [&str; 8] = [
-        CF_QUEUES,
-        CF_QUEUE_MESSAGES,
-        CF_DELIVERIES,
-        CF_COUNTS,
-        CF_HEADER_INDEX,
-        CF_META,
-        CF_DEDUP,
-        CF_DELAYED,
-    ];
-
     /// Moves everything out of the memtables into table files and compacts them, so reads go
     /// through bloom filters, prefix extractors and merges done by compaction.
     fn flush_and_compact(s: &RocksStore) {
-        for name in ALL {
+        for name in QUEUE_CFS {
             let cf = s.db.cf_handle(name).unwrap();
             s.db.flush_cf(cf).unwrap();
             s.db.compact_range_cf(cf, None::<&[u8]>, None::<&[u8]>);

@@ -114,9 +114,12 @@ fn connection_json(x: &pb::ConnectionInfo) -> serde_json::Value {
 fn connections_table(list: &[pb::ConnectionInfo], now_ms: u64) -> String {
     let mut t = Table::new();
     t.load_preset(comfy_table::presets::ASCII_FULL_CONDENSED);
-    t.set_content_arrangement(comfy_table::ContentArrangement::Dynamic);
-    t.set_width(table_width());
-    // Temporary queues and the lease left are in `-o json`: the table fits 80 characters.
+    if let Some(width) = terminal_width() {
+        t.set_content_arrangement(comfy_table::ContentArrangement::Dynamic);
+        t.set_width(width);
+    }
+    // Temporary queues and the lease left are in `-o json`: the table fits 80 characters
+    // unless ids and addresses are long.
     t.set_header([
         "connection",
         "client",
@@ -149,13 +152,13 @@ fn connections_table(list: &[pb::ConnectionInfo], now_ms: u64) -> String {
 }
 
 /// The terminal's width, or 80 when the output is not a terminal.
-fn table_width() -> u16 {
+/// The terminal's width, to wrap cells in; none when the output is not a terminal: a row
+/// piped to `grep` or a script stays on one line, however long.
+fn terminal_width() -> Option<u16> {
     use std::io::IsTerminal as _;
-    if std::io::stdout().is_terminal() {
-        Table::new().width().unwrap_or(80)
-    } else {
-        80
-    }
+    std::io::stdout()
+        .is_terminal()
+        .then(|| Table::new().width().unwrap_or(80))
 }
 
 #[cfg(test)]
@@ -185,6 +188,22 @@ mod tests {
             unacked_unknown_queues: vec!["orders".into()],
             ..x
         };
-        assert!(connections_table(&[partial], 1_000_000).contains("7+"));
+        assert!(connections_table(std::slice::from_ref(&partial), 1_000_000).contains("7+"));
+        // Piped (as here: not a terminal), a row too wide for 80 columns stays on one line.
+        let long = pb::ConnectionInfo {
+            connection_id: "c46e4ce0d".into(),
+            client_id: "billing-worker-of-the-eu-west-region".into(),
+            client_address: "[2001:db8::1]:50096".into(),
+            ..partial
+        };
+        let table = connections_table(&[long], 1_000_102);
+        let row = table.lines().find(|l| l.contains("c46e4ce0d")).unwrap();
+        for want in [
+            "billing-worker-of-the-eu-west-region",
+            "[2001:db8::1]:50096",
+            "ms ago",
+        ] {
+            assert!(row.contains(want), "{want:?} in\n{table}");
+        }
     }
 }

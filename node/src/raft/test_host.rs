@@ -64,3 +64,18 @@ impl QueueHost for Recorder {
         Ok(())
     }
 }
+
+/// The settings of a one-node cluster named `a` that forms by itself, with a 10 ms tick.
+pub(crate) fn one_node_settings() -> super::NodeSettings {
+    let me = ferry_kernel::NodeId::new("a").unwrap();
+    super::NodeSettings {
+        node_id: me.clone(),
+        client_addr: "127.0.0.1:1".into(),
+        peer_addr: "127.0.0.1:2".into(),
+        start: super::StartMode::Initial(vec![(me, "127.0.0.1:2".into())]),
+        tick: std::time::Duration::from_millis(10),
+        liveness_timeout: std::time::Duration::from_secs(3),
+        probe_interval: std::time::Duration::from_millis(500),
+        import_marker: None,
+    }
+}

@@ -12,22 +12,12 @@ use ferry_multiraft::MemStore;
 use ferry_proto::pb;
 
 use super::driver::ProposeFailure;
-use super::test_host::Recorder;
-use super::{MetaNode, NodeSettings, StartMode};
+use super::test_host::{one_node_settings, Recorder};
+use super::MetaNode;
 
 /// A one-node cluster, formed, on a memory log.
 async fn one_node() -> MetaNode {
-    let me = NodeId::new("a").unwrap();
-    let settings = NodeSettings {
-        node_id: me.clone(),
-        client_addr: "127.0.0.1:1".into(),
-        peer_addr: "127.0.0.1:2".into(),
-        start: StartMode::Initial(vec![(me, "127.0.0.1:2".into())]),
-        tick: Duration::from_millis(10),
-        liveness_timeout: Duration::from_secs(3),
-        probe_interval: Duration::from_millis(500),
-        import_marker: None,
-    };
+    let settings = one_node_settings();
     let node = MetaNode::start(
         settings,
         Arc::new(Recorder::default()),

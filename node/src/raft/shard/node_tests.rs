@@ -8,28 +8,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ferry_be_server::{ShardId, ShardRefusal};
-use ferry_kernel::{NodeId, QueueConfig, QueueName, QueueUid};
+use ferry_kernel::{QueueConfig, QueueName, QueueUid};
 use ferry_store::{encode_entry, GroupCommit, QueueDef, QueueStore, RocksStore, StoreOp};
 
 use crate::raft::log_store::NodeLogStore;
-use crate::raft::test_host::Recorder;
-use crate::raft::{MetaNode, NodeSettings, StartMode};
+use crate::raft::test_host::{one_node_settings, Recorder};
+use crate::raft::MetaNode;
 
 const SHARD: ShardId = ShardId(1);
 
 /// A one-node cluster on `store`, formed (or resumed).
 async fn node_on(store: &Arc<dyn QueueStore>) -> MetaNode {
-    let me = NodeId::new("a").unwrap();
-    let settings = NodeSettings {
-        node_id: me.clone(),
-        client_addr: "127.0.0.1:1".into(),
-        peer_addr: "127.0.0.1:2".into(),
-        start: StartMode::Initial(vec![(me, "127.0.0.1:2".into())]),
-        tick: Duration::from_millis(10),
-        liveness_timeout: Duration::from_secs(3),
-        probe_interval: Duration::from_millis(500),
-        import_marker: None,
-    };
+    let settings = one_node_settings();
     let (commit, _thread) = GroupCommit::start(Arc::clone(store), 64, 64, Duration::ZERO).unwrap();
     let log = NodeLogStore::new(Arc::clone(store), commit);
     let node = MetaNode::start(settings, Arc::new(Recorder::default()), Box::new(log))
