@@ -1,8 +1,8 @@
 //! Exactly-once apply of a queue shard, on the multiraft simulator: three replicas of one shard
 //! run the real driver over [`ShardMachine`]s while sends and deletes are proposed through the
-//! leader, the network drops and reorders packets, and replicas die in their synced writes (a
-//! crash at any point of a round: before its job is durable, or right after) and restart from
-//! what they made durable. Then every replica's store, rebuilt from exactly what its node made
+//! leader, the network drops and reorders packets and cuts replicas off, leadership is handed
+//! over, and replicas die in their synced writes (a crash at any point of a round: before its
+//! job is durable, or right after) and restart from what they made durable. Then every replica's store, rebuilt from exactly what its node made
 //! durable, must show: every confirmed send that was not deleted; counts that match the
 //! messages held (a put or delete applied twice, or lost, breaks them: they are merge deltas);
 //! the same data as every other replica.
@@ -82,6 +82,10 @@ struct Shard {
     plant: Plant,
     /// Replicas that died in a write and were restarted.
     restarts: usize,
+    /// Replicas cut off from the others.
+    isolations: usize,
+    /// Leadership transfers asked for.
+    transfers: usize,
 }
 
 impl Shard {
@@ -92,6 +96,8 @@ impl Shard {
             seed,
             plant,
             restarts: 0,
+            isolations: 0,
+            transfers: 0,
         };
         for node in NODES {
             let store = SimStore::new();
@@ -172,19 +178,56 @@ impl Shard {
         confirmed
     }
 
-    /// Heals the network and runs until every replica applied the same index.
+    /// Before a proposal, maybe: a replica set to die in its next synced write, a replica cut
+    /// off both ways (or the network healed), leadership handed to another replica.
+    fn nemesis(&mut self, rng: &mut StdRng) {
+        let node = NODES[rng.random_range(0..NODES.len())];
+        if rng.random_ratio(1, 6) {
+            self.stores[&node].die_in_next_write();
+        }
+        match rng.random_range(0..10) {
+            0 => {
+                self.sim.isolate(node, &NODES);
+                self.isolations += 1;
+            }
+            1 | 2 => self.sim.heal(),
+            3 => {
+                let leader = self.sim.replicas().find_map(|(id, d)| {
+                    let st = d.engine()?.status(SHARD)?;
+                    (st.role == Role::Leader).then_some(id)
+                });
+                if let Some(engine) = leader
+                    .filter(|l| *l != node)
+                    .and_then(|l| self.sim.replica_mut(l))
+                    .and_then(|d| d.engine_mut())
+                {
+                    if engine.transfer_leader(SHARD, node).is_ok() {
+                        self.transfers += 1;
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Heals the network and runs until every replica applied the same index, restarting a
+    /// replica that dies on the way (one still set to die in its next write).
     fn settle(&mut self) {
         self.sim.faults = Faults::none();
         self.sim.heal();
-        self.restart_the_dead();
-        let settled = self.sim.run_until(STEPS_MAX, |s| {
-            let applied: BTreeSet<u64> = s
-                .replicas()
-                .filter_map(|(_, d)| Some(d.machine(SHARD)?.applied_index()))
-                .collect();
-            applied.len() == 1
-        });
-        assert!(settled, "seed {}: replicas did not converge", self.seed);
+        // Each replica is set to die at most once more.
+        for _ in 0..=NODES.len() {
+            self.restart_the_dead();
+            let stores: Vec<SimStore> = self.stores.values().cloned().collect();
+            let someone_died = move || stores.iter().any(SimStore::died);
+            let done = self
+                .sim
+                .run_until(STEPS_MAX, |s| someone_died() || converged(s));
+            if done && !self.stores.values().any(SimStore::died) {
+                return;
+            }
+        }
+        panic!("seed {}: replicas did not converge", self.seed);
     }
 
     /// A replica's store as its node made it durable.
@@ -195,6 +238,15 @@ impl Shard {
         }
         store
     }
+}
+
+/// Every replica applied the same index.
+fn converged(s: &Sim<Driver<ShardMachine>>) -> bool {
+    let applied: BTreeSet<u64> = s
+        .replicas()
+        .filter_map(|(_, d)| Some(d.machine(SHARD)?.applied_index()))
+        .collect();
+    applied.len() == 1
 }
 
 /// What the workload did: sends confirmed, and messages whose delete was proposed (whatever
@@ -210,6 +262,8 @@ struct Record {
 struct Ran {
     confirmed: usize,
     restarts: usize,
+    isolations: usize,
+    transfers: usize,
 }
 
 fn run(seed: u64, plant: Plant) -> Result<Ran, String> {
@@ -230,10 +284,7 @@ fn run(seed: u64, plant: Plant) -> Result<Ran, String> {
     assert!(created, "seed {seed}: the queue was never created");
     let mut record = Record::default();
     for seq in 1..=SENDS {
-        if rng.random_ratio(1, 6) {
-            let node = NODES[rng.random_range(0..NODES.len())];
-            shard.stores[&node].die_in_next_write();
-        }
+        shard.nemesis(&mut rng);
         let mut ops = vec![queue_op(PersistOp::PutMessage(Arc::new(message(seq))))];
         let deletable: Vec<u64> = record
             .confirmed
@@ -254,6 +305,8 @@ fn run(seed: u64, plant: Plant) -> Result<Ran, String> {
     Ok(Ran {
         confirmed: record.confirmed.len(),
         restarts: shard.restarts,
+        isolations: shard.isolations,
+        transfers: shard.transfers,
     })
 }
 
@@ -268,7 +321,10 @@ fn check(shard: &Shard, record: &Record) -> Result<(), String> {
             return Err(format!("node {node:?} lost confirmed sends {lost:?}"));
         }
         let recovered = store.recover().unwrap();
-        let level = recovered[0].stored[usize::from(Priority::DEFAULT.get())];
+        let Some(queue) = recovered.first() else {
+            return Err(format!("node {node:?} lost the queue"));
+        };
+        let level = queue.stored[usize::from(Priority::DEFAULT.get())];
         let bytes: u64 = held.values().sum();
         if (level.count, level.bytes) != (held.len() as u64, bytes) {
             return Err(format!(
@@ -313,13 +369,17 @@ fn every_replica_applies_each_committed_entry_exactly_once_across_crashes() {
             Ok(ran) => {
                 total.confirmed += ran.confirmed;
                 total.restarts += ran.restarts;
+                total.isolations += ran.isolations;
+                total.transfers += ran.transfers;
             }
             Err(e) => panic!("seed {seed}: {e}"),
         }
     }
-    // The runs did what they are for: most sends confirmed, many replicas killed in a write.
-    assert!(total.confirmed > 12 * SENDS as usize / 2, "{total:?}");
+    // The runs did what they are for: many sends confirmed (a cut-off leader's are not), many
+    // replicas killed in a write, cut off, and handed the leadership.
+    assert!(total.confirmed > 12 * SENDS as usize / 4, "{total:?}");
     assert!(total.restarts >= 24, "{total:?}");
+    assert!(total.isolations >= 24 && total.transfers >= 24, "{total:?}");
     tracing::info!(?total, "exactly-once runs");
 }
 
