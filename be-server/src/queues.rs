@@ -4,7 +4,7 @@
 //! queue is, both take from `targets.rs`).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 
 use ferry_kernel::{
@@ -51,6 +51,9 @@ pub(crate) struct Queues<L: QueueLog = LocalLog> {
     /// Each durable queue's memory budget (see `BrokerConfig::node_memory_budget_bytes`).
     budget: Arc<AtomicU64>,
     map: RwLock<HashMap<QueueName, Owned>>,
+    /// How many of `map`'s queues are durable (the budget's divisor), kept in step by create
+    /// and delete so that neither counts every queue.
+    durable: AtomicUsize,
     /// Create and delete are rare; one at a time keeps the map and the store in step.
     admin: tokio::sync::Mutex<()>,
     /// Set by [`Queues::stop_all`]: every call fails with UNAVAILABLE from then on.
@@ -84,6 +87,7 @@ impl<L: QueueLog> Queues<L> {
             store,
             budget,
             map: RwLock::new(HashMap::new()),
+            durable: AtomicUsize::new(0),
             admin: tokio::sync::Mutex::new(()),
             stopping: false.into(),
             stopped_tx: tokio::sync::watch::Sender::new(false),
@@ -121,6 +125,7 @@ impl<L: QueueLog> Queues<L> {
             map.insert(owned.def.name.clone(), owned);
         }
         tracing::info!(queues = map.len(), messages, "recovered queues");
+        this.durable.store(map.len(), Ordering::Relaxed);
         *this.map.write().unwrap_or_else(PoisonError::into_inner) = map;
         this
     }
@@ -241,13 +246,7 @@ impl<L: QueueLog> Queues<L> {
 
     /// Gives each durable queue its share of the node's memory budget.
     fn share_budget(&self) {
-        let durable = self
-            .map
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .values()
-            .filter(|o| !o.temporary)
-            .count();
+        let durable = self.durable.load(Ordering::Relaxed);
         self.budget
             .store(queue_budget(&self.config, durable), Ordering::Relaxed);
     }
@@ -348,6 +347,9 @@ impl<L: QueueLog> Queues<L> {
             .write()
             .unwrap_or_else(PoisonError::into_inner)
             .insert(name, owned);
+        if !temporary {
+            self.durable.fetch_add(1, Ordering::Relaxed);
+        }
         self.placed_changed();
         self.share_budget();
         tracing::info!(queue = %s.name, temporary, "queue created");
@@ -397,6 +399,9 @@ impl<L: QueueLog> Queues<L> {
             .remove(name);
         self.placed_changed();
         let held = owned.handle.stop(true).await;
+        if !owned.temporary {
+            self.durable.fetch_sub(1, Ordering::Relaxed);
+        }
         self.share_budget();
         if !owned.temporary {
             self.log
