@@ -203,14 +203,18 @@ impl Broker {
     }
 
     /// Waits, at most `bound`, until this back-end holds `queue` at placement epoch `epoch`
-    /// (at any epoch when `epoch` is unknown); whether it does.
+    /// (at any epoch when `epoch` is unknown) with settings `settled` accepts; whether it does.
     pub async fn wait_placed(
         &self,
         queue: &QueueName,
         epoch: PlacementEpoch,
+        settled: impl Fn(&QueueConfig) -> bool,
         bound: std::time::Duration,
     ) -> bool {
-        self.inner.queues.wait_placed(queue, epoch, bound).await
+        self.inner
+            .queues
+            .wait_placed(queue, epoch, settled, bound)
+            .await
     }
 
     /// The placement epoch `queue` is served at, if this back-end holds it.

@@ -60,8 +60,8 @@ pub(crate) struct Queues<L: QueueLog = LocalLog> {
     stopping: AtomicBool,
     /// Turns true with `stopping`, for the streams that wait on it (see [`Queues::stopped`]).
     stopped_tx: tokio::sync::watch::Sender<bool>,
-    /// Counts the changes of which queue is here at which placement epoch, for the callers that
-    /// wait for one (see [`Queues::wait_placed`]).
+    /// Counts the changes of which queue is here at which placement epoch, and of their
+    /// settings, for the callers that wait for one (see [`Queues::wait_placed`]).
     placed_tx: tokio::sync::watch::Sender<u64>,
 }
 
@@ -194,23 +194,28 @@ impl<L: QueueLog> Queues<L> {
     }
 
     /// Waits until `queue` is here at placement epoch `asked` (any epoch, when `asked` is
-    /// unknown), or `bound` passes; whether it is. A queue the metadata defined a moment ago
-    /// is created here when this node applies that change: whoever must answer "created" waits
-    /// for exactly that, instead of asking again and again.
+    /// unknown) with settings that `settled` accepts, or `bound` passes; whether it is. A queue
+    /// the metadata defined (or changed) a moment ago is created (or changed) here when this
+    /// node applies that change: whoever must answer "created" (or "updated") waits for exactly
+    /// that, instead of asking again and again.
     pub(crate) async fn wait_placed(
         &self,
         queue: &QueueName,
         asked: PlacementEpoch,
+        settled: impl Fn(&QueueConfig) -> bool,
         bound: std::time::Duration,
     ) -> bool {
         let mut changes = self.placed_tx.subscribe();
-        let placed =
-            |epoch: Option<PlacementEpoch>| epoch.is_some_and(|e| !asked.is_known() || e == asked);
+        let placed = || {
+            let map = self.map.read().unwrap_or_else(PoisonError::into_inner);
+            map.get(queue)
+                .is_some_and(|o| (!asked.is_known() || o.epoch == asked) && settled(&o.def.config))
+        };
         let wait = async {
             // Bounded by the timeout below; each turn waits for a change of the map.
             loop {
                 changes.borrow_and_update();
-                if placed(self.placement_epoch(queue)) {
+                if placed() {
                     return;
                 }
                 if changes.changed().await.is_err() {
@@ -219,7 +224,7 @@ impl<L: QueueLog> Queues<L> {
             }
         };
         let _ = tokio::time::timeout(bound, wait).await;
-        placed(self.placement_epoch(queue))
+        placed()
     }
 
     /// The placement epoch `queue` is served at, if it is here.
@@ -462,6 +467,7 @@ impl<L: QueueLog> Queues<L> {
         {
             o.def = def;
         }
+        self.placed_changed();
         let changes = crate::queues::changes(name, &before, &config);
         tracing::info!(queue = %name, changes = %changes, "queue updated");
         self.outbox.event(crate::outbox::BrokerEvent {
