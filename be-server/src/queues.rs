@@ -51,6 +51,8 @@ pub(crate) struct Queues<L: QueueLog = LocalLog> {
     /// Each durable queue's memory budget (see `BrokerConfig::node_memory_budget_bytes`).
     budget: Arc<AtomicU64>,
     map: RwLock<HashMap<QueueName, Owned>>,
+    /// Bytes of messages every queue here holds, kept up to date by their owner tasks.
+    held_total: Arc<AtomicU64>,
     /// How many of `map`'s queues are durable (the budget's divisor), kept in step by create
     /// and delete so that neither counts every queue.
     durable: AtomicUsize,
@@ -87,6 +89,7 @@ impl<L: QueueLog> Queues<L> {
             store,
             budget,
             map: RwLock::new(HashMap::new()),
+            held_total: Arc::default(),
             durable: AtomicUsize::new(0),
             admin: tokio::sync::Mutex::new(()),
             stopping: false.into(),
@@ -227,6 +230,12 @@ impl<L: QueueLog> Queues<L> {
         placed()
     }
 
+    /// Bytes of messages every queue here holds (each owner task's figure after its last
+    /// wake-up).
+    pub(crate) fn held_bytes(&self) -> u64 {
+        self.held_total.load(Ordering::Relaxed)
+    }
+
     /// The placement epoch `queue` is served at, if it is here.
     pub(crate) fn placement_epoch(&self, queue: &QueueName) -> Option<PlacementEpoch> {
         let map = self.map.read().unwrap_or_else(PoisonError::into_inner);
@@ -245,6 +254,7 @@ impl<L: QueueLog> Queues<L> {
             clock: Arc::clone(&self.clock),
             store: Arc::clone(&self.store),
             budget: Arc::clone(&self.budget),
+            held_total: Arc::clone(&self.held_total),
             capacity: self.config.queue_channel_capacity,
         }
     }

@@ -73,13 +73,7 @@ impl QueueHost for BrokerHost {
     }
 
     async fn stored_bytes(&self) -> u64 {
-        let mut total = 0u64;
-        for q in self.broker.list_queues() {
-            if let Ok(stats) = self.broker.stats(&q.name).await {
-                total = total.saturating_add(stats.bytes);
-            }
-        }
-        total
+        self.broker.stored_bytes()
     }
 
     fn set_epoch(&self, name: &QueueName, epoch: PlacementEpoch) {

@@ -85,6 +85,10 @@ pub(crate) struct QueueActor<L: QueueLog> {
     /// Sends are refused until this time (wall clock, ms): the queue is being deleted because
     /// it was found empty (see [`AdminCmd::Seal`]).
     sealed_until_ms: Option<u64>,
+    /// The back-end's total of bytes held (see [`QueueActor::report_held`]), and this queue's
+    /// part of it.
+    held_total: Arc<AtomicU64>,
+    held_reported: u64,
 }
 
 /// What woke the owner task (see [`QueueActor::run`]).
@@ -131,6 +135,8 @@ impl<L: QueueLog> QueueActor<L> {
             last_write: Ok(()),
             moving: Vec::new(),
             sealed_until_ms: None,
+            held_total: setup.held_total,
+            held_reported: 0,
         };
         tokio::spawn(Box::new(actor).run(delayed));
         QueueHandle::new(tx)
@@ -190,6 +196,7 @@ impl<L: QueueLog> QueueActor<L> {
             self.finish(fx, vec![]).await;
         }
         self.fill().await;
+        self.report_held(self.queue.held_bytes());
     }
 
     /// One wake-up, then the window filled again. Breaks after [`Cmd::Stop`] or once every
@@ -203,6 +210,7 @@ impl<L: QueueLog> QueueActor<L> {
             }
             Wake::Mail(None) => {
                 self.stop(false).await;
+                self.report_held(0);
                 return ControlFlow::Break(());
             }
             Wake::Written(result, answers, seq) => {
@@ -215,7 +223,22 @@ impl<L: QueueLog> QueueActor<L> {
             }
         }
         self.fill().await;
+        self.report_held(self.queue.held_bytes());
         ControlFlow::Continue(())
+    }
+
+    /// Brings this queue's part of the back-end's total of bytes held to `held`: the node
+    /// reads the total every 2 s for the placement rule, and asking every owner task for it
+    /// cost a round trip per queue (25 % of a core at rest with 10 000 queues, debug build).
+    fn report_held(&mut self, held: u64) {
+        if held >= self.held_reported {
+            self.held_total
+                .fetch_add(held - self.held_reported, Ordering::Relaxed);
+        } else {
+            self.held_total
+                .fetch_sub(self.held_reported - held, Ordering::Relaxed);
+        }
+        self.held_reported = held;
     }
 
     async fn stop(&mut self, deleted: bool) {
@@ -322,6 +345,8 @@ impl<L: QueueLog> QueueActor<L> {
             Cmd::Stop { deleted, reply } => {
                 let count = self.queue.stats();
                 self.stop(deleted).await;
+                // Before the answer: whoever waits for the stop sees the queue's bytes gone.
+                self.report_held(0);
                 let _ = reply.send(count.ready + count.scheduled + count.leased);
                 return ControlFlow::Break(());
             }
@@ -622,5 +647,7 @@ pub(crate) struct ActorSetup<L> {
     pub(crate) clock: ClockRef,
     pub(crate) store: Arc<dyn QueueStore>,
     pub(crate) budget: Arc<AtomicU64>,
+    /// The bytes every queue of this back-end holds, which each task keeps up to date.
+    pub(crate) held_total: Arc<AtomicU64>,
     pub(crate) capacity: usize,
 }
