@@ -203,14 +203,18 @@ impl Broker {
     }
 
     /// Waits, at most `bound`, until this back-end holds `queue` at placement epoch `epoch`
-    /// (at any epoch when `epoch` is unknown); whether it does.
+    /// (at any epoch when `epoch` is unknown) with settings `settled` accepts; whether it does.
     pub async fn wait_placed(
         &self,
         queue: &QueueName,
         epoch: PlacementEpoch,
+        settled: impl Fn(&QueueConfig) -> bool,
         bound: std::time::Duration,
     ) -> bool {
-        self.inner.queues.wait_placed(queue, epoch, bound).await
+        self.inner
+            .queues
+            .wait_placed(queue, epoch, settled, bound)
+            .await
     }
 
     /// The placement epoch `queue` is served at, if this back-end holds it.
@@ -538,6 +542,12 @@ impl Broker {
         self.handle(queue)?
             .call(|reply| Cmd::Admin(AdminCmd::Purge { reply }))
             .await
+    }
+
+    /// Bytes of messages every queue of this back-end holds (the sum of their `stats().bytes`,
+    /// as each queue's owner task last saw it), without asking each queue.
+    pub fn stored_bytes(&self) -> u64 {
+        self.inner.queues.held_bytes()
     }
 
     pub async fn stats(&self, queue: &QueueName) -> Result<QueueStats, Error> {

@@ -4,7 +4,7 @@
 //! queue is, both take from `targets.rs`).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 
 use ferry_kernel::{
@@ -51,14 +51,19 @@ pub(crate) struct Queues<L: QueueLog = LocalLog> {
     /// Each durable queue's memory budget (see `BrokerConfig::node_memory_budget_bytes`).
     budget: Arc<AtomicU64>,
     map: RwLock<HashMap<QueueName, Owned>>,
+    /// Bytes of messages every queue here holds, kept up to date by their owner tasks.
+    held_total: Arc<AtomicU64>,
+    /// How many of `map`'s queues are durable (the budget's divisor), kept in step by create
+    /// and delete so that neither counts every queue.
+    durable: AtomicUsize,
     /// Create and delete are rare; one at a time keeps the map and the store in step.
     admin: tokio::sync::Mutex<()>,
     /// Set by [`Queues::stop_all`]: every call fails with UNAVAILABLE from then on.
     stopping: AtomicBool,
     /// Turns true with `stopping`, for the streams that wait on it (see [`Queues::stopped`]).
     stopped_tx: tokio::sync::watch::Sender<bool>,
-    /// Counts the changes of which queue is here at which placement epoch, for the callers that
-    /// wait for one (see [`Queues::wait_placed`]).
+    /// Counts the changes of which queue is here at which placement epoch, and of their
+    /// settings, for the callers that wait for one (see [`Queues::wait_placed`]).
     placed_tx: tokio::sync::watch::Sender<u64>,
 }
 
@@ -84,6 +89,8 @@ impl<L: QueueLog> Queues<L> {
             store,
             budget,
             map: RwLock::new(HashMap::new()),
+            held_total: Arc::default(),
+            durable: AtomicUsize::new(0),
             admin: tokio::sync::Mutex::new(()),
             stopping: false.into(),
             stopped_tx: tokio::sync::watch::Sender::new(false),
@@ -121,6 +128,7 @@ impl<L: QueueLog> Queues<L> {
             map.insert(owned.def.name.clone(), owned);
         }
         tracing::info!(queues = map.len(), messages, "recovered queues");
+        this.durable.store(map.len(), Ordering::Relaxed);
         *this.map.write().unwrap_or_else(PoisonError::into_inner) = map;
         this
     }
@@ -189,23 +197,28 @@ impl<L: QueueLog> Queues<L> {
     }
 
     /// Waits until `queue` is here at placement epoch `asked` (any epoch, when `asked` is
-    /// unknown), or `bound` passes; whether it is. A queue the metadata defined a moment ago
-    /// is created here when this node applies that change: whoever must answer "created" waits
-    /// for exactly that, instead of asking again and again.
+    /// unknown) with settings that `settled` accepts, or `bound` passes; whether it is. A queue
+    /// the metadata defined (or changed) a moment ago is created (or changed) here when this
+    /// node applies that change: whoever must answer "created" (or "updated") waits for exactly
+    /// that, instead of asking again and again.
     pub(crate) async fn wait_placed(
         &self,
         queue: &QueueName,
         asked: PlacementEpoch,
+        settled: impl Fn(&QueueConfig) -> bool,
         bound: std::time::Duration,
     ) -> bool {
         let mut changes = self.placed_tx.subscribe();
-        let placed =
-            |epoch: Option<PlacementEpoch>| epoch.is_some_and(|e| !asked.is_known() || e == asked);
+        let placed = || {
+            let map = self.map.read().unwrap_or_else(PoisonError::into_inner);
+            map.get(queue)
+                .is_some_and(|o| (!asked.is_known() || o.epoch == asked) && settled(&o.def.config))
+        };
         let wait = async {
             // Bounded by the timeout below; each turn waits for a change of the map.
             loop {
                 changes.borrow_and_update();
-                if placed(self.placement_epoch(queue)) {
+                if placed() {
                     return;
                 }
                 if changes.changed().await.is_err() {
@@ -214,7 +227,13 @@ impl<L: QueueLog> Queues<L> {
             }
         };
         let _ = tokio::time::timeout(bound, wait).await;
-        placed(self.placement_epoch(queue))
+        placed()
+    }
+
+    /// Bytes of messages every queue here holds (each owner task's figure after its last
+    /// wake-up).
+    pub(crate) fn held_bytes(&self) -> u64 {
+        self.held_total.load(Ordering::Relaxed)
     }
 
     /// The placement epoch `queue` is served at, if it is here.
@@ -235,19 +254,14 @@ impl<L: QueueLog> Queues<L> {
             clock: Arc::clone(&self.clock),
             store: Arc::clone(&self.store),
             budget: Arc::clone(&self.budget),
+            held_total: Arc::clone(&self.held_total),
             capacity: self.config.queue_channel_capacity,
         }
     }
 
     /// Gives each durable queue its share of the node's memory budget.
     fn share_budget(&self) {
-        let durable = self
-            .map
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .values()
-            .filter(|o| !o.temporary)
-            .count();
+        let durable = self.durable.load(Ordering::Relaxed);
         self.budget
             .store(queue_budget(&self.config, durable), Ordering::Relaxed);
     }
@@ -348,6 +362,9 @@ impl<L: QueueLog> Queues<L> {
             .write()
             .unwrap_or_else(PoisonError::into_inner)
             .insert(name, owned);
+        if !temporary {
+            self.durable.fetch_add(1, Ordering::Relaxed);
+        }
         self.placed_changed();
         self.share_budget();
         tracing::info!(queue = %s.name, temporary, "queue created");
@@ -397,6 +414,9 @@ impl<L: QueueLog> Queues<L> {
             .remove(name);
         self.placed_changed();
         let held = owned.handle.stop(true).await;
+        if !owned.temporary {
+            self.durable.fetch_sub(1, Ordering::Relaxed);
+        }
         self.share_budget();
         if !owned.temporary {
             self.log
@@ -457,6 +477,7 @@ impl<L: QueueLog> Queues<L> {
         {
             o.def = def;
         }
+        self.placed_changed();
         let changes = crate::queues::changes(name, &before, &config);
         tracing::info!(queue = %name, changes = %changes, "queue updated");
         self.outbox.event(crate::outbox::BrokerEvent {

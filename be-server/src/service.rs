@@ -234,8 +234,17 @@ impl pb::backend_server::Backend for BackendService {
         if r.wait_placed_ms > 0 {
             let name = queue_name(&r.name)?;
             let bound = Duration::from_millis(r.wait_placed_ms.min(WAIT_PLACED_MAX_MS));
+            let wanted = r.wait_settings.as_ref();
+            let settled = |config: &ferry_kernel::QueueConfig| {
+                wanted.is_none_or(|w| &convert::queue_config_to_pb(&name, config) == w)
+            };
             self.broker
-                .wait_placed(&name, PlacementEpoch::new(r.placement_epoch), bound)
+                .wait_placed(
+                    &name,
+                    PlacementEpoch::new(r.placement_epoch),
+                    settled,
+                    bound,
+                )
                 .await;
         }
         let name = self.placed(&r)?;

@@ -39,6 +39,7 @@ fn stats(epoch: PlacementEpoch) -> Request<pb::BackendQueueRequest> {
         name: "q".into(),
         placement_epoch: epoch.get(),
         wait_placed_ms: 0,
+        wait_settings: None,
     })
 }
 
@@ -107,6 +108,7 @@ async fn once_the_epoch_moves_on_calls_routed_by_the_former_one_are_fenced() {
             name: "nope".into(),
             placement_epoch: moved.get(),
             wait_placed_ms: 0,
+            wait_settings: None,
         }))
         .await
         .unwrap_err();
@@ -127,6 +129,7 @@ async fn a_get_queue_that_waits_for_its_placement_answers_once_the_queue_is_plac
             name: name.into(),
             placement_epoch: epoch.get(),
             wait_placed_ms: u64::try_from(wait.as_millis()).unwrap(),
+            wait_settings: None,
         })
     };
     // Without a wait: NOT_FOUND at once.
@@ -142,7 +145,7 @@ async fn a_get_queue_that_waits_for_its_placement_answers_once_the_queue_is_plac
         .await
         .unwrap();
     let started = std::time::Instant::now();
-    let wait = broker.wait_placed(&fresh, epoch, WAIT);
+    let wait = broker.wait_placed(&fresh, epoch, |_| true, WAIT);
     tokio::pin!(wait);
     // Polled once: it waits (the queue is here, at another epoch).
     assert!(futures::poll!(&mut wait).is_pending(), "placed too soon");
@@ -164,4 +167,63 @@ async fn a_get_queue_that_waits_for_its_placement_answers_once_the_queue_is_plac
     let e = be.get_queue(ask("never", wait)).await.unwrap_err();
     assert_eq!(e.code(), Code::NotFound, "{e}");
     assert!(started.elapsed() >= wait);
+}
+
+/// An update its owner applies when it applies the metadata change: a `GetQueue` waiting for
+/// the new settings (`wait_settings`) answers as soon as they are served, woken by the update
+/// rather than at the end of its wait; without the update it answers, with what is served, at
+/// the end of its wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_get_queue_that_waits_for_new_settings_answers_once_they_are_served() {
+    use ferry_proto::convert::{queue_config_from_pb, queue_config_to_pb};
+    const WAIT: std::time::Duration = std::time::Duration::from_secs(20);
+    let (broker, be) = backend().await;
+    let q = QueueName::new("q").unwrap();
+    let ask = |wait: std::time::Duration, settings: &pb::QueueConfig| {
+        Request::new(pb::BackendQueueRequest {
+            name: "q".into(),
+            placement_epoch: PlacementEpoch::STATIC.get(),
+            wait_placed_ms: u64::try_from(wait.as_millis()).unwrap(),
+            wait_settings: Some(settings.clone()),
+        })
+    };
+    let served = be.get_queue(stats(PlacementEpoch::STATIC)).await.unwrap();
+    let before = served.into_inner().config.unwrap();
+    let patch = pb::QueueConfig {
+        max_messages: Some(5),
+        ..Default::default()
+    };
+    let current = queue_config_from_pb(Some(before.clone()), &QueueConfig::default()).unwrap();
+    let expected = queue_config_to_pb(
+        &q,
+        &queue_config_from_pb(Some(patch.clone()), &current).unwrap(),
+    );
+    assert_ne!(expected, before);
+
+    // Not applied: the answer comes at the end of the wait, showing what is served.
+    let short = std::time::Duration::from_millis(200);
+    let started = std::time::Instant::now();
+    let info = be
+        .get_queue(ask(short, &expected))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(started.elapsed() >= short);
+    assert_eq!(info.config.as_ref(), Some(&before));
+
+    let started = std::time::Instant::now();
+    let get = be.get_queue(ask(WAIT, &expected));
+    tokio::pin!(get);
+    assert!(
+        futures::poll!(&mut get).is_pending(),
+        "answered before the update"
+    );
+    broker.update_queue(&q, patch).await.unwrap();
+    let info = get.await.unwrap().into_inner();
+    assert_eq!(info.config.as_ref(), Some(&expected));
+    assert!(
+        started.elapsed() < WAIT,
+        "woken by the update, not by the end of its wait: {:?}",
+        started.elapsed()
+    );
 }

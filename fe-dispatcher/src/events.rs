@@ -174,6 +174,7 @@ async fn check(
                     // Asked of the node that listed it, whoever the owner is by now.
                     placement_epoch: PlacementEpoch::UNKNOWN.get(),
                     wait_placed_ms: 0,
+                    wait_settings: None,
                 }))
                 .await
             else {

@@ -9,7 +9,7 @@ use crate::raft::MetaNode;
 use crate::raft::{HeldQueue, MetaView, QueueHost};
 use anyhow::Context as _;
 use ferry_be_server::{BackendService, Broker};
-use ferry_cluster::meta::MetaState;
+use ferry_cluster::meta::{MetaState, QueueDef};
 use ferry_fe_dispatcher::{
     BackendRef, Catalog, CatalogEntry, CatchUp, Owner, Placement, Reachability, RemoteBackend,
 };
@@ -73,13 +73,7 @@ impl QueueHost for BrokerHost {
     }
 
     async fn stored_bytes(&self) -> u64 {
-        let mut total = 0u64;
-        for q in self.broker.list_queues() {
-            if let Ok(stats) = self.broker.stats(&q.name).await {
-                total = total.saturating_add(stats.bytes);
-            }
-        }
-        total
+        self.broker.stored_bytes()
     }
 
     fn set_epoch(&self, name: &QueueName, epoch: PlacementEpoch) {
@@ -172,6 +166,8 @@ pub struct PlacementBuilder {
     remotes: HashMap<(NodeId, String), BackendRef>,
     /// Whether a node is reachable from here (see [`RemoteBackend::with_reachability`]).
     reachability: Option<ReachabilityOf>,
+    /// The metadata the last placement was built from, and that placement.
+    last: Option<(MetaState, Placement)>,
 }
 
 /// Whether a node is reachable from here, by id.
@@ -184,6 +180,7 @@ impl PlacementBuilder {
             local,
             remotes: HashMap::new(),
             reachability: None,
+            last: None,
         }
     }
 
@@ -196,7 +193,33 @@ impl PlacementBuilder {
         self
     }
 
+    /// The placement of `meta`: built from the one made last by the queues that changed since
+    /// (see [`MetaState::queue_changes`]), so its cost follows the change, not the number of
+    /// queues.
     pub fn build(&mut self, meta: &MetaState) -> anyhow::Result<Placement> {
+        let mut placement = self.with_nodes(meta)?;
+        match self.last.take() {
+            Some((before, last)) => {
+                placement = placement.with_queues_of(&last);
+                for change in before.queue_changes(meta) {
+                    placement = match change.after {
+                        Some(def) => placement.with_queue(change.name.clone(), owner(def)),
+                        None => placement.without_queue(change.name),
+                    };
+                }
+            }
+            None => {
+                for (name, def) in meta.queues() {
+                    placement = placement.with_queue(name.clone(), owner(def));
+                }
+            }
+        }
+        self.last = Some((meta.clone(), placement.clone()));
+        Ok(placement)
+    }
+
+    /// A placement of `meta`'s active nodes and no queue.
+    fn with_nodes(&mut self, meta: &MetaState) -> anyhow::Result<Placement> {
         let mut placement =
             Placement::new(self.me.clone(), self.local.clone()).with_version(meta.applied_index());
         let mut kept = HashMap::new();
@@ -207,32 +230,35 @@ impl PlacementBuilder {
             let key = (id.clone(), n.peer_addr.clone());
             let backend = match self.remotes.remove(&key) {
                 Some(b) => b,
-                None => {
-                    let url = format!("http://{}", n.peer_addr);
-                    let mut remote = RemoteBackend::new(&url)
-                        .with_context(|| format!("peer address of node {id}: {url:?}"))?;
-                    if let Some(of) = &self.reachability {
-                        let (of, node) = (Arc::clone(of), id.clone());
-                        remote = remote.with_reachability(Reachability {
-                            node: id.to_string(),
-                            up: Arc::new(move || of(&node)),
-                        });
-                    }
-                    Arc::new(remote) as BackendRef
-                }
+                None => self.remote(id, &n.peer_addr)?,
             };
             placement = placement.with_node(id.clone(), backend.clone());
             kept.insert(key, backend);
         }
         self.remotes = kept;
-        for (name, def) in meta.queues() {
-            let owner = Owner {
-                node: def.owner.node.clone(),
-                epoch: def.owner.epoch,
-            };
-            placement = placement.with_queue(name.clone(), owner);
-        }
         Ok(placement)
+    }
+
+    /// A client of node `id`'s back-end at `peer_addr`.
+    fn remote(&self, id: &NodeId, peer_addr: &str) -> anyhow::Result<BackendRef> {
+        let url = format!("http://{peer_addr}");
+        let mut remote = RemoteBackend::new(&url)
+            .with_context(|| format!("peer address of node {id}: {url:?}"))?;
+        if let Some(of) = &self.reachability {
+            let (of, node) = (Arc::clone(of), id.clone());
+            remote = remote.with_reachability(Reachability {
+                node: id.to_string(),
+                up: Arc::new(move || of(&node)),
+            });
+        }
+        Ok(Arc::new(remote) as BackendRef)
+    }
+}
+
+fn owner(def: &QueueDef) -> Owner {
+    Owner {
+        node: def.owner.node.clone(),
+        epoch: def.owner.epoch,
     }
 }
 

@@ -73,7 +73,7 @@ pub(crate) struct QueueActor<L: QueueLog> {
     clock: ClockRef,
     /// The queue's name, shared with its history steps.
     name: Arc<str>,
-    rx: mpsc::Receiver<Cmd>,
+    rx: mpsc::Receiver<handle::Mail>,
     waiters: HashMap<WaiterId, Parked>,
     tickets: HashMap<u64, WaiterId>,
     pending: FuturesOrdered<PendingCommit>,
@@ -85,6 +85,20 @@ pub(crate) struct QueueActor<L: QueueLog> {
     /// Sends are refused until this time (wall clock, ms): the queue is being deleted because
     /// it was found empty (see [`AdminCmd::Seal`]).
     sealed_until_ms: Option<u64>,
+    /// The back-end's total of bytes held (see [`QueueActor::report_held`]), and this queue's
+    /// part of it.
+    held_total: Arc<AtomicU64>,
+    held_reported: u64,
+}
+
+/// What woke the owner task (see [`QueueActor::run`]).
+enum Wake {
+    /// A command, or `None`: every handle is gone.
+    Mail(Option<handle::Mail>),
+    /// A write completed (see `PendingCommit`).
+    Written(Option<Result<(), StoreError>>, Vec<Answer>, Seq),
+    /// The queue's next deadline came.
+    Due,
 }
 
 /// A receive parked at the queue, waiting for messages.
@@ -121,59 +135,110 @@ impl<L: QueueLog> QueueActor<L> {
             last_write: Ok(()),
             moving: Vec::new(),
             sealed_until_ms: None,
+            held_total: setup.held_total,
+            held_reported: 0,
         };
-        tokio::spawn(actor.run(delayed));
+        tokio::spawn(Box::new(actor).run(delayed));
         QueueHandle::new(tx)
     }
 
-    async fn run(mut self, delayed: Vec<RecoveredMessage>) {
+    /// The task: waits for mail, a write to complete or its next deadline, then handles it.
+    ///
+    /// Sized for idle queues, which are most of them: an async fn's future is as large as its
+    /// largest await plus its arguments twice (they are moved into the body), and an idle
+    /// queue's task held 7.2 KiB. So the actor comes boxed (its 2.5 KiB are held once), and
+    /// the handling of each wake-up (and the start) runs in a boxed future of its own, which
+    /// costs one allocation per wake-up: the task's future holds only what waiting needs.
+    async fn run(mut self: Box<Self>, delayed: Vec<RecoveredMessage>) {
+        Box::pin(self.begin(delayed)).await;
+        loop {
+            let wake = self.next_wake().await;
+            if Box::pin(self.wake(wake)).await.is_break() {
+                return;
+            }
+        }
+    }
+
+    /// Waits for mail, a write to complete, or the queue's next deadline.
+    async fn next_wake(&mut self) -> Wake {
+        // Parked receivers still being looked for in the store: come back at once.
+        let due = if self.queue.more_to_look_at() {
+            Some(0)
+        } else {
+            self.queue.next_deadline_ms()
+        };
+        let deadline = due.map(|at| {
+            // Capped so a far-off deadline (a huge wait or delay from a client) can never
+            // overflow the timer; waking early is harmless, the kernel just re-arms.
+            let wait =
+                Duration::from_millis(at.saturating_sub(self.clock.now_ms()).min(TIMER_MAX_MS));
+            tokio::time::Instant::now() + wait
+        });
+        let timer = async {
+            match deadline {
+                Some(t) => tokio::time::sleep_until(t).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            mail = self.rx.recv() => Wake::Mail(mail),
+            Some((result, answers, seq)) = self.pending.next(), if !self.pending.is_empty() => {
+                Wake::Written(result, answers, seq)
+            }
+            () = timer => Wake::Due,
+        }
+    }
+
+    /// The start: recovered messages still to be delivered later, then the window's first fill.
+    async fn begin(&mut self, delayed: Vec<RecoveredMessage>) {
         if !delayed.is_empty() {
             let fx = self.queue.pull(delayed, self.clock.now_ms());
             self.finish(fx, vec![]).await;
         }
-        loop {
-            self.fill().await;
-            // Parked receivers still being looked for in the store: come back at once.
-            let due = if self.queue.more_to_look_at() {
-                Some(0)
-            } else {
-                self.queue.next_deadline_ms()
-            };
-            let deadline = due.map(|at| {
-                // Capped so a far-off deadline (a huge wait or delay from a client) can never
-                // overflow the timer; waking early is harmless, the kernel just re-arms.
-                let wait =
-                    Duration::from_millis(at.saturating_sub(self.clock.now_ms()).min(TIMER_MAX_MS));
-                tokio::time::Instant::now() + wait
-            });
-            let timer = async {
-                match deadline {
-                    Some(t) => tokio::time::sleep_until(t).await,
-                    None => std::future::pending().await,
-                }
-            };
-            tokio::select! {
-                cmd = self.rx.recv() => match cmd {
-                    Some(cmd) => {
-                        if self.handle(cmd).await.is_break() {
-                            return;
-                        }
-                    }
-                    None => {
-                        self.stop(false).await;
-                        return;
-                    }
-                },
-                Some((result, answers, seq)) = self.pending.next(), if !self.pending.is_empty() => {
-                    let result = self.settle(result, seq);
-                    self.answer(result, answers).await;
-                }
-                () = timer => {
-                    let fx = self.queue.tick(self.clock.now_ms());
-                    self.finish(fx, vec![]).await;
+        self.fill().await;
+        self.report_held(self.queue.held_bytes());
+    }
+
+    /// One wake-up, then the window filled again. Breaks after [`Cmd::Stop`] or once every
+    /// handle is gone.
+    async fn wake(&mut self, wake: Wake) -> ControlFlow<()> {
+        match wake {
+            Wake::Mail(Some(cmd)) => {
+                if self.handle(*cmd).await.is_break() {
+                    return ControlFlow::Break(());
                 }
             }
+            Wake::Mail(None) => {
+                self.stop(false).await;
+                self.report_held(0);
+                return ControlFlow::Break(());
+            }
+            Wake::Written(result, answers, seq) => {
+                let result = self.settle(result, seq);
+                self.answer(result, answers).await;
+            }
+            Wake::Due => {
+                let fx = self.queue.tick(self.clock.now_ms());
+                self.finish(fx, vec![]).await;
+            }
         }
+        self.fill().await;
+        self.report_held(self.queue.held_bytes());
+        ControlFlow::Continue(())
+    }
+
+    /// Brings this queue's part of the back-end's total of bytes held to `held`: the node
+    /// reads the total every 2 s for the placement rule, and asking every owner task for it
+    /// cost a round trip per queue (25 % of a core at rest with 10 000 queues, debug build).
+    fn report_held(&mut self, held: u64) {
+        if held >= self.held_reported {
+            self.held_total
+                .fetch_add(held - self.held_reported, Ordering::Relaxed);
+        } else {
+            self.held_total
+                .fetch_sub(self.held_reported - held, Ordering::Relaxed);
+        }
+        self.held_reported = held;
     }
 
     async fn stop(&mut self, deleted: bool) {
@@ -276,6 +341,8 @@ impl<L: QueueLog> QueueActor<L> {
             Cmd::Stop { deleted, reply } => {
                 let count = self.queue.stats();
                 self.stop(deleted).await;
+                // Before the answer: whoever waits for the stop sees the queue's bytes gone.
+                self.report_held(0);
                 let _ = reply.send(count.ready + count.scheduled + count.leased);
                 return ControlFlow::Break(());
             }
@@ -580,5 +647,7 @@ pub(crate) struct ActorSetup<L> {
     pub(crate) clock: ClockRef,
     pub(crate) store: Arc<dyn QueueStore>,
     pub(crate) budget: Arc<AtomicU64>,
+    /// The bytes every queue of this back-end holds, which each task keeps up to date.
+    pub(crate) held_total: Arc<AtomicU64>,
     pub(crate) capacity: usize,
 }

@@ -482,7 +482,7 @@ impl MetaState {
         }
         for q in w.queues {
             let (name, def) = queue_from_wire(WHAT, q)?;
-            state.queues.insert(name, def);
+            state.insert_queue(name, def);
         }
         for r in &w.requests {
             let (id, index) = r.parts();

@@ -187,7 +187,7 @@ impl MetaState {
                 state.nodes.insert(id, info);
             } else if key.starts_with(QUEUE_PREFIX) {
                 let (name, def) = queue_from_wire(WHAT, decode_wire(WHAT, value)?)?;
-                state.queues.insert(name, def);
+                state.insert_queue(name, def);
             } else if let Some(id) = key.strip_prefix(REQUEST_PREFIX) {
                 let (id, index) =
                     request_from_durable(id, value).ok_or_else(|| MetaError::Decode {

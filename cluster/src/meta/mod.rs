@@ -15,6 +15,7 @@
 //! ([`MetaError::stops_apply`]): skipping it would let the nodes' metadata diverge.
 
 mod apply;
+mod changes;
 mod codec;
 mod command;
 mod durable;
@@ -29,6 +30,7 @@ mod voters;
 #[cfg(test)]
 mod tests;
 
+pub use changes::QueueChange;
 pub use codec::{COMMAND_LEVEL, COMMAND_VERSION, SNAPSHOT_VERSION};
 pub use command::{bootstrap_raft_ids, Applied, MetaCommand, MetaEvent, NewNode};
 pub use durable::{DurableWrite, Touched, DURABLE_END, DURABLE_PREFIX};
@@ -38,7 +40,9 @@ pub use placement::{
     NodeAddrs, PlacementSnapshot,
 };
 pub use requests::{RequestId, REQUESTS_KEPT};
-pub use state::{ClusterId, MetaState, NodeInfo, NodeRole, NodeState, Owner, QueueDef, RaftId};
+pub use state::{
+    ClusterId, MetaState, NodeInfo, NodeRole, NodeState, Owner, QueueDef, QueueDefs, RaftId,
+};
 pub use voters::{
     check_voters, next_membership_step, MembershipStep, VoterChange, VoterCheck, VOTER_COUNTS,
 };

@@ -47,17 +47,9 @@ pub fn choose_owner_avoiding(
     }
     let active = || state.nodes.iter().filter(|(_, n)| n.is_active());
     let all_down = active().all(|(id, _)| down.contains(id));
-    let mut queue_counts: BTreeMap<&NodeId, usize> = active()
+    active()
         .filter(|(id, _)| all_down || !down.contains(*id))
-        .map(|(id, _)| (id, 0))
-        .collect();
-    for q in state.queues.values() {
-        if let Some(count) = queue_counts.get_mut(&q.owner.node) {
-            *count += 1;
-        }
-    }
-    queue_counts
-        .into_iter()
+        .map(|(id, _)| (id, state.queue_count(id)))
         .min_by_key(|(id, count)| (*count, loads_bytes.get(*id).copied().unwrap_or(0), *id))
         .map(|(id, _)| id.clone())
         .ok_or(MetaError::NoActiveNode)

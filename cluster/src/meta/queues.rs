@@ -68,8 +68,7 @@ impl MetaState {
 
     pub(crate) fn delete_queue(&mut self, name: &QueueName) -> Result<MetaEvent, MetaError> {
         let removed = self
-            .queues
-            .remove(name)
+            .remove_queue(name)
             .ok_or_else(|| MetaError::QueueNotFound {
                 queue: name.clone(),
             })?;
@@ -88,13 +87,11 @@ impl MetaState {
         self.next_epoch = self.next_epoch.next().expect(
             "invariant: check_invariants keeps next_epoch <= COUNTER_MAX, far below u64::MAX",
         );
-        self.queues.insert(
-            name.clone(),
-            QueueDef {
-                settings,
-                owner: owner.clone(),
-            },
-        );
+        let def = QueueDef {
+            settings,
+            owner: owner.clone(),
+        };
+        self.insert_queue(name.clone(), def);
         owner
     }
 

@@ -99,13 +99,28 @@ pub struct QueueDef {
     pub owner: Owner,
 }
 
+/// The queue definitions by name: a persistent map, so that a copy of the state shares every
+/// definition with the original and a change copies O(log n) (see [`MetaState`]).
+pub type QueueDefs = imbl::OrdMap<QueueName, QueueDef>;
+
 /// The state machine of Raft group 0. Deterministic: the same commands at the same indexes
 /// give the same state (and [`MetaState::digest`]) on every node.
+///
+/// Cheap to clone whatever the number of queues: the queues and the request table are
+/// persistent maps (structurally shared), and the nodes are few. The node publishes a copy
+/// after every round that changed it, and its follower compares two copies in proportion to
+/// what changed between them ([`MetaState::queue_changes`]); when a clone copied every queue,
+/// creating a queue cost in proportion to the number of queues.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MetaState {
     pub(crate) cluster_id: Option<ClusterId>,
     pub(crate) nodes: BTreeMap<NodeId, NodeInfo>,
-    pub(crate) queues: BTreeMap<QueueName, QueueDef>,
+    /// Changed only through [`MetaState::insert_queue`] and [`MetaState::remove_queue`], which
+    /// keep `queue_counts` in step.
+    pub(crate) queues: QueueDefs,
+    /// How many queues each node owns (nodes owning none are absent): derived from `queues`,
+    /// so that the placement rule, read at every create, does not count every queue.
+    pub(crate) queue_counts: BTreeMap<NodeId, usize>,
     pub(crate) next_raft_id: u64,
     pub(crate) next_epoch: PlacementEpoch,
     pub(crate) applied_index: u64,
@@ -119,7 +134,8 @@ impl MetaState {
         MetaState {
             cluster_id: None,
             nodes: BTreeMap::new(),
-            queues: BTreeMap::new(),
+            queues: QueueDefs::new(),
+            queue_counts: BTreeMap::new(),
             next_raft_id: 1,
             // The first epoch the metadata gives (never UNKNOWN, which a back-end does not check).
             next_epoch: PlacementEpoch::new(1),
@@ -143,14 +159,43 @@ impl MetaState {
         self.nodes.get(id)
     }
 
-    /// Every queue.
-    pub fn queues(&self) -> &BTreeMap<QueueName, QueueDef> {
+    /// Every queue, in name order.
+    pub fn queues(&self) -> &QueueDefs {
         &self.queues
     }
 
     /// One queue.
     pub fn queue(&self, name: &QueueName) -> Option<&QueueDef> {
         self.queues.get(name)
+    }
+
+    /// How many queues `node` owns.
+    pub fn queue_count(&self, node: &NodeId) -> usize {
+        self.queue_counts.get(node).copied().unwrap_or(0)
+    }
+
+    /// Defines (or redefines) a queue, keeping the owners' counts in step.
+    pub(crate) fn insert_queue(&mut self, name: QueueName, def: QueueDef) {
+        *self.queue_counts.entry(def.owner.node.clone()).or_default() += 1;
+        if let Some(old) = self.queues.insert(name, def) {
+            self.uncount(&old.owner.node);
+        }
+    }
+
+    /// Removes a queue's definition, keeping the owners' counts in step.
+    pub(crate) fn remove_queue(&mut self, name: &QueueName) -> Option<QueueDef> {
+        let removed = self.queues.remove(name)?;
+        self.uncount(&removed.owner.node);
+        Some(removed)
+    }
+
+    fn uncount(&mut self, node: &NodeId) {
+        if let Some(count) = self.queue_counts.get_mut(node) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                self.queue_counts.remove(node);
+            }
+        }
     }
 
     /// The last index applied.
@@ -255,6 +300,16 @@ impl MetaState {
                     q.owner.epoch
                 ));
             }
+        }
+        let mut counts: BTreeMap<NodeId, usize> = BTreeMap::new();
+        for q in self.queues.values() {
+            *counts.entry(q.owner.node.clone()).or_default() += 1;
+        }
+        if counts != self.queue_counts {
+            return Err(format!(
+                "queue counts per node {:?}, the queues say {counts:?}",
+                self.queue_counts
+            ));
         }
         if self.cluster_id.is_some() && self.voters().is_empty() {
             return Err("no active voter".to_owned());

@@ -11,7 +11,7 @@ use tonic::{Request, Response, Status};
 
 use crate::catalog::CatalogRef;
 use crate::dispatch::{queue_name, Dispatch};
-use crate::router::Router;
+use crate::router::{Owner, Router};
 use crate::BackendRef;
 
 /// See the module docs.
@@ -68,46 +68,63 @@ impl AdminService {
         let entry = catalog
             .create_queue(name, r.config.unwrap_or_default(), pinned, r.if_not_exists)
             .await?;
-        let backend = self
-            .router()
-            .placement()
-            .backend(&entry.owner.node)?
-            .clone();
+        let info = self.wait_owner_serves(name, &entry.owner, None).await?;
+        Ok(Response::new(pb::CreateQueueResponse {
+            queue: Some(info),
+            created: entry.created,
+        }))
+    }
+
+    /// Waits until the owner serves `name` at `owner`'s epoch (a new queue, which it creates
+    /// when it applies the metadata change), with the settings `updated` when given (an update,
+    /// which it applies when it applies the change). The owner answers one `GetQueue` as soon
+    /// as it does (`wait_placed_ms`, `wait_settings`); a node of an older release answers at
+    /// once, and is asked again every 20 ms until [`OWNER_CREATE_WAIT`] has passed.
+    async fn wait_owner_serves(
+        &self,
+        name: &QueueName,
+        owner: &Owner,
+        updated: Option<pb::QueueConfig>,
+    ) -> Result<pb::QueueInfo, Status> {
+        let backend = self.router().placement().backend(&owner.node)?.clone();
         let deadline = tokio::time::Instant::now() + OWNER_CREATE_WAIT;
         loop {
-            // The owner creates the queue when it applies the change: it answers once it has
-            // (`wait_placed_ms`), so one call is enough. A node of an older release answers at
-            // once; the loop then asks again.
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let late = left.is_zero();
             let req = pb::BackendQueueRequest {
                 name: name.to_string(),
-                placement_epoch: entry.owner.epoch.get(),
+                placement_epoch: owner.epoch.get(),
                 wait_placed_ms: u64::try_from(left.as_millis()).unwrap_or(u64::MAX).max(1),
+                wait_settings: updated.clone(),
             };
             match backend.get_queue(Request::new(req)).await {
-                Ok(info) => {
-                    return Ok(Response::new(pb::CreateQueueResponse {
-                        queue: Some(info.into_inner()),
-                        created: entry.created,
-                    }))
+                Ok(info) if updated.is_none() || info.get_ref().config == updated => {
+                    return Ok(info.into_inner())
                 }
-                // Not applied on the owner yet (NOT_FOUND), or applied with the epoch not yet
-                // set (FAILED_PRECONDITION): it will be, shortly.
+                Ok(_) if !late => {}
+                Ok(_) => {
+                    return Err(Status::unavailable(format!(
+                        "the change to queue {name} is committed, but its owner, node {}, has not applied it within {} s; is that node up? (`ferry cluster status`)",
+                        owner.node,
+                        OWNER_CREATE_WAIT.as_secs()
+                    )))
+                }
+                // A new queue not created on the owner yet (NOT_FOUND), or created with its
+                // epoch not yet set (FAILED_PRECONDITION): it will be, shortly.
                 Err(e)
-                    if matches!(e.code(), tonic::Code::NotFound | tonic::Code::FailedPrecondition)
-                        && tokio::time::Instant::now() < deadline =>
-                {
-                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-                }
-                Err(e) if e.code() == tonic::Code::NotFound => {
+                    if updated.is_none()
+                        && matches!(e.code(), tonic::Code::NotFound | tonic::Code::FailedPrecondition)
+                        && !late => {}
+                Err(e) if updated.is_none() && e.code() == tonic::Code::NotFound => {
                     return Err(Status::unavailable(format!(
                         "queue {name} is defined on node {}, which has not created it within {} s; is that node up? (`ferry cluster status`)",
-                        entry.owner.node,
+                        owner.node,
                         OWNER_CREATE_WAIT.as_secs()
                     )))
                 }
                 Err(e) => return Err(e),
             }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
     }
 
@@ -192,6 +209,7 @@ impl AdminService {
                     name: queue.to_string(),
                     placement_epoch: placement_epoch.get(),
                     wait_placed_ms: 0,
+                    wait_settings: None,
                 };
                 f(be, req)
             })
@@ -604,28 +622,9 @@ impl pb::admin_server::Admin for AdminService {
         };
         let (owner, _) = catalog.update_queue(&name, &patch).await?;
         let changed = expected != previous;
-        let backend = self.router().placement().backend(&owner.node)?.clone();
-        let deadline = tokio::time::Instant::now() + OWNER_CREATE_WAIT;
-        // The owner applies the change when it applies the metadata: wait until it serves it.
-        let info = loop {
-            let req = pb::BackendQueueRequest {
-                name: name.to_string(),
-                placement_epoch: owner.epoch.get(),
-                wait_placed_ms: 0,
-            };
-            let info = backend.get_queue(Request::new(req)).await?.into_inner();
-            if !changed || info.config.as_ref() == Some(&expected) {
-                break info;
-            }
-            if tokio::time::Instant::now() >= deadline {
-                return Err(Status::unavailable(format!(
-                    "the change to queue {name} is committed, but its owner, node {}, has not applied it within {} s; is that node up? (`ferry cluster status`)",
-                    owner.node,
-                    OWNER_CREATE_WAIT.as_secs()
-                )));
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        };
+        let info = self
+            .wait_owner_serves(&name, &owner, changed.then_some(expected))
+            .await?;
         Ok(Response::new(pb::UpdateQueueResponse {
             queue: Some(info),
             previous: Some(previous),

@@ -131,6 +131,7 @@ impl Dispatch {
                         name: q.to_string(),
                         placement_epoch: placement_epoch.get(),
                         wait_placed_ms: 0,
+                        wait_settings: None,
                     };
                     async move { be.delete_queue(Request::new(req)).await }
                 })

@@ -53,6 +53,7 @@ impl Dispatch {
                     name: r.queue.clone(),
                     placement_epoch: placement_epoch.get(),
                     wait_placed_ms: 0,
+                    wait_settings: None,
                 };
                 async move { be.delete_queue(Request::new(req)).await }
             })

@@ -76,6 +76,7 @@ impl Dispatch {
                         name: reply_to.to_string(),
                         placement_epoch: placement_epoch.get(),
                         wait_placed_ms: 0,
+                        wait_settings: None,
                     };
                     async move { be.get_queue(Request::new(req)).await }
                 })

@@ -14,7 +14,7 @@
 //! bounded number of times. Nothing keeps an owner across calls: a receipt handle is routed by
 //! its queue, not by the node written in it.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -63,7 +63,10 @@ pub struct Placement {
     /// The metadata index this snapshot was built from (0 for a placement made by hand).
     version: u64,
     nodes: BTreeMap<NodeId, BackendRef>,
-    queues: HashMap<QueueName, Owner>,
+    /// A persistent map: a snapshot made from the previous one by a few changes
+    /// ([`Placement::with_queues_of`], [`Placement::without_queue`]) costs those changes, not
+    /// a copy of every entry.
+    queues: imbl::HashMap<QueueName, Owner>,
 }
 
 impl std::fmt::Debug for Placement {
@@ -86,7 +89,7 @@ impl Placement {
             local_node,
             version: 0,
             nodes,
-            queues: HashMap::new(),
+            queues: imbl::HashMap::new(),
         }
     }
 
@@ -115,6 +118,19 @@ impl Placement {
     /// Places a queue.
     pub fn with_queue(mut self, queue: QueueName, owner: Owner) -> Self {
         self.queues.insert(queue, owner);
+        self
+    }
+
+    /// Removes a queue's entry (the rules place it again).
+    pub fn without_queue(mut self, queue: &QueueName) -> Self {
+        self.queues.remove(queue);
+        self
+    }
+
+    /// Takes every queue entry of `other` in place of its own (in O(1): the entries are
+    /// shared), to build a snapshot from the previous one by its changes.
+    pub fn with_queues_of(mut self, other: &Placement) -> Self {
+        self.queues = other.queues.clone();
         self
     }
 

@@ -48,6 +48,7 @@ async fn get_queue(router: &Router, q: &str) -> Result<pb::QueueInfo, Status> {
                 name: q.to_string(),
                 placement_epoch: placement_epoch.get(),
                 wait_placed_ms: 0,
+                wait_settings: None,
             };
             async move { be.get_queue(Request::new(req)).await }
         })
@@ -258,6 +259,7 @@ async fn the_refresh_wait_ends_at_the_call_deadline() {
                 name: "orders".into(),
                 placement_epoch: placement_epoch.get(),
                 wait_placed_ms: 0,
+                wait_settings: None,
             };
             async move { be.get_queue(Request::new(req)).await }
         })

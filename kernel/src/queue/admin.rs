@@ -198,6 +198,12 @@ impl Queue {
             .map_or(0, |s| s.len() as u64)
     }
 
+    /// Bytes of messages the queue holds, resident and paged out (`QueueStats::bytes`), without
+    /// building the rest of the statistics.
+    pub fn held_bytes(&self) -> u64 {
+        self.bytes + self.paging.paged_out().1
+    }
+
     pub fn stats(&self) -> QueueStats {
         let c = self.counters;
         let (paged_out, paged_out_bytes) = self.paging.paged_out();

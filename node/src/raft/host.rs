@@ -2,12 +2,12 @@
 //! committed metadata is carried out on it (a queue created or deleted on its owner only after
 //! the command is committed and applied here).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use ferry_kernel::{NodeId, PlacementEpoch, QueueName};
 use ferry_proto::pb;
 
-use ferry_cluster::meta::MetaState;
+use ferry_cluster::meta::{MetaState, QueueDef};
 
 /// A durable queue held by the local back-end.
 #[derive(Debug, Clone)]
@@ -106,53 +106,72 @@ pub(crate) async fn reconcile(
     }
 }
 
-/// Deletes on the local back-end the queues `me` owned in `before` and no longer owns in
-/// `after` at the same epoch: deleted through any node, or deleted and created again (the two
-/// changes seen in one view: the new queue has a new epoch and must start empty; [`reconcile`]
-/// creates it next).
-pub(crate) async fn delete_gone(
+/// Carries out on the local back-end what changed between `before` and `after` (two states
+/// the node published, `after` the newer), looking only at the queues that changed
+/// ([`MetaState::queue_changes`]): a queue `me` owned at an epoch and no longer owns at it is
+/// deleted (deleted through any node, or deleted and created again: the two changes seen in
+/// one view, the new queue has a new epoch and must start empty); a queue `me` owns at a new
+/// epoch is created; a queue `me` owns at the same epoch with other settings is updated.
+///
+/// `retry` holds the queues whose creation failed at an earlier change: each is created now if
+/// `after` still places it here (as the walk over every queue at each change used to retry it);
+/// those that fail again stay in it.
+pub(crate) async fn carry_out(
     host: &dyn QueueHost,
     before: &MetaState,
     after: &MetaState,
     me: &NodeId,
+    retry: &mut BTreeSet<QueueName>,
 ) {
-    for (name, def) in before.queues() {
-        let gone = &def.owner.node == me
-            && after
-                .queue(name)
-                .is_none_or(|d| &d.owner.node != me || d.owner.epoch != def.owner.epoch);
-        if gone {
-            if let Err(e) = host.delete(name).await {
-                tracing::error!(queue = %name, error = %e, "cannot delete a queue deleted from the metadata");
+    for name in std::mem::take(retry) {
+        if let Some(def) = after.queue(&name).filter(|d| &d.owner.node == me) {
+            create(host, &name, def, retry).await;
+        }
+    }
+    for change in before.queue_changes(after) {
+        let (was, is) = (owned_by(change.before, me), owned_by(change.after, me));
+        let same_epoch = matches!((was, is), (Some(w), Some(i)) if w.owner.epoch == i.owner.epoch);
+        if was.is_some() && !same_epoch {
+            if let Err(e) = host.delete(change.name).await {
+                tracing::error!(queue = %change.name, error = %e, "cannot delete a queue deleted from the metadata");
             }
+        }
+        match (was, is) {
+            (Some(was), Some(is)) if same_epoch => {
+                if was.settings != is.settings {
+                    update(host, change.name, &is.settings).await;
+                }
+            }
+            (_, Some(is)) => create(host, change.name, is, retry).await,
+            (_, None) => {}
         }
     }
 }
 
-/// Applies on the local back-end the settings that changed between `before` and `after` for the
-/// queues `me` owns in both (updated through any node).
-pub(crate) async fn update_changed(
+/// `def` if it places its queue on `me`.
+fn owned_by<'a>(def: Option<&'a QueueDef>, me: &NodeId) -> Option<&'a QueueDef> {
+    def.filter(|d| &d.owner.node == me)
+}
+
+/// Creates `name` at its epoch; remembers it in `retry` when that fails.
+async fn create(
     host: &dyn QueueHost,
-    before: &MetaState,
-    after: &MetaState,
-    me: &NodeId,
+    name: &QueueName,
+    def: &QueueDef,
+    retry: &mut BTreeSet<QueueName>,
 ) {
-    for (name, def) in after.queues() {
-        if &def.owner.node != me {
-            continue;
-        }
-        let changed = before
-            .queue(name)
-            .is_some_and(|b| &b.owner.node == me && b.settings != def.settings);
-        if changed {
-            match host.update(name, &def.settings).await {
-                Ok(()) => {
-                    tracing::debug!(queue = %name, "queue settings applied from the metadata")
-                }
-                Err(e) => {
-                    tracing::error!(queue = %name, error = %e, "cannot apply a queue's new settings from the metadata")
-                }
-            }
+    if let Err(e) = host.create(name, &def.settings, def.owner.epoch).await {
+        tracing::error!(queue = %name, error = %e, "cannot create a queue the metadata places here");
+        retry.insert(name.clone());
+    }
+}
+
+/// Applies a queue's settings changed in the metadata (updated through any node).
+async fn update(host: &dyn QueueHost, name: &QueueName, settings: &pb::QueueConfig) {
+    match host.update(name, settings).await {
+        Ok(()) => tracing::debug!(queue = %name, "queue settings applied from the metadata"),
+        Err(e) => {
+            tracing::error!(queue = %name, error = %e, "cannot apply a queue's new settings from the metadata")
         }
     }
 }
@@ -170,43 +189,198 @@ mod tests {
         QueueName::new(name).unwrap()
     }
 
+    fn node(id: &str) -> NodeId {
+        NodeId::new(id).unwrap()
+    }
+
+    /// A cluster of nodes `a` (this node) and `b`, each owning `per_node` queues.
+    fn cluster(per_node: usize) -> MetaState {
+        let mut meta = MetaState::new();
+        let nodes = ["a", "b"]
+            .map(|id| NewNode {
+                id: node(id),
+                client_addr: format!("{id}:1"),
+                peer_addr: format!("{id}:2"),
+            })
+            .to_vec();
+        let bootstrap = MetaCommand::Bootstrap {
+            cluster_id: ClusterId(1),
+            nodes,
+        };
+        meta.apply(1, &bootstrap).unwrap();
+        for i in 0..per_node {
+            for owner in ["a", "b"] {
+                apply(&mut meta, create(&format!("{owner}.{i}"), owner));
+            }
+        }
+        meta
+    }
+
+    /// Settings with no dead-letter or expiry queue, so that each create defines one queue.
+    fn lone() -> pb::QueueConfig {
+        let discard = || pb::DeadLetterTarget {
+            target: Some(pb::dead_letter_target::Target::Discard(true)),
+        };
+        pb::QueueConfig {
+            dead_letter: Some(discard()),
+            expiry: Some(discard()),
+            ..Default::default()
+        }
+    }
+
+    fn create(name: &str, owner: &str) -> MetaCommand {
+        MetaCommand::CreateQueue {
+            name: q(name),
+            settings: lone(),
+            owner: node(owner),
+        }
+    }
+
+    fn delete(name: &str) -> MetaCommand {
+        MetaCommand::DeleteQueue { name: q(name) }
+    }
+
+    fn apply(meta: &mut MetaState, command: MetaCommand) {
+        let index = meta.applied_index() + 1;
+        meta.apply(index, &command).unwrap();
+    }
+
+    fn epoch(meta: &MetaState, name: &str) -> PlacementEpoch {
+        meta.queue(&q(name)).unwrap().owner.epoch
+    }
+
+    /// What `carry_out` from `before` to `after` asks of a host that holds what `before` places
+    /// on `a`; the calls, and how often the host was asked for all its queues.
+    async fn carried_out(before: &MetaState, after: &MetaState) -> (Vec<String>, usize) {
+        let host = Recorder::default();
+        reconcile(&host, before, &node("a"), false).await;
+        host.calls.lock().unwrap().clear();
+        let listed = host.listed();
+        let mut retry = BTreeSet::new();
+        carry_out(&host, before, after, &node("a"), &mut retry).await;
+        assert!(retry.is_empty());
+        let calls = host.calls.lock().unwrap().clone();
+        (calls, host.listed() - listed)
+    }
+
+    #[tokio::test]
+    async fn a_change_carries_out_only_the_queues_it_touched() {
+        let before = cluster(100);
+        let mut after = before.clone();
+        apply(&mut after, create("new", "a"));
+        apply(&mut after, create("elsewhere", "b"));
+        apply(&mut after, delete("b.7"));
+        apply(&mut after, delete("a.3"));
+        let new = epoch(&after, "new");
+        let (calls, listed) = carried_out(&before, &after).await;
+        assert_eq!(
+            calls,
+            ["delete a.3".to_owned(), format!("create new {new}")]
+        );
+        assert_eq!(listed, 0, "the host's queues are not walked at a change");
+        let touched: Vec<String> = before
+            .queue_changes(&after)
+            .map(|c| c.name.to_string())
+            .collect();
+        assert_eq!(touched, ["a.3", "b.7", "elsewhere", "new"]);
+    }
+
     /// Regression: a delete and a create again of one queue, coalesced into one view of the
     /// metadata, kept the old queue (and its messages) under the new definition, because only
     /// owners were compared. Now the epochs are: the old queue is deleted, the new one created.
     #[tokio::test]
     async fn a_delete_and_create_again_seen_in_one_view_starts_the_queue_empty() {
-        let me = NodeId::new("a").unwrap();
-        let mut meta = MetaState::new();
-        let node = NewNode {
-            id: me.clone(),
-            client_addr: "a:1".into(),
-            peer_addr: "a:2".into(),
+        let before = cluster(3);
+        let mut after = before.clone();
+        apply(&mut after, delete("a.1"));
+        apply(&mut after, create("a.1", "a"));
+        let (old, new) = (epoch(&before, "a.1"), epoch(&after, "a.1"));
+        assert_ne!(old, new);
+        let (calls, _) = carried_out(&before, &after).await;
+        assert_eq!(
+            calls,
+            ["delete a.1".to_owned(), format!("create a.1 {new}")]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_queue_deleted_here_and_created_again_elsewhere_is_only_deleted_here() {
+        let before = cluster(3);
+        let mut after = before.clone();
+        apply(&mut after, delete("a.1"));
+        apply(&mut after, create("a.1", "b"));
+        apply(&mut after, delete("b.2"));
+        apply(&mut after, create("b.2", "a"));
+        let new = epoch(&after, "b.2");
+        let (calls, _) = carried_out(&before, &after).await;
+        assert_eq!(
+            calls,
+            ["delete a.1".to_owned(), format!("create b.2 {new}")]
+        );
+    }
+
+    #[tokio::test]
+    async fn new_settings_are_applied_to_the_queues_owned_here_only() {
+        let before = cluster(3);
+        let mut after = before.clone();
+        let settings = pb::QueueConfig {
+            max_messages: Some(3),
+            ..lone()
         };
-        let bootstrap = MetaCommand::Bootstrap {
-            cluster_id: ClusterId(1),
-            nodes: vec![node],
-        };
-        meta.apply(1, &bootstrap).unwrap();
-        let create = MetaCommand::CreateQueue {
-            name: q("orders"),
-            settings: pb::QueueConfig::default(),
-            owner: me.clone(),
-        };
-        meta.apply(2, &create).unwrap();
+        for name in ["a.1", "b.1"] {
+            let update = MetaCommand::UpdateQueue {
+                name: q(name),
+                settings: settings.clone(),
+                expected: None,
+            };
+            apply(&mut after, update);
+        }
+        let (calls, _) = carried_out(&before, &after).await;
+        assert_eq!(calls, ["update a.1"]);
+    }
+
+    /// A state read back from a snapshot shares nothing with the one it came from: the
+    /// comparison walks every queue then, and must find the same changes.
+    #[tokio::test]
+    async fn changes_from_a_restored_snapshot_are_the_same() {
+        let before = cluster(20);
+        let mut after = before.clone();
+        apply(&mut after, delete("a.4"));
+        apply(&mut after, create("a.4", "a"));
+        apply(&mut after, create("fresh", "a"));
+        let restored = MetaState::restore(&after.snapshot()).unwrap();
+        assert_eq!(restored, after);
+        assert_eq!(
+            carried_out(&before, &after).await,
+            carried_out(&before, &restored).await
+        );
+    }
+
+    #[tokio::test]
+    async fn a_create_that_failed_is_tried_again_at_the_next_change_while_placed_here() {
+        let before = cluster(2);
+        let mut after = before.clone();
+        apply(&mut after, create("flaky", "a"));
+        apply(&mut after, create("gone", "a"));
         let host = Recorder::default();
-        reconcile(&host, &meta, &me, false).await;
-        let before = meta.clone();
-        meta.apply(3, &MetaCommand::DeleteQueue { name: q("orders") })
-            .unwrap();
-        meta.apply(4, &create).unwrap();
-        let epoch = meta.queue(&q("orders")).unwrap().owner.epoch;
-        assert_ne!(epoch, before.queue(&q("orders")).unwrap().owner.epoch);
+        host.fail_creates
+            .lock()
+            .unwrap()
+            .extend([q("flaky"), q("gone")]);
+        let mut retry = BTreeSet::new();
+        carry_out(&host, &before, &after, &node("a"), &mut retry).await;
+        assert_eq!(retry, BTreeSet::from([q("flaky"), q("gone")]));
+        host.fail_creates.lock().unwrap().clear();
         host.calls.lock().unwrap().clear();
-        delete_gone(&host, &before, &meta, &me).await;
-        reconcile(&host, &meta, &me, false).await;
+        let mut later = after.clone();
+        apply(&mut later, delete("gone"));
+        carry_out(&host, &after, &later, &node("a"), &mut retry).await;
+        let flaky = epoch(&later, "flaky");
+        assert!(retry.is_empty());
+        // "gone" was never created here: its delete is carried out all the same (a no-op).
         assert_eq!(
             *host.calls.lock().unwrap(),
-            ["delete orders".to_owned(), format!("create orders {epoch}")]
+            [format!("create flaky {flaky}"), "delete gone".to_owned()]
         );
     }
 }

@@ -341,16 +341,18 @@ impl MetaNode {
         let mut view = self.shared.view.clone();
         let mut shutdown = self.shared.shutdown.clone();
         let me = self.shared.settings.node_id.clone();
+        // The state carried out last: a copy that shares every unchanged queue with the newer
+        // views, so comparing them costs what changed (`host::carry_out`).
         let mut before = view.borrow_and_update().meta.clone();
+        let mut retry = std::collections::BTreeSet::new();
         loop {
             let current = view.borrow_and_update().clone();
             self.update_links(&current);
             if current.meta.cluster_id().is_some() && current.meta.node(&me).is_some() {
-                host::delete_gone(&*self.shared.host, &before, &current.meta, &me).await;
-                host::reconcile(&*self.shared.host, &current.meta, &me, false).await;
-                host::update_changed(&*self.shared.host, &before, &current.meta, &me).await;
+                let host = &*self.shared.host;
+                host::carry_out(host, &before, &current.meta, &me, &mut retry).await;
+                before = current.meta.clone();
             }
-            before = current.meta.clone();
             tokio::select! {
                 changed = view.changed() => if changed.is_err() { return },
                 _ = shutdown.wait_for(|s| *s) => return,

@@ -2,7 +2,8 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use ferry_kernel::{PlacementEpoch, QueueName};
@@ -15,11 +16,23 @@ use super::host::{HeldQueue, QueueHost};
 pub(crate) struct Recorder {
     pub(crate) held: Mutex<BTreeMap<QueueName, PlacementEpoch>>,
     pub(crate) calls: Mutex<Vec<String>>,
+    /// Creating these fails.
+    pub(crate) fail_creates: Mutex<BTreeSet<QueueName>>,
+    /// How often `queues` was asked.
+    listed: AtomicUsize,
+}
+
+impl Recorder {
+    /// How often the host was asked for all its queues.
+    pub(crate) fn listed(&self) -> usize {
+        self.listed.load(Ordering::Relaxed)
+    }
 }
 
 #[tonic::async_trait]
 impl QueueHost for Recorder {
     fn queues(&self) -> Vec<HeldQueue> {
+        self.listed.fetch_add(1, Ordering::Relaxed);
         let held = self.held.lock().unwrap();
         held.iter()
             .map(|(name, epoch)| HeldQueue {
@@ -38,6 +51,9 @@ impl QueueHost for Recorder {
         _: &pb::QueueConfig,
         epoch: PlacementEpoch,
     ) -> Result<(), String> {
+        if self.fail_creates.lock().unwrap().contains(name) {
+            return Err(format!("{name}: refused by the test"));
+        }
         self.calls
             .lock()
             .unwrap()
@@ -60,7 +76,8 @@ impl QueueHost for Recorder {
         self.held.lock().unwrap().remove(name);
         Ok(())
     }
-    async fn update(&self, _: &QueueName, _: &pb::QueueConfig) -> Result<(), String> {
+    async fn update(&self, name: &QueueName, _: &pb::QueueConfig) -> Result<(), String> {
+        self.calls.lock().unwrap().push(format!("update {name}"));
         Ok(())
     }
 }
