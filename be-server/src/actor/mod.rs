@@ -96,7 +96,7 @@ enum Wake {
     /// A command, or `None`: every handle is gone.
     Mail(Option<handle::Mail>),
     /// A write completed (see `PendingCommit`).
-    Written(Option<Result<(), StoreError>>, Vec<Answer>, Seq),
+    Written(Option<Result<(), LogError>>, Vec<Answer>, Seq),
     /// The queue's next deadline came.
     Due,
 }
