@@ -118,8 +118,8 @@ fn connections_table(list: &[pb::ConnectionInfo], now_ms: u64) -> String {
         t.set_content_arrangement(comfy_table::ContentArrangement::Dynamic);
         t.set_width(width);
     }
-    // Temporary queues and the lease left are in `-o json`: the table fits 80 characters
-    // unless ids and addresses are long.
+    // Temporary queues and the lease left are in `-o json`, to keep the table near 80
+    // characters; piped, a row is never wrapped (see `terminal_width`).
     t.set_header([
         "connection",
         "client",
