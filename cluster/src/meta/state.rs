@@ -154,6 +154,11 @@ impl MetaState {
         &self.nodes
     }
 
+    /// The node with `raft_id`, if recorded.
+    pub fn node_by_raft_id(&self, raft_id: RaftId) -> Option<(&NodeId, &NodeInfo)> {
+        self.nodes.iter().find(|(_, n)| n.raft_id == raft_id)
+    }
+
     /// One node.
     pub fn node(&self, id: &NodeId) -> Option<&NodeInfo> {
         self.nodes.get(id)

@@ -320,10 +320,7 @@ impl Driver {
     /// The node id the metadata gives a raft id.
     fn node_name(&self, peer: PeerId) -> Option<String> {
         let meta = self.meta_machine()?.meta();
-        let raft_id = RaftId(peer.0);
-        meta.nodes()
-            .iter()
-            .find(|(_, n)| n.raft_id == raft_id)
+        meta.node_by_raft_id(RaftId(peer.0))
             .map(|(id, _)| id.to_string())
     }
 

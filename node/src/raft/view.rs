@@ -41,7 +41,7 @@ impl MetaView {
 
     /// The node with `raft_id`, if recorded.
     pub fn node_by_raft_id(&self, raft_id: RaftId) -> Option<(&NodeId, &NodeInfo)> {
-        self.meta.nodes().iter().find(|(_, n)| n.raft_id == raft_id)
+        self.meta.node_by_raft_id(raft_id)
     }
 }
 
