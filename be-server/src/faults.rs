@@ -9,7 +9,18 @@
 /// again looking new (count 1, not flagged redelivered).
 pub const SKIP_DELIVERY_COUNT: &str = "planted-skip-delivery-count";
 
-/// Whether the planted bug `name` is switched on.
+/// Not a bug but a fault that widens a window: every acknowledgement is answered 300 ms after
+/// it is applied and durable ([`SLOW_ACK_ANSWER_FOR`]). A kill -9 then almost always finds an
+/// acknowledgement applied whose answer never left, the corner where a client that throws away
+/// a batch whose acknowledgement got no answer loses it (planted bug
+/// `auto-ack-drops-unconfirmed-batch`). Without it that corner is a window of a few
+/// microseconds which four kills hit only now and then.
+pub const SLOW_ACK_ANSWER: &str = "slow-ack-answer";
+
+/// How long [`SLOW_ACK_ANSWER`] holds each acknowledgement's answer.
+pub const SLOW_ACK_ANSWER_FOR: std::time::Duration = std::time::Duration::from_millis(300);
+
+/// Whether the planted bug (or fault) `name` is switched on.
 pub(crate) fn on(name: &str) -> bool {
     #[cfg(feature = "failpoints")]
     fail::fail_point!(name, |_| true);

@@ -375,6 +375,9 @@ impl pb::backend_server::Backend for BackendService {
             .broker
             .ack(&queue, caller(&r.session_id)?, leases, r.defer_sync)
             .await?;
+        if crate::faults::on(crate::faults::SLOW_ACK_ANSWER) {
+            tokio::time::sleep(crate::faults::SLOW_ACK_ANSWER_FOR).await;
+        }
         Ok(Response::new(lease_response(results, |()| 0)))
     }
 

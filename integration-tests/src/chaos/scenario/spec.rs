@@ -41,6 +41,10 @@ pub const PLANTED: [(&str, &str, &str); 3] = [
     ),
 ];
 
+/// The fault point `ferry_be_server::faults::SLOW_ACK_ANSWER` (the harness does not link the
+/// back-end).
+const SLOW_ACK_ANSWER: &str = "slow-ack-answer";
+
 /// How big a run is.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Size {
@@ -368,6 +372,11 @@ impl Spec {
         }
         if bug == AUTO_ACK_DROPS_UNCONFIRMED_BATCH {
             self.auto_ack_drops_unconfirmed_batch = true;
+            // The node answers each acknowledgement 300 ms after it is durable
+            // (`ferry_be_server::faults::SLOW_ACK_ANSWER`), so a kill lands on an applied
+            // acknowledgement whose answer never left, the corner this bug loses messages in.
+            // Without it that window is microseconds wide and four kills missed it (CI, seed 1).
+            self.fault_points.push(SLOW_ACK_ANSWER.into());
             return Ok(());
         }
         if !self.cluster.is_empty() {
