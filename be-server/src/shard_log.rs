@@ -21,15 +21,7 @@ use tokio::sync::oneshot;
 
 use crate::log::{LogError, LogSync, QueueLog};
 
-/// A queue shard: the Raft group holding some queues' data.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct ShardId(pub u64);
-
-impl fmt::Display for ShardId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "shard {}", self.0)
-    }
-}
+pub use ferry_kernel::ShardId;
 
 /// Why a proposal to a shard was not confirmed here.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -32,5 +32,5 @@ pub use types::shown;
 pub use types::{
     validate_property_name, LeaseId, Message, MessageId, NewMessage, NodeId, PlacementEpoch,
     Priority, PropertyValue, PublicIds, QueueName, QueueUid, ReceiptHandle, Seq, SessionId,
-    SHOWN_CHARS_MAX,
+    ShardId, SHOWN_CHARS_MAX,
 };

@@ -206,6 +206,18 @@ impl fmt::Display for PlacementEpoch {
     }
 }
 
+/// A queue shard: the Raft group holding the data of some replicated queues. Assigned by the
+/// metadata from a counter that never gives one twice; its Raft group has the same number (the
+/// metadata's own group is 0, never a shard).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ShardId(pub u64);
+
+impl fmt::Display for ShardId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "shard {}", self.0)
+    }
+}
+
 /// One delivery of one message: a new lease id every time a message is handed out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct LeaseId(pub u64);

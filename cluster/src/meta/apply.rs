@@ -1,6 +1,6 @@
 //! Applying committed log entries: the entry points, [`MetaState::apply_entry`] (log bytes,
 //! with their request id) and [`MetaState::apply`] (a command), and the dispatch to the
-//! command's own file (`nodes.rs`, `queues.rs`).
+//! command's own file (`nodes.rs`, `queues.rs`, `shards.rs`).
 
 use super::command::{Applied, MetaCommand, MetaEvent};
 use super::error::MetaError;
@@ -32,6 +32,11 @@ impl MetaState {
                 settings,
                 owner,
             } => self.create_queue(name, settings, owner),
+            MetaCommand::CreateReplicatedQueue {
+                name,
+                settings,
+                shard,
+            } => self.create_replicated_queue(name, settings, shard),
             MetaCommand::UpdateQueue {
                 name,
                 settings,

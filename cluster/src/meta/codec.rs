@@ -3,13 +3,14 @@
 //! [`MetaError`], never a panic. Encoding is deterministic (no protobuf maps; nodes and queues
 //! in name order), so equal states give equal snapshot bytes.
 
-use ferry_kernel::{NodeId, PlacementEpoch, QueueName};
+use ferry_kernel::{NodeId, PlacementEpoch, QueueName, ShardId};
 use ferry_proto::pb;
 use prost::Message;
 
 use super::command::{MetaCommand, NewNode};
 use super::error::MetaError;
 use super::requests::RequestId;
+use super::shards::{ShardChoice, ShardDef};
 use super::state::{ClusterId, MetaState, NodeInfo, NodeRole, NodeState, Owner, QueueDef, RaftId};
 
 /// The version of commands this release writes and reads.
@@ -18,7 +19,8 @@ pub const COMMAND_VERSION: u32 = 1;
 /// added it ([`MetaCommand::level`]); the first kinds are level 1. A node proposes a command of
 /// a higher level only once every active node reported that it reads it, so that no node meets
 /// a command it cannot read (which would stop its metadata group) during a rolling upgrade.
-pub const COMMAND_LEVEL: u32 = 1;
+/// Level 2 added replicated queues (`CreateReplicatedQueue`, shards in snapshots).
+pub const COMMAND_LEVEL: u32 = 2;
 /// The version of snapshots this release writes and reads.
 pub const SNAPSHOT_VERSION: u32 = 1;
 
@@ -26,7 +28,7 @@ pub const SNAPSHOT_VERSION: u32 = 1;
 struct WireCommand {
     #[prost(uint32, tag = "1")]
     version: u32,
-    #[prost(oneof = "Kind", tags = "2, 3, 4, 5, 6, 7, 8")]
+    #[prost(oneof = "Kind", tags = "2, 3, 4, 5, 6, 7, 8, 11")]
     kind: Option<Kind>,
     /// The proposal's request id (both halves 0: none), the same across its retries.
     #[prost(fixed64, tag = "9")]
@@ -51,6 +53,35 @@ enum Kind {
     UpdateQueue(WireQueue),
     #[prost(string, tag = "8")]
     DeleteQueue(String),
+    #[prost(message, tag = "11")]
+    CreateReplicatedQueue(WireReplicatedQueue),
+}
+
+/// `CreateReplicatedQueue`: the queue (name and settings) and its shard, existing or new.
+#[derive(Clone, PartialEq, Message)]
+struct WireReplicatedQueue {
+    #[prost(message, optional, tag = "1")]
+    queue: Option<WireQueue>,
+    /// An existing shard (0: a new one, on `new_replicas`).
+    #[prost(uint64, tag = "2")]
+    existing_shard: u64,
+    #[prost(string, repeated, tag = "3")]
+    new_replicas: Vec<String>,
+    #[prost(bool, tag = "4")]
+    dedicated: bool,
+}
+
+/// A shard in a snapshot or the durable copy (its queue count is derived from the queues).
+#[derive(Clone, PartialEq, Message)]
+pub(super) struct WireShard {
+    #[prost(uint64, tag = "1")]
+    id: u64,
+    #[prost(string, repeated, tag = "2")]
+    replicas: Vec<String>,
+    #[prost(uint64, tag = "3")]
+    epoch: u64,
+    #[prost(bool, tag = "4")]
+    dedicated: bool,
 }
 
 #[derive(Clone, PartialEq, Message)]
@@ -89,6 +120,9 @@ pub(super) struct WireQueue {
     /// `UpdateQueue`: the settings it expects to replace (absent: any).
     #[prost(message, optional, tag = "5")]
     expected: Option<pb::QueueConfig>,
+    /// A replicated queue's shard (0: none, replication factor 1).
+    #[prost(uint64, tag = "6")]
+    shard: u64,
 }
 
 #[derive(Clone, PartialEq, Message)]
@@ -131,6 +165,12 @@ pub(super) struct WireSnapshot {
     /// each).
     #[prost(message, repeated, tag = "10")]
     requests: Vec<WireRequest>,
+    #[prost(message, repeated, tag = "11")]
+    shards: Vec<WireShard>,
+    /// How many shard ids were given (the next is one more). 0 until the first shard, so a
+    /// state without shards has the bytes (and digest) a level-1 release gives it.
+    #[prost(uint64, tag = "12")]
+    shards_made: u64,
 }
 
 /// A remembered request id and the index it applied at.
@@ -198,6 +238,7 @@ impl MetaCommand {
             | MetaCommand::CreateQueue { .. }
             | MetaCommand::UpdateQueue { .. }
             | MetaCommand::DeleteQueue { .. } => 1,
+            MetaCommand::CreateReplicatedQueue { .. } => 2,
         }
     }
 
@@ -243,6 +284,7 @@ impl MetaCommand {
                 owner: owner.to_string(),
                 epoch: 0,
                 expected: None,
+                shard: 0,
             }),
             MetaCommand::UpdateQueue {
                 name,
@@ -254,8 +296,36 @@ impl MetaCommand {
                 owner: String::new(),
                 epoch: 0,
                 expected: expected.as_deref().cloned(),
+                shard: 0,
             }),
             MetaCommand::DeleteQueue { name } => Kind::DeleteQueue(name.to_string()),
+            MetaCommand::CreateReplicatedQueue {
+                name,
+                settings,
+                shard,
+            } => {
+                let (existing_shard, new_replicas, dedicated) = match shard {
+                    ShardChoice::Existing(id) => (id.0, Vec::new(), false),
+                    ShardChoice::New {
+                        replicas,
+                        dedicated,
+                    } => (
+                        0,
+                        replicas.iter().map(ToString::to_string).collect(),
+                        *dedicated,
+                    ),
+                };
+                Kind::CreateReplicatedQueue(WireReplicatedQueue {
+                    queue: Some(WireQueue {
+                        name: name.to_string(),
+                        settings: Some(settings.clone()),
+                        ..WireQueue::default()
+                    }),
+                    existing_shard,
+                    new_replicas,
+                    dedicated,
+                })
+            }
         };
         let (request_high, request_low) = split(request.map_or(0, |r| r.0));
         WireCommand {
@@ -335,6 +405,28 @@ impl MetaCommand {
             Kind::DeleteQueue(name) => MetaCommand::DeleteQueue {
                 name: queue_name(WHAT, name)?,
             },
+            Kind::CreateReplicatedQueue(r) => {
+                let q = r.queue.ok_or_else(|| MetaError::Decode {
+                    what: WHAT,
+                    reason: "a replicated queue create names no queue".to_owned(),
+                })?;
+                let shard = match r.existing_shard {
+                    0 => ShardChoice::New {
+                        replicas: r
+                            .new_replicas
+                            .into_iter()
+                            .map(|id| node_id(WHAT, id))
+                            .collect::<Result<_, _>>()?,
+                        dedicated: r.dedicated,
+                    },
+                    id => ShardChoice::Existing(ShardId(id)),
+                };
+                MetaCommand::CreateReplicatedQueue {
+                    name: queue_name(WHAT, q.name)?,
+                    settings: q.settings.unwrap_or_default(),
+                    shard,
+                }
+            }
         };
         Ok((request, command))
     }
@@ -382,7 +474,36 @@ pub(super) fn wire_queue(name: &QueueName, q: &QueueDef) -> WireQueue {
         owner: q.owner.node.to_string(),
         epoch: q.owner.epoch.get(),
         expected: None,
+        shard: q.shard.map_or(0, |s| s.0),
     }
+}
+
+/// One shard as snapshots and the durable copy store it.
+pub(super) fn wire_shard(id: ShardId, s: &ShardDef) -> WireShard {
+    WireShard {
+        id: id.0,
+        replicas: s.replicas.iter().map(ToString::to_string).collect(),
+        epoch: s.epoch.get(),
+        dedicated: s.dedicated,
+    }
+}
+
+/// A shard back, with no queues counted (inserting its queues counts them).
+pub(super) fn shard_from_wire(
+    what: &'static str,
+    s: WireShard,
+) -> Result<(ShardId, ShardDef), MetaError> {
+    let def = ShardDef {
+        replicas: s
+            .replicas
+            .into_iter()
+            .map(|id| node_id(what, id))
+            .collect::<Result<_, _>>()?,
+        epoch: PlacementEpoch::new(s.epoch),
+        dedicated: s.dedicated,
+        queues: 0,
+    };
+    Ok((ShardId(s.id), def))
 }
 
 pub(super) fn queue_from_wire(
@@ -396,6 +517,7 @@ pub(super) fn queue_from_wire(
     let def = QueueDef {
         settings: q.settings.unwrap_or_default(),
         owner,
+        shard: (q.shard != 0).then_some(ShardId(q.shard)),
     };
     Ok((queue_name(what, q.name)?, def))
 }
@@ -426,6 +548,8 @@ impl MetaState {
             nodes: Vec::new(),
             queues: Vec::new(),
             requests: Vec::new(),
+            shards: Vec::new(),
+            shards_made: self.next_shard.saturating_sub(1),
         }
     }
 
@@ -447,6 +571,7 @@ impl MetaState {
                 .then(|| ClusterId(join(w.cluster_id_high, w.cluster_id_low))),
             next_raft_id: w.next_raft_id,
             next_epoch: PlacementEpoch::new(w.next_epoch),
+            next_shard: w.shards_made.saturating_add(1),
             applied_index: w.applied_index,
             ..MetaState::new()
         })
@@ -466,6 +591,11 @@ impl MetaState {
                 .iter()
                 .map(|(id, index)| WireRequest::new(id, index))
                 .collect(),
+            shards: self
+                .shards
+                .iter()
+                .map(|(id, s)| wire_shard(*id, s))
+                .collect(),
             ..self.wire_header()
         }
         .encode_to_vec()
@@ -479,6 +609,10 @@ impl MetaState {
         for n in w.nodes {
             let (id, info) = node_from_wire(WHAT, n)?;
             state.nodes.insert(id, info);
+        }
+        for s in w.shards {
+            let (id, def) = shard_from_wire(WHAT, s)?;
+            state.shards.insert(id, def);
         }
         for q in w.queues {
             let (name, def) = queue_from_wire(WHAT, q)?;

@@ -1,9 +1,10 @@
 //! The commands of the metadata log and what applying one did.
 
-use ferry_kernel::{NodeId, QueueName};
+use ferry_kernel::{NodeId, QueueName, ShardId};
 use ferry_proto::pb;
 
 use super::requests::RequestId;
+use super::shards::ShardChoice;
 use super::state::{ClusterId, NodeRole, Owner, RaftId};
 
 /// A node named in `Bootstrap`.
@@ -58,6 +59,17 @@ pub enum MetaCommand {
         settings: pb::QueueConfig,
         /// Its owner.
         owner: NodeId,
+    },
+    /// Defines a replicated queue in a shard (chosen by the proposer with
+    /// [`super::choose_shard`]), with its dead-letter and expiry queues in the same shard.
+    /// A command of level 2 ([`super::COMMAND_LEVEL`]).
+    CreateReplicatedQueue {
+        /// The queue.
+        name: QueueName,
+        /// Its settings.
+        settings: pb::QueueConfig,
+        /// An existing shard, or a new one and its replicas.
+        shard: ShardChoice,
     },
     /// Replaces a queue's settings (a new dead-letter or expiry queue is created next to it).
     UpdateQueue {
@@ -116,6 +128,16 @@ pub enum MetaEvent {
         /// The queues, each with its owner.
         queues: Vec<(QueueName, Owner)>,
     },
+    /// Replicated queues were defined in `shard` (the queue first, then its new dead-letter /
+    /// expiry queues), each with its owner (the shard's preferred leader).
+    ReplicatedQueuesCreated {
+        /// Their shard.
+        shard: ShardId,
+        /// Whether the shard was made by this command.
+        created_shard: bool,
+        /// The queues, each with its owner.
+        queues: Vec<(QueueName, Owner)>,
+    },
     /// A queue's settings changed; `created` lists dead-letter / expiry queues made for it.
     QueueUpdated {
         /// The queue.
@@ -131,6 +153,8 @@ pub enum MetaEvent {
         name: QueueName,
         /// Its owner at deletion.
         owner: Owner,
+        /// Its shard, removed with it: it holds no other queue.
+        removed_shard: Option<ShardId>,
     },
     /// An entry with no command (a new leader's no-op or a Raft configuration change).
     Nothing,

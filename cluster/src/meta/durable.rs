@@ -1,5 +1,5 @@
-//! The node's durable copy of the metadata, one key per node and per queue beside a header (the
-//! scalars, with the applied index), so that applying a change writes what it changed: a queue
+//! The node's durable copy of the metadata, one key per node, per queue and per shard beside a
+//! header (the scalars, with the applied index), so that applying a change writes what it changed: a queue
 //! created writes that queue, its dead-letter and expiry queues and the header. When every
 //! change rewrote the whole state, creating n queues one by one wrote O(n²) bytes (4 000 queues
 //! left a 509 MiB data directory until compaction). Raft snapshots stay whole
@@ -11,10 +11,13 @@
 
 use std::collections::BTreeSet;
 
-use ferry_kernel::{NodeId, QueueName};
+use ferry_kernel::{NodeId, QueueName, ShardId};
 use prost::Message;
 
-use super::codec::{decode_wire, node_from_wire, queue_from_wire, wire_node, wire_queue};
+use super::codec::{
+    decode_wire, node_from_wire, queue_from_wire, shard_from_wire, wire_node, wire_queue,
+    wire_shard,
+};
 use super::command::{Applied, MetaEvent};
 use super::error::MetaError;
 use super::requests::RequestId;
@@ -27,6 +30,8 @@ pub const DURABLE_END: &[u8] = b"md0";
 const HEADER_KEY: &[u8] = b"md/h";
 const NODE_PREFIX: &[u8] = b"md/n/";
 const QUEUE_PREFIX: &[u8] = b"md/q/";
+/// One key per shard (its id, 16 hex digits).
+const SHARD_PREFIX: &[u8] = b"md/s/";
 /// One key per remembered request id (32 hex digits), its index as the value (8 bytes, big
 /// endian).
 const REQUEST_PREFIX: &[u8] = b"md/r/";
@@ -55,6 +60,7 @@ pub enum DurableWrite {
 pub struct Touched {
     nodes: BTreeSet<NodeId>,
     queues: BTreeSet<QueueName>,
+    shards: BTreeSet<ShardId>,
     requests: BTreeSet<RequestId>,
     everything: bool,
     header: bool,
@@ -89,8 +95,18 @@ impl Touched {
                 self.queues
                     .extend(created.iter().map(|(name, _)| name.clone()));
             }
-            MetaEvent::QueueDeleted { name, .. } => {
+            MetaEvent::ReplicatedQueuesCreated { shard, queues, .. } => {
+                self.shards.insert(*shard);
+                self.queues
+                    .extend(queues.iter().map(|(name, _)| name.clone()));
+            }
+            MetaEvent::QueueDeleted {
+                name,
+                removed_shard,
+                ..
+            } => {
                 self.queues.insert(name.clone());
+                self.shards.extend(*removed_shard);
             }
             MetaEvent::Nothing | MetaEvent::Repeated { .. } => {}
         }
@@ -112,6 +128,10 @@ impl Touched {
     pub fn is_empty(&self) -> bool {
         !self.everything && !self.header
     }
+}
+
+fn shard_key(id: ShardId) -> Vec<u8> {
+    key(SHARD_PREFIX, &format!("{:016x}", id.0))
 }
 
 fn request_key(id: RequestId) -> Vec<u8> {
@@ -163,6 +183,18 @@ impl MetaState {
                 .map(|q| wire_queue(name, q).encode_to_vec());
             put_or_delete(key(QUEUE_PREFIX, name.as_str()), value)
         }));
+        let shards: Vec<ShardId> = if touched.everything {
+            self.shards.keys().copied().collect()
+        } else {
+            touched.shards.iter().copied().collect()
+        };
+        writes.extend(shards.into_iter().map(|id| {
+            let value = self
+                .shards
+                .get(&id)
+                .map(|s| wire_shard(id, s).encode_to_vec());
+            put_or_delete(shard_key(id), value)
+        }));
         writes.extend(requests.into_iter().map(|id| {
             let value = self
                 .requests
@@ -181,6 +213,19 @@ impl MetaState {
             return Ok(None);
         };
         let mut state = MetaState::from_wire_header(WHAT, &decode_wire(WHAT, header)?)?;
+        // Shards first, so that inserting their queues counts them.
+        for (key, value) in items {
+            if key.starts_with(SHARD_PREFIX) {
+                let (id, def) = shard_from_wire(WHAT, decode_wire(WHAT, value)?)?;
+                if key != &shard_key(id) {
+                    return Err(MetaError::Decode {
+                        what: WHAT,
+                        reason: format!("{id} under key {:?}", String::from_utf8_lossy(key)),
+                    });
+                }
+                state.shards.insert(id, def);
+            }
+        }
         for (key, value) in items {
             if key.starts_with(NODE_PREFIX) {
                 let (id, info) = node_from_wire(WHAT, decode_wire(WHAT, value)?)?;
@@ -195,7 +240,7 @@ impl MetaState {
                         reason: format!("damaged request key {:?}", String::from_utf8_lossy(key)),
                     })?;
                 state.requests.record(id, index);
-            } else if key.as_slice() != HEADER_KEY {
+            } else if key.as_slice() != HEADER_KEY && !key.starts_with(SHARD_PREFIX) {
                 return Err(MetaError::Decode {
                     what: WHAT,
                     reason: format!("unknown key {:?}", String::from_utf8_lossy(key)),

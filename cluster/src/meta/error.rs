@@ -1,7 +1,7 @@
 //! The metadata state machine's one error enum: why a command was refused or bytes were not a
 //! command. Every message says what to fix.
 
-use ferry_kernel::{NodeId, QueueName};
+use ferry_kernel::{NodeId, QueueName, ShardId};
 
 use super::state::ClusterId;
 
@@ -105,6 +105,58 @@ pub enum MetaError {
         companion: QueueName,
         /// Where that one lives.
         owner: NodeId,
+    },
+    /// A queue and its dead-letter or expiry queue are in different shards (or one of them
+    /// is replicated and the other not): a shard's entries only name its own queues, so both
+    /// must share it.
+    #[error("queue {queue} would dead-letter into {companion}, which is {}; a queue and its dead-letter and expiry queues share one shard: create {queue} with the replication of {companion} or choose another target", match shard { Some(s) => format!("in {s}"), None => "not replicated".to_owned() })]
+    CompanionInOtherShard {
+        /// The queue.
+        queue: QueueName,
+        /// Its dead-letter or expiry queue.
+        companion: QueueName,
+        /// That one's shard (`None`: replication factor 1).
+        shard: Option<ShardId>,
+    },
+    /// A replication factor other than 3 or 5 for a shard (1 is a queue with no shard).
+    #[error("replication factor {replication} is not supported; choose 1, 3 or 5")]
+    InvalidReplication {
+        /// The factor asked for.
+        replication: usize,
+    },
+    /// More replicas asked for than the cluster has active nodes.
+    #[error("replication factor {replication} needs {replication} active nodes and the cluster has {active}; add nodes (`ferry node add`) or ask for fewer replicas")]
+    TooFewNodes {
+        /// The factor asked for.
+        replication: usize,
+        /// The active nodes.
+        active: usize,
+    },
+    /// A shard's replica list is malformed.
+    #[error("invalid shard replicas: {reason}")]
+    InvalidReplicas {
+        /// What is wrong.
+        reason: String,
+    },
+    /// No such shard.
+    #[error("{shard} does not exist (`ferry shard list` shows the shards that do)")]
+    ShardNotFound {
+        /// The shard.
+        shard: ShardId,
+    },
+    /// The shard belongs to one queue, which asked for a shard of its own.
+    #[error("{shard} was made for one queue alone; choose a shared shard or a new one")]
+    ShardDedicated {
+        /// The shard.
+        shard: ShardId,
+    },
+    /// A node still holds replicas of shards.
+    #[error("node {node} still holds replicas of {}; delete their queues first (moving replicas comes later)", shards.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "))]
+    NodeHoldsReplicas {
+        /// The node.
+        node: NodeId,
+        /// The shards.
+        shards: Vec<ShardId>,
     },
     /// The settings do not convert to a valid queue configuration.
     #[error("settings of queue {queue} are invalid: {reason}")]

@@ -1,5 +1,6 @@
 //! The metadata state machine of Raft group 0: the cluster id, the nodes (with their raft
-//! ids, roles and addresses), queue definitions and their placement (owner and epoch).
+//! ids, roles and addresses), queue definitions and their placement (owner and epoch), and the
+//! queue shards of replicated queues (their replicas and epoch, `shards.rs`).
 //!
 //! Pure and deterministic: [`MetaState::apply`] takes a committed [`MetaCommand`] and its log
 //! index and returns a [`MetaEvent`] for the shell, or a [`MetaError`] (a refused command
@@ -24,9 +25,12 @@ mod nodes;
 mod placement;
 mod queues;
 mod requests;
+mod shards;
 mod state;
 mod voters;
 
+#[cfg(test)]
+mod shard_tests;
 #[cfg(test)]
 mod tests;
 
@@ -40,6 +44,10 @@ pub use placement::{
     NodeAddrs, PlacementSnapshot,
 };
 pub use requests::{RequestId, REQUESTS_KEPT};
+pub use shards::{
+    choose_shard, default_replication, ShardChoice, ShardDef, ShardDefs, QUEUES_PER_SHARD_MAX,
+    REPLICATION_FACTORS,
+};
 pub use state::{
     ClusterId, MetaState, NodeInfo, NodeRole, NodeState, Owner, QueueDef, QueueDefs, RaftId,
 };

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeSet;
 
-use ferry_kernel::NodeId;
+use ferry_kernel::{NodeId, ShardId};
 
 use super::command::{bootstrap_raft_ids, MetaEvent, NewNode};
 use super::error::MetaError;
@@ -130,6 +130,18 @@ impl MetaState {
             return Err(MetaError::NodeOwnsQueues {
                 node: id.clone(),
                 queues,
+            });
+        }
+        let shards: Vec<ShardId> = self
+            .shards
+            .iter()
+            .filter(|(_, s)| s.replicas.contains(id))
+            .map(|(shard, _)| *shard)
+            .collect();
+        if !shards.is_empty() {
+            return Err(MetaError::NodeHoldsReplicas {
+                node: id.clone(),
+                shards,
             });
         }
         if let Some(n) = self.nodes.get_mut(id) {

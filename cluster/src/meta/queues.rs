@@ -1,8 +1,9 @@
 //! Queue commands: create, update, delete. A queue's dead-letter and expiry queues live on
-//! the queue's owner and are created with it; every new owner of a queue gets a fresh epoch
-//! from the cluster-wide counter.
+//! the queue's owner, in its shard if it has one, and are created with it; every new owner of
+//! a queue gets a fresh epoch from the cluster-wide counter. Replicated queues are created in
+//! `shards.rs`.
 
-use ferry_kernel::{NodeId, QueueConfig, QueueName};
+use ferry_kernel::{NodeId, PlacementEpoch, QueueConfig, QueueName, ShardId};
 use ferry_proto::convert::queue_config_from_pb;
 use ferry_proto::pb;
 
@@ -23,10 +24,13 @@ impl MetaState {
             });
         }
         self.active_node(owner)?;
-        let companions = self.missing_companions(name, settings, owner)?;
-        let mut queues = vec![(name.clone(), self.place(name, settings.clone(), owner))];
+        let companions = self.missing_companions(name, settings, owner, None)?;
+        let mut queues = vec![(
+            name.clone(),
+            self.place(name, settings.clone(), owner, None),
+        )];
         for companion in companions {
-            let placed = self.place(&companion, pb::QueueConfig::default(), owner);
+            let placed = self.place(&companion, pb::QueueConfig::default(), owner, None);
             queues.push((companion, placed));
         }
         Ok(MetaEvent::QueuesCreated { queues })
@@ -38,10 +42,10 @@ impl MetaState {
         settings: &pb::QueueConfig,
         expected: Option<&pb::QueueConfig>,
     ) -> Result<MetaEvent, MetaError> {
-        let (owner, current) = self
+        let (owner, shard, current) = self
             .queues
             .get(name)
-            .map(|q| (q.owner.clone(), &q.settings))
+            .map(|q| (q.owner.clone(), q.shard, &q.settings))
             .ok_or_else(|| MetaError::QueueNotFound {
                 queue: name.clone(),
             })?;
@@ -50,10 +54,10 @@ impl MetaState {
                 queue: name.clone(),
             });
         }
-        let companions = self.missing_companions(name, settings, &owner.node)?;
+        let companions = self.missing_companions(name, settings, &owner.node, shard)?;
         let mut created = Vec::new();
         for companion in companions {
-            let placed = self.place(&companion, pb::QueueConfig::default(), &owner.node);
+            let placed = self.place(&companion, pb::QueueConfig::default(), &owner.node, shard);
             created.push((companion, placed));
         }
         if let Some(q) = self.queues.get_mut(name) {
@@ -72,31 +76,46 @@ impl MetaState {
             .ok_or_else(|| MetaError::QueueNotFound {
                 queue: name.clone(),
             })?;
+        let removed_shard = self.drop_if_empty(removed.shard);
         Ok(MetaEvent::QueueDeleted {
             name: name.clone(),
             owner: removed.owner,
+            removed_shard,
         })
     }
 
-    /// Defines a queue on `node` with the next epoch.
-    fn place(&mut self, name: &QueueName, settings: pb::QueueConfig, node: &NodeId) -> Owner {
+    /// Defines a queue on `node` (in `shard`, if replicated) with the next epoch.
+    pub(crate) fn place(
+        &mut self,
+        name: &QueueName,
+        settings: pb::QueueConfig,
+        node: &NodeId,
+        shard: Option<ShardId>,
+    ) -> Owner {
         let owner = Owner {
             node: node.clone(),
-            epoch: self.next_epoch,
+            epoch: self.take_epoch(),
         };
-        self.next_epoch = self.next_epoch.next().expect(
-            "invariant: check_invariants keeps next_epoch <= COUNTER_MAX, far below u64::MAX",
-        );
         let def = QueueDef {
             settings,
             owner: owner.clone(),
+            shard,
         };
         self.insert_queue(name.clone(), def);
         owner
     }
 
+    /// The next epoch of the cluster-wide counter, which moves on.
+    pub(crate) fn take_epoch(&mut self) -> PlacementEpoch {
+        let epoch = self.next_epoch;
+        self.next_epoch = self.next_epoch.next().expect(
+            "invariant: check_invariants keeps next_epoch <= COUNTER_MAX, far below u64::MAX",
+        );
+        epoch
+    }
+
     /// Checks the settings and returns the dead-letter / expiry queues of `name` that do not
-    /// exist yet; refuses when one exists on another node. Companions are created with default
+    /// exist yet; refuses when one exists on another node or in another shard. Companions are created with default
     /// settings and get no companions of their own (today's back-end resolves a dead-letter
     /// queue's own target locally; placing those is left to the wiring).
     fn missing_companions(
@@ -104,12 +123,20 @@ impl MetaState {
         name: &QueueName,
         settings: &pb::QueueConfig,
         owner: &NodeId,
+        shard: Option<ShardId>,
     ) -> Result<Vec<QueueName>, MetaError> {
         let mut missing = Vec::new();
         for companion in companions(name, settings)? {
             match self.queues.get(&companion) {
                 None => missing.push(companion),
-                Some(q) if &q.owner.node == owner => {}
+                Some(q) if q.shard != shard => {
+                    return Err(MetaError::CompanionInOtherShard {
+                        queue: name.clone(),
+                        companion,
+                        shard: q.shard,
+                    })
+                }
+                Some(q) if shard.is_some() || &q.owner.node == owner => {}
                 Some(q) => {
                     return Err(MetaError::CompanionElsewhere {
                         queue: name.clone(),

@@ -4,13 +4,14 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use ferry_kernel::{NodeId, PlacementEpoch, QueueName};
+use ferry_kernel::{NodeId, PlacementEpoch, QueueName, ShardId};
 use ferry_proto::pb;
 
 use super::requests::Requests;
+use super::shards::{ShardDef, ShardDefs};
 
 /// Highest value of the raft id and epoch counters a valid state holds.
-const COUNTER_MAX: u64 = 1 << 48;
+pub(crate) const COUNTER_MAX: u64 = 1 << 48;
 
 /// The id of a cluster, chosen at random by the shell that bootstraps it, so that a node of
 /// another cluster is refused.
@@ -95,8 +96,13 @@ pub struct Owner {
 pub struct QueueDef {
     /// The settings given at creation or last update (fields not set take server defaults).
     pub settings: pb::QueueConfig,
-    /// Where it lives.
+    /// Where it lives. For a replicated queue, the node that serves it is whichever replica of
+    /// its shard leads; `owner.node` is the shard's preferred leader (its first replica) and
+    /// the epoch fences as for any queue.
     pub owner: Owner,
+    /// The shard holding a replicated queue's data; `None` for replication factor 1 (the data
+    /// on the owner alone, with no log in front).
+    pub shard: Option<ShardId>,
 }
 
 /// The queue definitions by name: a persistent map, so that a copy of the state shares every
@@ -121,8 +127,14 @@ pub struct MetaState {
     /// How many queues each node owns (nodes owning none are absent): derived from `queues`,
     /// so that the placement rule, read at every create, does not count every queue.
     pub(crate) queue_counts: BTreeMap<NodeId, usize>,
+    /// The queue shards (`shards.rs`). Changed only through [`MetaState::insert_queue`],
+    /// [`MetaState::remove_queue`] (which keep each shard's queue count) and the shard
+    /// commands.
+    pub(crate) shards: ShardDefs,
     pub(crate) next_raft_id: u64,
     pub(crate) next_epoch: PlacementEpoch,
+    /// The id the next shard gets (never 0: group 0 is the metadata's).
+    pub(crate) next_shard: u64,
     pub(crate) applied_index: u64,
     /// The request ids of the last applied proposals (`requests.rs`).
     pub(crate) requests: Requests,
@@ -136,7 +148,9 @@ impl MetaState {
             nodes: BTreeMap::new(),
             queues: QueueDefs::new(),
             queue_counts: BTreeMap::new(),
+            shards: ShardDefs::new(),
             next_raft_id: 1,
+            next_shard: 1,
             // The first epoch the metadata gives (never UNKNOWN, which a back-end does not check).
             next_epoch: PlacementEpoch::new(1),
             applied_index: 0,
@@ -179,19 +193,43 @@ impl MetaState {
         self.queue_counts.get(node).copied().unwrap_or(0)
     }
 
-    /// Defines (or redefines) a queue, keeping the owners' counts in step.
+    /// Every queue shard, in id order.
+    pub fn shards(&self) -> &ShardDefs {
+        &self.shards
+    }
+
+    /// One shard.
+    pub fn shard(&self, id: ShardId) -> Option<&ShardDef> {
+        self.shards.get(&id)
+    }
+
+    /// The id the next shard gets.
+    pub fn next_shard(&self) -> ShardId {
+        ShardId(self.next_shard)
+    }
+
+    /// Defines (or redefines) a queue, keeping the owners' and shards' counts in step.
     pub(crate) fn insert_queue(&mut self, name: QueueName, def: QueueDef) {
         *self.queue_counts.entry(def.owner.node.clone()).or_default() += 1;
+        self.count_in_shard(def.shard, 1);
         if let Some(old) = self.queues.insert(name, def) {
             self.uncount(&old.owner.node);
+            self.count_in_shard(old.shard, -1);
         }
     }
 
-    /// Removes a queue's definition, keeping the owners' counts in step.
+    /// Removes a queue's definition, keeping the owners' and shards' counts in step.
     pub(crate) fn remove_queue(&mut self, name: &QueueName) -> Option<QueueDef> {
         let removed = self.queues.remove(name)?;
         self.uncount(&removed.owner.node);
+        self.count_in_shard(removed.shard, -1);
         Some(removed)
+    }
+
+    fn count_in_shard(&mut self, shard: Option<ShardId>, by: isize) {
+        if let Some(def) = shard.and_then(|id| self.shards.get_mut(&id)) {
+            def.queues = def.queues.saturating_add_signed(by);
+        }
     }
 
     fn uncount(&mut self, node: &NodeId) {
@@ -316,6 +354,7 @@ impl MetaState {
                 self.queue_counts
             ));
         }
+        self.check_shards()?;
         if self.cluster_id.is_some() && self.voters().is_empty() {
             return Err("no active voter".to_owned());
         }

@@ -55,8 +55,12 @@ pub fn meta_status(e: &MetaError) -> Status {
     let code = match e {
         MetaError::InvalidAddress { .. }
         | MetaError::InvalidSettings { .. }
+        | MetaError::InvalidReplication { .. }
+        | MetaError::InvalidReplicas { .. }
         | MetaError::NoNodes => Code::InvalidArgument,
-        MetaError::UnknownNode { .. } | MetaError::QueueNotFound { .. } => Code::NotFound,
+        MetaError::UnknownNode { .. }
+        | MetaError::QueueNotFound { .. }
+        | MetaError::ShardNotFound { .. } => Code::NotFound,
         MetaError::DuplicateNode { .. } | MetaError::QueueExists { .. } => Code::AlreadyExists,
         MetaError::NotBootstrapped | MetaError::NoActiveNode => Code::Unavailable,
         MetaError::AlreadyBootstrapped { .. }
@@ -65,7 +69,11 @@ pub fn meta_status(e: &MetaError) -> Status {
         | MetaError::AlreadyVoter { .. }
         | MetaError::LastVoter { .. }
         | MetaError::NodeOwnsQueues { .. }
+        | MetaError::NodeHoldsReplicas { .. }
         | MetaError::CompanionElsewhere { .. }
+        | MetaError::CompanionInOtherShard { .. }
+        | MetaError::TooFewNodes { .. }
+        | MetaError::ShardDedicated { .. }
         | MetaError::UnsupportedVersion { .. } => Code::FailedPrecondition,
         MetaError::SettingsChanged { .. } => Code::Aborted,
         MetaError::StaleIndex { .. } | MetaError::Decode { .. } => Code::Internal,
