@@ -21,8 +21,13 @@ pub const COMMAND_VERSION: u32 = 1;
 /// a command it cannot read (which would stop its metadata group) during a rolling upgrade.
 /// Level 2 added replicated queues (`CreateReplicatedQueue`, shards in snapshots).
 pub const COMMAND_LEVEL: u32 = 2;
-/// The version of snapshots this release writes and reads.
-pub const SNAPSHOT_VERSION: u32 = 1;
+/// The newest version of snapshots (and of the durable copy's header) this release writes and
+/// reads. A state that made a shard is written as version 2, so that a release that knows
+/// nothing of shards refuses it instead of reading its replicated queues as unreplicated; a
+/// state that never made one is written as version 1, byte for byte as before shards.
+pub const SNAPSHOT_VERSION: u32 = 2;
+/// The version of a snapshot with no shard ever made.
+const SNAPSHOT_VERSION_NO_SHARDS: u32 = 1;
 
 #[derive(Clone, PartialEq, Message)]
 struct WireCommand {
@@ -537,8 +542,13 @@ impl MetaState {
     /// The scalars of the state, without nodes or queues (the durable copy's header).
     pub(super) fn wire_header(&self) -> WireSnapshot {
         let (high, low) = split(self.cluster_id.map_or(0, |c| c.0));
+        let shards_made = self.next_shard.saturating_sub(1);
         WireSnapshot {
-            version: SNAPSHOT_VERSION,
+            version: if shards_made == 0 {
+                SNAPSHOT_VERSION_NO_SHARDS
+            } else {
+                SNAPSHOT_VERSION
+            },
             bootstrapped: self.cluster_id.is_some(),
             cluster_id_high: high,
             cluster_id_low: low,
@@ -549,7 +559,7 @@ impl MetaState {
             queues: Vec::new(),
             requests: Vec::new(),
             shards: Vec::new(),
-            shards_made: self.next_shard.saturating_sub(1),
+            shards_made,
         }
     }
 
@@ -558,7 +568,7 @@ impl MetaState {
         what: &'static str,
         w: &WireSnapshot,
     ) -> Result<MetaState, MetaError> {
-        if w.version != SNAPSHOT_VERSION {
+        if !(SNAPSHOT_VERSION_NO_SHARDS..=SNAPSHOT_VERSION).contains(&w.version) {
             return Err(MetaError::UnsupportedVersion {
                 what,
                 version: w.version,

@@ -119,7 +119,7 @@ pub enum MetaError {
         shard: Option<ShardId>,
     },
     /// A replication factor other than 3 or 5 for a shard (1 is a queue with no shard).
-    #[error("replication factor {replication} is not supported; choose 1, 3 or 5")]
+    #[error("replication factor {replication} is not one a shard can have; choose 3 or 5 (or 1, a queue that is not replicated)")]
     InvalidReplication {
         /// The factor asked for.
         replication: usize,
@@ -138,14 +138,14 @@ pub enum MetaError {
         /// What is wrong.
         reason: String,
     },
-    /// No such shard.
-    #[error("{shard} does not exist (`ferry shard list` shows the shards that do)")]
+    /// No such shard: the proposer chose it on a view where it existed.
+    #[error("{shard} no longer exists (its last queue was deleted meanwhile); retry, and a shard is chosen again")]
     ShardNotFound {
         /// The shard.
         shard: ShardId,
     },
     /// The shard belongs to one queue, which asked for a shard of its own.
-    #[error("{shard} was made for one queue alone; choose a shared shard or a new one")]
+    #[error("{shard} was made for one queue alone and takes no other; retry, and a shard is chosen again")]
     ShardDedicated {
         /// The shard.
         shard: ShardId,

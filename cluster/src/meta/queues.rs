@@ -118,7 +118,7 @@ impl MetaState {
     /// exist yet; refuses when one exists on another node or in another shard. Companions are created with default
     /// settings and get no companions of their own (today's back-end resolves a dead-letter
     /// queue's own target locally; placing those is left to the wiring).
-    fn missing_companions(
+    pub(crate) fn missing_companions(
         &self,
         name: &QueueName,
         settings: &pb::QueueConfig,

@@ -198,9 +198,12 @@ fn replication_factors_other_than_3_and_5_or_above_the_node_count_are_refused() 
         &MetaError::InvalidReplication { replication: 2 },
     );
     let twice = new(&["a", "b", "a"]);
+    let before = s.clone();
     let index = next(&s);
     let err = s.apply(index, &twice).unwrap_err();
     assert!(matches!(err, MetaError::InvalidReplicas { .. }), "{err}");
+    assert_eq!(s.shards(), before.shards());
+    assert_eq!(s.queues(), before.queues());
     refused(
         &mut s,
         &new(&["a", "b", "zz"]),
@@ -419,10 +422,12 @@ fn shards_survive_encoding_snapshots_and_the_durable_copy() {
 }
 
 #[test]
-fn a_state_without_shards_encodes_as_a_level_1_release_wrote_it() {
-    // No shard made: the snapshot has no shard fields at all (same bytes, same digest as
-    // before shards existed), so nodes of both releases agree on it during an upgrade.
+fn a_state_that_made_a_shard_is_a_snapshot_an_older_release_refuses() {
+    // A snapshot starts with its version (field 1, a varint): 1 until a shard is made, as a
+    // release without shards wrote it and reads it; 2 from then on, which such a release
+    // refuses (it would read the replicated queues as unreplicated).
     let s = cluster_of(&["a", "b", "c"]);
+    assert_eq!(s.snapshot()[..2], [0x08, 1]);
     let mut with_shard = s.clone();
     let cmd = replicated(&with_shard, "q", 3, false);
     apply(&mut with_shard, &cmd);
@@ -431,12 +436,116 @@ fn a_state_without_shards_encodes_as_a_level_1_release_wrote_it() {
         &mut with_shard,
         &MetaCommand::DeleteQueue { name: q("q.DLQ") },
     );
+    // No shard left, but one was made: its id stays used, and so does the version.
     assert!(with_shard.shards().is_empty());
-    // Only the counters differ: the shard id and epochs used stay used.
-    assert!(with_shard.snapshot().len() > s.snapshot().len());
-    let mut fresh = MetaState::new();
-    fresh.next_shard = 1;
-    assert_eq!(fresh.snapshot(), MetaState::new().snapshot());
+    let mut bytes = with_shard.snapshot();
+    assert_eq!(bytes[..2], [0x08, 2]);
+    assert_eq!(MetaState::restore(&bytes).unwrap(), with_shard);
+    bytes[1] = 3;
+    assert!(matches!(
+        MetaState::restore(&bytes),
+        Err(MetaError::UnsupportedVersion { version: 3, .. })
+    ));
+}
+
+#[test]
+fn every_existing_companion_must_be_in_the_shard() {
+    let mut s = cluster_of(&["a", "b", "c"]);
+    // a.dlq replicated, a.exp not: a queue naming both can live with neither.
+    let cmd = replicated(&s, "a.dlq", 3, false);
+    apply(&mut s, &cmd);
+    let dlq = shard_of(&s, "a.dlq");
+    apply(
+        &mut s,
+        &MetaCommand::CreateQueue {
+            name: q("a.exp"),
+            settings: pb::QueueConfig::default(),
+            owner: n("b"),
+        },
+    );
+    let target = |name: &str| {
+        Some(pb::DeadLetterTarget {
+            target: Some(pb::dead_letter_target::Target::Queue(name.into())),
+        })
+    };
+    let settings = pb::QueueConfig {
+        dead_letter: target("a.dlq"),
+        expiry: target("a.exp"),
+        ..Default::default()
+    };
+    let expected = MetaError::CompanionInOtherShard {
+        queue: q("a"),
+        companion: q("a.exp"),
+        shard: None,
+    };
+    assert_eq!(
+        choose_shard(&s, &q("a"), &settings, 3, false, &BTreeSet::new()),
+        Err(expected.clone())
+    );
+    let cmd = MetaCommand::CreateReplicatedQueue {
+        name: q("a"),
+        settings,
+        shard: ShardChoice::Existing(dlq),
+    };
+    refused(&mut s, &cmd, &expected);
+}
+
+#[test]
+fn a_queue_of_a_dedicated_shard_is_made_again_where_its_dead_letter_queue_stayed() {
+    let mut s = cluster_of(&["a", "b", "c"]);
+    let cmd = replicated(&s, "own", 3, true);
+    apply(&mut s, &cmd);
+    let own = shard_of(&s, "own");
+    apply(&mut s, &MetaCommand::DeleteQueue { name: q("own") });
+    // Only its dead-letter queue is left in the shard: the queue may come back, nothing else.
+    let intruder = MetaCommand::CreateReplicatedQueue {
+        name: q("other"),
+        settings: pb::QueueConfig::default(),
+        shard: ShardChoice::Existing(own),
+    };
+    refused(&mut s, &intruder, &MetaError::ShardDedicated { shard: own });
+    let again = replicated(&s, "own", 3, false);
+    apply(&mut s, &again);
+    assert_eq!(shard_of(&s, "own"), own);
+}
+
+#[test]
+fn a_new_shard_leaves_a_node_the_proposer_cannot_reach_last() {
+    let mut s = cluster_of(&["a", "b", "c", "d"]);
+    let first = MetaCommand::CreateReplicatedQueue {
+        name: q("q1"),
+        settings: pb::QueueConfig::default(),
+        shard: ShardChoice::New {
+            replicas: vec![n("a"), n("b"), n("c")],
+            dedicated: false,
+        },
+    };
+    apply(&mut s, &first);
+    // d leads nothing and holds nothing, but is down: b leads (the first of the reachable
+    // nodes leading nothing), a and c (one replica each) follow, d is left out.
+    let down: BTreeSet<NodeId> = [n("d")].into();
+    let choice = choose_shard(&s, &q("q2"), &pb::QueueConfig::default(), 3, false, &down).unwrap();
+    assert_eq!(
+        choice,
+        ShardChoice::New {
+            replicas: vec![n("b"), n("a"), n("c")],
+            dedicated: false,
+        }
+    );
+    // With d up, d leads the new shard.
+    let choice = choose_shard(
+        &s,
+        &q("q2"),
+        &pb::QueueConfig::default(),
+        3,
+        false,
+        &BTreeSet::new(),
+    )
+    .unwrap();
+    let ShardChoice::New { replicas, .. } = choice else {
+        panic!("{choice:?}")
+    };
+    assert_eq!(replicas[0], n("d"));
 }
 
 #[test]

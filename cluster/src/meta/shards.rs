@@ -14,15 +14,17 @@
 //!   the default is 3 once the cluster has 3 active nodes or more, 1 below
 //!   ([`default_replication`]);
 //! - a queue whose dead-letter or expiry queue exists already goes where that queue is;
-//! - a queue asking for a shard of its own gets a new one, which no other queue joins;
+//! - a queue asking for a shard of its own gets a new one, which no other queue joins (but the
+//!   queue itself, made again where its dead-letter queue stayed);
 //! - otherwise it joins the shared shard of its replication factor, all of whose replicas are
 //!   active, holding the fewest queues (then the smallest id), once there are as many such
 //!   shards as active nodes (so that every node can lead one) and one of them holds fewer than
 //!   [`QUEUES_PER_SHARD_MAX`]; until then a new shard is made;
 //! - a new shard's first replica, its preferred leader, is the node that is first replica of
-//!   the fewest shards; the others are the nodes holding the fewest replicas; ties go to nodes
-//!   the proposer can reach, then to the smaller id. Leaders are balanced by the preferred
-//!   leader; replicas by their count.
+//!   the fewest shards; the others are the nodes holding the fewest replicas; nodes the
+//!   proposer cannot reach come last (a shard made while a node is down spreads over the
+//!   others), ties go to the smaller id. Leaders are balanced by the preferred leader; replicas
+//!   by their count.
 
 use std::collections::BTreeSet;
 
@@ -107,7 +109,17 @@ pub fn choose_shard(
     state.check_replication(replication)?;
     if let Some(existing) = state.companion_placement(name, settings)? {
         return match existing.shard {
-            Some(shard) => Ok(ShardChoice::Existing(shard)),
+            Some(shard) => {
+                // The other companions, if they exist, must be there too.
+                let leader = state
+                    .shards
+                    .get(&shard)
+                    .map(|s| s.preferred_leader().clone());
+                if let Some(leader) = leader {
+                    state.missing_companions(name, settings, &leader, Some(shard))?;
+                }
+                Ok(ShardChoice::Existing(shard))
+            }
             None => Err(MetaError::CompanionInOtherShard {
                 queue: name.clone(),
                 companion: existing.name,
@@ -203,14 +215,14 @@ impl MetaState {
         };
         let leader = active
             .iter()
-            .min_by_key(|id| (count(&led, id), count(&held, id), down.contains(**id), **id))
+            .min_by_key(|id| (down.contains(**id), count(&led, id), count(&held, id), **id))
             .copied();
         let mut replicas: Vec<NodeId> = leader.into_iter().cloned().collect();
         let mut others: Vec<&NodeId> = active
             .into_iter()
             .filter(|id| Some(*id) != leader)
             .collect();
-        others.sort_by_key(|id| (count(&held, id), down.contains(*id), *id));
+        others.sort_by_key(|id| (down.contains(*id), count(&held, id), *id));
         replicas.extend(
             others
                 .into_iter()
@@ -237,7 +249,7 @@ impl MetaState {
                     .shards
                     .get(id)
                     .ok_or(MetaError::ShardNotFound { shard: *id })?;
-                if def.dedicated {
+                if def.dedicated && !self.only_companions_in(*id, name, settings)? {
                     return Err(MetaError::ShardDedicated { shard: *id });
                 }
                 (*id, def.preferred_leader().clone())
@@ -247,19 +259,8 @@ impl MetaState {
                 (self.next_shard(), replicas[0].clone())
             }
         };
-        if let Some(c) = self.companion_placement(name, settings)? {
-            if c.shard != Some(shard) {
-                return Err(MetaError::CompanionInOtherShard {
-                    queue: name.clone(),
-                    companion: c.name,
-                    shard: c.shard,
-                });
-            }
-        }
-        let missing: Vec<QueueName> = companions(name, settings)?
-            .into_iter()
-            .filter(|c| !self.queues.contains_key(c))
-            .collect();
+        // Every companion that exists must be in this shard (checked before anything changes).
+        let missing = self.missing_companions(name, settings, &leader, Some(shard))?;
         let created_shard = match choice {
             ShardChoice::Existing(_) => false,
             ShardChoice::New {
@@ -283,6 +284,22 @@ impl MetaState {
             created_shard,
             queues,
         })
+    }
+
+    /// Whether every queue in `shard` is a dead-letter or expiry queue of `name`: a queue made
+    /// again where its dedicated shard kept its dead-letter queue.
+    fn only_companions_in(
+        &self,
+        shard: ShardId,
+        name: &QueueName,
+        settings: &pb::QueueConfig,
+    ) -> Result<bool, MetaError> {
+        let held = self.shards.get(&shard).map_or(0, |s| s.queues);
+        let in_shard = companions(name, settings)?
+            .iter()
+            .filter(|c| self.queues.get(*c).is_some_and(|q| q.shard == Some(shard)))
+            .count();
+        Ok(in_shard == held)
     }
 
     /// Refuses replicas that are not 3 or 5 distinct active nodes.

@@ -58,9 +58,7 @@ pub fn meta_status(e: &MetaError) -> Status {
         | MetaError::InvalidReplication { .. }
         | MetaError::InvalidReplicas { .. }
         | MetaError::NoNodes => Code::InvalidArgument,
-        MetaError::UnknownNode { .. }
-        | MetaError::QueueNotFound { .. }
-        | MetaError::ShardNotFound { .. } => Code::NotFound,
+        MetaError::UnknownNode { .. } | MetaError::QueueNotFound { .. } => Code::NotFound,
         MetaError::DuplicateNode { .. } | MetaError::QueueExists { .. } => Code::AlreadyExists,
         MetaError::NotBootstrapped | MetaError::NoActiveNode => Code::Unavailable,
         MetaError::AlreadyBootstrapped { .. }
@@ -73,9 +71,11 @@ pub fn meta_status(e: &MetaError) -> Status {
         | MetaError::CompanionElsewhere { .. }
         | MetaError::CompanionInOtherShard { .. }
         | MetaError::TooFewNodes { .. }
-        | MetaError::ShardDedicated { .. }
         | MetaError::UnsupportedVersion { .. } => Code::FailedPrecondition,
-        MetaError::SettingsChanged { .. } => Code::Aborted,
+        // A choice made on a view that changed before it was ordered: retry.
+        MetaError::SettingsChanged { .. }
+        | MetaError::ShardNotFound { .. }
+        | MetaError::ShardDedicated { .. } => Code::Aborted,
         MetaError::StaleIndex { .. } | MetaError::Decode { .. } => Code::Internal,
     };
     Status::new(code, e.to_string())
