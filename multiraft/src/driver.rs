@@ -53,6 +53,13 @@ pub trait GroupMachine {
     /// Adds to `job` what was applied since the last call, with the applied index, so that
     /// both reach the disk in the same synced write.
     fn persist(&mut self, job: &mut PersistJob);
+
+    /// The group was removed from this node ([`Driver::remove_group`]): adds to `job` what
+    /// was applied and not yet persisted, and deletes the machine's own keys. Called once, in
+    /// the job that deletes the group's Raft records.
+    fn close(&mut self, job: &mut PersistJob) {
+        self.persist(job);
+    }
 }
 
 /// Why a driver stopped by itself: it cannot go on without breaking a promise.
@@ -139,6 +146,8 @@ pub struct Driver<M: GroupMachine> {
     config: DriverConfig,
     /// Proposals made here, by (group, index).
     pending: BTreeMap<(GroupId, u64), Pending<M::Outcome>>,
+    /// Machines of removed groups, closed in the next job.
+    closing: Vec<M>,
     halted: Option<Halt>,
 }
 
@@ -159,6 +168,7 @@ impl<M: GroupMachine> Driver<M> {
             outbound,
             config,
             pending: BTreeMap::new(),
+            closing: Vec::new(),
             halted: None,
         }
     }
@@ -191,6 +201,32 @@ impl<M: GroupMachine> Driver<M> {
     /// Gives `group` its machine (a group created after the driver was), unless it has one.
     pub fn add_machine(&mut self, group: GroupId, machine: M) {
         self.machines.entry(group).or_insert(machine);
+    }
+
+    /// Removes `group` from this node: the engine deletes its Raft records and its machine is
+    /// closed ([`GroupMachine::close`]) in the next job; a proposal still waiting in it fails
+    /// with [`ProposeFailure::Dropped`].
+    pub fn remove_group(&mut self, group: GroupId) -> Result<(), Error> {
+        let Some(engine) = self.engine.as_mut() else {
+            return Err(Error::GroupNotFound { group });
+        };
+        engine.remove_group(group)?;
+        if let Some(machine) = self.machines.remove(&group) {
+            self.closing.push(machine);
+        }
+        let waiting: Vec<(GroupId, u64)> = self
+            .pending
+            .range((group, 0)..=(group, u64::MAX))
+            .map(|(key, _)| *key)
+            .collect();
+        for key in waiting {
+            if let Some((_, reply)) = self.pending.remove(&key) {
+                reply(Err(ProposeFailure::Dropped(format!(
+                    "group {group} was removed from this node"
+                ))));
+            }
+        }
+        Ok(())
     }
 
     /// The store the driver writes to, to read a new machine's durable state from.
@@ -302,6 +338,9 @@ impl<M: GroupMachine> Driver<M> {
             if let Some(mut job) = round.persist {
                 for machine in self.machines.values_mut() {
                     machine.persist(&mut job);
+                }
+                for mut machine in std::mem::take(&mut self.closing) {
+                    machine.close(&mut job);
                 }
                 if let Err(e) = self.store.write(&job) {
                     // The store refuses every write from now on: this node cannot take part

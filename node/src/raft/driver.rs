@@ -7,7 +7,7 @@
 //! A thread, not a task: each round ends in a synced RocksDB write, which must not block the
 //! async runtime, and the engine must see its inputs in one order.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -22,7 +22,7 @@ use tokio::sync::{oneshot, watch};
 use super::machine::MetaMachine;
 use super::machines::{NodeMachine, Outcome};
 use super::shard::ShardMachine;
-use super::view::{MetaView, RaftCounters};
+use super::view::{MetaView, RaftCounters, ShardGroupView};
 use ferry_be_server::{ShardId, ShardRefusal};
 use ferry_cluster::meta::{MetaError, MetaEvent, MetaState, RaftId};
 use ferry_cluster::next_conf_change;
@@ -100,6 +100,9 @@ pub(crate) struct Driver {
     /// The leader last seen, to count changes.
     last_leader: Option<PeerId>,
     stopping: bool,
+    /// The metadata's applied index when the shard groups were last brought in line with it
+    /// ([`Driver::follow_shards`]).
+    shards_followed_at: Option<u64>,
 }
 
 /// Opens the engine of a node that already belongs to a cluster (its group 0 is in `recovered`).
@@ -158,6 +161,7 @@ impl Driver {
             counters,
             last_leader: None,
             stopping: false,
+            shards_followed_at: None,
         }
     }
 
@@ -216,6 +220,9 @@ impl Driver {
             self.rounds.campaign_if_alone(group);
         }
         self.run_rounds();
+        if self.follow_shards() {
+            self.run_rounds();
+        }
         self.publish();
     }
 
@@ -235,6 +242,9 @@ impl Driver {
             self.drive_leader();
         }
         self.run_rounds();
+        if self.follow_shards() {
+            self.run_rounds();
+        }
         if self.rounds.halted().is_some() {
             // A halted round's changes were not written: nobody may act on them.
             self.stopping = true;
@@ -342,6 +352,76 @@ impl Driver {
         self.rounds.add_machine(group, NodeMachine::Shard(machine));
         self.rounds.campaign_if_alone(group);
         Ok(())
+    }
+
+    /// Brings the shard groups running here in line with the metadata, once per metadata
+    /// change: a shard this node is a replica of and does not run is started with its
+    /// replicas as voters (every replica starts it with the same ones); a shard group running
+    /// here that the metadata removed (its id is below the next shard id, so the metadata knows
+    /// of it, and it is gone or no longer has this node) is removed, its Raft records and
+    /// applied position deleted in the next job. A node whose metadata is behind leaves
+    /// groups it does not know of yet alone. Whether anything changed.
+    fn follow_shards(&mut self) -> bool {
+        let Some(meta) = self.meta_machine().map(MetaMachine::meta) else {
+            return false;
+        };
+        let at = meta.applied_index();
+        if self.shards_followed_at == Some(at) {
+            return false;
+        }
+        let Some(engine) = self.rounds.engine() else {
+            return false;
+        };
+        let Some((me, _)) = meta.node_by_raft_id(RaftId(engine.node().0)) else {
+            return false;
+        };
+        let running: BTreeSet<GroupId> = engine
+            .group_ids()
+            .into_iter()
+            .filter(|g| *g != META_GROUP)
+            .collect();
+        let mut open = Vec::new();
+        for (id, def) in meta.shards() {
+            if def.replicas.contains(me) && !running.contains(&GroupId(id.0)) {
+                let voters: Option<Vec<PeerId>> = def
+                    .replicas
+                    .iter()
+                    .map(|r| meta.node(r).map(|n| PeerId(n.raft_id.0)))
+                    .collect();
+                match voters {
+                    Some(voters) => open.push((GroupId(id.0), voters)),
+                    None => {
+                        tracing::error!(shard = %id, "a replica of the shard is not a node of the metadata")
+                    }
+                }
+            }
+        }
+        let close: Vec<GroupId> = running
+            .into_iter()
+            .filter(|g| {
+                let id = ShardId(g.0);
+                id < meta.next_shard() && !meta.shard(id).is_some_and(|d| d.replicas.contains(me))
+            })
+            .collect();
+        self.shards_followed_at = Some(at);
+        let changed = !open.is_empty() || !close.is_empty();
+        for (group, voters) in open {
+            match self.open_shard(group, &voters) {
+                Ok(()) => tracing::info!(shard = group.0, "queue shard started here"),
+                Err(e) => {
+                    tracing::error!(shard = group.0, error = %e, "cannot start a queue shard")
+                }
+            }
+        }
+        for group in close {
+            match self.rounds.remove_group(group) {
+                Ok(()) => tracing::info!(shard = group.0, "queue shard removed from here"),
+                Err(e) => {
+                    tracing::error!(shard = group.0, error = %e, "cannot remove a queue shard")
+                }
+            }
+        }
+        changed
     }
 
     fn meta_machine(&self) -> Option<&MetaMachine> {
@@ -458,15 +538,24 @@ impl Driver {
         let engine = self.rounds.engine();
         let status = engine.and_then(|e| e.status(META_GROUP));
         let raft_id = engine.map(|e| RaftId(e.node().0));
+        let shards: BTreeMap<ShardId, ShardGroupView> = engine.map_or_else(BTreeMap::new, |e| {
+            e.group_ids()
+                .into_iter()
+                .filter(|g| *g != META_GROUP)
+                .filter_map(|g| Some((ShardId(g.0), ShardGroupView::of(&e.status(g)?))))
+                .collect()
+        });
         let current = self.view.borrow().clone();
         let changed = current.meta.applied_index() != meta.applied_index()
             || current.raft_id != raft_id
-            || current.group != status;
+            || current.group != status
+            || current.shards != shards;
         if changed {
             let view = MetaView {
                 meta: meta.clone(),
                 raft_id,
                 group: status,
+                shards,
             };
             self.view.send_replace(Arc::new(view));
         }

@@ -90,4 +90,11 @@ impl GroupMachine for NodeMachine {
             NodeMachine::Shard(m) => m.persist(job),
         }
     }
+
+    fn close(&mut self, job: &mut PersistJob) {
+        match self {
+            NodeMachine::Meta(m) => m.close(job),
+            NodeMachine::Shard(m) => m.close(job),
+        }
+    }
 }

@@ -1,6 +1,8 @@
 //! What the driver publishes after its rounds: the metadata state and its view of group 0.
 
-use ferry_kernel::NodeId;
+use std::collections::BTreeMap;
+
+use ferry_kernel::{NodeId, ShardId};
 use ferry_multiraft::{GroupStatus, Role};
 
 use ferry_cluster::meta::{MetaState, NodeInfo, RaftId};
@@ -14,6 +16,34 @@ pub struct MetaView {
     pub raft_id: Option<RaftId>,
     /// This node's view of group 0, once it is a member.
     pub group: Option<GroupStatus>,
+    /// The queue shards whose groups run here (this node is one of their replicas), as it sees
+    /// them: republished when a role, term, leader or voter set changes, not at every commit.
+    pub shards: BTreeMap<ShardId, ShardGroupView>,
+}
+
+/// A queue shard's Raft group as the node hosting one of its replicas sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardGroupView {
+    /// This node's role in it.
+    pub role: Role,
+    /// Its current term here.
+    pub term: u64,
+    /// The leader this node knows, if any.
+    pub leader: Option<RaftId>,
+    /// Its voters in force.
+    pub voters: Vec<RaftId>,
+}
+
+impl ShardGroupView {
+    /// The view of a group's status.
+    pub fn of(status: &GroupStatus) -> Self {
+        ShardGroupView {
+            role: status.role,
+            term: status.term,
+            leader: status.leader.map(|l| RaftId(l.0)),
+            voters: status.voters.iter().map(|v| RaftId(v.0)).collect(),
+        }
+    }
 }
 
 impl MetaView {
@@ -23,6 +53,7 @@ impl MetaView {
             meta: MetaState::new(),
             raft_id: None,
             group: None,
+            shards: BTreeMap::new(),
         }
     }
 

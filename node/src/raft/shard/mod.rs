@@ -165,6 +165,16 @@ impl GroupMachine for ShardMachine {
         false
     }
 
+    /// The shard left this node (its last queue was deleted, so what it applied last are
+    /// those deletes): they are written, and its applied position goes with the group's Raft
+    /// records, in the same job.
+    fn close(&mut self, job: &mut PersistJob) {
+        if !self.pending.is_empty() {
+            job.attach(Arc::new(std::mem::take(&mut self.pending)));
+        }
+        job.delete_app(applied_key(self.group));
+    }
+
     fn persist(&mut self, job: &mut PersistJob) {
         if !self.pending.is_empty() && !self.holds_data_back(job) {
             job.attach(Arc::new(std::mem::take(&mut self.pending)));

@@ -17,6 +17,7 @@
 
 mod checks;
 mod random;
+mod shards;
 mod tests;
 
 use std::collections::BTreeMap;
