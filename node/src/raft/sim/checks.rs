@@ -27,6 +27,8 @@ pub(super) struct Stats {
     pub(super) conf_changes: u64,
     pub(super) snapshots_installed: u64,
     pub(super) restarts: u64,
+    /// Shards the run made (their groups started on their replicas, most removed again).
+    pub(super) shards: u64,
 }
 
 impl Stats {
@@ -36,6 +38,7 @@ impl Stats {
         self.conf_changes += other.conf_changes;
         self.snapshots_installed += other.snapshots_installed;
         self.restarts += other.restarts;
+        self.shards += other.shards;
     }
 }
 

@@ -6,10 +6,12 @@
 //! A failing seed prints itself; `META_SIM_SEED=<seed> cargo nextest run --workspace -E
 //! 'test(raft::sim::random)'` replays it exactly, `META_SIM_SEEDS=<count>` runs more.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
-use ferry_cluster::meta::{choose_queue_owner, MetaCommand, MetaError};
-use ferry_kernel::{NodeId, QueueName};
+use ferry_cluster::meta::{
+    choose_queue_owner, choose_shard, MetaCommand, MetaError, RaftId, ShardChoice,
+};
+use ferry_kernel::{NodeId, QueueName, ShardId};
 use ferry_multiraft::sim::Faults;
 use ferry_proto::pb;
 use rand::rngs::StdRng;
@@ -23,7 +25,9 @@ const SEEDS: u64 = 32;
 const FAULT_STEPS: u64 = 3000;
 /// Node names the random commands use (more than ever join, so some are unknown).
 const NAMES_MAX: u64 = 9;
-const QUEUE_NAMES: [&str; 6] = ["a", "b", "c", "d", "e", "f"];
+/// Some dead-letter queues too: deleting a queue and then its dead-letter queue empties its
+/// shard, which then goes.
+const QUEUE_NAMES: [&str; 9] = ["a", "b", "c", "d", "e", "f", "a.DLQ", "b.DLQ", "c.DLQ"];
 /// The drivers compact their logs this often, so that lagging and new nodes get snapshots.
 const COMPACT_AFTER_ENTRIES: u64 = 10;
 
@@ -62,7 +66,8 @@ fn run_seeds(voters: u64, first_seed: u64) {
             total.refused > 0
                 && total.conf_changes > 0
                 && total.snapshots_installed > 0
-                && total.restarts > 0,
+                && total.restarts > 0
+                && total.shards > 0,
             "{total:?}"
         );
     }
@@ -102,6 +107,26 @@ fn run_random(seed: u64, voters: u64) -> Stats {
     let refused = cluster.propose_and_wait(&marker);
     assert!(matches!(refused, Err(MetaError::QueueNotFound { .. })));
     cluster.converge();
+    // Every node runs exactly the shard groups the metadata gives it (those of shards gone
+    // while it was down or cut off removed, those made meanwhile started).
+    for peer in cluster.up_ids() {
+        let view = cluster.view(peer).unwrap();
+        let Some((me, _)) = view.meta.node_by_raft_id(RaftId(peer.0)) else {
+            continue;
+        };
+        let expected: BTreeSet<ShardId> = view
+            .meta
+            .shards()
+            .iter()
+            .filter(|(_, d)| d.replicas.contains(me))
+            .map(|(id, _)| *id)
+            .collect();
+        let running: BTreeSet<ShardId> = view.shards.keys().copied().collect();
+        assert_eq!(running, expected, "seed {seed}: {me}'s shard groups");
+    }
+    lock(cluster.checks()).stats.shards = cluster
+        .leader_meta()
+        .map_or(0, |m| m.next_shard().0.saturating_sub(1));
     let checks = lock(cluster.checks());
     let stats = checks.stats;
     // Shown with --nocapture: what the run exercised.
@@ -123,7 +148,34 @@ fn random_command(cluster: &Cluster, rng: &mut StdRng) -> Option<MetaCommand> {
     let name = QueueName::new(QUEUE_NAMES[rng.random_range(0..QUEUE_NAMES.len())]).unwrap();
     let node = node_name(rng.random_range(1..=NAMES_MAX));
     Some(match rng.random_range(0..100) {
-        0..=49 => {
+        0..=11 => {
+            // A replicated queue: its shard starts on its replicas (the driver follows the
+            // metadata), and goes with its last queue. A choice the rule cannot make (too few
+            // nodes) is proposed anyway, on random nodes: apply refuses it.
+            let settings = random_settings(rng);
+            let replication = [3, 3, 5][rng.random_range(0..3)];
+            let dedicated = rng.random_ratio(1, 4);
+            let shard = choose_shard(
+                &meta,
+                &name,
+                &settings,
+                replication,
+                dedicated,
+                &BTreeSet::new(),
+            )
+            .unwrap_or_else(|_| ShardChoice::New {
+                replicas: (0..replication)
+                    .map(|_| node_name(rng.random_range(1..=NAMES_MAX)))
+                    .collect(),
+                dedicated,
+            });
+            MetaCommand::CreateReplicatedQueue {
+                name,
+                settings,
+                shard,
+            }
+        }
+        12..=49 => {
             let pinned = rng.random_ratio(1, 5).then_some(&node);
             let loads: BTreeMap<NodeId, u64> = meta
                 .nodes()
