@@ -68,7 +68,7 @@ pub(crate) async fn reconcile(
         .map(|q| (q.name.clone(), q))
         .collect();
     for (name, def) in meta.queues() {
-        if &def.owner.node != me {
+        if !local_here(def, me) {
             continue;
         }
         match held.get(name) {
@@ -96,7 +96,10 @@ pub(crate) async fn reconcile(
         return;
     }
     for name in held.keys() {
-        let placed_here = meta.queue(name).is_some_and(|d| &d.owner.node == me);
+        // A replicated queue is its shard's: never deleted here as a local one.
+        let placed_here = meta
+            .queue(name)
+            .is_some_and(|d| local_here(d, me) || d.shard.is_some());
         if !placed_here {
             tracing::warn!(queue = %name, "deleting a queue the cluster metadata does not place on this node (deleted while the node was down)");
             if let Err(e) = host.delete(name).await {
@@ -124,7 +127,7 @@ pub(crate) async fn carry_out(
     retry: &mut BTreeSet<QueueName>,
 ) {
     for name in std::mem::take(retry) {
-        if let Some(def) = after.queue(&name).filter(|d| &d.owner.node == me) {
+        if let Some(def) = after.queue(&name).filter(|d| local_here(d, me)) {
             create(host, &name, def, retry).await;
         }
     }
@@ -148,9 +151,17 @@ pub(crate) async fn carry_out(
     }
 }
 
-/// `def` if it places its queue on `me`.
+/// `def` if it places its queue on `me`'s own store (see [`local_here`]).
 fn owned_by<'a>(def: Option<&'a QueueDef>, me: &NodeId) -> Option<&'a QueueDef> {
-    def.filter(|d| &d.owner.node == me)
+    def.filter(|d| local_here(d, me))
+}
+
+/// Whether `def` places its queue on `me`'s own store, served here with no log in front
+/// (replication factor 1). A replicated queue belongs to its shard: its owner in the metadata is
+/// the shard's preferred leader, but the node leading the shard serves it (not yet built), so it
+/// is never created, updated or deleted here as a local queue.
+fn local_here(def: &QueueDef, me: &NodeId) -> bool {
+    &def.owner.node == me && def.shard.is_none()
 }
 
 /// Creates `name` at its epoch; remembers it in `retry` when that fails.
@@ -261,6 +272,47 @@ mod tests {
         assert!(retry.is_empty());
         let calls = host.calls.lock().unwrap().clone();
         (calls, host.listed() - listed)
+    }
+
+    /// A replicated queue whose shard's preferred leader is this node is not made a local
+    /// queue here (it would be served unreplicated), at a change or at start, and a local queue
+    /// of that name is not deleted at start either.
+    #[tokio::test]
+    async fn a_replicated_queue_is_never_served_as_a_local_one() {
+        let mut before = cluster(1);
+        apply(
+            &mut before,
+            MetaCommand::AddNode {
+                id: node("c"),
+                client_addr: "c:1".into(),
+                peer_addr: "c:2".into(),
+                learner: true,
+            },
+        );
+        let mut after = before.clone();
+        let replicated = MetaCommand::CreateReplicatedQueue {
+            name: q("orders"),
+            settings: lone(),
+            shard: ferry_cluster::meta::ShardChoice::New {
+                replicas: vec![node("a"), node("b"), node("c")],
+                dedicated: false,
+            },
+        };
+        apply(&mut after, replicated);
+        assert_eq!(after.queue(&q("orders")).unwrap().owner.node, node("a"));
+        let (calls, _) = carried_out(&before, &after).await;
+        assert!(calls.is_empty(), "{calls:?}");
+        let host = Recorder::default();
+        host.held
+            .lock()
+            .unwrap()
+            .insert(q("orders"), PlacementEpoch::new(1));
+        reconcile(&host, &after, &node("a"), true).await;
+        let calls = host.calls.lock().unwrap().clone();
+        assert_eq!(
+            calls,
+            ["create a.0 ".to_owned() + &epoch(&after, "a.0").to_string()]
+        );
     }
 
     #[tokio::test]
