@@ -18,11 +18,7 @@ impl MetaState {
         settings: &pb::QueueConfig,
         owner: &NodeId,
     ) -> Result<MetaEvent, MetaError> {
-        if self.queues.contains_key(name) {
-            return Err(MetaError::QueueExists {
-                queue: name.clone(),
-            });
-        }
+        self.check_absent(name)?;
         self.active_node(owner)?;
         let companions = self.missing_companions(name, settings, owner, None)?;
         let mut queues = vec![(
@@ -82,6 +78,16 @@ impl MetaState {
             owner: removed.owner,
             removed_shard,
         })
+    }
+
+    /// Refuses a new queue whose name is taken.
+    pub(crate) fn check_absent(&self, name: &QueueName) -> Result<(), MetaError> {
+        if self.queues.contains_key(name) {
+            return Err(MetaError::QueueExists {
+                queue: name.clone(),
+            });
+        }
+        Ok(())
     }
 
     /// Defines a queue on `node` (in `shard`, if replicated) with the next epoch.

@@ -5,18 +5,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use ferry_kernel::{NodeId, QueueName, ShardId};
+use ferry_kernel::{NodeId, ShardId};
 use ferry_proto::pb;
 
+use super::tests::{n, next, q, rebuilt, write_durable};
 use super::*;
-
-fn n(id: &str) -> NodeId {
-    NodeId::new(id).unwrap()
-}
-
-fn q(name: &str) -> QueueName {
-    QueueName::new(name).unwrap()
-}
 
 /// A cluster bootstrapped with voters `ids` at index 2.
 fn cluster_of(ids: &[&str]) -> MetaState {
@@ -35,10 +28,6 @@ fn cluster_of(ids: &[&str]) -> MetaState {
     };
     s.apply(2, &cmd).unwrap();
     s
-}
-
-fn next(s: &MetaState) -> u64 {
-    s.applied_index() + 1
 }
 
 /// The command the proposer makes for `name` with `replication` (the rule's choice).
@@ -67,16 +56,9 @@ fn apply(s: &mut MetaState, cmd: &MetaCommand) -> MetaEvent {
     event
 }
 
-/// Applies `cmd`, expects `expected`, and checks that nothing but the applied index changed.
+/// [`super::tests::refused`], for a command the test keeps.
 fn refused(s: &mut MetaState, cmd: &MetaCommand, expected: &MetaError) {
-    let before = s.clone();
-    let index = next(s);
-    let got = s.apply(index, cmd).unwrap_err();
-    assert_eq!(&got, expected);
-    assert!(!got.to_string().is_empty());
-    let mut after = s.clone();
-    after.applied_index = before.applied_index;
-    assert_eq!(after, before, "{cmd:?} changed the state");
+    super::tests::refused(s, cmd.clone(), expected);
 }
 
 fn shard_of(s: &MetaState, name: &str) -> ShardId {
@@ -384,7 +366,7 @@ fn shards_survive_encoding_snapshots_and_the_durable_copy() {
     let mut copy: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
     let mut touched = Touched::default();
     touched.everything();
-    write(&mut copy, s.durable_writes(&touched));
+    write_durable(&mut copy, s.durable_writes(&touched));
     let mut index = next(&s);
     let mut step = |s: &mut MetaState, cmd: MetaCommand| {
         assert_eq!(cmd.level(), COMMAND_LEVEL.min(cmd.level()));
@@ -399,9 +381,8 @@ fn shards_survive_encoding_snapshots_and_the_durable_copy() {
             }
         }
         index += 1;
-        write(&mut copy, s.durable_writes(&touched));
-        let items: Vec<_> = copy.clone().into_iter().collect();
-        assert_eq!(MetaState::from_durable(&items).unwrap().as_ref(), Some(&*s));
+        write_durable(&mut copy, s.durable_writes(&touched));
+        assert_eq!(&rebuilt(&copy), s);
         let restored = MetaState::restore(&s.snapshot()).unwrap();
         assert_eq!(&restored, s);
         assert_eq!(restored.digest(), s.digest());
@@ -575,18 +556,4 @@ fn the_invariants_catch_a_broken_shard_map() {
     );
     // A snapshot of a broken map is refused, not restored.
     assert!(MetaState::restore(&lost.snapshot()).is_err());
-}
-
-fn write(copy: &mut BTreeMap<Vec<u8>, Vec<u8>>, writes: Vec<DurableWrite>) {
-    for w in writes {
-        match w {
-            DurableWrite::Clear => copy.clear(),
-            DurableWrite::Put { key, value } => {
-                copy.insert(key, value);
-            }
-            DurableWrite::Delete { key } => {
-                copy.remove(&key);
-            }
-        }
-    }
 }

@@ -26,7 +26,7 @@
 //!   others), ties go to the smaller id. Leaders are balanced by the preferred leader; replicas
 //!   by their count.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use ferry_kernel::{NodeId, PlacementEpoch, QueueName, ShardId};
 use ferry_proto::pb;
@@ -196,8 +196,8 @@ impl MetaState {
 
     /// The replicas of a new shard of `replication` (the module docs' rule).
     fn new_shard_replicas(&self, replication: usize, down: &BTreeSet<NodeId>) -> Vec<NodeId> {
-        let mut led: std::collections::BTreeMap<&NodeId, usize> = Default::default();
-        let mut held: std::collections::BTreeMap<&NodeId, usize> = Default::default();
+        let mut led: BTreeMap<&NodeId, usize> = Default::default();
+        let mut held: BTreeMap<&NodeId, usize> = Default::default();
         for s in self.shards.values() {
             *led.entry(s.preferred_leader()).or_default() += 1;
             for r in &s.replicas {
@@ -210,9 +210,7 @@ impl MetaState {
             .filter(|(_, n)| n.is_active())
             .map(|(id, _)| id)
             .collect();
-        let count = |m: &std::collections::BTreeMap<&NodeId, usize>, id: &NodeId| {
-            m.get(id).copied().unwrap_or(0)
-        };
+        let count = |m: &BTreeMap<&NodeId, usize>, id: &NodeId| m.get(id).copied().unwrap_or(0);
         let leader = active
             .iter()
             .min_by_key(|id| (down.contains(**id), count(&led, id), count(&held, id), **id))
@@ -238,11 +236,7 @@ impl MetaState {
         settings: &pb::QueueConfig,
         choice: &ShardChoice,
     ) -> Result<MetaEvent, MetaError> {
-        if self.queues.contains_key(name) {
-            return Err(MetaError::QueueExists {
-                queue: name.clone(),
-            });
-        }
+        self.check_absent(name)?;
         let (shard, leader) = match choice {
             ShardChoice::Existing(id) => {
                 let def = self
@@ -349,7 +343,7 @@ impl MetaState {
         }
         let mut epochs: BTreeSet<PlacementEpoch> =
             self.queues.values().map(|q| q.owner.epoch).collect();
-        let mut held: std::collections::BTreeMap<ShardId, usize> = Default::default();
+        let mut held: BTreeMap<ShardId, usize> = Default::default();
         for q in self.queues.values() {
             if let Some(id) = q.shard {
                 *held.entry(id).or_default() += 1;

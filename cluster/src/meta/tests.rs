@@ -10,11 +10,11 @@ use ferry_proto::pb;
 
 use super::*;
 
-fn n(id: &str) -> NodeId {
+pub(super) fn n(id: &str) -> NodeId {
     NodeId::new(id).unwrap()
 }
 
-fn q(name: &str) -> QueueName {
+pub(super) fn q(name: &str) -> QueueName {
     QueueName::new(name).unwrap()
 }
 
@@ -39,7 +39,7 @@ fn cluster() -> MetaState {
     s
 }
 
-fn next(s: &MetaState) -> u64 {
+pub(super) fn next(s: &MetaState) -> u64 {
     s.applied_index() + 1
 }
 
@@ -61,7 +61,7 @@ fn add(id: &str, learner: bool) -> MetaCommand {
 }
 
 /// Applies `cmd`, expects `expected`, and checks that nothing but the applied index changed.
-fn refused(s: &mut MetaState, cmd: MetaCommand, expected: &MetaError) {
+pub(super) fn refused(s: &mut MetaState, cmd: MetaCommand, expected: &MetaError) {
     let before = s.clone();
     let index = next(s);
     let got = s.apply(index, &cmd).unwrap_err();
@@ -792,7 +792,7 @@ fn the_placement_rule_skips_nodes_the_proposer_cannot_reach_unless_all_are_down(
 }
 
 /// Applies `writes` to `copy` as the shell's store would.
-fn write_durable(copy: &mut BTreeMap<Vec<u8>, Vec<u8>>, writes: Vec<DurableWrite>) {
+pub(super) fn write_durable(copy: &mut BTreeMap<Vec<u8>, Vec<u8>>, writes: Vec<DurableWrite>) {
     for w in writes {
         match w {
             DurableWrite::Clear => copy.clear(),
@@ -807,7 +807,7 @@ fn write_durable(copy: &mut BTreeMap<Vec<u8>, Vec<u8>>, writes: Vec<DurableWrite
     }
 }
 
-fn rebuilt(copy: &BTreeMap<Vec<u8>, Vec<u8>>) -> MetaState {
+pub(super) fn rebuilt(copy: &BTreeMap<Vec<u8>, Vec<u8>>) -> MetaState {
     let items: Vec<(Vec<u8>, Vec<u8>)> = copy.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
     MetaState::from_durable(&items).unwrap().unwrap()
 }
