@@ -21,7 +21,7 @@ use ferry_multiraft::{GroupId, GroupMachine, Halt, LogPosition, LogStore, Persis
 use ferry_store::{decode_entry, StoreOp};
 
 /// The application key of a shard's applied position: `shard/` and the group id, big-endian.
-fn applied_key(group: GroupId) -> Vec<u8> {
+pub(crate) fn applied_key(group: GroupId) -> Vec<u8> {
     let mut key = b"shard/".to_vec();
     key.extend_from_slice(&group.0.to_be_bytes());
     key.extend_from_slice(b"/applied");

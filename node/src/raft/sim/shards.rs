@@ -14,6 +14,7 @@ use tokio::sync::oneshot;
 
 use super::{Cluster, ELECTION_STEPS};
 use crate::raft::driver::Input;
+use crate::raft::shard::applied_key;
 
 fn q(name: &str) -> QueueName {
     QueueName::new(name).unwrap()
@@ -86,10 +87,8 @@ fn stored(cluster: &Cluster, peer: PeerId, shard: ShardId) -> (bool, bool) {
         .unwrap()
         .group_ids()
         .contains(&GroupId(shard.0));
-    let mut key = b"shard/".to_vec();
-    key.extend_from_slice(&shard.0.to_be_bytes());
-    key.extend_from_slice(b"/applied");
-    (records, store.app_get(&key).unwrap().is_some())
+    let applied = store.app_get(&applied_key(GroupId(shard.0))).unwrap();
+    (records, applied.is_some())
 }
 
 #[test]
