@@ -4,7 +4,7 @@
 # would give their containers. The test suite runs it (integration-tests/tests/deploy.rs), so the
 # configuration the compose file carries is what gets exercised.
 #
-#   deploy/compose-local.sh start    start every service; wait until each listens and the cluster has a leader
+#   deploy/compose-local.sh start    start every service; wait until each listens and sees the whole cluster with a leader
 #   deploy/compose-local.sh health   run each service's healthcheck once; exit 1 if one fails
 #   deploy/compose-local.sh status   the cluster as the first service's node sees it
 #   deploy/compose-local.sh stop     SIGTERM each node, SIGKILL after its stop_grace_period
@@ -243,17 +243,23 @@ start() {
       sleep 0.1
     done
   done
-  # Then for the cluster to elect its first leader (an election takes 1-2 s): at most 30 s.
-  local first="${plans[0]}"
+  # Then for the cluster to form (an election takes 1-2 s): every node names a leader and lists
+  # every service as a node, so a command sent to any of them right after `start` sees the whole
+  # cluster. At most 30 s in all.
+  local expected=${#plans[@]}
   tries=0
-  until "$FERRY_BIN" --server "$(client_addr "$first")" -o json cluster status 2>/dev/null |
-      jq -e 'select(.leader_node_id != null and .leader_node_id != "")' >/dev/null 2>&1; do
-    tries=$((tries + 1))
-    if ((tries > 300)); then
-      echo "the nodes run but formed no cluster within 30 s; see $DIR/*/ferry.log" >&2
-      start_failed
-    fi
-    sleep 0.1
+  for svc in "${plans[@]}"; do
+    until "$FERRY_BIN" --server "$(client_addr "$svc")" -o json cluster status 2>/dev/null |
+        jq -e --argjson n "$expected" \
+          'select(.leader_node_id != null and .leader_node_id != "" and (.nodes | length) == $n)' \
+          >/dev/null 2>&1; do
+      tries=$((tries + 1))
+      if ((tries > 300)); then
+        echo "the nodes run but formed no cluster within 30 s ($svc sees no leader or not every node); see $DIR/*/ferry.log" >&2
+        start_failed
+      fi
+      sleep 0.1
+    done
   done
   for svc in "${plans[@]}"; do
     use_plan "$svc"

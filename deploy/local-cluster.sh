@@ -73,16 +73,19 @@ start() {
       sleep 0.1
     done
   done
-  # Then for the first leader to form the cluster (an election takes 1-2 s), at most 30 s.
+  # Then for the first leader to form the cluster (an election takes 1-2 s), at most 30 s: every
+  # node names the leader, which it can only once it has applied the entry that lists the nodes.
   local tries=0
-  until "$FERRY_BIN" --server 127.0.0.1:7401 -o json cluster status 2>/dev/null \
-      | grep -q '"leader_node_id":"n'; do
-    tries=$((tries + 1))
-    if (( tries > 300 )); then
-      echo "the nodes run but formed no cluster within 30 s; see $DIR/n*/ferry.log" >&2
-      exit 1
-    fi
-    sleep 0.1
+  for i in $(seq 1 "$n"); do
+    until "$FERRY_BIN" --server "127.0.0.1:$((7400 + i))" -o json cluster status 2>/dev/null \
+        | grep -q '"leader_node_id":"n'; do
+      tries=$((tries + 1))
+      if (( tries > 300 )); then
+        echo "the nodes run but formed no cluster within 30 s (n$i names no leader); see $DIR/n*/ferry.log" >&2
+        exit 1
+      fi
+      sleep 0.1
+    done
   done
   echo "started $n nodes: clients connect to 127.0.0.1:7401..$((7400 + n)) (any node)"
   echo "try: $FERRY_BIN --server 127.0.0.1:7401 cluster status"
