@@ -35,9 +35,6 @@ pub(crate) struct Inner {
     pub(crate) queues: Arc<Queues>,
     /// Refuses sends while the disk is short of space.
     pub(crate) gate: SendGate,
-    /// This run of the back-end (random, never 0). What lives only in memory (a transaction's
-    /// staged sends) is fenced by it: a commit naming another run answers ABORTED.
-    pub(crate) incarnation: u64,
     /// The secret receipt handles' check values are computed with (see `handle_tag`).
     handle_key: (u64, u64),
 }
@@ -89,7 +86,6 @@ impl Broker {
             inner: Arc::new(Inner {
                 queues,
                 gate: SendGate::new(disk),
-                incarnation: rand::random_range(1..u64::MAX),
                 handle_key: (rand::random(), rand::random()),
             }),
         })
@@ -109,9 +105,19 @@ impl Broker {
         h.finish()
     }
 
-    /// This run of the back-end (see `Inner::incarnation`).
+    /// This run of the back-end (random, never 0): what lives only in memory (a transaction's
+    /// staged sends) is fenced by it, and a commit naming another run answers ABORTED.
     pub fn incarnation(&self) -> u64 {
-        self.inner.incarnation
+        self.inner.queues.incarnation
+    }
+
+    /// The run serving `queue` (see [`Broker::incarnation`]): for a replicated queue, the run
+    /// that began when this node last started to lead its shard. What a send answers.
+    pub fn queue_incarnation(&self, queue: &QueueName) -> u64 {
+        self.inner
+            .queues
+            .owned(queue)
+            .map_or(self.incarnation(), |o| o.incarnation)
     }
 
     /// The clock this back-end reads.

@@ -44,8 +44,12 @@ pub enum Error {
     ShuttingDown,
     /// The transaction's staged sends were made by an earlier run of this back-end: it
     /// restarted, they are gone, and the commit is refused (and rolled back).
-    #[error("transaction of session {session} was rolled back: the back-end holding its sends restarted since they were made, and they were lost with it; send them again in a new transaction")]
+    #[error("transaction of session {session} was rolled back: the back-end holding its sends restarted, or their queue's shard changed leader, since they were made, and they were lost with it; send them again in a new transaction")]
     TransactionFenced { session: String },
+    /// A transaction named queues written through different logs (another queue shard, or a
+    /// replicated and an unreplicated queue): their writes cannot be made in one batch.
+    #[error("a transaction can only span queues written through one log: {first} and {second} are in different queue shards (or one is replicated and the other is not); commit their work in separate transactions")]
+    TransactionAcrossLogs { first: String, second: String },
 
     /// The request was routed by a placement epoch at which this back-end does not own the
     /// queue: the caller's placement is older or newer than this back-end's. Answered with a
@@ -114,6 +118,7 @@ impl From<Error> for Status {
             Error::WrongQueue { .. } | Error::NotOwner { .. } => Code::FailedPrecondition,
             Error::ShuttingDown | Error::Shard(_) => Code::Unavailable,
             Error::TransactionFenced { .. } => Code::Aborted,
+            Error::TransactionAcrossLogs { .. } => Code::FailedPrecondition,
             Error::DiskFull { .. } => Code::ResourceExhausted,
         };
         Status::new(code, e.to_string())

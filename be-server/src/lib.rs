@@ -20,6 +20,7 @@ mod service;
 // The second log (a shard proposal): the node wires it with shard routing (issue 24 §1).
 #[cfg_attr(not(test), allow(dead_code))]
 mod shard_log;
+mod shards;
 mod targets;
 mod tx;
 
@@ -34,3 +35,4 @@ pub use history::{History, Step};
 pub use outbox::BrokerEvent;
 pub use service::BackendService;
 pub use shard_log::{ProposalOutcome, ShardId, ShardProposer, ShardRefusal};
+pub use shards::ShardQueue;

@@ -89,3 +89,37 @@ impl QueueLog for LocalLog {
         Ok(ticket.map_err(LogError::Store as fn(StoreError) -> LogError))
     }
 }
+
+/// The log of one queue on this node: the node's group commit (replication factor 1), or the
+/// log of the queue shard it belongs to. Every owner task, and the registry's writes of its
+/// definition, go through its queue's.
+#[derive(Debug, Clone)]
+pub(crate) enum NodeLog {
+    Local(LocalLog),
+    Shard(crate::shard_log::ShardLog),
+}
+
+impl NodeLog {
+    /// The shard whose log this is, if it is one.
+    pub(crate) fn shard(&self) -> Option<crate::shard_log::ShardId> {
+        match self {
+            NodeLog::Local(_) => None,
+            NodeLog::Shard(s) => Some(s.shard()),
+        }
+    }
+}
+
+/// A [`NodeLog`] batch's durability.
+pub(crate) type NodeDurable = futures::future::Either<LocalDurable, crate::shard_log::ShardDurable>;
+
+impl QueueLog for NodeLog {
+    type Durable = NodeDurable;
+
+    async fn submit(&self, ops: Vec<StoreOp>, sync: LogSync) -> Result<NodeDurable, LogError> {
+        use futures::future::Either;
+        match self {
+            NodeLog::Local(l) => l.submit(ops, sync).await.map(Either::Left),
+            NodeLog::Shard(s) => s.submit(ops, sync).await.map(Either::Right),
+        }
+    }
+}

@@ -15,7 +15,7 @@ use ferry_store::{QueueDef, QueueStore, RecoveredQueue, StoreOp};
 use crate::actor::{ActorSetup, QueueActor, QueueHandle};
 use crate::config::{queue_budget, BrokerConfig};
 use crate::error::Error;
-use crate::log::{LocalLog, QueueLog};
+use crate::log::{LocalLog, NodeLog, QueueLog};
 use crate::outbox::Outbox;
 use crate::targets::{dead_letter_queue_config, targets_up_front};
 
@@ -33,31 +33,47 @@ pub(crate) struct Owned {
     pub(crate) def: QueueDef,
     pub(crate) temporary: bool,
     pub(crate) handle: QueueHandle,
+    /// The log its owner task and its definition's writes go through: the node's group commit,
+    /// or its shard's.
+    pub(crate) log: NodeLog,
+    /// The run serving it: the back-end's (see [`Queues::incarnation`]), or for a shard's
+    /// queue the run that began when this node last started to lead the shard. What lives
+    /// only in memory (a transaction's staged sends) is fenced by it.
+    pub(crate) incarnation: u64,
     /// The placement epoch at which this back-end owns the queue (see
     /// [`Queues::check_placement`]).
     pub(crate) epoch: PlacementEpoch,
 }
 
-/// See the module docs. Writes through the log `L`: its queues' owner tasks, and its own
-/// writes (a queue's definition), which go through the same log so they are ordered with them.
+/// See the module docs. Each queue writes through its own [`NodeLog`]: its owner task, and the
+/// registry's writes of its definition, which go through the same log so they are ordered with
+/// them. The queues of a shard this node leads are served here too (`shards.rs`).
 #[derive(Debug)]
-pub(crate) struct Queues<L: QueueLog = LocalLog> {
+pub(crate) struct Queues {
     pub(crate) config: BrokerConfig,
-    pub(crate) log: L,
+    /// The node's group commit: the log of every queue with replication factor 1.
+    pub(crate) log: LocalLog,
     pub(crate) outbox: Outbox,
     pub(crate) clock: ClockRef,
     /// Read by the queues' paging.
     pub(crate) store: Arc<dyn QueueStore>,
     /// Each durable queue's memory budget (see `BrokerConfig::node_memory_budget_bytes`).
     budget: Arc<AtomicU64>,
-    map: RwLock<HashMap<QueueName, Owned>>,
+    pub(crate) map: RwLock<HashMap<QueueName, Owned>>,
     /// Bytes of messages every queue here holds, kept up to date by their owner tasks.
     held_total: Arc<AtomicU64>,
     /// How many of `map`'s queues are durable (the budget's divisor), kept in step by create
     /// and delete so that neither counts every queue.
-    durable: AtomicUsize,
+    pub(crate) durable: AtomicUsize,
     /// Create and delete are rare; one at a time keeps the map and the store in step.
-    admin: tokio::sync::Mutex<()>,
+    pub(crate) admin: tokio::sync::Mutex<()>,
+    /// The queue shards this node leads and serves, and the others it replicates (see
+    /// `shards.rs`).
+    pub(crate) shards: RwLock<crate::shards::Shards>,
+    /// Bumped each time a shard's log is fenced (see `shard_log.rs`).
+    pub(crate) fences: Arc<tokio::sync::watch::Sender<u64>>,
+    /// This run of the back-end (random, never 0): see [`Owned::incarnation`].
+    pub(crate) incarnation: u64,
     /// Set by [`Queues::stop_all`]: every call fails with UNAVAILABLE from then on.
     stopping: AtomicBool,
     /// Turns true with `stopping`, for the streams that wait on it (see [`Queues::stopped`]).
@@ -70,16 +86,20 @@ pub(crate) struct Queues<L: QueueLog = LocalLog> {
 /// A queue read back from the store, with its delayed messages (kept in memory).
 pub(crate) type Recovered = (RecoveredQueue, Vec<ferry_kernel::RecoveredMessage>);
 
-impl<L: QueueLog> Queues<L> {
+impl Queues {
     /// The registry of the queues recovered from the store, each with its owner task started.
+    /// A replicated queue is left alone: it is served only once this node leads its shard.
     pub(crate) fn recover(
         config: BrokerConfig,
-        log: L,
+        log: LocalLog,
         outbox: Outbox,
         clock: ClockRef,
         store: Arc<dyn QueueStore>,
         recovered: Vec<Recovered>,
     ) -> Self {
+        let (recovered, replicas): (Vec<_>, Vec<_>) = recovered
+            .into_iter()
+            .partition(|(r, _)| r.def.replica.is_none());
         let budget = Arc::new(AtomicU64::new(queue_budget(&config, recovered.len())));
         let this = Self {
             config,
@@ -92,45 +112,65 @@ impl<L: QueueLog> Queues<L> {
             held_total: Arc::default(),
             durable: AtomicUsize::new(0),
             admin: tokio::sync::Mutex::new(()),
+            shards: RwLock::default(),
+            fences: Arc::new(tokio::sync::watch::Sender::new(0)),
+            incarnation: rand::random_range(1..u64::MAX),
             stopping: false.into(),
             stopped_tx: tokio::sync::watch::Sender::new(false),
             placed_tx: tokio::sync::watch::Sender::new(0),
         };
-        let now = this.clock.now_ms();
         let mut messages = 0u64;
         let mut map = HashMap::new();
         for (r, delayed) in recovered {
-            let mut q = Queue::recover(
-                r.def.name.clone(),
-                r.def.uid,
-                r.def.config.clone(),
-                r.seq_reserved_until,
-                vec![],
-                r.dedup,
-                now,
-            );
-            q.set_pinned_budget(this.config.queue_memory_budget_bytes);
-            for (p, level) in r.stored.iter().enumerate() {
-                let p = ferry_kernel::Priority::new(p as u32)
-                    .expect("invariant: the store keeps one level per priority");
-                q.restore_paged_out(p, level.count, level.bytes);
-                messages += level.count;
-            }
-            let handle = QueueActor::spawn(q, this.setup(true), delayed);
+            let log = NodeLog::Local(this.log.clone());
+            messages += r.stored.iter().map(|l| l.count).sum::<u64>();
+            let (def, handle) = this.spawn_recovered(r, delayed, log.clone());
             let owned = Owned {
-                def: r.def,
+                def,
                 temporary: false,
                 handle,
+                log,
+                incarnation: this.incarnation,
                 // Placed by static configuration, as the front-end's first placement snapshot
                 // numbers it, until the metadata group sets its own epoch.
                 epoch: PlacementEpoch::STATIC,
             };
             map.insert(owned.def.name.clone(), owned);
         }
-        tracing::info!(queues = map.len(), messages, "recovered queues");
+        tracing::info!(
+            queues = map.len(),
+            messages,
+            replicated = replicas.len(),
+            "recovered queues (replicated ones are served once this node leads their shard)"
+        );
         this.durable.store(map.len(), Ordering::Relaxed);
         *this.map.write().unwrap_or_else(PoisonError::into_inner) = map;
         this
+    }
+
+    /// Starts the owner task of a queue read back from the store, writing through `log`.
+    pub(crate) fn spawn_recovered(
+        &self,
+        r: RecoveredQueue,
+        delayed: Vec<ferry_kernel::RecoveredMessage>,
+        log: NodeLog,
+    ) -> (QueueDef, QueueHandle) {
+        let mut q = Queue::recover(
+            r.def.name.clone(),
+            r.def.uid,
+            r.def.config.clone(),
+            r.seq_reserved_until,
+            vec![],
+            r.dedup,
+            self.clock.now_ms(),
+        );
+        q.set_pinned_budget(self.config.queue_memory_budget_bytes);
+        for (p, level) in r.stored.iter().enumerate() {
+            let p = ferry_kernel::Priority::new(p as u32)
+                .expect("invariant: the store keeps one level per priority");
+            q.restore_paged_out(p, level.count, level.bytes);
+        }
+        (r.def, QueueActor::spawn(q, self.setup(true, log), delayed))
     }
 
     /// Queues recovered from a store written before dead-letter queues were created with their
@@ -150,9 +190,17 @@ impl<L: QueueLog> Queues<L> {
             return Err(Error::ShuttingDown);
         }
         let map = self.map.read().unwrap_or_else(PoisonError::into_inner);
-        map.get(queue).cloned().ok_or_else(|| Error::QueueNotFound {
-            queue: queue.to_string(),
-        })
+        if let Some(o) = map.get(queue) {
+            return Ok(o.clone());
+        }
+        drop(map);
+        // A replicated queue of a shard led elsewhere: "not the leader", never NOT_FOUND.
+        let shards = self.shards.read().unwrap_or_else(PoisonError::into_inner);
+        Err(shards
+            .not_here(queue)
+            .unwrap_or_else(|| Error::QueueNotFound {
+                queue: queue.to_string(),
+            }))
     }
 
     /// Refuses a call routed by placement epoch `asked` unless this back-end owns `queue` at
@@ -192,7 +240,7 @@ impl<L: QueueLog> Queues<L> {
         here
     }
 
-    fn placed_changed(&self) {
+    pub(crate) fn placed_changed(&self) {
         self.placed_tx.send_modify(|n| *n = n.wrapping_add(1));
     }
 
@@ -246,10 +294,10 @@ impl<L: QueueLog> Queues<L> {
         self.owned(queue).map(|o| o.handle)
     }
 
-    fn setup(&self, durable: bool) -> ActorSetup<L> {
+    pub(crate) fn setup(&self, durable: bool, log: NodeLog) -> ActorSetup<NodeLog> {
         ActorSetup {
             durable,
-            log: self.log.clone(),
+            log,
             outbox: self.outbox.clone(),
             clock: Arc::clone(&self.clock),
             store: Arc::clone(&self.store),
@@ -260,7 +308,7 @@ impl<L: QueueLog> Queues<L> {
     }
 
     /// Gives each durable queue its share of the node's memory budget.
-    fn share_budget(&self) {
+    pub(crate) fn share_budget(&self) {
         let durable = self.durable.load(Ordering::Relaxed);
         self.budget
             .store(queue_budget(&self.config, durable), Ordering::Relaxed);
@@ -341,20 +389,20 @@ impl<L: QueueLog> Queues<L> {
         let def = QueueDef {
             name: name.clone(),
             uid,
+            replica: None,
             config,
         };
+        let log = NodeLog::Local(self.log.clone());
         if !temporary {
-            self.log.write(vec![StoreOp::PutQueue(def.clone())]).await?;
+            log.write(vec![StoreOp::PutQueue(def.clone())]).await?;
         }
-        let mut q = Queue::new(name.clone(), uid, def.config.clone());
-        // What cannot be paged out (non-persistent and staged messages) stops at the per-queue
-        // budget as configured, not the queue's share of the node's, which shrinks as queues come.
-        q.set_pinned_budget(self.config.queue_memory_budget_bytes);
-        let handle = QueueActor::spawn(q, self.setup(!temporary), vec![]);
+        let handle = self.spawn_new(&def, !temporary, log.clone());
         let owned = Owned {
             def,
             temporary,
             handle,
+            log,
+            incarnation: self.incarnation,
             epoch: PlacementEpoch::STATIC,
         };
         let s = summary(&owned);
@@ -369,6 +417,15 @@ impl<L: QueueLog> Queues<L> {
         self.share_budget();
         tracing::info!(queue = %s.name, temporary, "queue created");
         Ok((s, true))
+    }
+
+    /// Starts the owner task of a new, empty queue, writing through `log`.
+    pub(crate) fn spawn_new(&self, def: &QueueDef, durable: bool, log: NodeLog) -> QueueHandle {
+        let mut q = Queue::new(def.name.clone(), def.uid, def.config.clone());
+        // What cannot be paged out (non-persistent and staged messages) stops at the per-queue
+        // budget as configured, not the queue's share of the node's, which shrinks as queues come.
+        q.set_pinned_budget(self.config.queue_memory_budget_bytes);
+        QueueActor::spawn(q, self.setup(durable, log), vec![])
     }
 
     /// The dead-letter queue `target` of `source`, created on demand with settings derived from
@@ -419,7 +476,8 @@ impl<L: QueueLog> Queues<L> {
         }
         self.share_budget();
         if !owned.temporary {
-            self.log
+            owned
+                .log
                 .write(vec![StoreOp::DeleteQueue(owned.def.uid)])
                 .await?;
         }
@@ -459,7 +517,10 @@ impl<L: QueueLog> Queues<L> {
             config: config.clone(),
             ..owned.def.clone()
         };
-        self.log.write(vec![StoreOp::PutQueue(def.clone())]).await?;
+        owned
+            .log
+            .write(vec![StoreOp::PutQueue(def.clone())])
+            .await?;
         owned
             .handle
             .call(|reply| {

@@ -330,7 +330,7 @@ impl pb::backend_server::Backend for BackendService {
         };
         Ok(Response::new(pb::BackendSendResponse {
             message_ids: ids.iter().map(ToString::to_string).collect(),
-            incarnation: self.broker.incarnation(),
+            incarnation: self.broker.queue_incarnation(&queue),
         }))
     }
 

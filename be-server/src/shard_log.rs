@@ -13,11 +13,12 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use ferry_store::StoreOp;
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 
 use crate::log::{LogError, LogSync, QueueLog};
 
@@ -49,22 +50,60 @@ pub trait ShardProposer: Send + Sync + fmt::Debug + 'static {
 }
 
 /// See the module docs. Cheap to clone: every owner task of the shard holds one.
+///
+/// **Fenced** after the first batch that is not confirmed: from then on every batch is refused
+/// at once, so no owner task of the shard writes on from a memory that may be ahead of the log,
+/// and `fences` is bumped so that whoever serves the shard reloads its queues from the store (a
+/// new [`ShardLog`] for the new run).
 #[derive(Debug, Clone)]
 pub(crate) struct ShardLog {
     shard: ShardId,
     proposer: Arc<dyn ShardProposer>,
+    fenced: Arc<AtomicBool>,
+    fences: Arc<watch::Sender<u64>>,
 }
 
 impl ShardLog {
     pub(crate) fn new(shard: ShardId, proposer: Arc<dyn ShardProposer>) -> Self {
-        ShardLog { shard, proposer }
+        Self::fenced_through(shard, proposer, Arc::new(watch::Sender::new(0)))
+    }
+
+    /// A log whose fencing bumps `fences` (see the type's docs).
+    pub(crate) fn fenced_through(
+        shard: ShardId,
+        proposer: Arc<dyn ShardProposer>,
+        fences: Arc<watch::Sender<u64>>,
+    ) -> Self {
+        ShardLog {
+            shard,
+            proposer,
+            fenced: Arc::default(),
+            fences,
+        }
+    }
+
+    /// Whether a batch was not confirmed (see the type's docs).
+    pub(crate) fn is_fenced(&self) -> bool {
+        self.fenced.load(Ordering::Acquire)
+    }
+
+    fn fence(&self) {
+        if !self.fenced.swap(true, Ordering::AcqRel) {
+            tracing::warn!(shard = %self.shard, "a write to the shard was not confirmed: its queues stop and are reloaded from the store");
+            self.fences.send_modify(|n| *n = n.wrapping_add(1));
+        }
+    }
+
+    /// The shard it proposes to.
+    pub(crate) fn shard(&self) -> ShardId {
+        self.shard
     }
 }
 
 /// A [`ShardLog`] batch's durability (see [`QueueLog::Durable`]).
 #[derive(Debug)]
 pub(crate) struct ShardDurable {
-    shard: ShardId,
+    log: ShardLog,
     outcome: ProposalOutcome,
 }
 
@@ -72,14 +111,19 @@ impl Future for ShardDurable {
     type Output = Result<(), LogError>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let shard = self.shard;
-        Pin::new(&mut self.outcome).poll(cx).map(|got| match got {
+        let shard = self.log.shard;
+        let got = std::task::ready!(Pin::new(&mut self.outcome).poll(cx));
+        let result = match got {
             Ok(outcome) => outcome.map_err(LogError::from),
             Err(_) => Err(LogError::Shard(ShardRefusal::Unknown {
                 shard,
                 reason: "the node's Raft driver stopped before the entry was applied".into(),
             })),
-        })
+        };
+        if result.is_err() {
+            self.log.fence();
+        }
+        Poll::Ready(result)
     }
 }
 
@@ -89,9 +133,15 @@ impl QueueLog for ShardLog {
     /// Every batch is a proposal: replication has no deferred write (`sync` is moot: a
     /// committed entry is on a majority's disks).
     async fn submit(&self, ops: Vec<StoreOp>, _sync: LogSync) -> Result<ShardDurable, LogError> {
+        if self.is_fenced() {
+            return Err(LogError::Shard(ShardRefusal::Unknown {
+                shard: self.shard,
+                reason: "an earlier write to the shard was not confirmed, so its queues are being reloaded from the store; nothing was written".into(),
+            }));
+        }
         let entry = ferry_store::encode_entry(&ops)?;
         Ok(ShardDurable {
-            shard: self.shard,
+            log: self.clone(),
             outcome: self.proposer.propose(self.shard, entry),
         })
     }

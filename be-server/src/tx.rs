@@ -11,7 +11,7 @@ use tokio::sync::oneshot;
 use crate::actor::{Cmd, QueueHandle, TxDecision};
 use crate::broker::Broker;
 use crate::error::Error;
-use crate::log::{LogError, LogSync, QueueLog};
+use crate::log::{LogError, LogSync, NodeLog, QueueLog};
 
 impl Broker {
     /// Stages sends of a transacted session: invisible until [`Broker::commit`].
@@ -54,14 +54,13 @@ impl Broker {
     ) -> Result<(), Error> {
         let merged = merge_parts(parts);
         let queues: Vec<QueueName> = merged.keys().cloned().collect();
-        let handles = match self.commit_allowed(session, incarnation, merged) {
-            Ok(handles) => handles,
+        let (handles, log) = match self.commit_allowed(session, incarnation, merged) {
+            Ok(allowed) => allowed,
             Err(e) => {
                 self.rollback(session, &queues).await?;
                 return Err(e);
             }
         };
-        let log = self.inner.queues.log.clone();
         let broker = self.clone();
         tokio::spawn(async move {
             let decisions = match prepare_all(session, handles).await {
@@ -81,30 +80,53 @@ impl Broker {
         .map_err(|_| Error::ShuttingDown)?
     }
 
-    /// Whether the transaction may commit at all (same run of the back-end, room on disk, its
-    /// queues still here): the owner task of each queue with the acks to make there.
+    /// Whether the transaction may commit at all (its queues still here, served by the run
+    /// that staged its sends, all writing through one log; room on disk): the owner task of
+    /// each queue with the acks to make there, and the log the commit is written through.
     fn commit_allowed(
         &self,
         session: SessionId,
         incarnation: u64,
         merged: BTreeMap<QueueName, Vec<LeaseRef>>,
-    ) -> Result<Vec<(QueueHandle, Vec<LeaseRef>)>, Error> {
-        if incarnation != 0 && incarnation != self.inner.incarnation {
-            return Err(Error::TransactionFenced {
-                session: session.to_string(),
-            });
+    ) -> Result<(Vec<QueuePart>, NodeLog), Error> {
+        let fenced = || Error::TransactionFenced {
+            session: session.to_string(),
+        };
+        if incarnation != 0
+            && incarnation != self.inner.queues.incarnation
+            && !self.serves_run(incarnation)
+        {
+            return Err(fenced());
         }
         self.inner.gate.before_tx_commit(session)?;
         let mut handles = Vec::with_capacity(merged.len());
+        let mut log: Option<(QueueName, NodeLog)> = None;
         for (queue, acks) in merged {
-            match self.handle(&queue) {
-                Ok(h) => handles.push((h, acks)),
+            match self.inner.queues.owned(&queue) {
+                Ok(o) => {
+                    // A shard queue served since a leader change lost what was staged in it.
+                    if incarnation != 0 && o.incarnation != incarnation {
+                        return Err(fenced());
+                    }
+                    match &log {
+                        Some((first, l)) if l.shard() != o.log.shard() => {
+                            return Err(Error::TransactionAcrossLogs {
+                                first: first.to_string(),
+                                second: queue.to_string(),
+                            })
+                        }
+                        Some(_) => {}
+                        None => log = Some((queue.clone(), o.log.clone())),
+                    }
+                    handles.push((o.handle, acks));
+                }
                 // A queue deleted meanwhile has no staged sends left; its acks cannot succeed.
                 Err(Error::QueueNotFound { .. }) if acks.is_empty() => {}
                 Err(e) => return Err(e),
             }
         }
-        Ok(handles)
+        let log = log.map_or_else(|| NodeLog::Local(self.inner.queues.log.clone()), |(_, l)| l);
+        Ok((handles, log))
     }
 
     /// Rolls back a transacted session's work on these queues: staged sends are dropped and
@@ -121,6 +143,9 @@ impl Broker {
         Ok(released)
     }
 }
+
+/// A queue's owner task with the acknowledgements a commit makes there.
+type QueuePart = (QueueHandle, Vec<LeaseRef>);
 
 /// One part per queue, in name order (a queue asked twice would wait for itself), one ack per
 /// delivery.

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use crate::raft::MetaNode;
 use crate::raft::{HeldQueue, MetaView, QueueHost};
 use anyhow::Context as _;
-use ferry_be_server::{BackendService, Broker};
+use ferry_be_server::{BackendService, Broker, ShardId, ShardProposer, ShardQueue};
 use ferry_cluster::meta::{MetaState, QueueDef};
 use ferry_fe_dispatcher::{
     BackendRef, Catalog, CatalogEntry, CatchUp, Owner, Placement, Reachability, RemoteBackend,
@@ -92,6 +92,31 @@ impl QueueHost for BrokerHost {
             Ok(_) => Ok(()),
             Err(e) => Err(e.to_string()),
         }
+    }
+
+    async fn lead_shard(
+        &self,
+        shard: ShardId,
+        term: u64,
+        proposer: Arc<dyn ShardProposer>,
+        queues: Vec<ShardQueue>,
+    ) -> Result<(), String> {
+        self.broker
+            .lead_shard(shard, term, proposer, queues)
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    async fn follow_shard(&self, shard: ShardId, leader: Option<String>, queues: &[QueueName]) {
+        self.broker.follow_shard(shard, leader, queues).await;
+    }
+
+    async fn forget_shard(&self, shard: ShardId) {
+        self.broker.forget_shard(shard).await;
+    }
+
+    fn shard_fences(&self) -> watch::Receiver<u64> {
+        self.broker.shard_fences()
     }
 }
 

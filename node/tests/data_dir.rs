@@ -23,6 +23,7 @@ fn write_two_databases(data_dir: &Path) -> OldRaft {
     let def = QueueDef {
         name: QueueName::new("orders").expect("name"),
         uid: QueueUid(42),
+        replica: None,
         config: QueueConfig::default(),
     };
     queues

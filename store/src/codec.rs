@@ -5,11 +5,11 @@
 use std::collections::BTreeMap;
 
 use ferry_kernel::{
-    DeadLetterTarget, Message, MessageId, Priority, PropertyValue, QueueConfig, QueueName,
-    QueueUid, RedeliveryPolicy, Seq,
+    DeadLetterTarget, Message, MessageId, PlacementEpoch, Priority, PropertyValue, QueueConfig,
+    QueueName, QueueUid, RedeliveryPolicy, Seq, ShardId,
 };
 
-use crate::{QueueDef, StoreError, StoredLevel};
+use crate::{QueueDef, ShardReplica, StoreError, StoredLevel};
 
 const MESSAGE_V1: u8 = 1;
 const QUEUE_V1: u8 = 1;
@@ -17,6 +17,9 @@ const QUEUE_V1: u8 = 1;
 const QUEUE_V2: u8 = 2;
 /// V2 plus the queue limits (`max_messages`, `max_bytes`).
 const QUEUE_V3: u8 = 3;
+/// V3 plus the queue's shard and placement epoch: written only for a replicated queue, so a
+/// queue with replication factor 1 is written as before, byte for byte.
+const QUEUE_V4: u8 = 4;
 
 pub(crate) struct Writer(pub(crate) Vec<u8>);
 
@@ -219,7 +222,11 @@ pub(crate) fn decode_message(uid: QueueUid, buf: &[u8]) -> Result<Message, Store
 pub(crate) fn encode_queue(d: &QueueDef) -> Vec<u8> {
     let mut w = Writer(Vec::with_capacity(128));
     let c = &d.config;
-    w.u8(QUEUE_V3);
+    w.u8(if d.replica.is_some() {
+        QUEUE_V4
+    } else {
+        QUEUE_V3
+    });
     w.u64(d.uid.0);
     w.bytes(d.name.as_str().as_bytes());
     w.u64(c.default_lease_ms);
@@ -240,6 +247,10 @@ pub(crate) fn encode_queue(d: &QueueDef) -> Vec<u8> {
     w.u64(c.dedup_window_ms);
     w.opt_u64(c.max_messages);
     w.opt_u64(c.max_bytes);
+    if let Some(r) = d.replica {
+        w.u64(r.shard.0);
+        w.u64(r.epoch.get());
+    }
     w.0
 }
 
@@ -269,7 +280,7 @@ pub(crate) fn decode_queue(buf: &[u8]) -> Result<QueueDef, StoreError> {
         what: "queue definition",
     };
     let version = r.u8()?;
-    if !(QUEUE_V1..=QUEUE_V3).contains(&version) {
+    if !(QUEUE_V1..=QUEUE_V4).contains(&version) {
         return Err(r.corrupt("unknown queue format version"));
     }
     let uid = QueueUid(r.u64()?);
@@ -300,10 +311,23 @@ pub(crate) fn decode_queue(buf: &[u8]) -> Result<QueueDef, StoreError> {
         config.max_messages = r.opt_u64()?;
         config.max_bytes = r.opt_u64()?;
     }
+    let replica = if version >= QUEUE_V4 {
+        Some(ShardReplica {
+            shard: ShardId(r.u64()?),
+            epoch: PlacementEpoch::new(r.u64()?),
+        })
+    } else {
+        None
+    };
     if !r.buf.is_empty() {
         return Err(r.corrupt("trailing bytes"));
     }
-    Ok(QueueDef { name, uid, config })
+    Ok(QueueDef {
+        name,
+        uid,
+        config,
+        replica,
+    })
 }
 
 /// A dedup record's value: when it expires, and the sequence number of the message it produced.
@@ -417,6 +441,7 @@ mod tests {
         let d = QueueDef {
             name: QueueName::new("q").unwrap(),
             uid: QueueUid(1),
+            replica: None,
             config: QueueConfig::default(),
         };
         let bytes = encode_queue(&d);
@@ -431,6 +456,7 @@ mod tests {
         let d = QueueDef {
             name: QueueName::new("orders").unwrap(),
             uid: QueueUid(77),
+            replica: None,
             config: QueueConfig {
                 redelivery: RedeliveryPolicy {
                     max_redeliveries: None,
@@ -452,11 +478,41 @@ mod tests {
         assert_eq!(decode_queue(&encode_queue(&d)).unwrap(), d);
     }
 
+    /// A replicated queue's definition carries its shard and epoch (version 4); a queue with
+    /// replication factor 1 is still written as version 3, byte for byte as before.
+    #[test]
+    fn a_replicated_definition_names_its_shard_and_an_unreplicated_one_is_written_as_before() {
+        let local = QueueDef {
+            name: QueueName::new("plain").unwrap(),
+            uid: QueueUid(5),
+            replica: None,
+            config: QueueConfig::default(),
+        };
+        let bytes = encode_queue(&local);
+        assert_eq!(bytes[0], QUEUE_V3);
+        assert_eq!(decode_queue(&bytes).unwrap(), local);
+        let replicated = QueueDef {
+            replica: Some(ShardReplica {
+                shard: ShardId(7),
+                epoch: PlacementEpoch::new(41),
+            }),
+            ..local
+        };
+        let v4 = encode_queue(&replicated);
+        assert_eq!(v4[0], QUEUE_V4);
+        assert_eq!(v4.len(), bytes.len() + 16);
+        assert_eq!(decode_queue(&v4).unwrap(), replicated);
+        for n in 0..v4.len() {
+            assert!(decode_queue(&v4[..n]).is_err());
+        }
+    }
+
     #[test]
     fn version_1_definitions_read_with_default_policies() {
         let d = QueueDef {
             name: QueueName::new("old").unwrap(),
             uid: QueueUid(3),
+            replica: None,
             config: QueueConfig {
                 default_lease_ms: 1_234,
                 ..QueueConfig::default()
@@ -479,6 +535,7 @@ mod tests {
         let d = QueueDef {
             name: QueueName::new("v2").unwrap(),
             uid: QueueUid(4),
+            replica: None,
             config: QueueConfig {
                 dedup_window_ms: 42,
                 expiry: DeadLetterTarget::Discard,

@@ -55,6 +55,18 @@ pub struct QueueDef {
     pub name: QueueName,
     pub uid: QueueUid,
     pub config: QueueConfig,
+    /// The queue shard whose log wrote this queue (`None`: replication factor 1, written by
+    /// this node alone). A replica's store holds the queues of every shard it replicates; only
+    /// the shard's leader serves them.
+    pub replica: Option<ShardReplica>,
+}
+
+/// Which queue shard a replicated queue belongs to, and the metadata's placement epoch of the
+/// queue it was created for (a queue deleted and created again under its name has a new one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShardReplica {
+    pub shard: ferry_kernel::ShardId,
+    pub epoch: ferry_kernel::PlacementEpoch,
 }
 
 /// One change to durable state.

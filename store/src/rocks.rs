@@ -581,6 +581,7 @@ mod tests {
             ops.push(StoreOp::PutQueue(QueueDef {
                 name: QueueName::new(format!("q{uid}")).unwrap(),
                 uid: QueueUid(uid),
+                replica: None,
                 config: QueueConfig::default(),
             }));
             ops.push(queue_op(

@@ -54,6 +54,7 @@ fn def(name: &str, uid: u64) -> QueueDef {
     QueueDef {
         name: QueueName::new(name).unwrap(),
         uid: QueueUid(uid),
+        replica: None,
         config: QueueConfig::default(),
     }
 }

@@ -147,6 +147,7 @@ fn to_op(pool: &[MessageSpec], a: &Action) -> StoreOp {
         Action::PutQueue(q) => StoreOp::PutQueue(QueueDef {
             name: QueueName::new(format!("q{q}")).unwrap(),
             uid: uid(*q),
+            replica: None,
             config: QueueConfig::default(),
         }),
         Action::DeleteQueue(q) => StoreOp::DeleteQueue(uid(*q)),

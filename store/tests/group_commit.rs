@@ -163,6 +163,7 @@ async fn concurrent_submissions_share_one_write_and_all_become_durable() {
     let q = QueueDef {
         name: QueueName::new("q").unwrap(),
         uid,
+        replica: None,
         config: QueueConfig::default(),
     };
     let first = gc.submit(vec![StoreOp::PutQueue(q)]).await.unwrap();

@@ -95,3 +95,48 @@ async fn a_batch_no_shard_entry_can_carry_is_refused_before_it_is_proposed() {
     );
     assert!(fake.0.lock().unwrap().is_empty());
 }
+
+/// After a batch that is not confirmed the log refuses every later batch at once (proposing
+/// nothing), and says so once on its fence channel; batches already proposed still resolve.
+#[tokio::test]
+async fn a_batch_not_confirmed_fences_the_log() {
+    let fake = Arc::new(Fake::default());
+    let fences = Arc::new(tokio::sync::watch::Sender::new(0u64));
+    let mut seen = fences.subscribe();
+    let log = ShardLog::fenced_through(
+        ShardId(4),
+        Arc::clone(&fake) as Arc<dyn ShardProposer>,
+        Arc::clone(&fences),
+    );
+    let first = log.submit(delete(1), LogSync::Now).await.unwrap();
+    let second = log.submit(delete(2), LogSync::Now).await.unwrap();
+    let mut senders: Vec<_> = std::mem::take(&mut *fake.0.lock().unwrap())
+        .into_iter()
+        .map(|(_, _, tx)| tx)
+        .collect();
+    let not_leader = ShardRefusal::NotLeader {
+        shard: ShardId(4),
+        leader: None,
+    };
+    senders.remove(0).send(Err(not_leader.clone())).unwrap();
+    assert_eq!(first.await, Err(LogError::Shard(not_leader)));
+    assert!(log.is_fenced());
+    assert!(seen.has_changed().unwrap());
+    assert_eq!(*seen.borrow_and_update(), 1);
+    // The batch proposed before the fence resolves as the shard decides.
+    senders.remove(0).send(Ok(())).unwrap();
+    assert_eq!(second.await, Ok(()));
+    let refused = log.submit(delete(3), LogSync::Now).await.unwrap_err();
+    assert!(
+        matches!(refused, LogError::Shard(ShardRefusal::Unknown { .. })),
+        "{refused}"
+    );
+    assert!(
+        fake.0.lock().unwrap().is_empty(),
+        "nothing proposed after the fence"
+    );
+    // A second failure does not announce the fence again.
+    let clone = log.clone();
+    clone.fence();
+    assert!(!seen.has_changed().unwrap());
+}

@@ -542,7 +542,17 @@ impl Driver {
             e.group_ids()
                 .into_iter()
                 .filter(|g| *g != META_GROUP)
-                .filter_map(|g| Some((ShardId(g.0), ShardGroupView::of(&e.status(g)?))))
+                .filter_map(|g| {
+                    let applied_term = self
+                        .rounds
+                        .machine(g)
+                        .and_then(NodeMachine::as_shard)
+                        .map_or(0, ShardMachine::applied_term);
+                    Some((
+                        ShardId(g.0),
+                        ShardGroupView::of(&e.status(g)?, applied_term),
+                    ))
+                })
                 .collect()
         });
         let current = self.view.borrow().clone();

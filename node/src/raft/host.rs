@@ -4,6 +4,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use std::sync::Arc;
+
+use ferry_be_server::{ShardId, ShardProposer, ShardQueue};
 use ferry_kernel::{NodeId, PlacementEpoch, QueueName};
 use ferry_proto::pb;
 
@@ -49,6 +52,21 @@ pub trait QueueHost: Send + Sync + 'static {
     /// Applies a queue's settings from the metadata to the held queue, as a change (each field
     /// set replaces the queue's); nothing when it has them already.
     async fn update(&self, name: &QueueName, settings: &pb::QueueConfig) -> Result<(), String>;
+    /// Serves `shard`, which this node leads at `term` (see
+    /// `ferry_be_server::Broker::lead_shard`), with the metadata's `queues` of it.
+    async fn lead_shard(
+        &self,
+        shard: ShardId,
+        term: u64,
+        proposer: Arc<dyn ShardProposer>,
+        queues: Vec<ShardQueue>,
+    ) -> Result<(), String>;
+    /// Stops serving `shard`, which this node replicates and `leader` leads (if known).
+    async fn follow_shard(&self, shard: ShardId, leader: Option<String>, queues: &[QueueName]);
+    /// Forgets `shard`: this node no longer replicates it.
+    async fn forget_shard(&self, shard: ShardId);
+    /// Changes each time a served shard's log is fenced: the shard must be served anew.
+    fn shard_fences(&self) -> tokio::sync::watch::Receiver<u64>;
 }
 
 /// Brings the local back-end in line with `meta`: every queue `me` owns exists at its epoch;

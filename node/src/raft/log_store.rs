@@ -163,6 +163,7 @@ mod tests {
         let def = QueueDef {
             name: QueueName::new("orders").unwrap(),
             uid: QueueUid(9),
+            replica: None,
             config: QueueConfig::default(),
         };
         job.attach(Arc::new(vec![StoreOp::PutQueue(def.clone())]));

@@ -31,6 +31,13 @@ impl NodeMachine {
         }
     }
 
+    pub(crate) fn as_shard(&self) -> Option<&ShardMachine> {
+        match self {
+            NodeMachine::Meta(_) => None,
+            NodeMachine::Shard(m) => Some(m),
+        }
+    }
+
     pub(crate) fn as_meta_mut(&mut self) -> Option<&mut MetaMachine> {
         match self {
             NodeMachine::Meta(m) => Some(m),

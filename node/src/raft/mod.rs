@@ -234,6 +234,7 @@ impl MetaNode {
     fn spawn_tasks(&self, resumed: bool) {
         let mut tasks = vec![
             tokio::spawn(self.clone().follow()),
+            tokio::spawn(self.clone().serve_shards()),
             tokio::spawn(self.clone().count_bytes()),
             tokio::spawn(self.clone().log_reachability()),
         ];

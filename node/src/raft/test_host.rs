@@ -6,13 +6,15 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
+use std::sync::Arc;
+
+use ferry_be_server::{ShardId, ShardProposer, ShardQueue};
 use ferry_kernel::{PlacementEpoch, QueueName};
 use ferry_proto::pb;
 
 use super::host::{HeldQueue, QueueHost};
 
 /// Records what it is asked; holds what it was told to create.
-#[derive(Default)]
 pub(crate) struct Recorder {
     pub(crate) held: Mutex<BTreeMap<QueueName, PlacementEpoch>>,
     pub(crate) calls: Mutex<Vec<String>>,
@@ -20,6 +22,20 @@ pub(crate) struct Recorder {
     pub(crate) fail_creates: Mutex<BTreeSet<QueueName>>,
     /// How often `queues` was asked.
     listed: AtomicUsize,
+    /// What `shard_fences` answers.
+    pub(crate) fences: tokio::sync::watch::Sender<u64>,
+}
+
+impl Default for Recorder {
+    fn default() -> Self {
+        Recorder {
+            held: Mutex::default(),
+            calls: Mutex::default(),
+            fail_creates: Mutex::default(),
+            listed: AtomicUsize::default(),
+            fences: tokio::sync::watch::Sender::new(0),
+        }
+    }
 }
 
 impl Recorder {
@@ -79,6 +95,34 @@ impl QueueHost for Recorder {
     async fn update(&self, name: &QueueName, _: &pb::QueueConfig) -> Result<(), String> {
         self.calls.lock().unwrap().push(format!("update {name}"));
         Ok(())
+    }
+    async fn lead_shard(
+        &self,
+        shard: ShardId,
+        term: u64,
+        _: Arc<dyn ShardProposer>,
+        queues: Vec<ShardQueue>,
+    ) -> Result<(), String> {
+        let names: Vec<String> = queues.iter().map(|q| q.name.to_string()).collect();
+        self.calls
+            .lock()
+            .unwrap()
+            .push(format!("lead {shard} {term} [{}]", names.join(" ")));
+        Ok(())
+    }
+    async fn follow_shard(&self, shard: ShardId, leader: Option<String>, queues: &[QueueName]) {
+        let names: Vec<String> = queues.iter().map(ToString::to_string).collect();
+        let leader = leader.unwrap_or_else(|| "?".into());
+        self.calls
+            .lock()
+            .unwrap()
+            .push(format!("follow {shard} {leader} [{}]", names.join(" ")));
+    }
+    async fn forget_shard(&self, shard: ShardId) {
+        self.calls.lock().unwrap().push(format!("forget {shard}"));
+    }
+    fn shard_fences(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.fences.subscribe()
     }
 }
 

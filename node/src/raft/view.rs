@@ -32,16 +32,21 @@ pub struct ShardGroupView {
     pub leader: Option<RaftId>,
     /// Its voters in force.
     pub voters: Vec<RaftId>,
+    /// This node leads it and has applied an entry of its own term, so everything committed
+    /// before its term is applied (and durable) here: its back-end may serve the shard's queues.
+    pub serving: bool,
 }
 
 impl ShardGroupView {
-    /// The view of a group's status.
-    pub fn of(status: &GroupStatus) -> Self {
+    /// The view of a group's status; `applied_term`: the term of the last entry its machine
+    /// applied.
+    pub fn of(status: &GroupStatus, applied_term: u64) -> Self {
         ShardGroupView {
             role: status.role,
             term: status.term,
             leader: status.leader.map(|l| RaftId(l.0)),
             voters: status.voters.iter().map(|v| RaftId(v.0)).collect(),
+            serving: status.role == Role::Leader && applied_term == status.term,
         }
     }
 }

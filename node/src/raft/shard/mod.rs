@@ -106,6 +106,12 @@ impl ShardMachine {
         false
     }
 
+    /// The term of the last entry applied (a new leader serves once it applied an entry of its
+    /// own term: everything committed before it is then applied here).
+    pub(crate) fn applied_term(&self) -> u64 {
+        self.applied.term
+    }
+
     fn advance(&mut self, position: LogPosition) {
         self.applied = position;
         self.dirty = true;
@@ -188,5 +194,6 @@ impl GroupMachine for ShardMachine {
 #[cfg(test)]
 mod node_tests;
 mod proposer;
+mod serve;
 #[cfg(test)]
 mod tests;

@@ -44,6 +44,7 @@ fn def() -> QueueDef {
     QueueDef {
         name: QueueName::new("orders").unwrap(),
         uid: QueueUid(41),
+        replica: None,
         config: QueueConfig::default(),
     }
 }

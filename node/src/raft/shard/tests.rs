@@ -272,6 +272,7 @@ fn run(seed: u64, plant: Plant) -> Result<Ran, String> {
     let def = QueueDef {
         name: QueueName::new("orders").unwrap(),
         uid: QUEUE,
+        replica: None,
         config: QueueConfig::default(),
     };
     let mut created = false;

@@ -117,6 +117,7 @@ fn a_replicated_queue_s_shard_runs_on_its_replicas_only_and_goes_with_its_last_q
     let def = QueueDef {
         name: q("orders"),
         uid: QueueUid(7),
+        replica: None,
         config: Default::default(),
     };
     let (reply, answer) = oneshot::channel();

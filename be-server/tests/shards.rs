@@ -1,0 +1,237 @@
+//! A back-end serving queue shards (issue 24 §2): the shard's queues are served only while the
+//! node leads the shard, every write goes through the shard's log, a new run of serving
+//! recovers them from the store, and a write the shard does not confirm fences the run.
+//!
+//! The shard's log here is a fake proposer that applies each entry to the store at once, as
+//! the node's Raft driver does once the entry is committed (or refuses it, when told to).
+
+#![allow(clippy::unwrap_used)]
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use ferry_be_server::{
+    BackendService, Broker, BrokerConfig, ProposalOutcome, ShardId, ShardProposer, ShardQueue,
+    ShardRefusal, SystemClock,
+};
+use ferry_kernel::{NodeId, PlacementEpoch, QueueName};
+use ferry_proto::pb;
+use ferry_proto::pb::backend_server::Backend as _;
+use ferry_store::{CommitSettings, CommitWriter, MemoryStore, QueueStore};
+use tonic::{Code, Request};
+
+const SHARD: ShardId = ShardId(1);
+
+/// Applies every entry to the store and confirms it, unless told to refuse the next one.
+#[derive(Debug)]
+struct Applier {
+    store: Arc<dyn QueueStore>,
+    proposed: AtomicUsize,
+    refuse_next: AtomicBool,
+}
+
+impl ShardProposer for Applier {
+    fn propose(&self, shard: ShardId, entry: Vec<u8>) -> ProposalOutcome {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.proposed.fetch_add(1, Ordering::SeqCst);
+        if self.refuse_next.swap(false, Ordering::SeqCst) {
+            let _ = tx.send(Err(ShardRefusal::NotLeader {
+                shard,
+                leader: Some("n2".into()),
+            }));
+            return rx;
+        }
+        let ops = ferry_store::decode_entry(&entry).unwrap();
+        self.store.write(&[ops]).unwrap();
+        let _ = tx.send(Ok(()));
+        rx
+    }
+}
+
+struct Node {
+    broker: Broker,
+    be: BackendService,
+    store: Arc<dyn QueueStore>,
+    applier: Arc<Applier>,
+}
+
+async fn node() -> Node {
+    let store: Arc<dyn QueueStore> = Arc::new(MemoryStore::new());
+    let writer = CommitWriter::start(store.clone(), CommitSettings::default()).unwrap();
+    let broker = Broker::open(
+        BrokerConfig::new(NodeId::new("n1").unwrap()),
+        store.clone(),
+        writer.handle(),
+        Arc::new(SystemClock),
+    )
+    .await
+    .unwrap();
+    let applier = Arc::new(Applier {
+        store: store.clone(),
+        proposed: AtomicUsize::new(0),
+        refuse_next: AtomicBool::new(false),
+    });
+    Node {
+        be: BackendService::new(broker.clone()),
+        broker,
+        store,
+        applier,
+    }
+}
+
+fn q(name: &str) -> QueueName {
+    QueueName::new(name).unwrap()
+}
+
+fn queues(epoch: u64) -> Vec<ShardQueue> {
+    ["orders", "orders.DLQ"]
+        .into_iter()
+        .map(|name| ShardQueue {
+            name: q(name),
+            settings: pb::QueueConfig::default(),
+            epoch: PlacementEpoch::new(epoch),
+        })
+        .collect()
+}
+
+impl Node {
+    async fn lead(&self, term: u64, queues: Vec<ShardQueue>) {
+        let proposer = Arc::clone(&self.applier) as Arc<dyn ShardProposer>;
+        self.broker
+            .lead_shard(SHARD, term, proposer, queues)
+            .await
+            .unwrap();
+    }
+
+    async fn send(&self, body: &str) -> Result<(), tonic::Status> {
+        let req = pb::BackendSendRequest {
+            queue: "orders".into(),
+            messages: vec![pb::OutgoingMessage {
+                body: body.as_bytes().to_vec().into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        self.be.send(Request::new(req)).await.map(drop)
+    }
+
+    async fn receive_all(&self) -> Vec<String> {
+        let req = pb::BackendReceiveRequest {
+            queue: "orders".into(),
+            max_messages: 100,
+            wait_ms: Some(0),
+            ..Default::default()
+        };
+        let got = self.be.receive(Request::new(req)).await.unwrap();
+        got.into_inner()
+            .deliveries
+            .into_iter()
+            .map(|d| String::from_utf8(d.message.unwrap().body.to_vec()).unwrap())
+            .collect()
+    }
+
+    /// The replicated queues in the store, with their shard's epoch.
+    fn stored(&self) -> Vec<(String, u64)> {
+        let mut all: Vec<(String, u64)> = self
+            .store
+            .recover()
+            .unwrap()
+            .into_iter()
+            .filter_map(|r| Some((r.def.name.to_string(), r.def.replica?.epoch.get())))
+            .collect();
+        all.sort();
+        all
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_led_shard_is_served_through_its_log_and_a_later_run_recovers_it() {
+    let n = node().await;
+    n.lead(2, queues(5)).await;
+    assert_eq!(
+        n.stored(),
+        [("orders".to_owned(), 5), ("orders.DLQ".to_owned(), 5)],
+        "both definitions went through the log"
+    );
+    let before = n.applier.proposed.load(Ordering::SeqCst);
+    for body in ["a", "b", "c"] {
+        n.send(body).await.unwrap();
+    }
+    assert_eq!(n.applier.proposed.load(Ordering::SeqCst), before + 3);
+
+    // Another node leads now: nothing is served here, and the answer names the leader.
+    n.broker
+        .follow_shard(SHARD, Some("n2".into()), &[q("orders"), q("orders.DLQ")])
+        .await;
+    let refused = n.send("d").await.unwrap_err();
+    assert_eq!(refused.code(), Code::Unavailable, "{refused}");
+    assert!(refused.message().contains("n2"), "{refused}");
+    assert!(n.broker.shards_led().is_empty());
+
+    // Led again at a later term: the queue comes back from the store with what was sent.
+    n.lead(4, queues(5)).await;
+    assert_eq!(n.receive_all().await, ["a", "b", "c"]);
+    assert_eq!(n.broker.shards_led(), [SHARD]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_the_shard_does_not_confirm_fences_the_run_until_it_is_served_anew() {
+    let n = node().await;
+    let mut fences = n.broker.shard_fences();
+    n.lead(2, queues(5)).await;
+    n.send("kept").await.unwrap();
+    n.applier.refuse_next.store(true, Ordering::SeqCst);
+    let refused = n.send("lost").await.unwrap_err();
+    assert_eq!(refused.code(), Code::Unavailable, "{refused}");
+    assert!(fences.has_changed().unwrap(), "the fence is announced");
+    fences.borrow_and_update();
+
+    // Nothing is proposed from the fenced run's memory.
+    let proposed = n.applier.proposed.load(Ordering::SeqCst);
+    assert!(n.send("refused").await.is_err());
+    assert_eq!(n.applier.proposed.load(Ordering::SeqCst), proposed);
+
+    // Served anew at the same term: the kernel is rebuilt from the store, which never had
+    // the refused write.
+    n.lead(2, queues(5)).await;
+    n.send("after").await.unwrap();
+    assert_eq!(n.receive_all().await, ["kept", "after"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_leader_carries_out_the_metadata_queues_of_its_shard() {
+    let n = node().await;
+    n.lead(2, queues(5)).await;
+    n.send("old").await.unwrap();
+    // Deleted and created again under its name (a new epoch): it starts empty.
+    n.lead(2, queues(9)).await;
+    assert_eq!(
+        n.stored(),
+        [("orders".to_owned(), 9), ("orders.DLQ".to_owned(), 9)]
+    );
+    assert!(n.receive_all().await.is_empty());
+    // Deleted: gone from the store, through the log.
+    n.lead(2, vec![]).await;
+    assert!(n.stored().is_empty());
+    let gone = n.send("x").await.unwrap_err();
+    assert_eq!(gone.code(), Code::NotFound, "{gone}");
+}
+
+/// A replicated queue in the store is not served when the back-end opens: only once the node
+/// leads its shard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replicated_queue_is_not_served_at_start() {
+    let n = node().await;
+    n.lead(2, queues(5)).await;
+    n.send("a").await.unwrap();
+    let writer = CommitWriter::start(n.store.clone(), CommitSettings::default()).unwrap();
+    let reopened = Broker::open(
+        BrokerConfig::new(NodeId::new("n1").unwrap()),
+        n.store.clone(),
+        writer.handle(),
+        Arc::new(SystemClock),
+    )
+    .await
+    .unwrap();
+    assert!(reopened.list_queues().is_empty());
+}
