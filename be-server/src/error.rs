@@ -90,6 +90,13 @@ impl From<Error> for Status {
                 ));
             }
         }
+        if let Error::Shard(ShardRefusal::NotLeader { shard, leader }) = &e {
+            let n = ferry_proto::pb::NotLeader {
+                shard: shard.0,
+                leader_node: leader.clone().unwrap_or_default(),
+            };
+            return ferry_proto::not_leader_status(n, e.to_string());
+        }
         if let Error::NotOwner {
             queue,
             owner,

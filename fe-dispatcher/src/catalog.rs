@@ -14,21 +14,36 @@ use crate::router::Owner;
 /// A queue defined in the catalog.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CatalogEntry {
-    /// Where it lives, at which placement epoch.
+    /// Where it lives, at which placement epoch (a replicated queue: its shard's preferred
+    /// leader).
     pub owner: Owner,
     /// False when it existed already.
     pub created: bool,
+    /// A replicated queue's shard replicas, the preferred leader first; empty for a queue with
+    /// replication factor 1.
+    pub replicas: Vec<NodeId>,
+}
+
+/// Where a new queue is asked to go.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PlacementAsked {
+    /// On this node (replication factor 1 only).
+    pub pinned: Option<NodeId>,
+    /// The replication factor (0: the cluster's default).
+    pub replicas: u32,
+    /// A shard of its own (replicated queues only).
+    pub own_shard: bool,
 }
 
 /// See the module docs.
 #[tonic::async_trait]
 pub trait Catalog: Send + Sync + 'static {
-    /// Defines a queue (on `pinned`, or where the placement rule puts it).
+    /// Defines a queue (where `asked`, or where the placement rule puts it).
     async fn create_queue(
         &self,
         name: &QueueName,
         settings: pb::QueueConfig,
-        pinned: Option<NodeId>,
+        asked: PlacementAsked,
         if_not_exists: bool,
     ) -> Result<CatalogEntry, Status>;
 

@@ -30,7 +30,7 @@ use std::time::Duration;
 use ferry_kernel::ClockRef;
 
 pub use admin::AdminService;
-pub use catalog::{Catalog, CatalogEntry, CatalogRef};
+pub use catalog::{Catalog, CatalogEntry, CatalogRef, PlacementAsked};
 pub use error::Error;
 pub use messaging::MessagingService;
 pub use remote::{Reachability, RemoteBackend};

@@ -258,6 +258,8 @@ pub async fn create_queue_on(
     Ok(client
         .admin()
         .create_queue(pb::CreateQueueRequest {
+            replicas: 0,
+            own_shard: false,
             name: name.into(),
             config: None,
             if_not_exists: false,

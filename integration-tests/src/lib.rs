@@ -495,6 +495,8 @@ pub async fn create_queue(client: &Client, name: &str) -> anyhow::Result<()> {
     client
         .admin()
         .create_queue(ferry_client::pb::CreateQueueRequest {
+            replicas: 0,
+            own_shard: false,
             name: name.into(),
             config: None,
             if_not_exists: false,

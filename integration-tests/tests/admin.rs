@@ -180,6 +180,8 @@ async fn message_history_tells_each_step() -> anyhow::Result<()> {
     client
         .admin()
         .create_queue(ferry_client::pb::CreateQueueRequest {
+            replicas: 0,
+            own_shard: false,
             name: "jobs".into(),
             config: Some(ferry_client::pb::QueueConfig {
                 redelivery: Some(ferry_client::pb::RedeliveryPolicy {

@@ -163,6 +163,8 @@ async fn bad_input_is_refused_with_the_right_code() -> anyhow::Result<()> {
     let e = client
         .admin()
         .create_queue(pb::CreateQueueRequest {
+            replicas: 0,
+            own_shard: false,
             name: "bad-policy".into(),
             config: Some(pb::QueueConfig {
                 redelivery: Some(pb::RedeliveryPolicy {
@@ -181,6 +183,8 @@ async fn bad_input_is_refused_with_the_right_code() -> anyhow::Result<()> {
     let e = client
         .admin()
         .create_queue(pb::CreateQueueRequest {
+            replicas: 0,
+            own_shard: false,
             name: "selfish".into(),
             config: Some(pb::QueueConfig {
                 dead_letter: Some(pb::DeadLetterTarget {

@@ -408,6 +408,8 @@ async fn every_rpc_refuses_hostile_input_with_the_right_code_and_stays_well() ->
                 let mut a = a.clone();
                 Box::pin(async move {
                     a.create_queue(pb::CreateQueueRequest {
+                        replicas: 0,
+                        own_shard: false,
                         name: "forever".into(),
                         config: Some(pb::QueueConfig {
                             lease_max_ms: Some(u64::MAX),
@@ -428,6 +430,8 @@ async fn every_rpc_refuses_hostile_input_with_the_right_code_and_stays_well() ->
                 let mut a = a.clone();
                 Box::pin(async move {
                     a.create_queue(pb::CreateQueueRequest {
+                        replicas: 0,
+                        own_shard: false,
                         name: "forever".into(),
                         config: Some(pb::QueueConfig {
                             dedup_window_ms: Some(u64::MAX),

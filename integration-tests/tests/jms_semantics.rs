@@ -17,6 +17,8 @@ async fn create_with(client: &Client, name: &str, config: pb::QueueConfig) -> an
     client
         .admin()
         .create_queue(pb::CreateQueueRequest {
+            replicas: 0,
+            own_shard: false,
             name: name.into(),
             config: Some(config),
             if_not_exists: false,
@@ -395,6 +397,8 @@ async fn a_transaction_touching_two_back_ends_is_refused_clearly() -> anyhow::Re
     // Dead letters move within one back-end: a queue pinned away from its dead-letter target
     // is refused up front, and one left to the placement rule goes where its target is.
     let jobs = |node: &str| pb::CreateQueueRequest {
+        replicas: 0,
+        own_shard: false,
         name: "jobs".into(),
         config: Some(pb::QueueConfig {
             dead_letter: Some(pb::DeadLetterTarget {

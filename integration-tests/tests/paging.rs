@@ -75,6 +75,8 @@ async fn consumers_churning_over_a_paged_queue_lose_and_duplicate_nothing() -> a
     client
         .admin()
         .create_queue(pb::CreateQueueRequest {
+            replicas: 0,
+            own_shard: false,
             name: QUEUE.into(),
             config: Some(pb::QueueConfig {
                 redelivery: Some(pb::RedeliveryPolicy {

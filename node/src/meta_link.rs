@@ -11,7 +11,8 @@ use anyhow::Context as _;
 use ferry_be_server::{BackendService, Broker, ShardId, ShardProposer, ShardQueue};
 use ferry_cluster::meta::{MetaState, QueueDef};
 use ferry_fe_dispatcher::{
-    BackendRef, Catalog, CatalogEntry, CatchUp, Owner, Placement, Reachability, RemoteBackend,
+    BackendRef, Catalog, CatalogEntry, CatchUp, Owner, Placement, PlacementAsked, Reachability,
+    RemoteBackend,
 };
 use ferry_kernel::{NodeId, PlacementEpoch, QueueName};
 use ferry_proto::pb;
@@ -130,12 +131,12 @@ impl Catalog for MetaCatalog {
         &self,
         name: &QueueName,
         settings: pb::QueueConfig,
-        pinned: Option<NodeId>,
+        asked: PlacementAsked,
         if_not_exists: bool,
     ) -> Result<CatalogEntry, Status> {
         let created = self
             .0
-            .create_queue(name, settings, pinned, if_not_exists)
+            .create_queue(name, settings, asked, if_not_exists)
             .await?;
         Ok(CatalogEntry {
             owner: Owner {
@@ -143,6 +144,7 @@ impl Catalog for MetaCatalog {
                 epoch: created.owner.epoch,
             },
             created: created.created,
+            replicas: created.replicas,
         })
     }
 
@@ -227,15 +229,15 @@ impl PlacementBuilder {
             Some((before, last)) => {
                 placement = placement.with_queues_of(&last);
                 for change in before.queue_changes(meta) {
-                    placement = match change.after {
-                        Some(def) => placement.with_queue(change.name.clone(), owner(def)),
-                        None => placement.without_queue(change.name),
-                    };
+                    placement = placement.without_queue(change.name);
+                    if let Some(def) = change.after {
+                        placement = placed(placement, change.name, def);
+                    }
                 }
             }
             None => {
                 for (name, def) in meta.queues() {
-                    placement = placement.with_queue(name.clone(), owner(def));
+                    placement = placed(placement, name, def);
                 }
             }
         }
@@ -247,6 +249,9 @@ impl PlacementBuilder {
     fn with_nodes(&mut self, meta: &MetaState) -> anyhow::Result<Placement> {
         let mut placement =
             Placement::new(self.me.clone(), self.local.clone()).with_version(meta.applied_index());
+        for (id, shard) in meta.shards().iter() {
+            placement = placement.with_shard(*id, shard.replicas.clone());
+        }
         let mut kept = HashMap::new();
         for (id, n) in meta.nodes() {
             if id == &self.me || !n.is_active() {
@@ -277,6 +282,15 @@ impl PlacementBuilder {
             });
         }
         Ok(Arc::new(remote) as BackendRef)
+    }
+}
+
+/// `placement` with `name` placed as `def` says (in its shard, if replicated).
+fn placed(placement: Placement, name: &QueueName, def: &QueueDef) -> Placement {
+    let placement = placement.with_queue(name.clone(), owner(def));
+    match def.shard {
+        Some(shard) => placement.with_shard_queue(name.clone(), shard),
+        None => placement,
     }
 }
 

@@ -79,6 +79,8 @@ async fn create_orders_with(client: &Client, messages: usize) -> anyhow::Result<
     client
         .admin()
         .create_queue(pb::CreateQueueRequest {
+            replicas: 0,
+            own_shard: false,
             name: "orders".into(),
             config: Some(pb::QueueConfig {
                 max_messages: Some(500),

@@ -23,7 +23,10 @@ pub mod convert;
 pub mod not_owner;
 pub mod settings;
 
-pub use not_owner::{not_owner_of, not_owner_status, NOT_OWNER_TYPE_URL};
+pub use not_owner::{
+    not_leader_of, not_leader_status, not_owner_of, not_owner_status, NOT_LEADER_TYPE_URL,
+    NOT_OWNER_TYPE_URL,
+};
 
 pub use v1 as pb;
 

@@ -18,6 +18,9 @@ use crate::pb;
 /// The `type_url` of a [`pb::NotOwner`] packed in a `google.protobuf.Any`.
 pub const NOT_OWNER_TYPE_URL: &str = "type.googleapis.com/ferry.v1.NotOwner";
 
+/// The `type_url` of a [`pb::NotLeader`] packed in a `google.protobuf.Any`.
+pub const NOT_LEADER_TYPE_URL: &str = "type.googleapis.com/ferry.v1.NotLeader";
+
 /// `google.rpc.Status`, as `grpc-status-details-bin` carries it.
 #[derive(Clone, PartialEq, Message)]
 struct RpcStatus {
@@ -50,32 +53,66 @@ pub fn not_owner_status(n: pb::NotOwner) -> Status {
         "this node does not own queue {} (owner: {owner}, placement epoch {})",
         n.queue, n.epoch
     );
-    let details = RpcStatus {
-        code: Code::FailedPrecondition as i32,
-        message: message.clone(),
-        details: vec![Any {
-            type_url: NOT_OWNER_TYPE_URL.to_owned(),
-            value: n.encode_to_vec(),
-        }],
-    };
-    Status::with_details(
+    with_detail(
         Code::FailedPrecondition,
         message,
-        details.encode_to_vec().into(),
+        NOT_OWNER_TYPE_URL,
+        n.encode_to_vec(),
     )
 }
 
-/// The [`pb::NotOwner`] detail of a status, if it is a "not the owner" answer (a
-/// `FAILED_PRECONDITION` carrying one).
-pub fn not_owner_of(status: &Status) -> Option<pb::NotOwner> {
-    if status.code() != Code::FailedPrecondition || status.details().is_empty() {
+/// A status with one structured detail, in the rich error model.
+fn with_detail(code: Code, message: String, type_url: &str, value: Vec<u8>) -> Status {
+    let details = RpcStatus {
+        code: code as i32,
+        message: message.clone(),
+        details: vec![Any {
+            type_url: type_url.to_owned(),
+            value,
+        }],
+    };
+    Status::with_details(code, message, details.encode_to_vec().into())
+}
+
+/// The detail of `status` packed under `type_url`, if it carries one.
+fn detail_of<M: Message + Default>(status: &Status, type_url: &str) -> Option<M> {
+    if status.details().is_empty() {
         return None;
     }
     let rpc = RpcStatus::decode(status.details()).ok()?;
     rpc.details
         .iter()
-        .find(|a| a.type_url == NOT_OWNER_TYPE_URL)
-        .and_then(|a| pb::NotOwner::decode(a.value.as_slice()).ok())
+        .find(|a| a.type_url == type_url)
+        .and_then(|a| M::decode(a.value.as_slice()).ok())
+}
+
+/// A back-end's `UNAVAILABLE` answer saying it does not lead the shard of the queue asked
+/// about, with `n` as its structured detail; `message` says so for a person.
+pub fn not_leader_status(n: pb::NotLeader, message: String) -> Status {
+    with_detail(
+        Code::Unavailable,
+        message,
+        NOT_LEADER_TYPE_URL,
+        n.encode_to_vec(),
+    )
+}
+
+/// The [`pb::NotLeader`] detail of a status, if it is a "not the leader" answer (an
+/// `UNAVAILABLE` carrying one).
+pub fn not_leader_of(status: &Status) -> Option<pb::NotLeader> {
+    if status.code() != Code::Unavailable {
+        return None;
+    }
+    detail_of(status, NOT_LEADER_TYPE_URL)
+}
+
+/// The [`pb::NotOwner`] detail of a status, if it is a "not the owner" answer (a
+/// `FAILED_PRECONDITION` carrying one).
+pub fn not_owner_of(status: &Status) -> Option<pb::NotOwner> {
+    if status.code() != Code::FailedPrecondition {
+        return None;
+    }
+    detail_of(status, NOT_OWNER_TYPE_URL)
 }
 
 #[cfg(test)]
@@ -97,6 +134,20 @@ mod tests {
         assert!(status.message().contains("orders"), "{status:?}");
         assert!(status.message().contains("node b"), "{status:?}");
         assert_eq!(not_owner_of(&status), Some(sample()));
+        assert_eq!(not_leader_of(&status), None);
+    }
+
+    #[test]
+    fn a_not_leader_status_reads_back_and_is_not_a_not_owner() {
+        let n = pb::NotLeader {
+            shard: 3,
+            leader_node: "c".into(),
+        };
+        let status = not_leader_status(n.clone(), "not the leader of shard 3".into());
+        assert_eq!(status.code(), Code::Unavailable);
+        assert_eq!(not_leader_of(&status), Some(n));
+        assert_eq!(not_owner_of(&status), None);
+        assert_eq!(not_leader_of(&Status::unavailable("plain")), None);
     }
 
     #[test]

@@ -543,6 +543,8 @@ async fn bench_queue(
     client
         .admin()
         .create_queue(pb::CreateQueueRequest {
+            replicas: 0,
+            own_shard: false,
             name: queue.clone(),
             // A queue of the run's own keeps nothing past it: no dead-letter queue is created
             // beside it (a queue the user named keeps its own settings).

@@ -57,6 +57,8 @@ pub async fn run(c: &ClientArgs, a: BenchQueuesArgs) -> anyhow::Result<()> {
         async move {
             admin
                 .create_queue(pb::CreateQueueRequest {
+                    replicas: 0,
+                    own_shard: false,
                     name: name.clone(),
                     // No dead-letter or expiry queue beside each: one queue per create.
                     config: Some(pb::QueueConfig {

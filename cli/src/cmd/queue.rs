@@ -19,6 +19,14 @@ pub enum QueueCommand {
         /// Put it on this node (its node id); default: the node owning the fewest queues.
         #[arg(long)]
         node: Option<String>,
+        /// How many nodes keep it: 1 (one node's disk, the fastest), 3 or 5 (a queue shard:
+        /// every confirmed send on a majority of the replicas' disks, failing over when the
+        /// leader fails). Default: the cluster's, 1 for now.
+        #[arg(long)]
+        replicas: Option<u32>,
+        /// With --replicas 3 or 5: a shard of its own, which no other queue joins.
+        #[arg(long)]
+        own_shard: bool,
         #[command(flatten)]
         limits: LimitArgs,
         #[command(flatten)]
@@ -243,6 +251,8 @@ pub async fn run(c: &ClientArgs, cmd: QueueCommand) -> anyhow::Result<()> {
             name,
             if_not_exists,
             node,
+            replicas,
+            own_shard,
             limits,
             policy,
         } => {
@@ -250,6 +260,8 @@ pub async fn run(c: &ClientArgs, cmd: QueueCommand) -> anyhow::Result<()> {
             policy.apply(&mut config);
             let r = admin
                 .create_queue(pb::CreateQueueRequest {
+                    replicas: replicas.unwrap_or(0),
+                    own_shard,
                     name: name.clone(),
                     config: Some(config.clone()),
                     if_not_exists,

@@ -9,7 +9,7 @@ use ferry_kernel::QueueName;
 use ferry_proto::pb;
 use tonic::{Request, Response, Status};
 
-use crate::catalog::CatalogRef;
+use crate::catalog::{CatalogEntry, CatalogRef};
 use crate::dispatch::{queue_name, Dispatch};
 use crate::router::{Owner, Router};
 use crate::BackendRef;
@@ -65,10 +65,37 @@ impl AdminService {
                     .map_err(|e| Status::invalid_argument(format!("node: {e}")))?,
             ),
         };
+        match r.replicas {
+            0 | 1 if r.own_shard => {
+                return Err(Status::invalid_argument(
+                    "own_shard: only a replicated queue has a shard (set replicas to 3 or 5)",
+                ))
+            }
+            0 | 1 | 3 | 5 => {}
+            n => {
+                return Err(Status::invalid_argument(format!(
+                    "replicas: {n} is not a replication factor; use 1, 3 or 5 (0: the cluster's default)"
+                )))
+            }
+        }
+        if r.replicas > 1 && pinned.is_some() {
+            return Err(Status::invalid_argument(
+                "node: a replicated queue lives on its shard's replicas, not on one node; leave node empty, or set replicas to 1",
+            ));
+        }
+        let asked = crate::catalog::PlacementAsked {
+            pinned,
+            replicas: r.replicas,
+            own_shard: r.own_shard,
+        };
         let entry = catalog
-            .create_queue(name, r.config.unwrap_or_default(), pinned, r.if_not_exists)
+            .create_queue(name, r.config.unwrap_or_default(), asked, r.if_not_exists)
             .await?;
-        let info = self.wait_owner_serves(name, &entry.owner, None).await?;
+        let info = if entry.replicas.is_empty() {
+            self.wait_owner_serves(name, &entry.owner, None).await?
+        } else {
+            self.wait_leader_serves(name, &entry).await?
+        };
         Ok(Response::new(pb::CreateQueueResponse {
             queue: Some(info),
             created: entry.created,
@@ -125,6 +152,69 @@ impl AdminService {
                 Err(e) => return Err(e),
             }
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Waits until the leader of a new replicated queue's shard serves it at `entry`'s epoch
+    /// (the leader creates it through the shard's log once it applies the metadata change, and
+    /// a shard made for it elects its first leader meanwhile). Asks the replicas in turn,
+    /// following the leader a replica names, for at most [`OWNER_CREATE_WAIT`].
+    async fn wait_leader_serves(
+        &self,
+        name: &QueueName,
+        entry: &CatalogEntry,
+    ) -> Result<pb::QueueInfo, Status> {
+        let deadline = tokio::time::Instant::now() + OWNER_CREATE_WAIT;
+        let mut at = 0;
+        let mut asked = entry.owner.node.clone();
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let req = pb::BackendQueueRequest {
+                name: name.to_string(),
+                placement_epoch: entry.owner.epoch.get(),
+                wait_placed_ms: u64::try_from(left.as_millis())
+                    .unwrap_or(u64::MAX)
+                    .clamp(1, 200),
+                wait_settings: None,
+            };
+            let answer = match self.router().placement().backend(&asked) {
+                Ok(be) => be.get_queue(Request::new(req)).await,
+                Err(e) => Err(e.into()),
+            };
+            let status = match answer {
+                Ok(info) => return Ok(info.into_inner()),
+                Err(status) => status,
+            };
+            let named = ferry_proto::not_leader_of(&status)
+                .and_then(|n| ferry_kernel::NodeId::new(&n.leader_node).ok())
+                .filter(|l| entry.replicas.contains(l) && *l != asked);
+            let waitable = matches!(
+                status.code(),
+                tonic::Code::NotFound | tonic::Code::FailedPrecondition | tonic::Code::Unavailable
+            );
+            if !waitable {
+                return Err(status);
+            }
+            if left.is_zero() {
+                return Err(Status::unavailable(format!(
+                    "queue {name} is defined in a shard on nodes {}, but no replica served it within {} s (the last said: {}); are they up? (`ferry cluster status`)",
+                    entry.replicas.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "),
+                    OWNER_CREATE_WAIT.as_secs(),
+                    status.message()
+                )));
+            }
+            match named {
+                Some(leader) => asked = leader,
+                None => {
+                    if ferry_proto::not_leader_of(&status).is_some()
+                        || status.code() == tonic::Code::Unavailable
+                    {
+                        at = (at + 1) % entry.replicas.len().max(1);
+                        asked = entry.replicas.get(at).cloned().unwrap_or(asked);
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                }
+            }
         }
     }
 

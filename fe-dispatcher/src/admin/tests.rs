@@ -7,7 +7,7 @@ use tokio::sync::watch;
 use tonic::{Code, Request, Status};
 
 use super::AdminService;
-use crate::catalog::{Catalog, CatalogEntry};
+use crate::catalog::{Catalog, CatalogEntry, PlacementAsked};
 use crate::dispatch::Dispatch;
 use crate::fake::FakeBackend;
 use crate::router::{Owner, Placement, Router};
@@ -25,10 +25,10 @@ impl Catalog for FakeCatalog {
         &self,
         name: &QueueName,
         _settings: pb::QueueConfig,
-        pinned: Option<NodeId>,
+        asked: PlacementAsked,
         _if_not_exists: bool,
     ) -> Result<CatalogEntry, Status> {
-        let pinned = pinned.map(|n| n.to_string());
+        let pinned = asked.pinned.map(|n| n.to_string());
         self.asked
             .lock()
             .expect("lock")
@@ -36,6 +36,7 @@ impl Catalog for FakeCatalog {
         Ok(CatalogEntry {
             owner: owner_b(),
             created: true,
+            replicas: vec![],
         })
     }
 
@@ -75,6 +76,8 @@ fn admin(b: &Arc<FakeBackend>, catalog: Arc<FakeCatalog>) -> (AdminService, Keep
 
 fn create(node: &str) -> Request<pb::CreateQueueRequest> {
     Request::new(pb::CreateQueueRequest {
+        replicas: 0,
+        own_shard: false,
         name: "orders".into(),
         config: None,
         if_not_exists: false,

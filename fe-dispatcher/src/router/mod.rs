@@ -13,14 +13,24 @@
 //! see `ferry_proto::not_owner_of`) waits briefly for a newer snapshot and tries again, a
 //! bounded number of times. Nothing keeps an owner across calls: a receipt handle is routed by
 //! its queue, not by the node written in it.
+//!
+//! A **replicated queue** lives in a queue shard, served by whichever of the shard's replicas
+//! leads it. The router calls the leader it last learned for the shard (the preferred leader,
+//! the queue's owner in the placement, until it learned one). A replica that does not lead
+//! answers "not the leader" (`UNAVAILABLE` with a `ferry.v1.NotLeader` detail, see
+//! `ferry_proto::not_leader_of`) naming the leader it knows: the call goes there at once. With
+//! no leader named (an election is under way), or a replica that cannot be reached, the call
+//! tries the next replica after a short back-off, for at most [`FAILOVER_WAIT_MAX`] (less if its
+//! deadline is nearer). A back-end that answers "not the leader" did nothing, so trying again
+//! is safe for every call.
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
-use ferry_kernel::{NodeId, PlacementEpoch, QueueName};
-use ferry_proto::not_owner_of;
+use ferry_kernel::{NodeId, PlacementEpoch, QueueName, ShardId};
+use ferry_proto::{not_leader_of, not_owner_of};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tonic::{Code, Response, Status};
@@ -33,6 +43,16 @@ pub const NOT_OWNER_RETRIES_MAX: u32 = 3;
 /// The longest a call waits for a newer placement after a "not the owner" answer (less if its
 /// deadline is nearer) before it tries again anyway.
 pub const REFRESH_WAIT_MAX: Duration = Duration::from_millis(500);
+
+/// The longest a call to a replicated queue looks for its shard's leader (an election after a
+/// leader fails takes 1-2 s, and the new leader recovers its queues before it serves) before it
+/// fails with the last answer.
+pub const FAILOVER_WAIT_MAX: Duration = Duration::from_secs(8);
+
+/// The first back-off between two tries of a replicated queue's call without a leader named;
+/// it doubles up to [`FAILOVER_BACKOFF_MAX`].
+const FAILOVER_BACKOFF_FIRST: Duration = Duration::from_millis(25);
+const FAILOVER_BACKOFF_MAX: Duration = Duration::from_millis(400);
 
 /// The longest a call whose queue was not found waits for a [`CatchUp`] and for this node's
 /// placement to reflect it, before the NOT_FOUND is answered as it is.
@@ -67,6 +87,10 @@ pub struct Placement {
     /// ([`Placement::with_queues_of`], [`Placement::without_queue`]) costs those changes, not
     /// a copy of every entry.
     queues: imbl::HashMap<QueueName, Owner>,
+    /// The shard of each replicated queue (persistent, as `queues`).
+    shard_of: imbl::HashMap<QueueName, ShardId>,
+    /// Each queue shard's replicas, the preferred leader first.
+    replicas: BTreeMap<ShardId, Vec<NodeId>>,
 }
 
 impl std::fmt::Debug for Placement {
@@ -90,7 +114,33 @@ impl Placement {
             version: 0,
             nodes,
             queues: imbl::HashMap::new(),
+            shard_of: imbl::HashMap::new(),
+            replicas: BTreeMap::new(),
         }
+    }
+
+    /// Says that `queue` is replicated in `shard` (its owner is the shard's preferred leader).
+    pub fn with_shard_queue(mut self, queue: QueueName, shard: ShardId) -> Self {
+        self.shard_of.insert(queue, shard);
+        self
+    }
+
+    /// Says which nodes hold a replica of `shard`, the preferred leader first.
+    pub fn with_shard(mut self, shard: ShardId, replicas: Vec<NodeId>) -> Self {
+        self.replicas.insert(shard, replicas);
+        self
+    }
+
+    /// The shard of `queue` and its replicas, if it is a replicated queue.
+    pub fn shard_of(&self, queue: &QueueName) -> Option<(ShardId, &[NodeId])> {
+        let shard = match self.shard_of.get(queue) {
+            Some(s) => *s,
+            None => *self.shard_of.get(&queue.dead_letter_source()?)?,
+        };
+        Some((
+            shard,
+            self.replicas.get(&shard).map_or(&[][..], Vec::as_slice),
+        ))
     }
 
     /// Says which metadata index this snapshot was built from.
@@ -124,6 +174,7 @@ impl Placement {
     /// Removes a queue's entry (the rules place it again).
     pub fn without_queue(mut self, queue: &QueueName) -> Self {
         self.queues.remove(queue);
+        self.shard_of.remove(queue);
         self
     }
 
@@ -131,6 +182,7 @@ impl Placement {
     /// shared), to build a snapshot from the previous one by its changes.
     pub fn with_queues_of(mut self, other: &Placement) -> Self {
         self.queues = other.queues.clone();
+        self.shard_of = other.shard_of.clone();
         self
     }
 
@@ -205,6 +257,8 @@ pub struct Router {
     catch_up: Option<Arc<dyn CatchUp>>,
     /// Calls routed again after a "not the owner" answer (a metric).
     redirects: Arc<std::sync::atomic::AtomicU64>,
+    /// The leader last learned of each queue shard (see the module docs).
+    leaders: Arc<std::sync::Mutex<BTreeMap<ShardId, NodeId>>>,
 }
 
 /// The queues of one call to one node, each with the epoch it was routed by.
@@ -228,6 +282,7 @@ impl Router {
             placement,
             catch_up: None,
             redirects: Arc::default(),
+            leaders: Arc::default(),
         }
     }
 
@@ -305,14 +360,35 @@ impl Router {
     {
         let mut retries = 0;
         let mut caught_up = false;
+        let mut failover = Failover::new(deadline);
         loop {
             let placement = self.placement();
-            let owner = placement.owner_of(queue);
-            let be = placement.backend(&owner.node)?.clone();
-            let status = match f(be, owner.epoch).await {
-                Ok(answer) => return Ok(answer.into_inner()),
-                Err(status) => status,
+            let mut owner = placement.owner_of(queue);
+            let shard = placement.shard_of(queue).map(|(s, r)| (s, r.to_vec()));
+            if let Some((s, replicas)) = &shard {
+                owner.node = self.replica_to_call(*s, replicas, &owner.node);
+            }
+            let status = match placement.backend(&owner.node) {
+                Ok(be) => match f(be.clone(), owner.epoch).await {
+                    Ok(answer) => {
+                        if let Some((s, _)) = &shard {
+                            self.learn_leader(*s, &owner.node);
+                        }
+                        return Ok(answer.into_inner());
+                    }
+                    Err(status) => status,
+                },
+                Err(e) if shard.is_some() => Status::from(e),
+                Err(e) => return Err(e.into()),
             };
+            if let Some((s, replicas)) = &shard {
+                if let Some(next) = self.after_replica_failed(*s, replicas, &owner.node, &status) {
+                    if failover.next(next).await {
+                        continue;
+                    }
+                    return Err(self.named(status, &owner.node));
+                }
+            }
             if status.code() == Code::NotFound
                 && !caught_up
                 && !placement.has_entry(queue)
@@ -336,6 +412,59 @@ impl Router {
         }
     }
 
+    /// The replica of shard `s` to call: the leader last learned (or guessed, see
+    /// [`Router::after_replica_failed`]), else the preferred leader (`preferred`, the queue's
+    /// owner).
+    fn replica_to_call(&self, s: ShardId, replicas: &[NodeId], preferred: &NodeId) -> NodeId {
+        let leaders = self.leaders.lock().unwrap_or_else(PoisonError::into_inner);
+        match leaders.get(&s) {
+            Some(l) if replicas.contains(l) => l.clone(),
+            _ => preferred.clone(),
+        }
+    }
+
+    fn learn_leader(&self, s: ShardId, node: &NodeId) {
+        let mut leaders = self.leaders.lock().unwrap_or_else(PoisonError::into_inner);
+        if leaders.get(&s) != Some(node) {
+            leaders.insert(s, node.clone());
+        }
+    }
+
+    /// After replica `tried` of shard `s` answered `status`: moves the shard's leader to the
+    /// leader it named, or else to a guess, the next replica; whether a leader was named.
+    /// `None` when the answer is the call's own (it did not fail for want of a leader).
+    fn after_replica_failed(
+        &self,
+        s: ShardId,
+        replicas: &[NodeId],
+        tried: &NodeId,
+        status: &Status,
+    ) -> Option<bool> {
+        let named = match not_leader_of(status) {
+            Some(n) => NodeId::new(&n.leader_node)
+                .ok()
+                .filter(|l| l != tried && replicas.contains(l)),
+            None if status.code() == Code::Unavailable => None,
+            None => return None,
+        };
+        self.note_redirect();
+        let next = named.clone().unwrap_or_else(|| {
+            let at = replicas
+                .iter()
+                .position(|r| r == tried)
+                .map_or(0, |i| i + 1);
+            replicas
+                .get(at % replicas.len().max(1))
+                .unwrap_or(tried)
+                .clone()
+        });
+        self.leaders
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(s, next);
+        Some(named.is_some())
+    }
+
     /// Calls the owners of `queues`, one call per owning node: `f(backend, its queues with
     /// their epochs)`. A node that answers "not the owner" has its queues routed again after a
     /// refresh, as [`Self::call`] does. Returns each call's node and answer.
@@ -351,17 +480,24 @@ impl Router {
         let mut out = vec![];
         let mut pending = queues;
         let mut retries = 0;
+        let mut failover = Failover::new(None);
         while !pending.is_empty() {
             let placement = self.placement();
             let mut by_node: BTreeMap<NodeId, QueueEpochs> = BTreeMap::new();
             for q in pending.drain(..) {
-                let owner = placement.owner_of(&q);
+                let mut owner = placement.owner_of(&q);
+                if let Some((s, replicas)) = placement.shard_of(&q) {
+                    owner.node = self.replica_to_call(s, replicas, &owner.node);
+                }
                 by_node
                     .entry(owner.node)
                     .or_default()
                     .push((q, owner.epoch));
             }
             let mut again: Vec<(QueueName, Owner)> = vec![];
+            // Queues whose replica did not lead their shard: (node, its queues, answer,
+            // whether a leader was named).
+            let mut leaderless: Vec<(NodeId, QueueEpochs, Status, bool)> = vec![];
             for (node, queues) in by_node {
                 let be = match placement.backend(&node) {
                     Ok(be) => be.clone(),
@@ -371,8 +507,33 @@ impl Router {
                     }
                 };
                 let result = f(be, queues.clone()).await;
+                // Whether the answer is for want of a leader of the queues' shards (each shard's
+                // leader moved on as `after_replica_failed` does).
+                let leader_wanted = |status: &Status| {
+                    let mut wanted = false;
+                    for (q, _) in &queues {
+                        if let Some((s, replicas)) = placement.shard_of(q) {
+                            wanted |= self
+                                .after_replica_failed(s, replicas, &node, status)
+                                .is_some();
+                        }
+                    }
+                    wanted
+                };
                 match result {
-                    Ok(answer) => out.push((node, Ok(answer.into_inner()))),
+                    Ok(answer) => {
+                        for (q, _) in &queues {
+                            if let Some((s, _)) = placement.shard_of(q) {
+                                self.learn_leader(s, &node);
+                            }
+                        }
+                        out.push((node, Ok(answer.into_inner())));
+                    }
+                    Err(status) if not_owner_of(&status).is_none() && leader_wanted(&status) => {
+                        let named =
+                            not_leader_of(&status).is_some_and(|n| !n.leader_node.is_empty());
+                        leaderless.push((node, queues, status, named));
+                    }
                     Err(status) if not_owner_of(&status).is_some() => {
                         if retries == NOT_OWNER_RETRIES_MAX {
                             let first = &queues[0].0;
@@ -398,6 +559,22 @@ impl Router {
                 self.note_redirect();
                 self.refresh(&again, None).await;
                 pending = again.into_iter().map(|(q, _)| q).collect();
+            }
+            if !leaderless.is_empty() {
+                let named = leaderless.iter().all(|(_, _, _, named)| *named);
+                if failover.next(named).await {
+                    pending.extend(
+                        leaderless
+                            .into_iter()
+                            .flat_map(|(_, qs, _, _)| qs)
+                            .map(|(q, _)| q),
+                    );
+                } else {
+                    for (node, _, status, _) in leaderless {
+                        let status = self.named(status, &node);
+                        out.push((node, Err(status)));
+                    }
+                }
             }
         }
         out
@@ -469,3 +646,41 @@ fn unsettled(queue: &QueueName, last: &Status) -> Status {
 
 #[cfg(test)]
 mod tests;
+
+/// A call's search for its shard's leader (see the module docs): bounded by
+/// [`FAILOVER_WAIT_MAX`] and the call's deadline.
+struct Failover {
+    until: Instant,
+    backoff: Duration,
+    /// Hops to a named leader since the last back-off: two replicas naming each other (each
+    /// with an old view) must not bounce a call between them without a pause.
+    hops: u32,
+}
+
+impl Failover {
+    fn new(deadline: Option<Instant>) -> Self {
+        let until = Instant::now() + FAILOVER_WAIT_MAX;
+        Failover {
+            until: deadline.map_or(until, |d| d.min(until)),
+            backoff: FAILOVER_BACKOFF_FIRST,
+            hops: 0,
+        }
+    }
+
+    /// Waits before the next try: none after a named leader (a few times in a row), else the
+    /// back-off; false once the time is up.
+    async fn next(&mut self, named: bool) -> bool {
+        if named && self.hops < 3 {
+            self.hops += 1;
+            return Instant::now() < self.until;
+        }
+        self.hops = 0;
+        let wake = (Instant::now() + self.backoff).min(self.until);
+        if wake >= self.until {
+            return false;
+        }
+        tokio::time::sleep_until(wake).await;
+        self.backoff = (self.backoff * 2).min(FAILOVER_BACKOFF_MAX);
+        true
+    }
+}

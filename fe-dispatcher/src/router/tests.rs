@@ -358,3 +358,107 @@ async fn a_call_naming_several_queues_goes_to_each_owner_and_regroups_after_not_
         ]
     );
 }
+
+/// Nodes a (this one), b and c, each with a fake back-end; `orders` replicated in shard 1 on
+/// b, c and a (b the preferred leader, so its owner).
+fn replicated() -> (Placement, [Arc<FakeBackend>; 3]) {
+    let fakes = [FakeBackend::new(), FakeBackend::new(), FakeBackend::new()];
+    let placement = Placement::new(node("a"), fakes[0].backend())
+        .with_node(node("b"), fakes[1].backend())
+        .with_node(node("c"), fakes[2].backend())
+        .with_shard(ShardId(1), vec![node("b"), node("c"), node("a")])
+        .with_queue(
+            queue("orders"),
+            Owner {
+                node: node("b"),
+                epoch: MOVED,
+            },
+        )
+        .with_shard_queue(queue("orders"), ShardId(1));
+    (placement, fakes)
+}
+
+fn not_leader(leader: &str) -> Status {
+    ferry_proto::not_leader_status(
+        pb::NotLeader {
+            shard: 1,
+            leader_node: leader.into(),
+        },
+        format!("not the leader of shard 1 (leader: {leader:?})"),
+    )
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_replica_that_does_not_lead_names_the_leader_and_the_next_calls_go_there() {
+    let (p, [a, b, c]) = replicated();
+    let (router, _tx) = Router::fixed(p);
+    b.script([not_leader("c")]);
+    let started = Instant::now();
+    get_queue(&router, "orders").await.expect("answered");
+    assert_eq!(
+        started.elapsed(),
+        Duration::ZERO,
+        "a named leader is called at once"
+    );
+    get_queue(&router, "orders").await.expect("answered");
+    assert_eq!(b.calls(), vec![call("get_queue", "orders", MOVED)]);
+    assert_eq!(c.calls(), vec![call("get_queue", "orders", MOVED); 2]);
+    assert!(a.calls().is_empty());
+    // Its dead-letter queue is in the shard too, and goes to the leader learned.
+    get_queue(&router, "orders.DLQ").await.expect("answered");
+    assert_eq!(c.calls().len(), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_no_leader_known_the_call_tries_the_replicas_in_turn_after_a_pause() {
+    let (p, [a, b, c]) = replicated();
+    let (router, _tx) = Router::fixed(p);
+    b.script([not_leader("")]);
+    c.script([Status::unavailable("node c: connection refused")]);
+    let started = Instant::now();
+    get_queue(&router, "orders").await.expect("answered");
+    assert!(
+        started.elapsed() >= FAILOVER_BACKOFF_FIRST,
+        "paused between tries"
+    );
+    assert_eq!(
+        (b.calls().len(), c.calls().len(), a.calls().len()),
+        (1, 1, 1),
+        "b, then c, then a"
+    );
+    // The replica that answered is the leader from now on.
+    get_queue(&router, "orders").await.expect("answered");
+    assert_eq!(a.calls().len(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_call_without_a_leader_gives_up_after_the_failover_wait_with_the_last_answer() {
+    let (p, fakes) = replicated();
+    let (router, _tx) = Router::fixed(p);
+    for f in &fakes {
+        f.always(not_leader(""));
+    }
+    let started = Instant::now();
+    let e = get_queue(&router, "orders").await.unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable, "{e}");
+    assert!(ferry_proto::not_leader_of(&e).is_some(), "{e}");
+    let waited = started.elapsed();
+    assert!(
+        waited <= FAILOVER_WAIT_MAX && waited >= FAILOVER_WAIT_MAX - FAILOVER_BACKOFF_MAX,
+        "{waited:?}"
+    );
+    let tries: usize = fakes.iter().map(|f| f.calls().len()).sum();
+    assert!((3..=40).contains(&tries), "{tries} tries");
+}
+
+/// An answer of the call's own (here NOT_FOUND) is not a reason to look for a leader.
+#[tokio::test(start_paused = true)]
+async fn a_replicas_own_answer_is_the_calls() {
+    let (p, [a, b, c]) = replicated();
+    let (router, _tx) = Router::fixed(p);
+    b.script([Status::invalid_argument("bad")]);
+    let e = get_queue(&router, "orders").await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert_eq!(b.calls().len(), 1);
+    assert!(a.calls().is_empty() && c.calls().is_empty());
+}

@@ -281,6 +281,8 @@ pub async fn start_with(
         admin
             .admin()
             .create_queue(pb::CreateQueueRequest {
+                replicas: 0,
+                own_shard: false,
                 name: queue.clone(),
                 config: Some(config.clone()),
                 if_not_exists: false,
@@ -343,6 +345,8 @@ async fn create_by(
             client
                 .admin()
                 .create_queue(pb::CreateQueueRequest {
+                    replicas: 0,
+                    own_shard: false,
                     name: queue.into(),
                     config: None,
                     if_not_exists: true,

@@ -16,9 +16,14 @@ use super::driver::{Input, ProposeFailure, Proposed};
 use super::transport::peer_endpoint;
 use super::{MetaNode, StartError, StartMode};
 use ferry_cluster::meta::{
-    choose_queue_owner_avoiding, ClusterId, MetaCommand, MetaError, NewNode, Owner, RaftId,
-    RequestId,
+    choose_queue_owner_avoiding, choose_shard, ClusterId, MetaCommand, MetaError, NewNode, Owner,
+    RaftId, RequestId,
 };
+use ferry_fe_dispatcher::PlacementAsked;
+
+/// The replication factor of a queue created without one. 1 for now: the default (3
+/// once a cluster has 3 nodes) waits until failover has been proven on real processes.
+pub const DEFAULT_REPLICATION: usize = 1;
 
 /// How long a proposal may take, leader elections included, before it fails UNAVAILABLE.
 pub(crate) const PROPOSE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -30,10 +35,13 @@ const RETRY_PAUSE: Duration = Duration::from_millis(100);
 /// A queue defined in the metadata.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CreatedQueue {
-    /// Where it lives.
+    /// Where it lives (a replicated queue: its shard's preferred leader).
     pub owner: Owner,
     /// False when it existed already (`if_not_exists`).
     pub created: bool,
+    /// A replicated queue's shard replicas, the preferred leader first (empty: replication
+    /// factor 1).
+    pub replicas: Vec<NodeId>,
 }
 
 /// A queue whose settings an update changed (or found as asked).
@@ -330,7 +338,7 @@ impl MetaNode {
         &self,
         name: &QueueName,
         settings: pb::QueueConfig,
-        pinned: Option<NodeId>,
+        asked: PlacementAsked,
         if_not_exists: bool,
     ) -> Result<CreatedQueue, Status> {
         let existing = |created| {
@@ -338,6 +346,10 @@ impl MetaNode {
             view.meta.queue(name).map(|d| CreatedQueue {
                 owner: d.owner.clone(),
                 created,
+                replicas: d
+                    .shard
+                    .and_then(|s| view.meta.shard(s))
+                    .map_or_else(Vec::new, |s| s.replicas.clone()),
             })
         };
         self.shared.host.check_settings(name, &settings)?;
@@ -346,17 +358,40 @@ impl MetaNode {
         }
         // Whether the queue exists is judged where the command is ordered, never on this
         // node's view, which may not have applied a deletion answered through another node.
-        let owner = {
+        let command = {
             let view = self.shared.view.borrow();
             let down = self.down_nodes(&view.meta);
-            let loads = self.loads_bytes(&view.meta);
-            choose_queue_owner_avoiding(&view.meta, name, &settings, &loads, pinned.as_ref(), &down)
-                .map_err(|e| meta_status(&e))?
-        };
-        let command = MetaCommand::CreateQueue {
-            name: name.clone(),
-            settings,
-            owner,
+            let replication = match asked.replicas {
+                0 => DEFAULT_REPLICATION,
+                n => n as usize,
+            };
+            if replication > 1 || asked.own_shard {
+                let shard = choose_shard(
+                    &view.meta,
+                    name,
+                    &settings,
+                    replication,
+                    asked.own_shard,
+                    &down,
+                )
+                .map_err(|e| meta_status(&e))?;
+                MetaCommand::CreateReplicatedQueue {
+                    name: name.clone(),
+                    settings,
+                    shard,
+                }
+            } else {
+                let loads = self.loads_bytes(&view.meta);
+                let pinned = asked.pinned.as_ref();
+                let owner =
+                    choose_queue_owner_avoiding(&view.meta, name, &settings, &loads, pinned, &down)
+                        .map_err(|e| meta_status(&e))?;
+                MetaCommand::CreateQueue {
+                    name: name.clone(),
+                    settings,
+                    owner,
+                }
+            }
         };
         match self.propose(&command).await {
             Ok(_) => existing(true).ok_or_else(|| {

@@ -53,7 +53,7 @@ async fn the_same_proposal_twice_applies_once_and_both_succeed() {
         .create_queue(
             &QueueName::new("orders").unwrap(),
             pb::QueueConfig::default(),
-            None,
+            ferry_fe_dispatcher::PlacementAsked::default(),
             false,
         )
         .await

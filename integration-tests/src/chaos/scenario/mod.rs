@@ -99,6 +99,8 @@ async fn start(spec: &Spec) -> anyhow::Result<Started> {
         admin
             .admin()
             .create_queue(pb::CreateQueueRequest {
+                replicas: 0,
+                own_shard: false,
                 name: q.clone(),
                 config: Some(spec.queue_config.clone()),
                 if_not_exists: false,
