@@ -124,8 +124,8 @@ async fn a_replicated_queue_keeps_every_confirmed_message_when_its_leader_is_kil
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_replication_factor_the_cluster_cannot_give_is_refused_saying_why() -> anyhow::Result<()>
-{
+async fn replicated_queues_are_administered_like_others_and_bad_factors_refused(
+) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let cluster = Cluster::start(dir.path(), &NODES)?;
     cluster.wait_leader(&NODES, LEADER_WAIT).await?;
@@ -159,5 +159,40 @@ async fn a_replication_factor_the_cluster_cannot_give_is_refused_saying_why() ->
             "{e}"
         );
     }
+
+    // Changed, deleted and created again through a node that need not lead its shard: each
+    // answered once the shard's leader carried it out.
+    create(&client, "orders", 3).await?;
+    let conn = client.open_connection("t").await?;
+    let session = conn.create_session(AckMode::Client).await?;
+    session.send("orders", vec![Message::text("old")]).await?;
+    let limited = pb::QueueConfig {
+        max_messages: Some(10),
+        ..Default::default()
+    };
+    let updated = client
+        .admin()
+        .update_queue(pb::UpdateQueueRequest {
+            name: "orders".into(),
+            config: Some(limited),
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    let config = updated.queue.unwrap().config.unwrap();
+    assert_eq!(config.max_messages, Some(10));
+    client
+        .admin()
+        .delete_queue(pb::DeleteQueueRequest {
+            name: "orders".into(),
+            ..Default::default()
+        })
+        .await?;
+    create(&client, "orders", 3).await?;
+    assert_eq!(
+        stats(&client, "orders").await?.ready,
+        0,
+        "created again empty"
+    );
     Ok(())
 }

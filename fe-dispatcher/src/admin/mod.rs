@@ -113,6 +113,11 @@ impl AdminService {
         owner: &Owner,
         updated: Option<pb::QueueConfig>,
     ) -> Result<pb::QueueInfo, Status> {
+        if let Some(updated) = &updated {
+            if self.router().placement().shard_of(name).is_some() {
+                return self.wait_leader_updated(name, updated).await;
+            }
+        }
         let backend = self.router().placement().backend(&owner.node)?.clone();
         let deadline = tokio::time::Instant::now() + OWNER_CREATE_WAIT;
         loop {
@@ -152,6 +157,43 @@ impl AdminService {
                 Err(e) => return Err(e),
             }
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Waits until the leader of a replicated queue's shard serves it with the settings
+    /// `updated` (it writes them through the shard's log when it applies the change), asking it
+    /// through the router (which finds the leader) for at most [`OWNER_CREATE_WAIT`].
+    async fn wait_leader_updated(
+        &self,
+        name: &QueueName,
+        updated: &pb::QueueConfig,
+    ) -> Result<pb::QueueInfo, Status> {
+        let deadline = tokio::time::Instant::now() + OWNER_CREATE_WAIT;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let info = self
+                .router()
+                .call_until(name, Some(deadline), |be, placement_epoch| {
+                    let req = pb::BackendQueueRequest {
+                        name: name.to_string(),
+                        placement_epoch: placement_epoch.get(),
+                        wait_placed_ms: u64::try_from(left.as_millis())
+                            .unwrap_or(u64::MAX)
+                            .clamp(1, 200),
+                        wait_settings: Some(updated.clone()),
+                    };
+                    async move { be.get_queue(Request::new(req)).await }
+                })
+                .await?;
+            if info.config.as_ref() == Some(updated) {
+                return Ok(info);
+            }
+            if left.is_zero() {
+                return Err(Status::unavailable(format!(
+                    "the change to queue {name} is committed, but its shard's leader has not applied it within {} s",
+                    OWNER_CREATE_WAIT.as_secs()
+                )));
+            }
         }
     }
 
