@@ -359,12 +359,36 @@ impl<M: GroupMachine> Driver<M> {
             for (group, position, outcome) in outcomes {
                 self.answer(group, position, outcome);
             }
+            if !done.role_changes.is_empty() {
+                self.fail_proposals_of_past_terms();
+            }
             let groups: Vec<GroupId> = self.machines.keys().copied().collect();
             for group in groups {
                 self.compact(group, false);
             }
         }
         done
+    }
+
+    /// Fails, as [`ProposeFailure::Overwritten`] (outcome unknown here), every proposal made at
+    /// a term its group has left: a later leader may still commit it (then it is applied here
+    /// like any entry), but its index may also never be reached (the new leader's log is
+    /// shorter and nothing more is proposed), and its proposer must not wait for ever.
+    fn fail_proposals_of_past_terms(&mut self) {
+        let Some(engine) = self.engine.as_ref() else {
+            return;
+        };
+        let stale: Vec<(GroupId, u64)> = self
+            .pending
+            .iter()
+            .filter(|((group, _), (term, _))| engine.status(*group).is_some_and(|s| s.term > *term))
+            .map(|(key, _)| *key)
+            .collect();
+        for key in stale {
+            if let Some((_, reply)) = self.pending.remove(&key) {
+                reply(Err(ProposeFailure::Overwritten));
+            }
+        }
     }
 
     /// Fails every proposal still waiting, with [`ProposeFailure::Stopped`].

@@ -240,6 +240,54 @@ fn a_group_whose_machine_cannot_snapshot_is_never_compacted() {
     assert_eq!(first_indexes[1], 2, "never compacted: {first_indexes:?}");
 }
 
+/// A leader cut off with proposals it could not commit: a new leader is elected whose log is
+/// shorter, and nothing more is proposed, so those indexes are never reached. Each proposal
+/// still gets an outcome (unknown: overwritten) once the old leader learns of the new term,
+/// instead of waiting for ever.
+#[test]
+fn proposals_of_a_deposed_leader_fail_even_if_their_indexes_are_never_reached() {
+    let mut cluster = Cluster::new(3, 4, Faults::none());
+    let old = cluster.elect();
+    let all: Vec<NodeId> = (1..=3).map(NodeId).collect();
+    cluster.sim.isolate(old, &all);
+    let answers: Vec<Answer> = (0..3)
+        .map(|i| cluster.propose(old, format!("lost {i}").as_bytes()))
+        .collect();
+    let old_term = cluster
+        .sim
+        .replica(old)
+        .unwrap()
+        .engine()
+        .unwrap()
+        .status(G0)
+        .unwrap()
+        .term;
+    let others_elect = |s: &Sim<Driver<Toy>>| {
+        s.replicas().any(|(id, d)| {
+            id != old
+                && d.engine()
+                    .and_then(|e| e.status(G0))
+                    .is_some_and(|st| st.role == Role::Leader && st.term > old_term)
+        })
+    };
+    assert!(
+        cluster.sim.run_until(STEPS_MAX, others_elect),
+        "no new leader"
+    );
+    cluster.sim.heal();
+    let all_answered = |_: &Sim<Driver<Toy>>| answers.iter().all(|a| a.lock().unwrap().is_some());
+    assert!(
+        cluster.sim.run_until(STEPS_MAX, all_answered),
+        "a deposed leader's proposals still wait"
+    );
+    for a in &answers {
+        assert_eq!(
+            a.lock().unwrap().take(),
+            Some(Err(ProposeFailure::Overwritten))
+        );
+    }
+}
+
 #[test]
 fn a_proposal_on_a_follower_is_refused_with_the_leader() {
     let mut cluster = Cluster::new(3, 2, Faults::none());
