@@ -45,8 +45,11 @@ pub type ProposalOutcome = oneshot::Receiver<Result<(), ShardRefusal>>;
 /// The node's side of a shard's log: proposes an encoded entry to the shard's Raft group.
 /// Proposals must reach the group in the order of the calls.
 pub trait ShardProposer: Send + Sync + fmt::Debug + 'static {
-    /// Proposes `entry` to `shard`. The outcome's sender is dropped if the driver stops.
-    fn propose(&self, shard: ShardId, entry: Vec<u8>) -> ProposalOutcome;
+    /// Proposes `entry` to `shard` if this node leads it at exactly `term` (else the outcome
+    /// is [`ShardRefusal::NotLeader`]: a run of serving begun at one term never writes in
+    /// another, whatever happened in between). The outcome's sender is dropped if the driver
+    /// stops.
+    fn propose(&self, shard: ShardId, term: u64, entry: Vec<u8>) -> ProposalOutcome;
 }
 
 /// See the module docs. Cheap to clone: every owner task of the shard holds one.
@@ -58,24 +61,25 @@ pub trait ShardProposer: Send + Sync + fmt::Debug + 'static {
 #[derive(Debug, Clone)]
 pub(crate) struct ShardLog {
     shard: ShardId,
+    /// The term the run leads the shard at: every proposal is made at it.
+    term: u64,
     proposer: Arc<dyn ShardProposer>,
     fenced: Arc<AtomicBool>,
     fences: Arc<watch::Sender<u64>>,
 }
 
 impl ShardLog {
-    pub(crate) fn new(shard: ShardId, proposer: Arc<dyn ShardProposer>) -> Self {
-        Self::fenced_through(shard, proposer, Arc::new(watch::Sender::new(0)))
-    }
-
-    /// A log whose fencing bumps `fences` (see the type's docs).
-    pub(crate) fn fenced_through(
+    /// The log of a run leading `shard` at `term`, whose fencing bumps `fences` (see the
+    /// type's docs).
+    pub(crate) fn new(
         shard: ShardId,
+        term: u64,
         proposer: Arc<dyn ShardProposer>,
         fences: Arc<watch::Sender<u64>>,
     ) -> Self {
         ShardLog {
             shard,
+            term,
             proposer,
             fenced: Arc::default(),
             fences,
@@ -142,7 +146,7 @@ impl QueueLog for ShardLog {
         let entry = ferry_store::encode_entry(&ops)?;
         Ok(ShardDurable {
             log: self.clone(),
-            outcome: self.proposer.propose(self.shard, entry),
+            outcome: self.proposer.propose(self.shard, self.term, entry),
         })
     }
 }

@@ -31,7 +31,7 @@ struct Applier {
 }
 
 impl ShardProposer for Applier {
-    fn propose(&self, shard: ShardId, entry: Vec<u8>) -> ProposalOutcome {
+    fn propose(&self, shard: ShardId, _term: u64, entry: Vec<u8>) -> ProposalOutcome {
         let (tx, rx) = tokio::sync::oneshot::channel();
         self.proposed.fetch_add(1, Ordering::SeqCst);
         if self.refuse_next.swap(false, Ordering::SeqCst) {

@@ -121,6 +121,8 @@ pub async fn run(
     .await?;
     let tasks = [reaper, store_watch, placement_task];
     close(tasks.into_iter().chain(metrics), &meta, &broker, writer).await;
+    drop((meta, broker, frontend));
+    release_store(store).await;
     let halt = halt.lock().unwrap_or_else(PoisonError::into_inner).take();
     halt.map_or(Ok(()), |reason| {
         Err(anyhow::anyhow!(
@@ -327,6 +329,28 @@ async fn close(
     }
     tracing::info!("stopped");
 }
+
+/// Drops the node's last handle on its store once every other is gone (at most
+/// [`STORE_RELEASE_WAIT`]), so that the database is closed when `run` returns. What may hold it
+/// a moment longer: a task that answered its last call and has not yet ended (an owner task, a
+/// connection's).
+async fn release_store(store: Arc<dyn QueueStore>) {
+    let deadline = tokio::time::Instant::now() + STORE_RELEASE_WAIT;
+    // Bounded by the deadline; each turn lets the other tasks run to their end.
+    while Arc::strong_count(&store) > 1 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let others = Arc::strong_count(&store) - 1;
+    if others > 0 {
+        tracing::warn!(
+            others,
+            "the store is still held after the node stopped; the database closes when they end"
+        );
+    }
+}
+
+/// The longest [`release_store`] waits.
+const STORE_RELEASE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Completes once shutdown has begun (or can no longer begin).
 async fn has_begun(mut begun: watch::Receiver<bool>) {

@@ -9,6 +9,9 @@ use tokio::sync::oneshot;
 use super::{ProposalOutcome, ShardId, ShardLog, ShardProposer, ShardRefusal};
 use crate::log::{LogError, LogSync, QueueLog};
 
+/// The term every test's run leads its shard at.
+const TERM: u64 = 3;
+
 type Proposed = (ShardId, Vec<u8>, oneshot::Sender<Result<(), ShardRefusal>>);
 
 /// Keeps every proposal for the test to answer.
@@ -16,7 +19,8 @@ type Proposed = (ShardId, Vec<u8>, oneshot::Sender<Result<(), ShardRefusal>>);
 struct Fake(Mutex<Vec<Proposed>>);
 
 impl ShardProposer for Fake {
-    fn propose(&self, shard: ShardId, entry: Vec<u8>) -> ProposalOutcome {
+    fn propose(&self, shard: ShardId, term: u64, entry: Vec<u8>) -> ProposalOutcome {
+        assert_eq!(term, TERM, "every proposal at the run's term");
         let (tx, rx) = oneshot::channel();
         self.0.lock().unwrap().push((shard, entry, tx));
         rx
@@ -25,7 +29,12 @@ impl ShardProposer for Fake {
 
 fn setup() -> (Arc<Fake>, ShardLog) {
     let fake = Arc::new(Fake::default());
-    let log = ShardLog::new(ShardId(4), Arc::clone(&fake) as Arc<dyn ShardProposer>);
+    let log = ShardLog::new(
+        ShardId(4),
+        TERM,
+        Arc::clone(&fake) as Arc<dyn ShardProposer>,
+        Arc::new(tokio::sync::watch::Sender::new(0)),
+    );
     (fake, log)
 }
 
@@ -103,8 +112,9 @@ async fn a_batch_not_confirmed_fences_the_log() {
     let fake = Arc::new(Fake::default());
     let fences = Arc::new(tokio::sync::watch::Sender::new(0u64));
     let mut seen = fences.subscribe();
-    let log = ShardLog::fenced_through(
+    let log = ShardLog::new(
         ShardId(4),
+        TERM,
         Arc::clone(&fake) as Arc<dyn ShardProposer>,
         Arc::clone(&fences),
     );

@@ -51,9 +51,11 @@ pub(crate) enum Input {
         command: Vec<u8>,
         reply: oneshot::Sender<Proposed>,
     },
-    /// An encoded shard entry to propose to its group, answered once applied here.
+    /// An encoded shard entry to propose to its group if this node leads it at `term`,
+    /// answered once applied here.
     ProposeShard {
         group: GroupId,
+        term: u64,
         entry: Vec<u8>,
         reply: oneshot::Sender<Result<(), ShardRefusal>>,
     },
@@ -276,9 +278,10 @@ impl Driver {
             ),
             Input::ProposeShard {
                 group,
+                term,
                 entry,
                 reply,
-            } => self.propose_shard(group, entry, reply),
+            } => self.propose_shard(group, term, entry, reply),
             Input::OpenShard {
                 group,
                 voters,
@@ -297,17 +300,23 @@ impl Driver {
     fn propose_shard(
         &mut self,
         group: GroupId,
+        term: u64,
         entry: Vec<u8>,
         reply: oneshot::Sender<Result<(), ShardRefusal>>,
     ) {
         let shard = ShardId(group.0);
+        let status = self.rounds.engine().and_then(|e| e.status(group));
         // Named now: a refusal comes back before `propose` returns.
-        let leader = self
-            .rounds
-            .engine()
-            .and_then(|e| e.status(group))
+        let leader = status
+            .as_ref()
             .and_then(|s| s.leader)
             .and_then(|l| self.node_name(l));
+        // A run of serving writes only at the term it began at: leading again at a later term
+        // (another leader may have written in between) is a new run's.
+        if status.is_none_or(|s| s.role != Role::Leader || s.term != term) {
+            let _ = reply.send(Err(ShardRefusal::NotLeader { shard, leader }));
+            return;
+        }
         self.rounds.propose(
             group,
             entry,

@@ -141,11 +141,25 @@ mod tests {
 
     use super::NodeLogStore;
 
-    fn open(dir: &std::path::Path) -> (Arc<dyn QueueStore>, NodeLogStore) {
+    /// The store, the log over it, and its writer thread: [`close`] them at the end, so that
+    /// no thread still uses the database when the test's process exits (it crashed there).
+    fn open(
+        dir: &std::path::Path,
+    ) -> (
+        Arc<dyn QueueStore>,
+        NodeLogStore,
+        std::thread::JoinHandle<()>,
+    ) {
         let store: Arc<dyn QueueStore> = Arc::new(RocksStore::open(dir).unwrap());
-        let (commit, _thread) =
+        let (commit, thread) =
             GroupCommit::start(Arc::clone(&store), 16, 16, Duration::ZERO).unwrap();
-        (Arc::clone(&store), NodeLogStore::new(store, commit))
+        (Arc::clone(&store), NodeLogStore::new(store, commit), thread)
+    }
+
+    /// Stops the writer (its queue closes with the log's handle) and waits for its thread.
+    fn close(log: NodeLogStore, thread: std::thread::JoinHandle<()>) {
+        drop(log);
+        thread.join().unwrap();
     }
 
     /// A bootstrap job of one group, as the engine hands it over.
@@ -158,7 +172,7 @@ mod tests {
     #[test]
     fn a_shards_writes_go_in_the_same_batch_as_the_raft_records() {
         let dir = tempfile::tempdir().unwrap();
-        let (store, mut log) = open(dir.path());
+        let (store, mut log, thread) = open(dir.path());
         let mut job = job();
         let def = QueueDef {
             name: QueueName::new("orders").unwrap(),
@@ -170,15 +184,17 @@ mod tests {
         log.write(&job).unwrap();
         assert_eq!(store.recover().unwrap()[0].def, def);
         assert!(!log.load().unwrap().group_ids().is_empty());
+        close(log, thread);
     }
 
     #[test]
     fn an_attachment_of_another_kind_fails_the_write_and_writes_nothing() {
         let dir = tempfile::tempdir().unwrap();
-        let (store, mut log) = open(dir.path());
+        let (store, mut log, thread) = open(dir.path());
         let mut job = job();
         job.attach(Arc::new("not store writes".to_string()));
         assert!(log.write(&job).is_err());
         assert!(store.kv_scan(KvSpace::RaftLog, &[]).unwrap().is_empty());
+        close(log, thread);
     }
 }

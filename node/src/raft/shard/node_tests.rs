@@ -33,11 +33,31 @@ async fn node_on(store: &Arc<dyn QueueStore>) -> MetaNode {
 /// Proposes `ops` to the shard through the node's proposer. A shard's only replica leads as
 /// soon as its group starts (it campaigns alone), so no retry is needed.
 async fn propose(node: &MetaNode, ops: &[StoreOp]) -> Result<(), ShardRefusal> {
+    propose_at(node, leader_term(node).await, ops).await
+}
+
+/// Proposes `ops` at `term`.
+async fn propose_at(node: &MetaNode, term: u64, ops: &[StoreOp]) -> Result<(), ShardRefusal> {
     let proposer = node.shard_proposer();
     proposer
-        .propose(SHARD, encode_entry(ops).unwrap())
+        .propose(SHARD, term, encode_entry(ops).unwrap())
         .await
         .unwrap()
+}
+
+/// The term the node leads the shard at, once its view shows it does (at most 10 s).
+async fn leader_term(node: &MetaNode) -> u64 {
+    let mut view = node.view();
+    let leads = |v: &Arc<crate::raft::MetaView>| {
+        v.shards
+            .get(&SHARD)
+            .is_some_and(|g| g.role == ferry_multiraft::Role::Leader)
+    };
+    let seen = tokio::time::timeout(Duration::from_secs(10), view.wait_for(leads))
+        .await
+        .expect("the node leads the shard within 10 s")
+        .expect("the view is published");
+    seen.shards[&SHARD].term
 }
 
 fn def() -> QueueDef {
@@ -56,7 +76,7 @@ async fn a_shard_on_the_nodes_driver_writes_to_its_store_and_comes_back_after_a_
     let node = node_on(&store).await;
     let me = node.view().borrow().raft_id.unwrap().0;
 
-    let e = propose(&node, &[StoreOp::PutQueue(def())])
+    let e = propose_at(&node, 1, &[StoreOp::PutQueue(def())])
         .await
         .unwrap_err();
     assert!(
@@ -65,6 +85,13 @@ async fn a_shard_on_the_nodes_driver_writes_to_its_store_and_comes_back_after_a_
     );
     node.open_shard(SHARD, &[me]).await.unwrap();
     node.open_shard(SHARD, &[me]).await.unwrap();
+    // A proposal made for another term than the one the node leads at is refused.
+    let term = leader_term(&node).await;
+    let e = propose_at(&node, term + 1, &[StoreOp::PutQueue(def())])
+        .await
+        .unwrap_err();
+    assert!(matches!(e, ShardRefusal::NotLeader { .. }), "{e}");
+    assert!(store.recover().unwrap().is_empty());
     propose(&node, &[StoreOp::PutQueue(def())]).await.unwrap();
     assert_eq!(store.recover().unwrap()[0].def, def());
     node.stop().await;

@@ -23,10 +23,11 @@ impl std::fmt::Debug for DriverProposer {
 }
 
 impl ShardProposer for DriverProposer {
-    fn propose(&self, shard: ShardId, entry: Vec<u8>) -> ProposalOutcome {
+    fn propose(&self, shard: ShardId, term: u64, entry: Vec<u8>) -> ProposalOutcome {
         let (reply, outcome) = oneshot::channel();
         let input = Input::ProposeShard {
             group: GroupId(shard.0),
+            term,
             entry,
             reply,
         };

@@ -121,8 +121,10 @@ fn a_replicated_queue_s_shard_runs_on_its_replicas_only_and_goes_with_its_last_q
         config: Default::default(),
     };
     let (reply, answer) = oneshot::channel();
+    let term = view.shards[&shard].term;
     let input = Input::ProposeShard {
         group: GroupId(shard.0),
+        term,
         entry: encode_entry(&[StoreOp::PutQueue(def.clone())]).unwrap(),
         reply,
     };
