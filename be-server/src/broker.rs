@@ -232,19 +232,31 @@ impl Broker {
         self.inner.queues.handle(queue)
     }
 
+    /// The owner task of `queue`, or `None` when the queue is not here (deleted, or the node
+    /// stopping): what a call over a session's queues skips. A replicated queue whose shard
+    /// another node leads is an error ("not the leader"), never skipped: the call must reach
+    /// the leader, where the session's deliveries and staged sends are.
+    pub(crate) fn handle_if_here(&self, queue: &QueueName) -> Result<Option<QueueHandle>, Error> {
+        match self.inner.queues.handle(queue) {
+            Ok(h) => Ok(Some(h)),
+            Err(e @ Error::Shard(_)) => Err(e),
+            Err(_) => Ok(None),
+        }
+    }
+
     /// The queue's owner task, if a send of `messages` may go to it now (see `disk.rs`); and
     /// whether the queue is durable.
     pub(crate) fn handle_for_send(
         &self,
         queue: &QueueName,
         messages: &[NewMessage],
-    ) -> Result<(QueueHandle, bool), Error> {
+    ) -> Result<(QueueHandle, bool, u64), Error> {
         let owned = self.inner.queues.owned(queue)?;
         if !owned.temporary {
             let bytes = messages.iter().map(NewMessage::size_bytes).sum();
             self.inner.gate.before_send(bytes)?;
         }
-        Ok((owned.handle, !owned.temporary))
+        Ok((owned.handle, !owned.temporary, owned.incarnation))
     }
 
     /// Creates a queue, and with a durable one its dead-letter and expiry queues when missing.
@@ -422,7 +434,7 @@ impl Broker {
         }
         let mut released = 0;
         for q in queues {
-            if let Ok(h) = self.handle(q) {
+            if let Some(h) = self.handle_if_here(q)? {
                 released += h
                     .call(|reply| {
                         Cmd::Lease(LeaseCmd::ReleaseSession {
@@ -447,7 +459,7 @@ impl Broker {
     ) -> Result<u64, Error> {
         let mut renewed = 0;
         for q in queues {
-            if let Ok(h) = self.handle(q) {
+            if let Some(h) = self.handle_if_here(q)? {
                 renewed += h
                     .call(|reply| Cmd::Lease(LeaseCmd::RenewSession { session, reply }))
                     .await?;
@@ -468,8 +480,8 @@ impl Broker {
         let mut renewed = 0;
         let mut not_held = vec![];
         for (q, named) in held {
-            let gone = match self.handle(&q) {
-                Ok(h) => {
+            let gone = match self.handle_if_here(&q)? {
+                Some(h) => {
                     let r = h
                         .call(|reply| {
                             Cmd::Lease(LeaseCmd::RenewNamed {
@@ -482,7 +494,7 @@ impl Broker {
                     renewed += r.renewed;
                     r.not_held
                 }
-                Err(_) => named,
+                None => named,
             };
             if !gone.is_empty() {
                 not_held.push((q, gone));

@@ -50,6 +50,13 @@ pub enum Error {
     /// replicated and an unreplicated queue): their writes cannot be made in one batch.
     #[error("a transaction can only span queues written through one log: {first} and {second} are in different queue shards (or one is replicated and the other is not); commit their work in separate transactions")]
     TransactionAcrossLogs { first: String, second: String },
+    /// A dead letter would move between queues written through different logs (a replicated
+    /// queue's dead-letter queue missing from its shard, or in another).
+    #[error("cannot move dead letters from {source_queue} to {target}: they are not in the same queue shard (create {target} again, or give {source_queue} another dead-letter queue); the messages stay in {source_queue}")]
+    DeadLetterAcrossLogs {
+        source_queue: String,
+        target: String,
+    },
 
     /// The request was routed by a placement epoch at which this back-end does not own the
     /// queue: the caller's placement is older or newer than this back-end's. Answered with a
@@ -125,7 +132,9 @@ impl From<Error> for Status {
             Error::WrongQueue { .. } | Error::NotOwner { .. } => Code::FailedPrecondition,
             Error::ShuttingDown | Error::Shard(_) => Code::Unavailable,
             Error::TransactionFenced { .. } => Code::Aborted,
-            Error::TransactionAcrossLogs { .. } => Code::FailedPrecondition,
+            Error::TransactionAcrossLogs { .. } | Error::DeadLetterAcrossLogs { .. } => {
+                Code::FailedPrecondition
+            }
             Error::DiskFull { .. } => Code::ResourceExhausted,
         };
         Status::new(code, e.to_string())

@@ -435,8 +435,20 @@ impl Queues {
         source: &QueueName,
         target: &QueueName,
     ) -> Result<QueueHandle, Error> {
-        if let Ok(h) = self.handle(target) {
-            return Ok(h);
+        // The move is one batch through the target's log, which deletes from the source too:
+        // both must write through the same log (a replicated queue's dead-letter queue is in its
+        // shard, and is never made here as a local one).
+        let shard = self.owned(source).ok().and_then(|o| o.log.shard());
+        let across = || Error::DeadLetterAcrossLogs {
+            source_queue: source.to_string(),
+            target: target.to_string(),
+        };
+        match self.owned(target) {
+            Ok(t) if t.log.shard() == shard => return Ok(t.handle),
+            // A local queue's missing dead-letter queue is made here, as ever.
+            Err(Error::QueueNotFound { .. }) if shard.is_none() => {}
+            Ok(_) | Err(Error::QueueNotFound { .. } | Error::Shard(_)) => return Err(across()),
+            Err(e) => return Err(e),
         }
         let config = self
             .owned(source)

@@ -318,19 +318,21 @@ impl pb::backend_server::Backend for BackendService {
             })
             .collect::<Result<Vec<_>, _>>()
             .map_err(Error::from)?;
-        let ids = if r.transacted {
+        let (ids, incarnation) = if r.transacted {
             let Some(session) = session(&r.session_id)? else {
                 return Err(Status::invalid_argument(
                     "session_id is required for a transacted send",
                 ));
             };
+            // The run that staged them, as the lookup the sends went through found it.
             self.broker.stage(&queue, session, messages).await?
         } else {
-            self.broker.send(&queue, messages).await?
+            let ids = self.broker.send(&queue, messages).await?;
+            (ids, self.broker.queue_incarnation(&queue))
         };
         Ok(Response::new(pb::BackendSendResponse {
             message_ids: ids.iter().map(ToString::to_string).collect(),
-            incarnation: self.broker.queue_incarnation(&queue),
+            incarnation,
         }))
     }
 

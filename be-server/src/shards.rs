@@ -92,12 +92,18 @@ impl Broker {
     ///
     /// `term`: the shard's Raft term this node leads it at. A run begun at another term ends
     /// first: whatever another leader wrote in between is in the store, not in the run's memory.
+    ///
+    /// `known_below`: the metadata's next epoch (`MetaState::next_epoch`). A stored queue the
+    /// metadata does not list is deleted only if its epoch is below it: this node's metadata
+    /// may be older than the shard's log (a node that just restarted), and then a queue created
+    /// since is not in it, but must not be deleted.
     pub async fn lead_shard(
         &self,
         shard: ShardId,
         term: u64,
         proposer: Arc<dyn ShardProposer>,
         queues: Vec<ShardQueue>,
+        known_below: PlacementEpoch,
     ) -> Result<(), Error> {
         let q = &self.inner.queues;
         let _admin = q.admin.lock().await;
@@ -112,7 +118,7 @@ impl Broker {
             q.start_shard(shard, term, proposer)?;
         }
         q.index_shard(shard, &queues, None);
-        q.carry_out_shard(shard, queues).await
+        q.carry_out_shard(shard, queues, known_below).await
     }
 
     /// This node replicates `shard` and does not lead it (any more): its queues stop here at
@@ -133,15 +139,30 @@ impl Broker {
         q.index_shard(shard, &listed, Some(leader));
     }
 
-    /// This node no longer replicates `shard` (or the shard is gone): its queues stop here and
-    /// it is forgotten. Its data leaves the store with the shard's last entries.
-    pub async fn forget_shard(&self, shard: ShardId) {
+    /// This node no longer replicates `shard` (the shard is gone with its last queue: its Raft
+    /// group left this node with it, so no entry of it comes any more): its queues stop here,
+    /// what the store still holds of them is deleted through the node's own log, and it is
+    /// forgotten.
+    pub async fn forget_shard(&self, shard: ShardId) -> Result<(), Error> {
         let q = &self.inner.queues;
         let _admin = q.admin.lock().await;
         q.stop_shard(shard).await;
-        let mut shards = write(q);
-        shards.leaders.remove(&shard);
-        shards.queues.retain(|_, s| *s != shard);
+        {
+            let mut shards = write(q);
+            shards.leaders.remove(&shard);
+            shards.queues.retain(|_, s| *s != shard);
+        }
+        let left: Vec<QueueUid> = tokio::task::block_in_place(|| q.store.recover())?
+            .into_iter()
+            .filter(|r| r.def.replica.is_some_and(|s| s.shard == shard))
+            .map(|r| r.def.uid)
+            .collect();
+        if !left.is_empty() {
+            let deletes = left.iter().map(|uid| StoreOp::DeleteQueue(*uid)).collect();
+            q.log.write(deletes).await?;
+            tracing::info!(%shard, queues = left.len(), "deleted what the store held of a queue shard that is gone");
+        }
+        Ok(())
     }
 
     /// A receiver that changes each time a shard's log is fenced (see the module docs).
@@ -277,7 +298,12 @@ impl Queues {
 
     /// Brings the served queues of `shard` in line with `wanted` (see the module docs). Holds
     /// `admin`.
-    async fn carry_out_shard(&self, shard: ShardId, wanted: Vec<ShardQueue>) -> Result<(), Error> {
+    async fn carry_out_shard(
+        &self,
+        shard: ShardId,
+        wanted: Vec<ShardQueue>,
+        known_below: PlacementEpoch,
+    ) -> Result<(), Error> {
         let (log, incarnation) = match read(self).led.get(&shard) {
             Some(l) => (l.log.clone(), l.incarnation),
             None => return Ok(()),
@@ -294,13 +320,18 @@ impl Queues {
             wanted.iter().map(|w| (&w.name, w)).collect();
         let mut kept = HashSet::new();
         for o in held {
-            let epoch = o.def.replica.map(|r| r.epoch);
+            let epoch = o.def.replica.map_or(PlacementEpoch::UNKNOWN, |r| r.epoch);
             match by_name.get(&o.def.name) {
-                Some(w) if epoch == Some(w.epoch) => {
+                Some(w) if epoch == w.epoch => {
                     kept.insert(o.def.name.clone());
                     if w.settings != pb::QueueConfig::default() {
                         self.update_shard_queue(&o, &w.settings).await?;
                     }
+                }
+                // Newer than this node's metadata: kept until the metadata says more.
+                _ if epoch >= known_below => {
+                    tracing::debug!(queue = %o.def.name, %epoch, %known_below, "a replicated queue newer than this node's metadata is kept");
+                    kept.insert(o.def.name.clone());
                 }
                 _ => self.delete_shard_queue(o).await?,
             }

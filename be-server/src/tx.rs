@@ -14,14 +14,16 @@ use crate::error::Error;
 use crate::log::{LogError, LogSync, NodeLog, QueueLog};
 
 impl Broker {
-    /// Stages sends of a transacted session: invisible until [`Broker::commit`].
+    /// Stages sends of a transacted session: invisible until [`Broker::commit`]. Returns their
+    /// ids and the run of the back-end that staged them (what the commit must name; see
+    /// [`Broker::queue_incarnation`]), read from the same lookup the sends went through.
     pub async fn stage(
         &self,
         queue: &QueueName,
         session: SessionId,
         messages: Vec<NewMessage>,
-    ) -> Result<Vec<MessageId>, Error> {
-        let (handle, durable) = self.handle_for_send(queue, &messages)?;
+    ) -> Result<(Vec<MessageId>, u64), Error> {
+        let (handle, durable, incarnation) = self.handle_for_send(queue, &messages)?;
         let ids = handle
             .call(|reply| Cmd::Stage {
                 session,
@@ -32,7 +34,7 @@ impl Broker {
         if durable {
             self.inner.gate.staged(session);
         }
-        Ok(ids)
+        Ok((ids, incarnation))
     }
 
     /// Commits a transacted session's work on these queues (its staged sends in each, and the
@@ -104,10 +106,6 @@ impl Broker {
         for (queue, acks) in merged {
             match self.inner.queues.owned(&queue) {
                 Ok(o) => {
-                    // A shard queue served since a leader change lost what was staged in it.
-                    if incarnation != 0 && o.incarnation != incarnation {
-                        return Err(fenced());
-                    }
                     match &log {
                         Some((first, l)) if l.shard() != o.log.shard() => {
                             return Err(Error::TransactionAcrossLogs {
@@ -117,6 +115,10 @@ impl Broker {
                         }
                         Some(_) => {}
                         None => log = Some((queue.clone(), o.log.clone())),
+                    }
+                    // A shard queue served since a leader change lost what was staged in it.
+                    if incarnation != 0 && o.incarnation != incarnation {
+                        return Err(fenced());
                     }
                     handles.push((o.handle, acks));
                 }
@@ -136,7 +138,7 @@ impl Broker {
         self.inner.gate.tx_ended(session);
         let mut released = 0;
         for q in queues {
-            if let Ok(h) = self.handle(q) {
+            if let Some(h) = self.handle_if_here(q)? {
                 released += h.call(|reply| Cmd::Rollback { session, reply }).await?;
             }
         }

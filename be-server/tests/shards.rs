@@ -96,9 +96,15 @@ fn queues(epoch: u64) -> Vec<ShardQueue> {
 
 impl Node {
     async fn lead(&self, term: u64, queues: Vec<ShardQueue>) {
+        self.lead_knowing(term, queues, PlacementEpoch::new(100))
+            .await;
+    }
+
+    /// Leads with metadata whose next epoch is `known_below`.
+    async fn lead_knowing(&self, term: u64, queues: Vec<ShardQueue>, known_below: PlacementEpoch) {
         let proposer = Arc::clone(&self.applier) as Arc<dyn ShardProposer>;
         self.broker
-            .lead_shard(SHARD, term, proposer, queues)
+            .lead_shard(SHARD, term, proposer, queues, known_below)
             .await
             .unwrap();
     }
@@ -210,8 +216,12 @@ async fn the_leader_carries_out_the_metadata_queues_of_its_shard() {
         [("orders".to_owned(), 9), ("orders.DLQ".to_owned(), 9)]
     );
     assert!(n.receive_all().await.is_empty());
+    // A leader whose metadata is older than the queue (it never saw epoch 9 given) keeps it.
+    n.lead_knowing(3, vec![], PlacementEpoch::new(9)).await;
+    assert_eq!(n.stored().len(), 2, "kept: newer than the metadata");
+    n.send("kept").await.unwrap();
     // Deleted: gone from the store, through the log.
-    n.lead(2, vec![]).await;
+    n.lead(3, vec![]).await;
     assert!(n.stored().is_empty());
     let gone = n.send("x").await.unwrap_err();
     assert_eq!(gone.code(), Code::NotFound, "{gone}");
@@ -234,4 +244,18 @@ async fn a_replicated_queue_is_not_served_at_start() {
     .await
     .unwrap();
     assert!(reopened.list_queues().is_empty());
+}
+
+/// A shard gone with its last queue leaves nothing in the store of a replica that forgets it
+/// (its Raft group is gone too, so no delete could come through its log).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forgotten_shard_leaves_nothing_in_the_store() {
+    let n = node().await;
+    n.lead(2, queues(5)).await;
+    n.send("a").await.unwrap();
+    n.broker.forget_shard(SHARD).await.unwrap();
+    assert!(n.stored().is_empty());
+    assert!(n.broker.shards_led().is_empty());
+    let gone = n.send("b").await.unwrap_err();
+    assert_eq!(gone.code(), Code::NotFound, "{gone}");
 }

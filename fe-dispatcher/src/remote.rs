@@ -86,10 +86,10 @@ impl RemoteBackend {
     ) -> Result<T, Status> {
         if let Some(reach) = &self.reach {
             if !(reach.up)() {
-                return Err(Status::unavailable(format!(
+                return Err(not_sent(Status::unavailable(format!(
                     "node {} is unreachable from this node (not heard from within the cluster's liveness timeout: down, paused or cut off); nothing was sent to it; retry, or connect to another node",
                     reach.node
-                )));
+                ))));
             }
         }
         call.await
@@ -103,11 +103,33 @@ impl RemoteBackend {
 /// could not be made: nothing was sent).
 fn lost_mid_call(status: Status, call: &'static str, outcome: CallOutcome) -> Status {
     use std::error::Error as _;
+    if status.code() == tonic::Code::Unavailable && status.source().is_some() {
+        return not_sent(status);
+    }
     if status.code() == tonic::Code::Unavailable || status.source().is_none() {
         return status;
     }
     tracing::debug!(error = %status, call, "the link to a back-end broke during a call");
     Error::OwnerLost { call, outcome }.into()
+}
+
+/// The metadata key the front-end marks an answer with when the call never reached the
+/// back-end (the node unreachable, or no connection could be made): nothing was done, so the
+/// router may try it elsewhere. Never sent to clients as a promise of anything else.
+pub(crate) const NOT_SENT_KEY: &str = "ferry-not-sent";
+
+/// `status`, marked as a call that never reached its back-end (see [`NOT_SENT_KEY`]).
+pub(crate) fn not_sent(mut status: Status) -> Status {
+    status.metadata_mut().insert(
+        NOT_SENT_KEY,
+        tonic::metadata::MetadataValue::from_static("1"),
+    );
+    status
+}
+
+/// Whether `status` says its call never reached the back-end (see [`NOT_SENT_KEY`]).
+pub(crate) fn was_not_sent(status: &Status) -> bool {
+    status.metadata().contains_key(NOT_SENT_KEY)
 }
 
 /// Forwards one call, keeping the caller's deadline.

@@ -101,9 +101,10 @@ impl QueueHost for BrokerHost {
         term: u64,
         proposer: Arc<dyn ShardProposer>,
         queues: Vec<ShardQueue>,
+        known_below: PlacementEpoch,
     ) -> Result<(), String> {
         self.broker
-            .lead_shard(shard, term, proposer, queues)
+            .lead_shard(shard, term, proposer, queues, known_below)
             .await
             .map_err(|e| e.to_string())
     }
@@ -112,8 +113,11 @@ impl QueueHost for BrokerHost {
         self.broker.follow_shard(shard, leader, queues).await;
     }
 
-    async fn forget_shard(&self, shard: ShardId) {
-        self.broker.forget_shard(shard).await;
+    async fn forget_shard(&self, shard: ShardId) -> Result<(), String> {
+        self.broker
+            .forget_shard(shard)
+            .await
+            .map_err(|e| e.to_string())
     }
 
     fn shard_fences(&self) -> watch::Receiver<u64> {

@@ -203,6 +203,12 @@ impl MetaState {
         self.shards.get(&id)
     }
 
+    /// The epoch the next placement decision gets: every queue epoch below it was given by
+    /// this state or an earlier one.
+    pub fn next_epoch(&self) -> PlacementEpoch {
+        self.next_epoch
+    }
+
     /// The id the next shard gets.
     pub fn next_shard(&self) -> ShardId {
         ShardId(self.next_shard)

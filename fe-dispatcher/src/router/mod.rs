@@ -19,10 +19,12 @@
 //! the queue's owner in the placement, until it learned one). A replica that does not lead
 //! answers "not the leader" (`UNAVAILABLE` with a `ferry.v1.NotLeader` detail, see
 //! `ferry_proto::not_leader_of`) naming the leader it knows: the call goes there at once. With
-//! no leader named (an election is under way), or a replica that cannot be reached, the call
-//! tries the next replica after a short back-off, for at most [`FAILOVER_WAIT_MAX`] (less if its
-//! deadline is nearer). A back-end that answers "not the leader" did nothing, so trying again
-//! is safe for every call.
+//! no leader named (an election is under way), or a replica the call never reached (unreachable,
+//! no connection), the call tries the next replica after a short back-off, for at most
+//! [`FAILOVER_WAIT_MAX`] (less if its deadline is nearer). Only those answers are tried again:
+//! they say nothing was done. A link lost mid-call, or a write the shard did not confirm, may
+//! have done what was asked, and is answered as it is (a send resent with its dedup id is
+//! stored once).
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -378,7 +380,7 @@ impl Router {
                     }
                     Err(status) => status,
                 },
-                Err(e) if shard.is_some() => Status::from(e),
+                Err(e) if shard.is_some() => crate::remote::not_sent(Status::from(e)),
                 Err(e) => return Err(e.into()),
             };
             if let Some((s, replicas)) = &shard {
@@ -440,11 +442,14 @@ impl Router {
         tried: &NodeId,
         status: &Status,
     ) -> Option<bool> {
+        // Only an answer that says nothing was done is tried again: "not the leader", or a
+        // call that never reached the replica. Any other failure (a link lost mid-call, an
+        // outcome the shard could not confirm) may have done what it asked, and is the call's.
         let named = match not_leader_of(status) {
             Some(n) => NodeId::new(&n.leader_node)
                 .ok()
                 .filter(|l| l != tried && replicas.contains(l)),
-            None if status.code() == Code::Unavailable => None,
+            None if crate::remote::was_not_sent(status) => None,
             None => return None,
         };
         self.note_redirect();
@@ -521,14 +526,9 @@ impl Router {
                     wanted
                 };
                 match result {
-                    Ok(answer) => {
-                        for (q, _) in &queues {
-                            if let Some((s, _)) = placement.shard_of(q) {
-                                self.learn_leader(s, &node);
-                            }
-                        }
-                        out.push((node, Ok(answer.into_inner())));
-                    }
+                    // A leader is learned from single-queue calls only: a call over a session's
+                    // queues may be answered by a node that skipped queues it does not have.
+                    Ok(answer) => out.push((node, Ok(answer.into_inner()))),
                     Err(status) if not_owner_of(&status).is_none() && leader_wanted(&status) => {
                         let named =
                             not_leader_of(&status).is_some_and(|n| !n.leader_node.is_empty());

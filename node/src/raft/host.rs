@@ -60,11 +60,12 @@ pub trait QueueHost: Send + Sync + 'static {
         term: u64,
         proposer: Arc<dyn ShardProposer>,
         queues: Vec<ShardQueue>,
+        known_below: PlacementEpoch,
     ) -> Result<(), String>;
     /// Stops serving `shard`, which this node replicates and `leader` leads (if known).
     async fn follow_shard(&self, shard: ShardId, leader: Option<String>, queues: &[QueueName]);
-    /// Forgets `shard`: this node no longer replicates it.
-    async fn forget_shard(&self, shard: ShardId);
+    /// Forgets `shard`: this node no longer replicates it (its data is deleted here).
+    async fn forget_shard(&self, shard: ShardId) -> Result<(), String>;
     /// Changes each time a served shard's log is fenced: the shard must be served anew.
     fn shard_fences(&self) -> tokio::sync::watch::Receiver<u64>;
 }

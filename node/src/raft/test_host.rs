@@ -102,6 +102,7 @@ impl QueueHost for Recorder {
         term: u64,
         _: Arc<dyn ShardProposer>,
         queues: Vec<ShardQueue>,
+        _: PlacementEpoch,
     ) -> Result<(), String> {
         let names: Vec<String> = queues.iter().map(|q| q.name.to_string()).collect();
         self.calls
@@ -118,8 +119,9 @@ impl QueueHost for Recorder {
             .unwrap()
             .push(format!("follow {shard} {leader} [{}]", names.join(" ")));
     }
-    async fn forget_shard(&self, shard: ShardId) {
+    async fn forget_shard(&self, shard: ShardId) -> Result<(), String> {
         self.calls.lock().unwrap().push(format!("forget {shard}"));
+        Ok(())
     }
     fn shard_fences(&self) -> tokio::sync::watch::Receiver<u64> {
         self.fences.subscribe()

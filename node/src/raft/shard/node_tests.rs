@@ -17,17 +17,28 @@ use crate::raft::MetaNode;
 
 const SHARD: ShardId = ShardId(1);
 
-/// A one-node cluster on `store`, formed (or resumed).
-async fn node_on(store: &Arc<dyn QueueStore>) -> MetaNode {
+/// A one-node cluster on `store`, formed (or resumed), and its writer's thread: join it once
+/// the node stopped, so that no thread still uses the database when the test's process exits
+/// (a detached writer crashed it there).
+async fn node_on(store: &Arc<dyn QueueStore>) -> (MetaNode, std::thread::JoinHandle<()>) {
     let settings = one_node_settings();
-    let (commit, _thread) = GroupCommit::start(Arc::clone(store), 64, 64, Duration::ZERO).unwrap();
+    let (commit, thread) = GroupCommit::start(Arc::clone(store), 64, 64, Duration::ZERO).unwrap();
     let log = NodeLogStore::new(Arc::clone(store), commit);
     let node = MetaNode::start(settings, Arc::new(Recorder::default()), Box::new(log))
         .await
         .unwrap();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     assert!(node.wait_formed(deadline).await, "formed");
-    node
+    (node, thread)
+}
+
+/// Stops the node, then waits for its writer's thread (it ends with the node's last handle).
+async fn stop(node: MetaNode, thread: std::thread::JoinHandle<()>) {
+    node.stop().await;
+    drop(node);
+    tokio::task::spawn_blocking(move || thread.join().unwrap())
+        .await
+        .unwrap();
 }
 
 /// Proposes `ops` to the shard through the node's proposer. A shard's only replica leads as
@@ -73,7 +84,7 @@ fn def() -> QueueDef {
 async fn a_shard_on_the_nodes_driver_writes_to_its_store_and_comes_back_after_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let store: Arc<dyn QueueStore> = Arc::new(RocksStore::open(dir.path()).unwrap());
-    let node = node_on(&store).await;
+    let (node, writer) = node_on(&store).await;
     let me = node.view().borrow().raft_id.unwrap().0;
 
     let e = propose_at(&node, 1, &[StoreOp::PutQueue(def())])
@@ -94,12 +105,12 @@ async fn a_shard_on_the_nodes_driver_writes_to_its_store_and_comes_back_after_a_
     assert!(store.recover().unwrap().is_empty());
     propose(&node, &[StoreOp::PutQueue(def())]).await.unwrap();
     assert_eq!(store.recover().unwrap()[0].def, def());
-    node.stop().await;
+    stop(node, writer).await;
 
-    let node = node_on(&store).await;
+    let (node, writer) = node_on(&store).await;
     propose(&node, &[StoreOp::DeleteQueue(def().uid)])
         .await
         .unwrap();
     assert!(store.recover().unwrap().is_empty());
-    node.stop().await;
+    stop(node, writer).await;
 }

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use ferry_be_server::{ShardId, ShardQueue};
 use ferry_cluster::meta::MetaState;
-use ferry_kernel::{NodeId, QueueName};
+use ferry_kernel::{NodeId, PlacementEpoch, QueueName};
 
 use super::super::host::QueueHost;
 use super::super::view::{MetaView, ShardGroupView};
@@ -16,8 +16,12 @@ use super::super::MetaNode;
 /// What the host was last told of a shard.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Told {
-    /// Serve it: this node leads it at `term`.
-    Led { term: u64, queues: Vec<ShardQueue> },
+    /// Serve it: this node leads it at `term`; the metadata's next epoch was `known_below`.
+    Led {
+        term: u64,
+        queues: Vec<ShardQueue>,
+        known_below: PlacementEpoch,
+    },
     /// Do not serve it: `leader` does.
     Followed {
         leader: Option<String>,
@@ -55,6 +59,7 @@ pub(crate) fn wanted(view: &MetaView, me: &NodeId) -> BTreeMap<ShardId, Told> {
                 Some(g @ ShardGroupView { serving: true, .. }) => Told::Led {
                     term: g.term,
                     queues,
+                    known_below: view.meta.next_epoch(),
                 },
                 _ => Told::Followed {
                     leader: group
@@ -84,20 +89,30 @@ pub(crate) async fn carry_out(
         .filter(|s| !wanted.contains_key(s))
         .copied()
         .collect();
-    for shard in gone {
-        host.forget_shard(shard).await;
-        told.remove(&shard);
-    }
     let mut ok = true;
+    for shard in gone {
+        match host.forget_shard(shard).await {
+            Ok(()) => {
+                told.remove(&shard);
+            }
+            Err(e) => {
+                tracing::error!(%shard, error = %e, "cannot delete what this node held of a queue shard that is gone");
+                ok = false;
+            }
+        }
+    }
     for (shard, want) in wanted {
         let same = told.get(&shard) == Some(&want);
         match &want {
-            Told::Led { term, queues } if !same || refence => {
+            Told::Led {
+                term,
+                queues,
+                known_below,
+            } if !same || refence => {
                 let proposer = node.shard_proposer();
-                if let Err(e) = host
-                    .lead_shard(shard, *term, proposer, queues.clone())
-                    .await
-                {
+                let queues = queues.clone();
+                let led = host.lead_shard(shard, *term, proposer, queues, *known_below);
+                if let Err(e) = led.await {
                     tracing::error!(%shard, error = %e, "cannot serve a queue shard this node leads");
                     told.remove(&shard);
                     ok = false;
