@@ -27,7 +27,7 @@ use ferry_kernel::{PlacementEpoch, QueueConfig, QueueName, QueueUid};
 use ferry_proto::pb;
 use ferry_store::{QueueDef, ShardReplica, StoreOp};
 
-use crate::actor::{AdminCmd, Cmd};
+use crate::actor::{AdminCmd, Cmd, QueueHandle};
 use crate::broker::Broker;
 use crate::error::Error;
 use crate::log::{NodeLog, QueueLog};
@@ -228,14 +228,7 @@ impl Queues {
             }
             let node_log = NodeLog::Shard(log.clone());
             let (def, handle) = self.spawn_recovered(r, delayed, node_log.clone());
-            self.insert(Owned {
-                def,
-                temporary: false,
-                handle,
-                log: node_log,
-                incarnation,
-                epoch,
-            });
+            self.insert(def, handle, node_log, incarnation, epoch);
         }
         write(self).led.insert(
             shard,
@@ -286,7 +279,23 @@ impl Queues {
         };
     }
 
-    fn insert(&self, owned: Owned) {
+    /// Serves a replicated queue of a run from now on.
+    fn insert(
+        &self,
+        def: QueueDef,
+        handle: QueueHandle,
+        log: NodeLog,
+        incarnation: u64,
+        epoch: PlacementEpoch,
+    ) {
+        let owned = Owned {
+            def,
+            temporary: false,
+            handle,
+            log,
+            incarnation,
+            epoch,
+        };
         self.map
             .write()
             .unwrap_or_else(PoisonError::into_inner)
@@ -393,14 +402,7 @@ impl Queues {
         let node_log = NodeLog::Shard(log.clone());
         node_log.write(vec![StoreOp::PutQueue(def.clone())]).await?;
         let handle = self.spawn_new(&def, true, node_log.clone());
-        self.insert(Owned {
-            def,
-            temporary: false,
-            handle,
-            log: node_log,
-            incarnation,
-            epoch: w.epoch,
-        });
+        self.insert(def, handle, node_log, incarnation, w.epoch);
         tracing::info!(queue = %w.name, %shard, "replicated queue created");
         Ok(())
     }
