@@ -24,6 +24,17 @@ pub use crate::queues::QueueSummary;
 /// Deliveries named by queue, message and lease (a renewal's, or what it found gone).
 pub type DeliveryRefs = Vec<(QueueName, Vec<(Seq, LeaseId)>)>;
 
+/// The secret a queue's receipt handles are checked with ([`Broker::handle_key`]). Its `Debug`
+/// shows nothing of it.
+#[derive(Clone, Copy)]
+pub struct HandleKey((u64, u64));
+
+impl std::fmt::Debug for HandleKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HandleKey(..)")
+    }
+}
+
 /// See the module docs. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Broker {
@@ -91,12 +102,26 @@ impl Broker {
         })
     }
 
+    /// The secret receipt handles of `queue` are checked with (see [`Broker::handle_tag`]): a
+    /// replicated queue's own, drawn when it was created and kept by every replica, so its
+    /// handles stay good across a failover; otherwise this run's.
+    pub fn handle_key(&self, queue: &QueueName) -> HandleKey {
+        let kept = self
+            .inner
+            .queues
+            .owned(queue)
+            .ok()
+            .and_then(|o| o.def.replica)
+            .and_then(|r| r.handle_key);
+        HandleKey(kept.unwrap_or(self.inner.handle_key))
+    }
+
     /// The check value of a receipt handle for this delivery (`ReceiptHandle::tag`): SipHash-2-4
-    /// keyed with a secret of this run, so a handle cannot be made up from what is visible of a
-    /// message (queue uid and sequence in its id, the delivery count in a browse).
-    pub fn handle_tag(&self, lease: &LeaseRef) -> u64 {
+    /// keyed with its queue's [`Broker::handle_key`], so a handle cannot be made up from what is
+    /// visible of a message (queue uid and sequence in its id, the delivery count in a browse).
+    pub fn handle_tag(&self, key: HandleKey, lease: &LeaseRef) -> u64 {
         use std::hash::Hasher as _;
-        let (k0, k1) = self.inner.handle_key;
+        let HandleKey((k0, k1)) = key;
         let mut h = siphasher::sip::SipHasher24::new_with_keys(k0, k1);
         h.write_u64(lease.queue.0);
         h.write_u64(lease.seq.0);

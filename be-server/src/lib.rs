@@ -24,7 +24,7 @@ mod shards;
 mod targets;
 mod tx;
 
-pub use broker::{Broker, CommitCounts, QueueSummary};
+pub use broker::{Broker, CommitCounts, HandleKey, QueueSummary};
 pub use clock::{now_ms, SystemClock};
 pub use config::BrokerConfig;
 pub use dead_letter::{

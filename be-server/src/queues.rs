@@ -148,11 +148,13 @@ impl Queues {
         this
     }
 
-    /// Starts the owner task of a queue read back from the store, writing through `log`.
+    /// Starts the owner task of a queue read back from the store, writing through `log`;
+    /// `held` are its messages kept in memory from the start (delayed, or with a delivery
+    /// mark).
     pub(crate) fn spawn_recovered(
         &self,
         r: RecoveredQueue,
-        delayed: Vec<ferry_kernel::RecoveredMessage>,
+        held: Vec<ferry_kernel::RecoveredMessage>,
         log: NodeLog,
     ) -> (QueueDef, QueueHandle) {
         let mut q = Queue::recover(
@@ -165,12 +167,15 @@ impl Queues {
             self.clock.now_ms(),
         );
         q.set_pinned_budget(self.config.queue_memory_budget_bytes);
+        if log.shard().is_some() {
+            q.write_delivery_marks();
+        }
         for (p, level) in r.stored.iter().enumerate() {
             let p = ferry_kernel::Priority::new(p as u32)
                 .expect("invariant: the store keeps one level per priority");
             q.restore_paged_out(p, level.count, level.bytes);
         }
-        (r.def, QueueActor::spawn(q, self.setup(true, log), delayed))
+        (r.def, QueueActor::spawn(q, self.setup(true, log), held))
     }
 
     /// Queues recovered from a store written before dead-letter queues were created with their
@@ -425,6 +430,10 @@ impl Queues {
         // What cannot be paged out (non-persistent and staged messages) stops at the per-queue
         // budget as configured, not the queue's share of the node's, which shrinks as queues come.
         q.set_pinned_budget(self.config.queue_memory_budget_bytes);
+        if log.shard().is_some() {
+            // A new leader honours the leases and back-offs this one hands out.
+            q.write_delivery_marks();
+        }
         QueueActor::spawn(q, self.setup(durable, log), vec![])
     }
 

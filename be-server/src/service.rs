@@ -40,6 +40,7 @@ impl BackendService {
     }
 
     fn deliveries(&self, queue: &QueueName, d: &[Delivery]) -> Vec<pb::Delivery> {
+        let key = self.broker.handle_key(queue);
         d.iter()
             .map(|d| {
                 let handle = ReceiptHandle {
@@ -48,7 +49,7 @@ impl BackendService {
                     seq: d.message.seq,
                     lease: d.lease,
                     delivery_count: d.delivery_count,
-                    tag: self.broker.handle_tag(&d.lease_ref()),
+                    tag: self.broker.handle_tag(key, &d.lease_ref()),
                 };
                 convert::delivery_to_pb(d, &handle)
             })
@@ -83,6 +84,7 @@ impl BackendService {
     /// restart) names no live delivery: it becomes a reference no delivery has (lease 0, count
     /// 0), which the queue answers as stale, handle by handle.
     fn leases(&self, queue: &QueueName, handles: &[String]) -> Result<Vec<LeaseRef>, Error> {
+        let key = self.broker.handle_key(queue);
         handles
             .iter()
             .map(|h| {
@@ -100,7 +102,7 @@ impl BackendService {
                     lease: r.lease,
                     delivery_count: r.delivery_count,
                 };
-                if self.broker.handle_tag(&lease) == r.tag {
+                if self.broker.handle_tag(key, &lease) == r.tag {
                     Ok(lease)
                 } else {
                     Ok(LeaseRef {

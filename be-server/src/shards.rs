@@ -208,8 +208,11 @@ impl Queues {
             let mut mine = Vec::new();
             for r in self.store.recover()? {
                 if r.def.replica.is_some_and(|s| s.shard == shard) {
-                    let delayed = self.store.read_delayed(r.def.uid, now)?;
-                    mine.push((r, delayed));
+                    // Kept in memory from the start: messages still to be delivered at a time
+                    // of their own, and those the last leader wrote a lease or a back-off for.
+                    let mut held = self.store.read_delayed(r.def.uid, now)?;
+                    held.extend(self.store.read_marked(r.def.uid)?);
+                    mine.push((r, held));
                 }
             }
             Ok(mine)
@@ -397,6 +400,8 @@ impl Queues {
             replica: Some(ShardReplica {
                 shard,
                 epoch: w.epoch,
+                // Drawn once too: a receipt handle stays good on whichever replica leads next.
+                handle_key: Some((rand::random(), rand::random())),
             }),
         };
         let node_log = NodeLog::Shard(log.clone());

@@ -100,6 +100,9 @@ impl QueueStore for Gated {
     ) -> Result<Vec<RecoveredMessage>, StoreError> {
         self.inner.read_delayed(uid, after_ms)
     }
+    fn read_marked(&self, uid: QueueUid) -> Result<Vec<RecoveredMessage>, StoreError> {
+        self.inner.read_marked(uid)
+    }
     fn kv_get(&self, space: KvSpace, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
         self.inner.kv_get(space, key)
     }

@@ -259,3 +259,135 @@ async fn a_forgotten_shard_leaves_nothing_in_the_store() {
     let gone = n.send("b").await.unwrap_err();
     assert_eq!(gone.code(), Code::NotFound, "{gone}");
 }
+
+/// Confirms each entry once every replica's store has applied it, as a committed entry is on
+/// a majority of disks: what one leader wrote, the next one reads.
+#[derive(Debug)]
+struct Replicas(Vec<Arc<dyn QueueStore>>);
+
+impl ShardProposer for Replicas {
+    fn propose(&self, _shard: ShardId, _term: u64, entry: Vec<u8>) -> ProposalOutcome {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let ops = ferry_store::decode_entry(&entry).unwrap();
+        for store in &self.0 {
+            store.write(std::slice::from_ref(&ops)).unwrap();
+        }
+        let _ = tx.send(Ok(()));
+        rx
+    }
+}
+
+const SESSION: &str = "00000000000000a1";
+const OTHER_SESSION: &str = "00000000000000b2";
+
+impl Node {
+    async fn lead_replicated(&self, term: u64, replicas: &Arc<Replicas>) {
+        let proposer = Arc::clone(replicas) as Arc<dyn ShardProposer>;
+        self.broker
+            .lead_shard(SHARD, term, proposer, queues(5), PlacementEpoch::new(100))
+            .await
+            .unwrap();
+    }
+
+    /// Receives up to 10 messages for `session`: (body, receipt handle, redelivered).
+    async fn receive_as(&self, session: &str) -> Vec<(String, String, bool)> {
+        let req = pb::BackendReceiveRequest {
+            queue: "orders".into(),
+            session_id: session.into(),
+            max_messages: 10,
+            wait_ms: Some(0),
+            lease_ms: Some(60_000),
+            ..Default::default()
+        };
+        let got = self.be.receive(Request::new(req)).await.unwrap();
+        got.into_inner()
+            .deliveries
+            .into_iter()
+            .map(|d| {
+                let body = String::from_utf8(d.message.unwrap().body.to_vec()).unwrap();
+                (body, d.receipt_handle, d.redelivered)
+            })
+            .collect()
+    }
+
+    /// Acks (or nacks with `delay_ms`) one handle as `session`: the per-handle error, if any.
+    async fn settle(&self, session: &str, handle: &str, nack_delay_ms: Option<u64>) -> String {
+        let req = pb::BackendLeaseRequest {
+            queue: "orders".into(),
+            receipt_handles: vec![handle.to_owned()],
+            delay_ms: nack_delay_ms,
+            session_id: session.into(),
+            ..Default::default()
+        };
+        let answer = match nack_delay_ms {
+            None => self.be.ack(Request::new(req)).await,
+            Some(_) => self.be.nack(Request::new(req)).await,
+        };
+        answer.unwrap().into_inner().errors.concat()
+    }
+}
+
+/// Issue 24 §2: what one leader handed out, the next one honours. A consumer's
+/// acknowledgements of deliveries made before a failover land on the new leader (its receipt
+/// handles stay good and its leases were written), those messages are not handed to anyone
+/// else meanwhile, and a message given back with a back-off keeps its delay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_leader_honours_the_old_leaders_deliveries_and_back_offs() {
+    let (n1, n2) = (node().await, node().await);
+    let replicas = Arc::new(Replicas(vec![n1.store.clone(), n2.store.clone()]));
+    n1.lead_replicated(2, &replicas).await;
+    for body in ["a", "b", "poison"] {
+        n1.send(body).await.unwrap();
+    }
+    let got = n1.receive_as(SESSION).await;
+    assert_eq!(got.len(), 3);
+    let handle = |body: &str| got.iter().find(|g| g.0 == body).unwrap().1.clone();
+    assert_eq!(n1.settle(SESSION, &handle("a"), None).await, "");
+    assert_eq!(
+        n1.settle(SESSION, &handle("poison"), Some(3_600_000)).await,
+        ""
+    );
+
+    // n1 is gone; n2 leads the shard from its own copy of the log.
+    n1.broker
+        .follow_shard(SHARD, Some("n2".into()), &[q("orders"), q("orders.DLQ")])
+        .await;
+    n2.lead_replicated(3, &replicas).await;
+
+    assert!(
+        n2.receive_as(OTHER_SESSION).await.is_empty(),
+        "b is still leased to its consumer and poison waits out its back-off"
+    );
+    assert_eq!(
+        n2.settle(SESSION, &handle("b"), None).await,
+        "",
+        "the consumer's ack of a delivery made by the old leader lands"
+    );
+    let again = n2.settle(SESSION, &handle("a"), None).await;
+    assert!(!again.is_empty(), "a stays acknowledged: {again}");
+    assert!(n2.receive_as(SESSION).await.is_empty());
+}
+
+/// A consumer that gives a delivery back on the new leader gets it again flagged redelivered;
+/// another session cannot act on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivery_made_before_a_failover_is_its_sessions_alone_and_comes_back_redelivered() {
+    let (n1, n2) = (node().await, node().await);
+    let replicas = Arc::new(Replicas(vec![n1.store.clone(), n2.store.clone()]));
+    n1.lead_replicated(2, &replicas).await;
+    n1.send("m").await.unwrap();
+    let got = n1.receive_as(SESSION).await;
+    let handle = got[0].1.clone();
+    n1.broker
+        .follow_shard(SHARD, Some("n2".into()), &[q("orders"), q("orders.DLQ")])
+        .await;
+    n2.lead_replicated(3, &replicas).await;
+
+    let foreign = n2.settle(OTHER_SESSION, &handle, None).await;
+    assert!(!foreign.is_empty(), "another session's ack is refused");
+    assert_eq!(n2.settle(SESSION, &handle, Some(0)).await, "");
+    let again = n2.receive_as(OTHER_SESSION).await;
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].0, "m");
+    assert!(again[0].2, "flagged redelivered");
+}

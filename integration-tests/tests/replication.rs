@@ -123,6 +123,49 @@ async fn a_replicated_queue_keeps_every_confirmed_message_when_its_leader_is_kil
     Ok(())
 }
 
+/// Deliveries made before a failover stay their consumer's: its acknowledgements land on the new
+/// leader (the lease was written with each delivery, the receipt handles stay good), and no
+/// acknowledged message comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumers_acks_of_deliveries_made_before_the_failover_land_on_the_new_leader(
+) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut cluster = Cluster::start(dir.path(), &NODES)?;
+    cluster.wait_leader(&NODES, LEADER_WAIT).await?;
+    let first = cluster.node("n1").client().await?;
+    create(&first, "work", 3).await?;
+    let leader = stats(&first, "work").await?.owner_node;
+    let survivor = NODES.iter().find(|n| **n != leader).unwrap();
+    let client = cluster.node(survivor).client().await?;
+    let conn = client.open_connection("t").await?;
+    let session = conn.create_session(AckMode::Client).await?;
+    let batch = (0..20).map(|i| Message::text(format!("w{i:02}"))).collect();
+    session.send("work", batch).await?;
+    let held = session
+        .receive("work", ReceiveOptions::timeout_ms(5_000).max(10))
+        .await?;
+    assert_eq!(held.len(), 10);
+
+    cluster.node_mut(&leader).kill9();
+    session.ack(&held).await?;
+    assert_ne!(stats(&client, "work").await?.owner_node, leader);
+
+    let rest = receive_all(&session, "work", 10).await?;
+    let acked: HashSet<String> = held
+        .iter()
+        .map(|m| String::from_utf8_lossy(m.body()).into_owned())
+        .collect();
+    assert!(
+        rest.iter().all(|b| !acked.contains(b)),
+        "an acknowledged message came back: {rest:?}"
+    );
+    let mut all: Vec<String> = acked.into_iter().chain(rest).collect();
+    all.sort();
+    let expected: Vec<String> = (0..20).map(|i| format!("w{i:02}")).collect();
+    assert_eq!(all, expected);
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicated_queues_are_administered_like_others_and_bad_factors_refused(
 ) -> anyhow::Result<()> {

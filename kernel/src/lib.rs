@@ -22,10 +22,11 @@ pub use clock::{Clock, ClockRef, ManualClock};
 pub use error::KernelError;
 pub use queue::{
     Caller, DeadLetter, DeadLetterCounts, DeadLetterReason, DeadLetterTarget, DedupRecord,
-    Delivery, Effects, HistoryEntry, LeaseRef, MessageState, Page, PageSource, PagedError,
-    PersistOp, Queue, QueueConfig, QueueStats, ReceiveOutcome, ReceiveRequest, RecoveredMessage,
-    RedeliveryPolicy, Renewed, ReturnCause, Transition, Wait, WaiterId, DEDUP_IDS_MAX,
-    DEDUP_ID_BYTES_MAX, PROPERTIES_PER_MESSAGE_MAX, SCAN_CHUNK, SCAN_LOOK_MAX, STAGED_MAX,
+    Delivery, DeliveryMark, Effects, HistoryEntry, LeaseRef, MessageState, Page, PageSource,
+    PagedError, PersistOp, Queue, QueueConfig, QueueStats, ReceiveOutcome, ReceiveRequest,
+    RecoveredMessage, RedeliveryPolicy, Renewed, ReturnCause, Transition, Wait, WaiterId,
+    DEDUP_IDS_MAX, DEDUP_ID_BYTES_MAX, PROPERTIES_PER_MESSAGE_MAX, SCAN_CHUNK, SCAN_LOOK_MAX,
+    STAGED_MAX,
 };
 pub use selector::{IndexedHeader, Selector, SelectorLimits};
 pub use types::shown;

@@ -5,8 +5,8 @@
 use std::collections::BTreeMap;
 
 use ferry_kernel::{
-    DeadLetterTarget, Message, MessageId, PlacementEpoch, Priority, PropertyValue, QueueConfig,
-    QueueName, QueueUid, RedeliveryPolicy, Seq, ShardId,
+    DeadLetterTarget, DeliveryMark, LeaseId, Message, MessageId, PlacementEpoch, Priority,
+    PropertyValue, QueueConfig, QueueName, QueueUid, RedeliveryPolicy, Seq, SessionId, ShardId,
 };
 
 use crate::{QueueDef, ShardReplica, StoreError, StoredLevel};
@@ -20,6 +20,9 @@ const QUEUE_V3: u8 = 3;
 /// V3 plus the queue's shard and placement epoch: written only for a replicated queue, so a
 /// queue with replication factor 1 is written as before, byte for byte.
 const QUEUE_V4: u8 = 4;
+/// V4 plus the key of the queue's receipt handles, shared by every replica (replicated queues
+/// only).
+const QUEUE_V5: u8 = 5;
 
 pub(crate) struct Writer(pub(crate) Vec<u8>);
 
@@ -222,10 +225,12 @@ pub(crate) fn decode_message(uid: QueueUid, buf: &[u8]) -> Result<Message, Store
 pub(crate) fn encode_queue(d: &QueueDef) -> Vec<u8> {
     let mut w = Writer(Vec::with_capacity(128));
     let c = &d.config;
-    w.u8(if d.replica.is_some() {
-        QUEUE_V4
-    } else {
-        QUEUE_V3
+    w.u8(match d.replica {
+        None => QUEUE_V3,
+        Some(ShardReplica {
+            handle_key: None, ..
+        }) => QUEUE_V4,
+        Some(_) => QUEUE_V5,
     });
     w.u64(d.uid.0);
     w.bytes(d.name.as_str().as_bytes());
@@ -250,6 +255,10 @@ pub(crate) fn encode_queue(d: &QueueDef) -> Vec<u8> {
     if let Some(r) = d.replica {
         w.u64(r.shard.0);
         w.u64(r.epoch.get());
+        if let Some((k0, k1)) = r.handle_key {
+            w.u64(k0);
+            w.u64(k1);
+        }
     }
     w.0
 }
@@ -280,7 +289,7 @@ pub(crate) fn decode_queue(buf: &[u8]) -> Result<QueueDef, StoreError> {
         what: "queue definition",
     };
     let version = r.u8()?;
-    if !(QUEUE_V1..=QUEUE_V4).contains(&version) {
+    if !(QUEUE_V1..=QUEUE_V5).contains(&version) {
         return Err(r.corrupt("unknown queue format version"));
     }
     let uid = QueueUid(r.u64()?);
@@ -315,6 +324,11 @@ pub(crate) fn decode_queue(buf: &[u8]) -> Result<QueueDef, StoreError> {
         Some(ShardReplica {
             shard: ShardId(r.u64()?),
             epoch: PlacementEpoch::new(r.u64()?),
+            handle_key: if version >= QUEUE_V5 {
+                Some((r.u64()?, r.u64()?))
+            } else {
+                None
+            },
         })
     } else {
         None
@@ -328,6 +342,72 @@ pub(crate) fn decode_queue(buf: &[u8]) -> Result<QueueDef, StoreError> {
         config,
         replica,
     })
+}
+
+// Delivery mark kinds, in the deliveries value and in log entries: never renumber.
+const MARK_LEASED: u8 = 1;
+const MARK_BACKOFF: u8 = 2;
+
+/// A [`DeliveryMark`]: its kind, then its fields (a lease: id, session as an optional u64,
+/// expiry and length; a back-off: its end).
+pub(crate) fn write_mark(w: &mut Writer, mark: &DeliveryMark) {
+    match *mark {
+        DeliveryMark::Leased {
+            lease,
+            owner,
+            until_ms,
+            lease_ms,
+        } => {
+            w.u8(MARK_LEASED);
+            w.u64(lease.0);
+            w.opt_u64(owner.map(|o| o.0));
+            w.u64(until_ms);
+            w.u64(lease_ms);
+        }
+        DeliveryMark::Backoff { until_ms } => {
+            w.u8(MARK_BACKOFF);
+            w.u64(until_ms);
+        }
+    }
+}
+
+pub(crate) fn read_mark(r: &mut Reader) -> Result<DeliveryMark, StoreError> {
+    Ok(match r.u8()? {
+        MARK_LEASED => DeliveryMark::Leased {
+            lease: LeaseId(r.u64()?),
+            owner: r.opt_u64()?.map(SessionId),
+            until_ms: r.u64()?,
+            lease_ms: r.u64()?,
+        },
+        MARK_BACKOFF => DeliveryMark::Backoff { until_ms: r.u64()? },
+        _ => return Err(r.corrupt("unknown delivery mark")),
+    })
+}
+
+/// A message's value in the deliveries key space: its delivery count (4 bytes, all a queue
+/// kept by one node ever writes), then, for a replicated queue, its mark.
+pub(crate) fn encode_delivery(count: u32, mark: &DeliveryMark) -> Vec<u8> {
+    let mut w = Writer(Vec::with_capacity(4 + 34));
+    w.u32(count);
+    write_mark(&mut w, mark);
+    w.0
+}
+
+pub(crate) fn decode_delivery(v: &[u8]) -> Result<(u32, Option<DeliveryMark>), StoreError> {
+    let mut r = Reader {
+        buf: v,
+        what: "delivery count",
+    };
+    let count = r.u32()?;
+    let mark = if r.buf.is_empty() {
+        None
+    } else {
+        Some(read_mark(&mut r)?)
+    };
+    if !r.buf.is_empty() {
+        return Err(r.corrupt("trailing bytes"));
+    }
+    Ok((count, mark))
 }
 
 /// A dedup record's value: when it expires, and the sequence number of the message it produced.
@@ -495,6 +575,7 @@ mod tests {
             replica: Some(ShardReplica {
                 shard: ShardId(7),
                 epoch: PlacementEpoch::new(41),
+                handle_key: None,
             }),
             ..local
         };
@@ -504,6 +585,53 @@ mod tests {
         assert_eq!(decode_queue(&v4).unwrap(), replicated);
         for n in 0..v4.len() {
             assert!(decode_queue(&v4[..n]).is_err());
+        }
+        let mut keyed = replicated.clone();
+        if let Some(r) = keyed.replica.as_mut() {
+            r.handle_key = Some((0x0123_4567, u64::MAX - 3));
+        }
+        let v5 = encode_queue(&keyed);
+        assert_eq!(v5[0], QUEUE_V5);
+        assert_eq!(v5.len(), v4.len() + 16);
+        assert_eq!(decode_queue(&v5).unwrap(), keyed);
+        for n in 0..v5.len() {
+            assert!(decode_queue(&v5[..n]).is_err());
+        }
+    }
+
+    #[test]
+    fn a_delivery_value_is_a_count_or_a_count_and_its_mark() {
+        use ferry_kernel::{DeliveryMark, LeaseId, SessionId};
+        assert_eq!(decode_delivery(&7u32.to_be_bytes()).unwrap(), (7, None));
+        for mark in [
+            DeliveryMark::Leased {
+                lease: LeaseId(3),
+                owner: Some(SessionId(u64::MAX)),
+                until_ms: 99,
+                lease_ms: 30_000,
+            },
+            DeliveryMark::Leased {
+                lease: LeaseId(4),
+                owner: None,
+                until_ms: 0,
+                lease_ms: 1,
+            },
+            DeliveryMark::Backoff { until_ms: 12_345 },
+        ] {
+            let v = encode_delivery(2, &mark);
+            assert_eq!(decode_delivery(&v).unwrap(), (2, Some(mark)));
+            for n in 0..v.len() {
+                if n != 4 {
+                    assert!(
+                        decode_delivery(&v[..n]).is_err(),
+                        "{n} of {} bytes",
+                        v.len()
+                    );
+                }
+            }
+            let mut longer = v.clone();
+            longer.push(0);
+            assert!(decode_delivery(&longer).is_err());
         }
     }
 

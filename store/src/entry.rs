@@ -30,6 +30,7 @@ const SET_DELIVERY_COUNT: u8 = 6;
 const RESERVE_SEQ: u8 = 7;
 const PUT_DEDUP: u8 = 8;
 const DELETE_DEDUP: u8 = 9;
+const MARK_DELIVERY: u8 = 10;
 
 fn refused(reason: &str) -> StoreError {
     StoreError::Corrupt {
@@ -108,6 +109,13 @@ fn encode_queue_op(w: &mut Writer, uid: QueueUid, op: &PersistOp) {
             w.u64(uid.0);
             w.u64(seq.0);
             w.u32(*count);
+        }
+        PersistOp::MarkDelivery { seq, count, mark } => {
+            w.u8(MARK_DELIVERY);
+            w.u64(uid.0);
+            w.u64(seq.0);
+            w.u32(*count);
+            codec::write_mark(w, mark);
         }
         PersistOp::ReserveSeq { until } => {
             w.u8(RESERVE_SEQ);
@@ -192,6 +200,11 @@ fn decode_op(r: &mut Reader) -> Result<StoreOp, StoreError> {
         SET_DELIVERY_COUNT => PersistOp::SetDeliveryCount {
             seq: Seq(r.u64()?),
             count: r.u32()?,
+        },
+        MARK_DELIVERY => PersistOp::MarkDelivery {
+            seq: Seq(r.u64()?),
+            count: r.u32()?,
+            mark: codec::read_mark(r)?,
         },
         RESERVE_SEQ => PersistOp::ReserveSeq {
             until: Seq(r.u64()?),

@@ -67,6 +67,10 @@ pub struct QueueDef {
 pub struct ShardReplica {
     pub shard: ferry_kernel::ShardId,
     pub epoch: ferry_kernel::PlacementEpoch,
+    /// The secret the queue's receipt handles are checked with, drawn once by the leader that
+    /// created the queue, so a handle stays good on whichever replica leads next (`None` in a
+    /// definition written before it was kept: the serving node's own secret).
+    pub handle_key: Option<(u64, u64)>,
 }
 
 /// One change to durable state.
@@ -229,6 +233,12 @@ pub trait QueueStore: Send + Sync + std::fmt::Debug + 'static {
         uid: QueueUid,
         after_ms: u64,
     ) -> Result<Vec<RecoveredMessage>, StoreError>;
+
+    /// Messages of the queue whose delivery is marked (a replicated queue's lease or back-off,
+    /// see [`ferry_kernel::DeliveryMark`]), with their counts and marks, in seq order: what a
+    /// new shard leader holds in memory from the start. A queue that writes counts only has
+    /// none.
+    fn read_marked(&self, uid: QueueUid) -> Result<Vec<RecoveredMessage>, StoreError>;
 }
 
 /// The headers every store indexes, in the order their entries are written.

@@ -7,7 +7,8 @@ use std::ops::Bound;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use ferry_kernel::{
-    DedupRecord, IndexedHeader, Message, PersistOp, Priority, QueueUid, RecoveredMessage, Seq,
+    DedupRecord, DeliveryMark, IndexedHeader, Message, PersistOp, Priority, QueueUid,
+    RecoveredMessage, Seq,
 };
 
 use crate::message_keys::KeysRef;
@@ -24,7 +25,8 @@ type IndexKey = (QueueUid, u8, String, u8, Seq);
 struct State {
     queues: BTreeMap<QueueUid, QueueDef>,
     messages: BTreeMap<MessageKey, Message>,
-    delivery_counts: BTreeMap<(QueueUid, Seq), u32>,
+    /// Delivery count and mark (a replicated queue's, see `DeliveryMark`) per message.
+    delivery_counts: BTreeMap<(QueueUid, Seq), (u32, Option<DeliveryMark>)>,
     /// Per priority: message count and bytes, as signed totals of the deltas written.
     counts: BTreeMap<(QueueUid, u8), (i64, i64)>,
     index: BTreeSet<IndexKey>,
@@ -137,7 +139,11 @@ impl State {
                 self.add_counts(uid, *priority, -signed(*count), -signed(*bytes));
             }
             PersistOp::SetDeliveryCount { seq, count } => {
-                self.delivery_counts.insert((uid, *seq), *count);
+                self.delivery_counts.insert((uid, *seq), (*count, None));
+            }
+            PersistOp::MarkDelivery { seq, count, mark } => {
+                self.delivery_counts
+                    .insert((uid, *seq), (*count, Some(*mark)));
             }
             PersistOp::ReserveSeq { until } => {
                 self.seq_reserved.insert(uid, *until);
@@ -164,13 +170,15 @@ impl State {
     }
 
     fn recovered(&self, uid: QueueUid, message: &Message) -> RecoveredMessage {
+        let (delivery_count, mark) = self
+            .delivery_counts
+            .get(&(uid, message.seq))
+            .copied()
+            .unwrap_or_default();
         RecoveredMessage {
             message: message.clone(),
-            delivery_count: self
-                .delivery_counts
-                .get(&(uid, message.seq))
-                .copied()
-                .unwrap_or(0),
+            delivery_count,
+            mark,
         }
     }
 
@@ -343,6 +351,19 @@ impl QueueStore for MemoryStore {
         Ok(priorities_high_first()
             .find_map(|p| s.messages.get(&message_key(uid, p, seq)))
             .map(|m| s.recovered(uid, m)))
+    }
+
+    fn read_marked(&self, uid: QueueUid) -> Result<Vec<RecoveredMessage>, StoreError> {
+        let s = self.state();
+        let range = (uid, Seq(0))..=(uid, Seq(u64::MAX));
+        Ok(s.delivery_counts
+            .range(range)
+            .filter(|(_, (_, mark))| mark.is_some())
+            .filter_map(|(&(_, seq), _)| {
+                priorities_high_first().find_map(|p| s.messages.get(&message_key(uid, p, seq)))
+            })
+            .map(|m| s.recovered(uid, m))
+            .collect())
     }
 
     fn read_delayed(

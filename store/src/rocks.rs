@@ -252,6 +252,13 @@ impl<'a> Cfs<'a> {
                     count.to_be_bytes(),
                 );
             }
+            PersistOp::MarkDelivery { seq, count, mark } => {
+                batch.put_cf(
+                    self.deliveries,
+                    delivery_key(uid, *seq),
+                    codec::encode_delivery(*count, mark),
+                );
+            }
             PersistOp::ReserveSeq { until } => {
                 batch.put_cf(self.meta, seq_key(uid), until.0.to_be_bytes());
             }
@@ -521,6 +528,10 @@ impl QueueStore for RocksStore {
         after_ms: u64,
     ) -> Result<Vec<RecoveredMessage>, StoreError> {
         self.delayed_after(uid, after_ms)
+    }
+
+    fn read_marked(&self, uid: QueueUid) -> Result<Vec<RecoveredMessage>, StoreError> {
+        self.marked(uid)
     }
 }
 

@@ -16,6 +16,8 @@ use ferry_store::{
 
 #[path = "conformance/delayed.rs"]
 mod delayed;
+#[path = "conformance/marks.rs"]
+mod marks;
 
 /// Opens the same underlying data again, as a restart would.
 trait Reopen {
@@ -171,6 +173,7 @@ fn recovered(m: &Message, delivery_count: u32) -> RecoveredMessage {
     RecoveredMessage {
         message: m.clone(),
         delivery_count,
+        mark: None,
     }
 }
 

@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use ferry_kernel::{
-    DedupRecord, IndexedHeader, Message, MessageId, PersistOp, Priority, PropertyValue,
-    QueueConfig, QueueName, QueueUid, Seq,
+    DedupRecord, DeliveryMark, IndexedHeader, LeaseId, Message, MessageId, PersistOp, Priority,
+    PropertyValue, QueueConfig, QueueName, QueueUid, Seq, SessionId,
 };
 use ferry_store::{
     decode_entry, encode_entry, KvOp, KvSpace, MemoryStore, MessageKeys, QueueDef, QueueStore,
@@ -70,6 +70,13 @@ enum Action {
         message: usize,
         count: u32,
     },
+    /// A delivery mark: a lease (with or without a session) or a back-off.
+    Mark {
+        message: usize,
+        count: u32,
+        lease: Option<(u64, Option<u64>)>,
+        until_ms: u64,
+    },
     Reserve {
         queue: usize,
         until: u64,
@@ -118,6 +125,18 @@ fn action(pool: usize) -> impl Strategy<Value = Action> {
             Action::DeleteStored { queue, priority, from, len }
         }),
         1 => (0..pool, 1u32..20).prop_map(|(message, count)| Action::Deliveries { message, count }),
+        1 => (
+            0..pool,
+            1u32..20,
+            proptest::option::of((1u64..100, proptest::option::of(0u64..u64::MAX))),
+            0u64..u64::MAX,
+        )
+            .prop_map(|(message, count, lease, until_ms)| Action::Mark {
+                message,
+                count,
+                lease,
+                until_ms
+            }),
         1 => (q.clone(), 0u64..1_000).prop_map(|(queue, until)| Action::Reserve { queue, until }),
         1 => (q.clone(), 0usize..3, 0u64..40).prop_map(|(queue, id, seq)| Action::PutDedup {
             queue,
@@ -182,6 +201,29 @@ fn to_op(pool: &[MessageSpec], a: &Action) -> StoreOp {
                 count: *count,
             },
         ),
+        Action::Mark {
+            message: i,
+            count,
+            lease,
+            until_ms,
+        } => queue_op(
+            pool[*i].queue,
+            PersistOp::MarkDelivery {
+                seq: Seq(pool[*i].seq),
+                count: *count,
+                mark: match lease {
+                    Some((lease, owner)) => DeliveryMark::Leased {
+                        lease: LeaseId(*lease),
+                        owner: owner.map(SessionId),
+                        until_ms: *until_ms,
+                        lease_ms: until_ms / 3,
+                    },
+                    None => DeliveryMark::Backoff {
+                        until_ms: *until_ms,
+                    },
+                },
+            },
+        ),
         Action::Reserve { queue, until } => {
             queue_op(*queue, PersistOp::ReserveSeq { until: Seq(*until) })
         }
@@ -221,6 +263,7 @@ fn observe(s: &dyn QueueStore) -> Vec<String> {
             }
         }
         seen.push(format!("{uid:?} delayed {:?}", s.read_delayed(uid, 0)));
+        seen.push(format!("{uid:?} marked {:?}", s.read_marked(uid)));
     }
     seen
 }

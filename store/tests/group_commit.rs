@@ -146,6 +146,9 @@ impl<S: QueueStore> QueueStore for Gated<S> {
     ) -> Result<Vec<RecoveredMessage>, StoreError> {
         self.inner.read_delayed(uid, after_ms)
     }
+    fn read_marked(&self, uid: QueueUid) -> Result<Vec<RecoveredMessage>, StoreError> {
+        self.inner.read_marked(uid)
+    }
     fn kv_get(&self, space: KvSpace, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
         self.inner.kv_get(space, key)
     }
@@ -244,6 +247,9 @@ impl QueueStore for Failing {
         Ok(None)
     }
     fn read_delayed(&self, _: QueueUid, _: u64) -> Result<Vec<RecoveredMessage>, StoreError> {
+        Ok(vec![])
+    }
+    fn read_marked(&self, _: QueueUid) -> Result<Vec<RecoveredMessage>, StoreError> {
         Ok(vec![])
     }
     fn kv_get(&self, _: KvSpace, _: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {

@@ -51,7 +51,13 @@ impl<L: QueueLog> QueueActor<L> {
         }
         let mut persist = fx.persist;
         if crate::faults::on(crate::faults::SKIP_DELIVERY_COUNT) {
-            persist.retain(|op| !matches!(op, ferry_kernel::PersistOp::SetDeliveryCount { .. }));
+            persist.retain(|op| {
+                !matches!(
+                    op,
+                    ferry_kernel::PersistOp::SetDeliveryCount { .. }
+                        | ferry_kernel::PersistOp::MarkDelivery { .. }
+                )
+            });
         }
         let (discarded, moves) = self.sort_dead_letters(fx.dead_letters, &mut persist);
         if moves.is_empty() {

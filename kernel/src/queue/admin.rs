@@ -1,7 +1,5 @@
 //! Recovery, purge, browse and statistics.
 
-use std::sync::Arc;
-
 use super::{DedupRecord, Effects, MessageState, Queue, QueueConfig, Transition};
 use crate::error::KernelError;
 use crate::selector::Selector;
@@ -64,12 +62,16 @@ pub struct QueueStats {
 pub struct RecoveredMessage {
     pub message: Message,
     pub delivery_count: u32,
+    /// What a replicated queue wrote of its last delivery or return (see
+    /// [`super::DeliveryMark`]); always `None` for a queue that writes counts only.
+    pub mark: Option<super::DeliveryMark>,
 }
 
 impl Queue {
     /// Rebuilds a queue from what the store kept. Messages that were leased when the node stopped
     /// are Ready again (their delivery count survives, so their next delivery is flagged
-    /// redelivered); delayed ones stay Scheduled; dedup ids are remembered until their window
+    /// redelivered), unless their lease was written (a replicated queue's, see
+    /// [`super::DeliveryMark`]); delayed ones stay Scheduled; dedup ids are remembered until their window
     /// ends. Messages that may not be delivered again (expired, deliveries exhausted) are
     /// dead-lettered by the first [`Queue::tick`], which is due at once.
     pub fn recover(
@@ -88,13 +90,7 @@ impl Queue {
         let mut next = seq_reserved_until.max(Seq(1));
         for m in messages {
             next = next.max(Seq(m.message.seq.0 + 1));
-            let state = match m.message.deliver_at_ms {
-                Some(until_ms) if until_ms > now_ms => MessageState::Scheduled { until_ms },
-                _ => MessageState::Ready,
-            };
-            let exhausted = q.config.redelivery.exhausted(m.delivery_count);
-            let seq = m.message.seq;
-            q.insert_entry(Arc::new(m.message), state, m.delivery_count);
+            let (seq, exhausted) = q.insert_recovered(m, now_ms);
             if exhausted {
                 q.recovered_exhausted.push(seq);
             }

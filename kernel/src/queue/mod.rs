@@ -9,6 +9,7 @@ mod ack;
 mod admin;
 mod groups;
 mod history;
+mod marks;
 mod paging;
 mod policy;
 mod receive;
@@ -18,6 +19,8 @@ mod send;
 mod tick;
 mod tx;
 
+#[cfg(test)]
+mod marks_tests;
 #[cfg(test)]
 mod semantics_tests;
 #[cfg(test)]
@@ -35,6 +38,7 @@ const INDEXED_HEADERS: [IndexedHeader; 2] = [IndexedHeader::CorrelationId, Index
 pub use ack::{Caller, Renewed};
 pub use admin::{DeadLetterCounts, QueueStats, RecoveredMessage};
 pub use history::{HistoryEntry, ReturnCause, Transition};
+pub use marks::DeliveryMark;
 pub use paging::{Page, PageSource, PagedError, SCAN_CHUNK, SCAN_LOOK_MAX};
 pub use policy::{DeadLetterReason, DeadLetterTarget, RedeliveryPolicy};
 pub use receive::{ReceiveOutcome, ReceiveRequest, Wait, WaiterId};
@@ -136,6 +140,14 @@ pub enum PersistOp {
     SetDeliveryCount {
         seq: Seq,
         count: u32,
+    },
+    /// The delivery count with what was handed out or when it is due again: written by a
+    /// queue whose delivery marks are written (a replicated queue, see [`DeliveryMark`]) in
+    /// place of [`PersistOp::SetDeliveryCount`], which for such a queue clears the mark.
+    MarkDelivery {
+        seq: Seq,
+        count: u32,
+        mark: DeliveryMark,
     },
     /// Sequence numbers below `until` may have been used; after a restart the queue continues from
     /// at least here, so message ids are never reused (not even of non-persistent messages).
@@ -298,6 +310,8 @@ pub struct Queue {
     /// Resident messages by correlation id and by group: a receive whose selector asks for one
     /// value of either looks at those only.
     by_header: HashMap<(IndexedHeader, String), BTreeSet<Seq>>,
+    /// Whether deliveries and returns write their [`DeliveryMark`] (see `marks.rs`).
+    marks_written: bool,
 }
 
 impl Queue {
@@ -335,6 +349,7 @@ impl Queue {
             now_ms: 0,
             paging: paging::Paging::default(),
             by_header: HashMap::new(),
+            marks_written: false,
         }
     }
 

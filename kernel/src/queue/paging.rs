@@ -24,7 +24,6 @@
 //! [`ReceiveOutcome::NeedStore`]: super::ReceiveOutcome::NeedStore
 
 use std::collections::BTreeSet;
-use std::sync::Arc;
 
 use super::{
     Effects, MessageState, PersistOp, Queue, ReceiveOutcome, ReceiveRequest, RecoveredMessage,
@@ -824,13 +823,7 @@ impl Queue {
     fn bring_in(&mut self, m: RecoveredMessage, now_ms: u64, effects: &mut Effects) {
         let p = m.message.priority;
         let size = m.message.size_bytes();
-        let state = match m.message.deliver_at_ms {
-            Some(until_ms) if until_ms > now_ms => MessageState::Scheduled { until_ms },
-            _ => MessageState::Ready,
-        };
-        let exhausted = self.config.redelivery.exhausted(m.delivery_count);
-        let seq = m.message.seq;
-        self.insert_entry(Arc::new(m.message), state, m.delivery_count);
+        let (seq, exhausted) = self.insert_recovered(m, now_ms);
         let level = self.paging.level_mut(p);
         level.count = level.count.saturating_sub(1);
         level.bytes = level.bytes.saturating_sub(size);

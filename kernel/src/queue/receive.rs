@@ -4,9 +4,7 @@
 use std::cmp::Reverse;
 use std::sync::Arc;
 
-use super::{
-    DeadLetterReason, Delivery, Effects, Entry, MessageState, PersistOp, Queue, Transition,
-};
+use super::{DeadLetterReason, Delivery, Effects, Entry, MessageState, Queue, Transition};
 use crate::error::KernelError;
 use crate::selector::Selector;
 use crate::types::{LeaseId, SessionId};
@@ -331,12 +329,7 @@ impl Queue {
             delivery_count: entry.delivery_count,
             lease_until_ms: until_ms,
         };
-        if delivery.message.persistent {
-            effects.persist.push(PersistOp::SetDeliveryCount {
-                seq,
-                count: delivery.delivery_count,
-            });
-        }
+        effects.persist.extend(self.delivery_write(seq));
         self.record(
             effects,
             seq,

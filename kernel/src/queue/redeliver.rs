@@ -56,6 +56,10 @@ impl Queue {
             },
         );
         self.set_state(seq, state);
+        if self.marks_written {
+            // The lease written with the delivery is over: a new leader must not honour it.
+            effects.persist.extend(self.delivery_write(seq));
+        }
     }
 
     /// Takes a message out of the queue for its dead-letter target.

@@ -1,7 +1,7 @@
 //! Giving messages back without an explicit nack: a session closing (or its lease running out),
 //! a delivery that could not be handed to its receiver, and lease expiry (in `tick.rs`).
 
-use super::{Effects, LeaseRef, MessageState, PersistOp, Queue, ReturnCause, Transition};
+use super::{Effects, LeaseRef, MessageState, Queue, ReturnCause, Transition};
 use crate::types::SessionId;
 
 impl Queue {
@@ -141,14 +141,9 @@ impl Queue {
                     .get_mut(&r.seq)
                     .expect("invariant: a live lease names an entry");
                 entry.delivery_count = entry.delivery_count.saturating_sub(1);
-                if entry.message.persistent {
-                    effects.persist.push(PersistOp::SetDeliveryCount {
-                        seq: r.seq,
-                        count: entry.delivery_count,
-                    });
-                }
                 self.counters.delivered_total = self.counters.delivered_total.saturating_sub(1);
                 self.set_state(r.seq, MessageState::Ready);
+                effects.persist.extend(self.delivery_write(r.seq));
                 self.record(&mut effects, r.seq, Transition::Undelivered);
                 Ok(())
             })

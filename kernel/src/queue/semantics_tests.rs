@@ -331,6 +331,7 @@ fn a_recovered_message_with_exhausted_deliveries_is_dead_lettered_at_the_first_t
             group_id: None,
         },
         delivery_count: count,
+        mark: None,
     };
     let mut q = Queue::recover(
         QueueName::new("orders").unwrap(),

@@ -317,6 +317,7 @@ fn restarted(q: &Queue, fx: &Effects, count: u32) -> Queue {
     let rec = vec![RecoveredMessage {
         message: (**m).clone(),
         delivery_count: count,
+        mark: None,
     }];
     Queue::recover(
         q.name().clone(),

@@ -85,7 +85,8 @@ impl FakeStore {
                         self.priority_of.remove(&s);
                     }
                 }
-                PersistOp::SetDeliveryCount { seq, count } => {
+                PersistOp::SetDeliveryCount { seq, count }
+                | PersistOp::MarkDelivery { seq, count, .. } => {
                     if let Some(p) = self.priority_of.get(&seq.0) {
                         if let Some(e) = self.messages.get_mut(&(Reverse(*p), seq.0)) {
                             e.1 = *count;
@@ -106,6 +107,7 @@ impl FakeStore {
         RecoveredMessage {
             message: m.clone(),
             delivery_count: *count,
+            mark: None,
         }
     }
 }

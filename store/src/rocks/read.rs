@@ -173,6 +173,44 @@ impl RocksStore {
         self.messages_in(uid, &at_keys, &snapshot)
     }
 
+    /// Messages whose delivery is marked (see `QueueStore::read_marked`): one walk of the
+    /// queue's delivery records, then each marked message looked up at every priority (a
+    /// delivery record does not name its message's priority; bloom filters turn away the
+    /// misses).
+    pub(super) fn marked(&self, uid: QueueUid) -> Result<Vec<RecoveredMessage>, StoreError> {
+        let cfs = self.cfs()?;
+        let snapshot = self.db.snapshot();
+        let mut ro = at(&snapshot);
+        ro.set_iterate_lower_bound(keys::uid_prefix(uid).to_vec());
+        if let Some(end) = keys::prefix_end(&keys::uid_prefix(uid)) {
+            ro.set_iterate_upper_bound(end);
+        }
+        let mut it = self.db.raw_iterator_cf_opt(cfs.deliveries, ro);
+        it.seek_to_first();
+        let mut seqs = Vec::new();
+        while let Some((k, v)) = it.item() {
+            // A value longer than a count carries a mark.
+            if v.len() > 4 {
+                let seq = k
+                    .get(8..16)
+                    .and_then(|s| <[u8; 8]>::try_from(s).ok())
+                    .map(|s| Seq(u64::from_be_bytes(s)))
+                    .ok_or_else(|| StoreError::Corrupt {
+                        what: "delivery count",
+                        reason: format!("a key of {} bytes instead of 16", k.len()),
+                    })?;
+                seqs.push(seq);
+            }
+            it.next();
+        }
+        it.status().map_err(io("reading delivery records"))?;
+        let at_keys: Vec<_> = seqs
+            .iter()
+            .flat_map(|&seq| priorities_high_first().map(move |p| (p, seq)))
+            .collect();
+        self.messages_in(uid, &at_keys, &snapshot)
+    }
+
     /// The messages at these keys in `snapshot`, in the order of `at_keys`, skipping keys with no
     /// message.
     fn messages_in(
@@ -241,18 +279,14 @@ impl RocksStore {
             .into_iter()
             .zip(counts)
             .map(|(message, count)| {
-                let delivery_count = match count.map_err(io("reading delivery counts"))? {
-                    Some(v) => <[u8; 4]>::try_from(&v[..])
-                        .map(u32::from_be_bytes)
-                        .map_err(|_| StoreError::Corrupt {
-                            what: "delivery count",
-                            reason: format!("{} bytes instead of 4", v.len()),
-                        })?,
-                    None => 0,
+                let (delivery_count, mark) = match count.map_err(io("reading delivery counts"))? {
+                    Some(v) => codec::decode_delivery(&v)?,
+                    None => (0, None),
                 };
                 Ok(RecoveredMessage {
                     message,
                     delivery_count,
+                    mark,
                 })
             })
             .collect()
