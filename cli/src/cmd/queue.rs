@@ -420,16 +420,29 @@ pub async fn run(c: &ClientArgs, cmd: QueueCommand) -> anyhow::Result<()> {
             print_move(c.output, &task)?;
         }
         QueueCommand::Show { name } => {
-            let q = admin
+            let r = admin
                 .get_queue(pb::GetQueueRequest { name: name.clone() })
                 .await
                 .with_context(|| format!("cannot show queue {name}"))?
-                .into_inner()
-                .queue
-                .unwrap_or_default();
+                .into_inner();
+            let q = r.queue.clone().unwrap_or_default();
             match c.output {
-                Format::Json => outln!("{}", show_json(&q))?,
-                Format::Human => outln!("{}", show_text(&q))?,
+                Format::Json => {
+                    let mut v = show_json(&q);
+                    v["shard"] = json!(if r.shard == 0 {
+                        String::new()
+                    } else {
+                        r.shard.to_string()
+                    });
+                    v["replicas"] = json!(r.replicas);
+                    outln!("{v}")?
+                }
+                Format::Human => outln!(
+                    "{}\n  {:<18} {}",
+                    show_text(&q),
+                    "replicas",
+                    replicas_text(&r)
+                )?,
             }
         }
         QueueCommand::List => {
@@ -587,6 +600,19 @@ fn show_json(q: &pb::QueueInfo) -> serde_json::Value {
         "expiry_queue": target_text(cfg.expiry.as_ref()),
         "dedup_window_ms": opt(cfg.dedup_window_ms),
     })
+}
+
+/// Where a queue's data is kept: "1 (not replicated)", or its shard's replicas.
+fn replicas_text(r: &pb::GetQueueResponse) -> String {
+    if r.shard == 0 {
+        return "1 (not replicated)".into();
+    }
+    format!(
+        "{} in shard {}: {}",
+        r.replicas.len(),
+        r.shard,
+        r.replicas.join(", ")
+    )
 }
 
 /// `queue show` for people: one line per kind of setting, in units.
