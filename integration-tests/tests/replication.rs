@@ -360,7 +360,11 @@ async fn shard_list_names_the_leader_replicas_and_queues_from_any_node_and_a_new
         after.lag.is_some_and(|l| l > 0),
         "the killed replica is behind: {after:?}"
     );
-    assert_eq!(after.unreachable, [leader.clone()], "{after:?}");
+    assert_eq!(
+        after.unreachable,
+        std::slice::from_ref(&leader),
+        "{after:?}"
+    );
     let (ok, out, err) = ferry_cli(cluster.node(survivors[0]), &["shard", "list"])?;
     assert!(ok, "{err}");
     assert!(out.contains(&format!("{leader} (no answer)")), "{out}");

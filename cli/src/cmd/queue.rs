@@ -425,24 +425,9 @@ pub async fn run(c: &ClientArgs, cmd: QueueCommand) -> anyhow::Result<()> {
                 .await
                 .with_context(|| format!("cannot show queue {name}"))?
                 .into_inner();
-            let q = r.queue.clone().unwrap_or_default();
             match c.output {
-                Format::Json => {
-                    let mut v = show_json(&q);
-                    v["shard"] = json!(if r.shard == 0 {
-                        String::new()
-                    } else {
-                        r.shard.to_string()
-                    });
-                    v["replicas"] = json!(r.replicas);
-                    outln!("{v}")?
-                }
-                Format::Human => outln!(
-                    "{}\n  {:<18} {}",
-                    show_text(&q),
-                    "replicas",
-                    replicas_text(&r)
-                )?,
+                Format::Json => outln!("{}", show_json(&r))?,
+                Format::Human => outln!("{}", show_text(&r))?,
             }
         }
         QueueCommand::List => {
@@ -572,7 +557,8 @@ pub async fn run(c: &ClientArgs, cmd: QueueCommand) -> anyhow::Result<()> {
 }
 
 /// `queue show -o json`: every setting by name (as text).
-fn show_json(q: &pb::QueueInfo) -> serde_json::Value {
+fn show_json(answer: &pb::GetQueueResponse) -> serde_json::Value {
+    let q = answer.queue.clone().unwrap_or_default();
     let cfg = q.config.clone().unwrap_or_default();
     let r = cfg.redelivery.unwrap_or_default();
     let opt = |v: Option<u64>| v.map_or_else(String::new, |v| v.to_string());
@@ -599,6 +585,8 @@ fn show_json(q: &pb::QueueInfo) -> serde_json::Value {
         "dead_letter_queue": target_text(cfg.dead_letter.as_ref()),
         "expiry_queue": target_text(cfg.expiry.as_ref()),
         "dedup_window_ms": opt(cfg.dedup_window_ms),
+        "shard": if answer.shard == 0 { String::new() } else { answer.shard.to_string() },
+        "replicas": answer.replicas,
     })
 }
 
@@ -616,7 +604,8 @@ fn replicas_text(r: &pb::GetQueueResponse) -> String {
 }
 
 /// `queue show` for people: one line per kind of setting, in units.
-fn show_text(q: &pb::QueueInfo) -> String {
+fn show_text(answer: &pb::GetQueueResponse) -> String {
+    let q = answer.queue.clone().unwrap_or_default();
     let cfg = q.config.clone().unwrap_or_default();
     let r = cfg.redelivery.unwrap_or_default();
     let ms = |v: Option<u64>| v.map_or_else(|| "-".into(), duration_text);
@@ -680,6 +669,7 @@ fn show_text(q: &pb::QueueInfo) -> String {
                 v => ms(v),
             },
         ),
+        ("replicas", replicas_text(answer)),
     ];
     let mut out = format!(
         "queue {} on {}{}",
