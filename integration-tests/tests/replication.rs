@@ -1,7 +1,8 @@
 //! Replicated queues on real processes (issue 24): a queue created with `--replicas 3` lives in
 //! a queue shard on three nodes; its leader killed with SIGKILL, another replica serves every
-//! confirmed message; the killed node comes back as a replica. Each node runs on its own
-//! 127.x.y.N address (see `cluster.rs`).
+//! confirmed message; the killed node comes back as a replica; `ferry shard list` names the
+//! shard's leader, replicas and queues from any node, and the new leader after a kill. Each node
+//! runs on its own 127.x.y.N address (see `cluster.rs`).
 
 #![allow(clippy::unwrap_used)]
 
@@ -10,7 +11,8 @@ use std::time::{Duration, Instant};
 
 use ferry_client::{pb, AckMode, Message, ReceiveOptions};
 use ferry_integration_tests::cluster::Cluster;
-use ferry_integration_tests::stats;
+use ferry_integration_tests::{ferry_cli, stats, wait_until};
+use serde_json::Value;
 use tonic::Code;
 
 const LEADER_WAIT: Duration = Duration::from_secs(20);
@@ -237,5 +239,177 @@ async fn replicated_queues_are_administered_like_others_and_bad_factors_refused(
         0,
         "created again empty"
     );
+    Ok(())
+}
+
+/// The shards as `node` lists them over `Cluster.ListShards`.
+async fn list_shards(cluster: &Cluster, node: &str) -> anyhow::Result<Vec<pb::ShardStatus>> {
+    let client = cluster.node(node).client().await?;
+    let shards = client
+        .cluster()
+        .list_shards(pb::ListShardsRequest { shard: 0 })
+        .await?
+        .into_inner()
+        .shards;
+    Ok(shards)
+}
+
+/// `ferry shard list -o json` through `node`: one object per shard.
+fn shard_list_json(cluster: &Cluster, node: &str) -> anyhow::Result<Vec<Value>> {
+    let (ok, out, err) = ferry_cli(cluster.node(node), &["shard", "list", "-o", "json"])?;
+    anyhow::ensure!(ok, "ferry shard list failed: {err}");
+    out.lines().map(|l| Ok(serde_json::from_str(l)?)).collect()
+}
+
+/// Waits (at most `LEADER_WAIT`) until every node in `asked` lists exactly one shard, led by a
+/// replica other than `not`, with every replica caught up when `caught_up`; that listing.
+async fn wait_led(
+    cluster: &Cluster,
+    asked: &[&str],
+    not: Option<&str>,
+    caught_up: bool,
+) -> anyhow::Result<pb::ShardStatus> {
+    let last = std::sync::Mutex::new(vec![]);
+    let what = format!("one shard led by a replica other than {not:?} as {asked:?} list it");
+    wait_until(LEADER_WAIT, &what, || {
+        let last = &last;
+        async move {
+            let mut seen = vec![];
+            for node in asked {
+                seen.push(list_shards(cluster, node).await?);
+            }
+            // What every node must agree on (the numbers may move between two askings).
+            let agreed = |s: &pb::ShardStatus| {
+                (
+                    s.shard,
+                    s.leader.clone(),
+                    s.term,
+                    s.replicas.clone(),
+                    s.queues.clone(),
+                )
+            };
+            let done = seen.iter().all(|shards| {
+                shards.len() == 1
+                    && seen[0].len() == 1
+                    && agreed(&shards[0]) == agreed(&seen[0][0])
+                    && !shards[0].leader.is_empty()
+                    && Some(shards[0].leader.as_str()) != not
+                    && shards[0].replicas.contains(&shards[0].leader)
+                    && (!caught_up || shards[0].lag == Some(0))
+            });
+            *last.lock().unwrap() = seen;
+            Ok(done)
+        }
+    })
+    .await
+    .map_err(|e| e.context(format!("last listings: {:?}", last.lock().unwrap())))?;
+    let first = last.into_inner().unwrap().remove(0).remove(0);
+    Ok(first)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shard_list_names_the_leader_replicas_and_queues_from_any_node_and_a_new_leader_after_a_kill(
+) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut cluster = Cluster::start(dir.path(), &NODES)?;
+    cluster.wait_leader(&NODES, LEADER_WAIT).await?;
+    let client = cluster.node("n2").client().await?;
+    assert!(
+        list_shards(&cluster, "n1").await?.is_empty(),
+        "no replicated queue yet"
+    );
+    create(&client, "orders", 3).await?;
+    create(&client, "plain", 1).await?;
+    let conn = client.open_connection("t").await?;
+    let session = conn.create_session(AckMode::Client).await?;
+    let batch = (0..20).map(|i| Message::text(format!("m{i}"))).collect();
+    session.send("orders", batch).await?;
+
+    // Every node names the same leader, one of the replicas, with every replica caught up.
+    let listed = wait_led(&cluster, &NODES, None, true).await?;
+    let leader = listed.leader.clone();
+    let mut replicas = listed.replicas.clone();
+    replicas.sort();
+    assert_eq!(replicas, NODES, "{listed:?}");
+    assert!(listed.queues.contains(&"orders".to_owned()), "{listed:?}");
+    assert!(
+        listed.queues.iter().all(|q| q.starts_with("orders")),
+        "only the queue and its companions, not the unreplicated one: {listed:?}"
+    );
+    assert!(listed.applied_index.is_some_and(|i| i > 1), "{listed:?}");
+    assert!(listed.unreachable.is_empty(), "{listed:?}");
+    assert_eq!(
+        leader,
+        stats(&client, "orders").await?.owner_node,
+        "the leader serves it"
+    );
+
+    // The command line: exactly the documented fields.
+    let objects = shard_list_json(&cluster, "n3")?;
+    assert_eq!(objects.len(), 1, "{objects:?}");
+    let o = &objects[0];
+    let mut keys: Vec<&str> = o.as_object().unwrap().keys().map(String::as_str).collect();
+    keys.sort_unstable();
+    assert_eq!(
+        keys,
+        [
+            "applied_index",
+            "lag",
+            "leader",
+            "queues",
+            "replicas",
+            "shard"
+        ]
+    );
+    assert_eq!(o["shard"], listed.shard);
+    assert_eq!(o["leader"], leader.as_str());
+    assert_eq!(o["lag"], 0);
+    assert_eq!(o["replicas"].as_array().unwrap().len(), 3);
+
+    // `ferry queue show` names the shard and its replicas, and none for an unreplicated queue.
+    let (ok, out, err) = ferry_cli(
+        cluster.node("n1"),
+        &["queue", "show", "orders", "-o", "json"],
+    )?;
+    assert!(ok, "{err}");
+    let shown: Value = serde_json::from_str(out.trim())?;
+    assert_eq!(shown["shard"], listed.shard.to_string());
+    assert_eq!(shown["replicas"], serde_json::json!(listed.replicas));
+    let (ok, out, err) = ferry_cli(cluster.node("n1"), &["queue", "show", "plain"])?;
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("replicas           1 (not replicated)"),
+        "{out}"
+    );
+
+    // A shard that does not exist, asked by id: NOT_FOUND, in words on the command line.
+    let e = client
+        .cluster()
+        .list_shards(pb::ListShardsRequest { shard: 999 })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound, "{e}");
+    let (ok, _, err) = ferry_cli(cluster.node("n1"), &["shard", "list", "999"])?;
+    assert!(!ok);
+    assert!(err.contains("shard 999 does not exist"), "{err}");
+
+    // The leader killed: the survivors name another replica, and the dead one lags.
+    cluster.node_mut(&leader).kill9();
+    let survivors: Vec<&str> = NODES.iter().copied().filter(|n| *n != leader).collect();
+    let after = wait_led(&cluster, &survivors, Some(&leader), false).await?;
+    assert!(survivors.contains(&after.leader.as_str()), "{after:?}");
+    assert!(after.term > listed.term, "{after:?} after {listed:?}");
+    assert!(
+        after.lag.is_some_and(|l| l > 0),
+        "the killed replica is behind: {after:?}"
+    );
+    assert_eq!(
+        after.unreachable,
+        std::slice::from_ref(&leader),
+        "{after:?}"
+    );
+    let (ok, out, err) = ferry_cli(cluster.node(survivors[0]), &["shard", "list"])?;
+    assert!(ok, "{err}");
+    assert!(out.contains(&format!("{leader} (no answer)")), "{out}");
     Ok(())
 }

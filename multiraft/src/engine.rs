@@ -392,6 +392,28 @@ impl Engine {
         })
     }
 
+    /// As the leader of `group`: how far each other member's log is known to match this
+    /// node's, as (member, match index) in member order, from raft-rs's progress tracker.
+    /// `None` unless this node leads `group`. A member that has not acknowledged anything since
+    /// this node was elected shows 0 (a leader starts knowing nothing of the others' logs).
+    pub fn match_indexes(&self, group: GroupId) -> Option<Vec<(NodeId, u64)>> {
+        let g = self.groups.get(&group)?;
+        if !g.is_leader() {
+            return None;
+        }
+        let me = self.config.node;
+        let mut matched: Vec<(NodeId, u64)> = g
+            .raw
+            .raft
+            .prs()
+            .iter()
+            .map(|(id, p)| (NodeId(*id), p.matched))
+            .filter(|(id, _)| *id != me)
+            .collect();
+        matched.sort_unstable();
+        Some(matched)
+    }
+
     /// Entries held in memory across all groups (bounded by compaction).
     pub fn cached_entry_count(&self) -> usize {
         self.groups

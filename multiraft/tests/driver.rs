@@ -340,6 +340,61 @@ fn an_entry_the_machine_cannot_apply_halts_the_driver_with_nothing_of_its_round_
     );
 }
 
+/// The leader's match index of each other member (what `ferry shard list` reads its lag
+/// from): every follower's reaches the leader's last index once it acknowledged it; a follower
+/// cut off stays where it was while the leader goes on; followers have none.
+#[test]
+fn the_leader_reports_how_far_each_follower_matches_its_log() {
+    let mut cluster = Cluster::new(3, 5, Faults::none());
+    let leader = cluster.elect();
+    for i in 0..3 {
+        let answer = cluster.propose(leader, format!("entry {i}").as_bytes());
+        cluster.outcome(&answer).unwrap();
+    }
+    let status = |c: &Cluster, n: NodeId| c.sim.replica(n).unwrap().engine().unwrap().status(G0);
+    let matched = |c: &Cluster| {
+        let engine = c.sim.replica(leader).unwrap().engine().unwrap();
+        engine.match_indexes(G0).unwrap()
+    };
+    let last = status(&cluster, leader).unwrap().last_index;
+    let caught_up = |s: &Sim<Driver<Toy>>| {
+        let engine = s.replica(leader).unwrap().engine().unwrap();
+        engine
+            .match_indexes(G0)
+            .is_some_and(|m| m.iter().all(|(_, i)| *i == last))
+    };
+    assert!(
+        cluster.sim.run_until(STEPS_MAX, caught_up),
+        "{:?}",
+        matched(&cluster)
+    );
+    let others: Vec<NodeId> = (1..=3).map(NodeId).filter(|n| *n != leader).collect();
+    assert_eq!(
+        matched(&cluster)
+            .iter()
+            .map(|(n, _)| *n)
+            .collect::<Vec<_>>(),
+        others,
+        "the other members, in order, not the leader"
+    );
+    for follower in &others {
+        let engine = cluster.sim.replica(*follower).unwrap().engine().unwrap();
+        assert_eq!(engine.match_indexes(G0), None, "a follower has no progress");
+    }
+
+    let behind = others[0];
+    cluster.sim.block(leader, behind);
+    for i in 0..4 {
+        let answer = cluster.propose(leader, format!("more {i}").as_bytes());
+        cluster.outcome(&answer).unwrap();
+    }
+    let m = matched(&cluster);
+    assert_eq!(m[0], (behind, last), "{m:?}");
+    let now = status(&cluster, leader).unwrap().last_index;
+    assert_eq!(now, last + 4);
+    assert_eq!(m[1], (others[1], now), "{m:?}");
+}
+
 /// Runs three nodes on a lossy network with a partition, proposing as it goes; the trace.
 fn scripted_run(seed: u64) -> Vec<(u64, ferry_multiraft::sim::Traced)> {
     let mut cluster = Cluster::new(3, seed, Faults::lossy());

@@ -18,6 +18,7 @@ mod request;
 mod rtt;
 mod send;
 mod server;
+mod shard;
 mod status;
 
 use clap::{Parser, Subcommand};
@@ -225,6 +226,16 @@ pub enum Command {
         #[command(subcommand)]
         command: cluster::ClusterCommand,
     },
+    /// The queue shards (the Raft groups holding replicated queues): each one's leader,
+    /// replicas, queues, applied index and how far its slowest replica lags.
+    #[command(after_help = r#"Examples:
+  ferry shard list                 one row per shard; `-` where no leader is known
+  ferry shard list 3               shard 3 only
+  ferry shard list -o json         one object per shard: shard, leader, replicas, queues, applied_index, lag"#)]
+    Shard {
+        #[command(subcommand)]
+        command: shard::ShardCommand,
+    },
     /// Time synced appends in a data directory, as the node's write-ahead log makes them: the
     /// disk's floor under every persistent send; warns about online `discard`.
     #[command(after_help = r#"Examples:
@@ -263,6 +274,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Connections { command } => connections::run(&cli.client, command).await,
         Command::Node { command } => cluster::node(&cli.client, command).await,
         Command::Cluster { command } => cluster::cluster(&cli.client, command).await,
+        Command::Shard { command } => shard::run(&cli.client, command).await,
         Command::Completions { shell } => completions(shell),
     }
 }

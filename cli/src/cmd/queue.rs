@@ -420,16 +420,14 @@ pub async fn run(c: &ClientArgs, cmd: QueueCommand) -> anyhow::Result<()> {
             print_move(c.output, &task)?;
         }
         QueueCommand::Show { name } => {
-            let q = admin
+            let r = admin
                 .get_queue(pb::GetQueueRequest { name: name.clone() })
                 .await
                 .with_context(|| format!("cannot show queue {name}"))?
-                .into_inner()
-                .queue
-                .unwrap_or_default();
+                .into_inner();
             match c.output {
-                Format::Json => outln!("{}", show_json(&q))?,
-                Format::Human => outln!("{}", show_text(&q))?,
+                Format::Json => outln!("{}", show_json(&r))?,
+                Format::Human => outln!("{}", show_text(&r))?,
             }
         }
         QueueCommand::List => {
@@ -559,7 +557,8 @@ pub async fn run(c: &ClientArgs, cmd: QueueCommand) -> anyhow::Result<()> {
 }
 
 /// `queue show -o json`: every setting by name (as text).
-fn show_json(q: &pb::QueueInfo) -> serde_json::Value {
+fn show_json(answer: &pb::GetQueueResponse) -> serde_json::Value {
+    let q = answer.queue.clone().unwrap_or_default();
     let cfg = q.config.clone().unwrap_or_default();
     let r = cfg.redelivery.unwrap_or_default();
     let opt = |v: Option<u64>| v.map_or_else(String::new, |v| v.to_string());
@@ -586,11 +585,27 @@ fn show_json(q: &pb::QueueInfo) -> serde_json::Value {
         "dead_letter_queue": target_text(cfg.dead_letter.as_ref()),
         "expiry_queue": target_text(cfg.expiry.as_ref()),
         "dedup_window_ms": opt(cfg.dedup_window_ms),
+        "shard": if answer.shard == 0 { String::new() } else { answer.shard.to_string() },
+        "replicas": answer.replicas,
     })
 }
 
+/// Where a queue's data is kept: "1 (not replicated)", or its shard's replicas.
+fn replicas_text(r: &pb::GetQueueResponse) -> String {
+    if r.shard == 0 {
+        return "1 (not replicated)".into();
+    }
+    format!(
+        "{} in shard {}: {}",
+        r.replicas.len(),
+        r.shard,
+        r.replicas.join(", ")
+    )
+}
+
 /// `queue show` for people: one line per kind of setting, in units.
-fn show_text(q: &pb::QueueInfo) -> String {
+fn show_text(answer: &pb::GetQueueResponse) -> String {
+    let q = answer.queue.clone().unwrap_or_default();
     let cfg = q.config.clone().unwrap_or_default();
     let r = cfg.redelivery.unwrap_or_default();
     let ms = |v: Option<u64>| v.map_or_else(|| "-".into(), duration_text);
@@ -654,6 +669,7 @@ fn show_text(q: &pb::QueueInfo) -> String {
                 v => ms(v),
             },
         ),
+        ("replicas", replicas_text(answer)),
     ];
     let mut out = format!(
         "queue {} on {}{}",

@@ -344,13 +344,23 @@ impl pb::admin_server::Admin for AdminService {
     }
 
     async fn get_queue(&self, req: Request<pb::GetQueueRequest>) -> Reply<pb::GetQueueResponse> {
-        let name = req.into_inner().name;
+        let name = queue_name(&req.into_inner().name)?;
         let info = self
-            .queue_call(&queue_name(&name)?, |be, req| async move {
+            .queue_call(&name, |be, req| async move {
                 be.get_queue(Request::new(req)).await
             })
             .await?;
-        Ok(Response::new(pb::GetQueueResponse { queue: Some(info) }))
+        let placement = self.router().placement();
+        let (shard, replicas) = placement
+            .shard_of(&name)
+            .map_or((0, vec![]), |(shard, replicas)| {
+                (shard.0, replicas.iter().map(ToString::to_string).collect())
+            });
+        Ok(Response::new(pb::GetQueueResponse {
+            queue: Some(info),
+            shard,
+            replicas,
+        }))
     }
 
     async fn list_queues(

@@ -195,3 +195,37 @@ async fn a_pin_that_is_not_a_node_id_is_refused_before_the_catalog_is_asked() {
     assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
     assert!(catalog.asked.lock().expect("lock").is_empty());
 }
+
+/// `ferry queue show` names a replicated queue's shard and replicas from the placement, and
+/// none for a queue of replication factor 1.
+#[tokio::test(start_paused = true)]
+async fn get_queue_names_a_replicated_queues_shard_and_replicas() {
+    let id = |s: &str| NodeId::new(s).expect("id");
+    let name = |s: &str| QueueName::new(s).expect("name");
+    let (a, b) = (FakeBackend::new(), FakeBackend::new());
+    let placement = Placement::new(id("a"), a.backend())
+        .with_node(id("b"), b.backend())
+        .with_queue(name("orders"), owner_b())
+        .with_shard_queue(name("orders"), ferry_kernel::ShardId(4))
+        .with_shard(ferry_kernel::ShardId(4), vec![id("b"), id("a")])
+        .with_queue(name("plain"), owner_b());
+    let (router, _placement_tx) = Router::fixed(placement);
+    let (_stop_tx, stopping) = watch::channel(false);
+    let core = Dispatch::new(
+        FrontendConfig::default(),
+        Arc::new(router),
+        stopping,
+        ManualClock::new(0),
+    );
+    let admin = AdminService::new(Arc::new(core));
+    let get = |q: &str| admin.get_queue(Request::new(pb::GetQueueRequest { name: q.into() }));
+    let orders = get("orders").await.expect("answered").into_inner();
+    assert_eq!(
+        (orders.shard, orders.replicas),
+        (4, vec!["b".into(), "a".into()])
+    );
+    let plain = get("plain").await.expect("answered").into_inner();
+    assert_eq!((plain.shard, plain.replicas), (0, vec![]));
+    let e = get("Not A Name").await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+}

@@ -21,7 +21,7 @@ use tokio::sync::{oneshot, watch};
 
 use super::machine::MetaMachine;
 use super::machines::{NodeMachine, Outcome};
-use super::shard::ShardMachine;
+use super::shard::{LocalShard, ShardMachine};
 use super::view::{MetaView, RaftCounters, ShardGroupView};
 use ferry_be_server::{ShardId, ShardRefusal};
 use ferry_cluster::meta::{MetaError, MetaEvent, MetaState, RaftId};
@@ -65,6 +65,10 @@ pub(crate) enum Input {
         group: GroupId,
         voters: Vec<PeerId>,
         reply: oneshot::Sender<Result<(), String>>,
+    },
+    /// Reports the queue shard groups running here (see [`LocalShard`]).
+    LocalShards {
+        reply: oneshot::Sender<Vec<LocalShard>>,
     },
     /// The stream to a peer broke.
     Unreachable(PeerId),
@@ -289,6 +293,9 @@ impl Driver {
             } => {
                 let _ = reply.send(self.open_shard(group, &voters));
             }
+            Input::LocalShards { reply } => {
+                let _ = reply.send(self.local_shards());
+            }
             Input::Unreachable(peer) => self.rounds.unreachable(peer),
             Input::Join(raft_id) => self.join(raft_id),
             Input::Stop => self.stopping = true,
@@ -334,6 +341,42 @@ impl Driver {
                 let _ = reply.send(answer);
             }),
         );
+    }
+
+    /// The queue shard groups running here, as the engine and their machines stand now.
+    fn local_shards(&self) -> Vec<LocalShard> {
+        let Some(engine) = self.rounds.engine() else {
+            return Vec::new();
+        };
+        engine
+            .group_ids()
+            .into_iter()
+            .filter(|g| *g != META_GROUP)
+            .filter_map(|g| {
+                let status = engine.status(g)?;
+                let applied_index = self
+                    .rounds
+                    .machine(g)
+                    .and_then(NodeMachine::as_shard)
+                    .map_or(status.applied_index, |m| {
+                        ferry_multiraft::GroupMachine::applied_index(m)
+                    });
+                Some(LocalShard {
+                    shard: ShardId(g.0),
+                    leading: status.role == Role::Leader,
+                    term: status.term,
+                    leader: status.leader.map(|l| RaftId(l.0)),
+                    applied_index,
+                    last_index: status.last_index,
+                    match_indexes: engine
+                        .match_indexes(g)
+                        .unwrap_or_default()
+                        .into_iter()
+                        .map(|(peer, index)| (RaftId(peer.0), index))
+                        .collect(),
+                })
+            })
+            .collect()
     }
 
     /// The node id the metadata gives a raft id.

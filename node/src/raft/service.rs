@@ -147,6 +147,20 @@ impl pb::peer_server::Peer for PeerService {
             ))),
         }
     }
+
+    async fn local_shards(
+        &self,
+        _req: Request<pb::LocalShardsRequest>,
+    ) -> Reply<pb::LocalShardsResponse> {
+        let shards = self
+            .node
+            .local_shards()
+            .await
+            .map_err(Status::unavailable)?;
+        Ok(Response::new(pb::LocalShardsResponse {
+            shards: shards.iter().map(pb::LocalShard::from).collect(),
+        }))
+    }
 }
 
 fn node_id(field: &str, value: &str) -> Result<NodeId, Status> {
@@ -291,6 +305,16 @@ impl pb::cluster_server::Cluster for ClusterService {
         _req: Request<pb::GetClusterStatusRequest>,
     ) -> Reply<pb::ClusterStatus> {
         Ok(Response::new(self.node.status()))
+    }
+
+    async fn list_shards(
+        &self,
+        req: Request<pb::ListShardsRequest>,
+    ) -> Reply<pb::ListShardsResponse> {
+        let shard = req.into_inner().shard;
+        let only = (shard != 0).then_some(ferry_be_server::ShardId(shard));
+        let shards = self.node.list_shards(only).await?;
+        Ok(Response::new(pb::ListShardsResponse { shards }))
     }
 }
 

@@ -20,6 +20,8 @@ use std::sync::Arc;
 use ferry_multiraft::{GroupId, GroupMachine, Halt, LogPosition, LogStore, PersistJob};
 use ferry_store::{decode_entry, StoreOp};
 
+pub(crate) use list::LocalShard;
+
 /// The application key of a shard's applied position: `shard/` and the group id, big-endian.
 pub(crate) fn applied_key(group: GroupId) -> Vec<u8> {
     let mut key = b"shard/".to_vec();
@@ -191,6 +193,7 @@ impl GroupMachine for ShardMachine {
     }
 }
 
+mod list;
 #[cfg(test)]
 mod node_tests;
 mod proposer;

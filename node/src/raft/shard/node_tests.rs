@@ -114,3 +114,34 @@ async fn a_shard_on_the_nodes_driver_writes_to_its_store_and_comes_back_after_a_
     assert!(store.recover().unwrap().is_empty());
     stop(node, writer).await;
 }
+
+/// What `Peer.LocalShards` answers from the node's driver: the shard group it runs, led here,
+/// with its applied index up to its log's last entry once a proposal was applied. A listing
+/// names only the metadata's shards (this one was opened by hand) and refuses an unknown one.
+#[tokio::test]
+async fn the_driver_reports_the_shard_groups_it_runs_for_a_listing() {
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn QueueStore> = Arc::new(RocksStore::open(dir.path()).unwrap());
+    let (node, writer) = node_on(&store).await;
+    let me = node.view().borrow().raft_id.unwrap().0;
+    assert_eq!(node.local_shards().await.unwrap(), vec![]);
+
+    node.open_shard(SHARD, &[me]).await.unwrap();
+    let term = leader_term(&node).await;
+    propose(&node, &[StoreOp::PutQueue(def())]).await.unwrap();
+    let local = node.local_shards().await.unwrap();
+    assert_eq!(local.len(), 1, "{local:?}");
+    let l = &local[0];
+    assert_eq!((l.shard, l.leading, l.term), (SHARD, true, term));
+    assert_eq!(l.leader.map(|r| r.0), Some(me));
+    assert!(l.applied_index >= 2, "the proposal was applied: {l:?}");
+    assert_eq!(l.applied_index, l.last_index, "{l:?}");
+    assert!(l.match_indexes.is_empty(), "no other voter: {l:?}");
+
+    assert!(node.list_shards(None).await.unwrap().is_empty());
+    let e = node.list_shards(Some(ShardId(9))).await.unwrap_err();
+    let status = tonic::Status::from(e);
+    assert_eq!(status.code(), tonic::Code::NotFound, "{status:?}");
+    assert!(status.message().contains("shard 9"), "{status:?}");
+    stop(node, writer).await;
+}

@@ -1,0 +1,204 @@
+//! `ferry shard list`: the queue shards (the Raft groups holding replicated queues), one row per
+//! shard, from `Cluster.ListShards` on the node asked.
+
+use anyhow::Context as _;
+use comfy_table::Table;
+use ferry_proto::pb;
+use serde_json::{json, Value};
+
+use super::{connect, ClientArgs};
+use crate::output::{outln, Format};
+
+/// At most this many queue names in a row of the table (JSON lists them all).
+const QUEUES_SHOWN_MAX: usize = 4;
+
+#[derive(Debug, clap::Subcommand)]
+pub enum ShardCommand {
+    /// One row per queue shard: its leader, replicas, queues, the leader's applied index and
+    /// the lag of its least caught-up replica (log entries the leader has and it has not
+    /// acknowledged). `-` where no leader is known (an election, or most replicas down).
+    List {
+        /// Only this shard (its id, as listed).
+        #[arg(value_parser = clap::value_parser!(u64).range(1..))]
+        shard: Option<u64>,
+    },
+}
+
+pub async fn run(c: &ClientArgs, cmd: ShardCommand) -> anyhow::Result<()> {
+    match cmd {
+        ShardCommand::List { shard } => list(c, shard).await,
+    }
+}
+
+async fn list(c: &ClientArgs, shard: Option<u64>) -> anyhow::Result<()> {
+    let mut cluster = connect(c).await?.cluster();
+    let shards = cluster
+        .list_shards(pb::ListShardsRequest {
+            shard: shard.unwrap_or(0),
+        })
+        .await
+        .context("cannot list the queue shards")?
+        .into_inner()
+        .shards;
+    match c.output {
+        Format::Json => {
+            for s in &shards {
+                outln!("{}", shard_json(s))?;
+            }
+        }
+        Format::Human if shards.is_empty() => outln!(
+            "no queue shards: no replicated queue exists (`ferry queue create NAME --replicas 3` makes one)"
+        )?,
+        Format::Human => outln!("{}", shard_table(&shards))?,
+    }
+    Ok(())
+}
+
+/// One shard for scripts: `leader`, `applied_index` and `lag` are null when no leader is known.
+fn shard_json(s: &pb::ShardStatus) -> Value {
+    json!({
+        "shard": s.shard,
+        "leader": (!s.leader.is_empty()).then_some(&s.leader),
+        "replicas": s.replicas,
+        "queues": s.queues,
+        "applied_index": s.applied_index,
+        "lag": s.lag,
+    })
+}
+
+fn shard_table(shards: &[pb::ShardStatus]) -> Table {
+    let mut table = Table::new();
+    table.load_preset(comfy_table::presets::NOTHING);
+    table.set_header(["shard", "leader", "replicas", "queues", "applied", "lag"]);
+    let known = |v: Option<u64>| v.map_or_else(|| "-".to_owned(), |v| v.to_string());
+    for s in shards {
+        let leader = if s.leader.is_empty() {
+            "(none)".to_owned()
+        } else if s.applied_index.is_none() {
+            // Named by the others; it did not answer.
+            format!("{} (no answer)", s.leader)
+        } else {
+            s.leader.clone()
+        };
+        table.add_row([
+            s.shard.to_string(),
+            leader,
+            replicas_text(s),
+            queues_text(&s.queues),
+            known(s.applied_index),
+            known(s.lag),
+        ]);
+    }
+    table
+}
+
+/// The replicas, those that did not answer marked.
+fn replicas_text(s: &pb::ShardStatus) -> String {
+    s.replicas
+        .iter()
+        .map(|r| {
+            if s.unreachable.contains(r) && *r != s.leader {
+                format!("{r} (no answer)")
+            } else {
+                r.clone()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn queues_text(queues: &[String]) -> String {
+    let shown = queues
+        .iter()
+        .take(QUEUES_SHOWN_MAX)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(", ");
+    match queues.len().saturating_sub(QUEUES_SHOWN_MAX) {
+        0 => shown,
+        more => format!("{shown} +{more} more"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn led() -> pb::ShardStatus {
+        pb::ShardStatus {
+            shard: 2,
+            leader: "n2".into(),
+            term: 3,
+            replicas: vec!["n1".into(), "n2".into(), "n3".into()],
+            queues: vec!["orders".into(), "orders.DLQ".into()],
+            applied_index: Some(120),
+            lag: Some(4),
+            unreachable: vec![],
+        }
+    }
+
+    fn leaderless() -> pb::ShardStatus {
+        pb::ShardStatus {
+            leader: String::new(),
+            term: 0,
+            applied_index: None,
+            lag: None,
+            unreachable: vec!["n1".into(), "n2".into()],
+            ..led()
+        }
+    }
+
+    #[test]
+    fn json_has_exactly_the_documented_fields_and_null_for_what_is_unknown() {
+        let v = shard_json(&led());
+        assert_eq!(
+            v,
+            json!({
+                "shard": 2,
+                "leader": "n2",
+                "replicas": ["n1", "n2", "n3"],
+                "queues": ["orders", "orders.DLQ"],
+                "applied_index": 120,
+                "lag": 4,
+            })
+        );
+        let v = shard_json(&leaderless());
+        assert_eq!(v["leader"], Value::Null);
+        assert_eq!(v["applied_index"], Value::Null);
+        assert_eq!(v["lag"], Value::Null);
+        assert_eq!(v.as_object().map(|o| o.len()), Some(6));
+    }
+
+    #[test]
+    fn the_table_marks_a_missing_leader_and_silent_replicas() {
+        let text = shard_table(&[led(), leaderless()]).to_string();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 3, "{text}");
+        for word in ["shard", "leader", "replicas", "queues", "applied", "lag"] {
+            assert!(lines[0].contains(word), "{text}");
+        }
+        assert!(
+            lines[1].contains("n2") && lines[1].contains("120"),
+            "{text}"
+        );
+        assert!(lines[2].contains("(none)"), "{text}");
+        assert!(
+            lines[2].contains("n1 (no answer), n2 (no answer), n3"),
+            "{text}"
+        );
+        let cols: Vec<&str> = lines[2].split_whitespace().collect();
+        assert_eq!(
+            cols[cols.len() - 2..],
+            ["-", "-"],
+            "applied and lag unknown: {text}"
+        );
+    }
+
+    #[test]
+    fn a_long_list_of_queues_is_cut_in_the_table() {
+        let queues: Vec<String> = (0..7).map(|i| format!("q{i}")).collect();
+        assert_eq!(queues_text(&queues), "q0, q1, q2, q3 +3 more");
+        assert_eq!(queues_text(&queues[..2]), "q0, q1");
+        assert_eq!(queues_text(&[]), "");
+    }
+}
