@@ -78,9 +78,28 @@ impl ConsumerOptions {
 /// A delivery's lease runs from when the server pushed it: messages waiting in the prefetch
 /// buffer use up their lease. Keep the prefetch to what the application handles well within one
 /// lease.
+///
+/// **Failover.** When the stream ends `UNAVAILABLE` (the node serving the queue died or stopped
+/// leading it: a replicated queue's shard elects another leader within seconds), the consumer
+/// opens a new stream on the same session by itself, up to [`REOPEN_ATTEMPTS`] times in a row
+/// with a growing pause, and [`Consumer::reopened`] counts it. What the application sees:
+/// - messages it already took stay its own: on a replicated queue their acknowledgements land
+///   on the new leader (its leases and receipt handles outlive the failover);
+/// - messages pushed ahead and not yet taken when the break is noticed are given back unseen
+///   at once (the new stream pushes again, up to the prefetch); acknowledgements made while no
+///   stream is open go on the next one;
+/// - an acknowledgement sent on the broken stream that the server had not confirmed may or may
+///   not have landed ([`Consumer::unconfirmed_acks`] counts them); if it did not, that message
+///   comes back flagged redelivered when its lease runs out. Nothing is lost, and nothing is
+///   handed over twice without the redelivered flag.
+///
+/// Any other error, or `UNAVAILABLE` [`REOPEN_ATTEMPTS`] times in a row, ends the consumer
+/// with that error.
 #[derive(Debug)]
 pub struct Consumer {
     session: Session,
+    /// What each stream of this consumer starts with.
+    start: pb::ConsumeStart,
     requests: mpsc::UnboundedSender<pb::ConsumeRequest>,
     /// Always `Some` until the consumer is dropped (see `Drop`).
     responses: Option<Streaming<pb::ConsumeResponse>>,
@@ -94,7 +113,23 @@ pub struct Consumer {
     acks_answered: u64,
     /// The server answered `stop`: nothing more comes.
     stopped: bool,
+    /// `close` asked the server to stop: a stream that breaks now is not opened again.
+    closing: bool,
+    /// The stream ended `UNAVAILABLE` and another is not open yet: why.
+    broken: Option<tonic::Status>,
+    /// Requests made while the stream was broken, for the next one.
+    pending: Vec<Kind>,
+    /// Streams opened again after an `UNAVAILABLE` end, in all and since the last answer.
+    reopened: u64,
+    reopens_in_a_row: u32,
+    /// Acks, nacks and releases sent on streams that broke before the server confirmed them.
+    unconfirmed_acks: u64,
 }
+
+/// How many times in a row a [`Consumer`] opens its stream again after it ended `UNAVAILABLE`
+/// before giving up (pauses of 100 ms, doubling: about 3 s in all, on top of the server's own
+/// wait for a new leader).
+pub const REOPEN_ATTEMPTS: u32 = 5;
 
 impl Session {
     /// Starts a consumer on `queue` over a `Consume` stream. Fails at once for a bad selector or
@@ -104,26 +139,18 @@ impl Session {
         queue: &str,
         opts: ConsumerOptions,
     ) -> Result<Consumer, ClientError> {
-        let (requests, outbound) = mpsc::unbounded_channel();
-        let start = pb::ConsumeRequest {
-            kind: Some(Kind::Start(pb::ConsumeStart {
-                session_id: self.id().to_string(),
-                queue: queue.into(),
-                selector: opts.selector,
-                prefetch: opts.prefetch.max(1),
-                lease_ms: opts.lease_ms,
-                quiet_acks: opts.quiet_acks,
-            })),
+        let start = pb::ConsumeStart {
+            session_id: self.id().to_string(),
+            queue: queue.into(),
+            selector: opts.selector,
+            prefetch: opts.prefetch.max(1),
+            lease_ms: opts.lease_ms,
+            quiet_acks: opts.quiet_acks,
         };
-        let _ = requests.send(start);
-        let responses = self
-            .client()
-            .messaging()
-            .consume(UnboundedReceiverStream::new(outbound))
-            .await?
-            .into_inner();
+        let (requests, responses) = open(self, &start, vec![]).await?;
         Ok(Consumer {
             session: self.clone(),
+            start,
             requests,
             responses: Some(responses),
             buffer: VecDeque::new(),
@@ -131,8 +158,38 @@ impl Session {
             acks_sent: 0,
             acks_answered: 0,
             stopped: false,
+            closing: false,
+            broken: None,
+            pending: vec![],
+            reopened: 0,
+            reopens_in_a_row: 0,
+            unconfirmed_acks: 0,
         })
     }
+}
+
+type Opened = (
+    mpsc::UnboundedSender<pb::ConsumeRequest>,
+    Streaming<pb::ConsumeResponse>,
+);
+
+/// Opens a `Consume` stream with `start`, then `first` on it.
+async fn open(
+    session: &Session,
+    start: &pb::ConsumeStart,
+    first: Vec<Kind>,
+) -> Result<Opened, ClientError> {
+    let (requests, outbound) = mpsc::unbounded_channel();
+    for kind in std::iter::once(Kind::Start(start.clone())).chain(first) {
+        let _ = requests.send(pb::ConsumeRequest { kind: Some(kind) });
+    }
+    let responses = session
+        .client()
+        .messaging()
+        .consume(UnboundedReceiverStream::new(outbound))
+        .await?
+        .into_inner();
+    Ok((requests, responses))
 }
 
 impl Consumer {
@@ -199,6 +256,19 @@ impl Consumer {
         self.stale_acks.load(Ordering::Relaxed)
     }
 
+    /// How many times the stream was opened again after it ended `UNAVAILABLE` (see the type's
+    /// docs on failover).
+    pub fn reopened(&self) -> u64 {
+        self.reopened
+    }
+
+    /// Acks, nacks and releases sent on a stream that broke before the server confirmed them:
+    /// each may or may not have taken effect (a message whose ack did not is redelivered,
+    /// flagged, when its lease runs out).
+    pub fn unconfirmed_acks(&self) -> u64 {
+        self.unconfirmed_acks
+    }
+
     fn handed_over(&mut self, out: &[Received]) {
         let n = u32::try_from(out.len()).unwrap_or(u32::MAX);
         if self.session.acknowledges_on_receive() {
@@ -217,6 +287,10 @@ impl Consumer {
     /// to the queue unseen (not counted as deliveries); waits until every acknowledgement sent on
     /// the stream took effect ([`Consumer::flush`]).
     pub async fn close(mut self) -> Result<(), ClientError> {
+        if self.broken.is_some() {
+            self.reopen().await?;
+        }
+        self.closing = true;
         self.send(Kind::Stop(true))?;
         while !self.stopped {
             self.read_one().await?;
@@ -230,14 +304,22 @@ impl Consumer {
     /// meanwhile wait in the consumer's buffer. After this,
     /// [`Consumer::stale_acks`] counts every one of them that came too late.
     pub async fn flush(&mut self) -> Result<(), ClientError> {
-        let upto = self.acks_sent;
-        if self.acks_answered < upto {
-            self.send(Kind::Flush(upto))?;
+        loop {
+            if self.broken.is_some() {
+                self.reopen().await?;
+            }
+            // A stream opened again meanwhile counts from zero: flush that one.
+            let (upto, stream) = (self.acks_sent, self.reopened);
+            if self.acks_answered < upto {
+                self.send(Kind::Flush(upto))?;
+            }
+            while self.acks_answered < upto && self.reopened == stream {
+                self.read_one().await?;
+            }
+            if self.reopened == stream && self.broken.is_none() {
+                return Ok(());
+            }
         }
-        while self.acks_answered < upto {
-            self.read_one().await?;
-        }
-        Ok(())
     }
 
     /// Gives back, unseen, what was pushed and never handed to the application.
@@ -256,22 +338,53 @@ impl Consumer {
     }
 
     fn send(&mut self, kind: Kind) -> Result<(), ClientError> {
-        if matches!(kind, Kind::Ack(_) | Kind::Release(_) | Kind::Nack(_)) {
-            self.acks_sent += 1;
+        let settles = matches!(kind, Kind::Ack(_) | Kind::Release(_) | Kind::Nack(_));
+        let kind = if self.broken.is_none() || self.closing {
+            match self.requests.send(pb::ConsumeRequest { kind: Some(kind) }) {
+                Ok(()) => {
+                    self.acks_sent += u64::from(settles);
+                    return Ok(());
+                }
+                Err(_) if self.closing => {
+                    return Err(ClientError::InvalidArgument(
+                        "the consumer's stream has ended".into(),
+                    ))
+                }
+                // The stream is gone; the next read finds out why.
+                Err(mpsc::error::SendError(request)) => request.kind,
+            }
+        } else {
+            Some(kind)
+        };
+        // Acks, nacks and releases go on the next stream; credit and flushes were for this one.
+        if let Some(kind) = kind.filter(|_| settles) {
+            self.pending.push(kind);
         }
-        self.requests
-            .send(pb::ConsumeRequest { kind: Some(kind) })
-            .map_err(|_| ClientError::InvalidArgument("the consumer's stream has ended".into()))
+        Ok(())
     }
 
     /// Reads one response off the stream into the buffer.
     async fn read_one(&mut self) -> Result<(), ClientError> {
+        if self.broken.is_some() {
+            return self.reopen().await;
+        }
         let Some(responses) = self.responses.as_mut() else {
             return Err(ClientError::InvalidArgument(
                 "the consumer's stream has ended".into(),
             ));
         };
-        match responses.message().await? {
+        let response = match responses.message().await {
+            Ok(r) => r,
+            Err(status) if status.code() == tonic::Code::Unavailable && !self.closing => {
+                // Noted before anything awaits: a read cancelled while the next stream opens
+                // leaves the consumer knowing it must open one.
+                self.broken = Some(status);
+                return self.reopen().await;
+            }
+            Err(status) => return Err(status.into()),
+        };
+        self.reopens_in_a_row = 0;
+        match response {
             Some(pb::ConsumeResponse {
                 kind: Some(pb::consume_response::Kind::Deliveries(d)),
             }) => self.buffer.extend(
@@ -303,6 +416,56 @@ impl Consumer {
                 return Err(ClientError::Status(tonic::Status::unavailable(
                     "the server ended the consumer's stream",
                 )))
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Consumer {
+    /// The stream ended `UNAVAILABLE` (`self.broken`): opens another on the same session (see
+    /// the type's docs on failover), giving back at once what was pushed and never handed over,
+    /// then sending what was asked for meanwhile. Cancelled, it starts again at the next read.
+    async fn reopen(&mut self) -> Result<(), ClientError> {
+        while let Some(cause) = self.broken.clone() {
+            if self.reopens_in_a_row >= REOPEN_ATTEMPTS {
+                return Err(cause.into());
+            }
+            let pause = Duration::from_millis(100) * 2u32.pow(self.reopens_in_a_row);
+            tracing::warn!(error = %cause, queue = %self.start.queue, ?pause, "the consumer's stream ended; opening it again");
+            tokio::time::sleep(pause).await;
+            self.reopens_in_a_row += 1;
+            let unseen: Vec<String> = self
+                .buffer
+                .iter()
+                .map(|r| r.delivery.receipt_handle.clone())
+                .collect();
+            let mut first = vec![];
+            if !unseen.is_empty() {
+                first.push(Kind::Release(pb::ReceiptHandles {
+                    receipt_handles: unseen,
+                }));
+            }
+            first.extend(self.pending.iter().cloned());
+            let settling = first
+                .iter()
+                .filter(|k| matches!(k, Kind::Ack(_) | Kind::Release(_) | Kind::Nack(_)))
+                .count() as u64;
+            match open(&self.session, &self.start, first).await {
+                Ok((requests, responses)) => {
+                    self.buffer.clear();
+                    self.pending.clear();
+                    self.unconfirmed_acks += self.acks_sent.saturating_sub(self.acks_answered);
+                    (self.acks_sent, self.acks_answered) = (settling, 0);
+                    self.requests = requests;
+                    self.responses = Some(responses);
+                    self.broken = None;
+                    self.reopened += 1;
+                }
+                Err(ClientError::Status(s)) if s.code() == tonic::Code::Unavailable => {
+                    self.broken = Some(s);
+                }
+                Err(e) => return Err(e),
             }
         }
         Ok(())
@@ -445,6 +608,134 @@ mod tests {
             }))
             .await;
         closing.await.expect("no panic").expect("closed");
+    }
+
+    /// Issue 24 §2: the node serving the queue died under the stream (a replicated queue's
+    /// shard elects another leader): the consumer opens the stream again on the same session
+    /// and counts the ack whose outcome it never learned.
+    #[tokio::test]
+    async fn a_stream_ended_unavailable_is_opened_again_on_the_same_session() {
+        let mut fake = fake::start(30_000).await;
+        let (mut consumer, mut stream) = consumer(&mut fake, AckMode::Client, 3).await;
+        push(&stream, &["h1", "h2", "h3"]).await;
+        let got = consumer.receive_batch(1, WAIT).await.expect("one");
+        assert_eq!(got[0].receipt_handle(), "h1");
+        assert_eq!(stream.next().await.kind, Some(Kind::Credit(1)));
+        consumer.ack(&got).expect("ack");
+        assert_eq!(handles(stream.next().await.kind), ("ack", strings(&["h1"])));
+        stream
+            .answer(Err(tonic::Status::unavailable(
+                "the shard's leader is gone",
+            )))
+            .await;
+        // What was pushed before the break is still the session's: handed over.
+        let buffered: Vec<String> = consumer
+            .receive_batch(5, WAIT)
+            .await
+            .expect("the buffer")
+            .iter()
+            .map(|r| r.receipt_handle().to_string())
+            .collect();
+        assert_eq!(buffered, ["h2", "h3"]);
+
+        let server = async {
+            let mut again = fake.next_consume().await;
+            let Some(Kind::Start(start)) = again.next().await.kind else {
+                panic!("the new stream opens with a start");
+            };
+            assert_eq!(
+                (
+                    start.session_id.as_str(),
+                    start.queue.as_str(),
+                    start.prefetch
+                ),
+                ("session-1", "q", 3),
+                "the same session, queue and prefetch"
+            );
+            push(&again, &["h4"]).await;
+            again
+        };
+        let (next, _again) = tokio::join!(consumer.receive_batch(5, WAIT), server);
+        let next: Vec<String> = next
+            .expect("the consumer goes on")
+            .iter()
+            .map(|r| r.receipt_handle().to_string())
+            .collect();
+        assert_eq!(next, ["h4"]);
+        assert_eq!(consumer.reopened(), 1);
+        assert_eq!(
+            consumer.unconfirmed_acks(),
+            1,
+            "the ack of h1 was never confirmed"
+        );
+    }
+
+    /// A break noticed with messages still unseen in the buffer (here by a flush): they are
+    /// given back on the new stream, and the flush covers the new stream's releases.
+    #[tokio::test]
+    async fn a_flush_across_a_break_gives_back_the_unseen_and_flushes_the_new_stream() {
+        let mut fake = fake::start(30_000).await;
+        let (mut consumer, mut stream) = consumer(&mut fake, AckMode::Auto, 3).await;
+        push(&stream, &["h1", "h2"]).await;
+        let got = consumer.receive_batch(1, WAIT).await.expect("one");
+        assert_eq!(got[0].receipt_handle(), "h1");
+        assert_eq!(handles(stream.next().await.kind), ("ack", strings(&["h1"])));
+        assert_eq!(stream.next().await.kind, Some(Kind::Credit(1)));
+        stream
+            .answer(Err(tonic::Status::unavailable(
+                "the shard's leader is gone",
+            )))
+            .await;
+        let server = async {
+            let mut again = fake.next_consume().await;
+            assert!(matches!(again.next().await.kind, Some(Kind::Start(_))));
+            assert_eq!(
+                handles(again.next().await.kind),
+                ("release", strings(&["h2"]))
+            );
+            assert_eq!(again.next().await.kind, Some(Kind::Flush(1)));
+            let flushed = Answer::Flushed(1);
+            again
+                .answer(Ok(pb::ConsumeResponse {
+                    kind: Some(flushed),
+                }))
+                .await;
+            again
+        };
+        let (flushed, _again) = tokio::join!(consumer.flush(), server);
+        flushed.expect("flushed");
+        assert_eq!((consumer.reopened(), consumer.unconfirmed_acks()), (1, 1));
+    }
+
+    #[tokio::test]
+    async fn a_stream_ended_with_another_error_ends_the_consumer() {
+        let mut fake = fake::start(30_000).await;
+        let (mut consumer, stream) = consumer(&mut fake, AckMode::Auto, 3).await;
+        stream
+            .answer(Err(tonic::Status::not_found("queue q does not exist")))
+            .await;
+        let err = consumer.receive(WAIT).await.expect_err("the error");
+        assert!(err.to_string().contains("does not exist"), "{err}");
+        assert_eq!(consumer.reopened(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_consumer_gives_up_after_its_stream_ends_unavailable_each_time_it_is_opened() {
+        let mut fake = fake::start(30_000).await;
+        let (mut consumer, stream) = consumer(&mut fake, AckMode::Auto, 3).await;
+        let down = || Err(tonic::Status::unavailable("no leader"));
+        stream.answer(down()).await;
+        let server = async {
+            for _ in 0..crate::REOPEN_ATTEMPTS {
+                let mut again = fake.next_consume().await;
+                assert!(matches!(again.next().await.kind, Some(Kind::Start(_))));
+                again.answer(down()).await;
+            }
+        };
+        let (got, ()) = tokio::join!(consumer.receive(None), server);
+        let err = got.expect_err("gives up");
+        assert!(err.to_string().contains("no leader"), "{err}");
+        assert_eq!(consumer.reopened(), u64::from(crate::REOPEN_ATTEMPTS));
     }
 
     #[tokio::test]

@@ -31,7 +31,7 @@ mod message;
 mod request;
 
 pub use connection::{AutoAckFailures, Client, Connection, ReceiveOptions, Session};
-pub use consumer::{Consumer, ConsumerOptions};
+pub use consumer::{Consumer, ConsumerOptions, REOPEN_ATTEMPTS};
 pub use ferry_proto::pb;
 pub use ferry_proto::pb::AckMode;
 pub use message::{Message, Received};

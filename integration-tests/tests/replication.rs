@@ -9,7 +9,7 @@
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use ferry_client::{pb, AckMode, Message, ReceiveOptions};
+use ferry_client::{pb, AckMode, ConsumerOptions, Message, ReceiveOptions};
 use ferry_integration_tests::cluster::Cluster;
 use ferry_integration_tests::{ferry_cli, stats, wait_until};
 use serde_json::Value;
@@ -165,6 +165,80 @@ async fn a_consumers_acks_of_deliveries_made_before_the_failover_land_on_the_new
     all.sort();
     let expected: Vec<String> = (0..20).map(|i| format!("w{i:02}")).collect();
     assert_eq!(all, expected);
+    Ok(())
+}
+
+/// A consumer on a `Consume` stream through a surviving node goes on after the shard's leader
+/// is killed: its stream is opened again by itself, every message arrives, and none twice
+/// without the redelivered flag.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_goes_on_by_itself_when_the_shards_leader_is_killed() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut cluster = Cluster::start(dir.path(), &NODES)?;
+    cluster.wait_leader(&NODES, LEADER_WAIT).await?;
+    let first = cluster.node("n1").client().await?;
+    create(&first, "feed", 3).await?;
+    let leader = stats(&first, "feed").await?.owner_node;
+    let survivor = NODES.iter().find(|n| **n != leader).unwrap();
+    let client = cluster.node(survivor).client().await?;
+    let conn = client.open_connection("t").await?;
+    let producer = conn.create_session(AckMode::Auto).await?;
+    let consuming = conn.create_session(AckMode::Auto).await?;
+    let mut consumer = consuming
+        .consumer("feed", ConsumerOptions::default().prefetch(10))
+        .await?;
+    const SENT: usize = 200;
+    let send = |range: std::ops::Range<usize>| {
+        let batch: Vec<Message> = range.map(|i| Message::text(format!("f{i:03}"))).collect();
+        producer.send("feed", batch)
+    };
+    send(0..100).await?;
+
+    let mut seen = HashSet::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    fn take(seen: &mut HashSet<String>, got: Vec<ferry_client::Received>) -> anyhow::Result<()> {
+        for m in got {
+            let fresh = seen.insert(String::from_utf8_lossy(m.body()).into_owned());
+            anyhow::ensure!(
+                fresh || m.redelivered(),
+                "{} handed over twice without the redelivered flag",
+                m.message_id()
+            );
+        }
+        Ok(())
+    }
+    while seen.len() < 50 {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "only {} before the kill",
+            seen.len()
+        );
+        take(
+            &mut seen,
+            consumer
+                .receive_batch(10, Some(Duration::from_secs(1)))
+                .await?,
+        )?;
+    }
+
+    cluster.node_mut(&leader).kill9();
+    send(100..SENT).await?;
+    while seen.len() < SENT {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "received {} of {SENT} (stream opened again {} times)",
+            seen.len(),
+            consumer.reopened()
+        );
+        take(
+            &mut seen,
+            consumer
+                .receive_batch(10, Some(Duration::from_secs(1)))
+                .await?,
+        )?;
+    }
+    assert!(consumer.reopened() >= 1, "the stream was opened again");
+    consumer.close().await?;
     Ok(())
 }
 
