@@ -8,6 +8,7 @@ use hdrhistogram::Histogram;
 use serde::Serialize;
 
 use super::checker::Verdict;
+use super::failover::Failovers;
 use super::history::{Event, Fault, History, Op, Outcome};
 use super::nemesis::PlannedFault;
 
@@ -80,6 +81,10 @@ pub struct Report {
     /// while its owner is down or cut off, whatever the others do).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub longest_unavailability_by_queue_ms: BTreeMap<String, f64>,
+    /// With kills of shard leaders (`failover`): each kill's failover time and their
+    /// percentiles.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failover: Option<Failovers>,
     /// Invoke to confirm of each confirmed send attempt.
     pub send_latency: Latency,
     /// A value's first send invoke to its first delivery.
@@ -137,6 +142,7 @@ impl Report {
             longest_unavailability_ms: longest_unavailability_us(&events, |_| true) as f64
                 / 1_000.0,
             longest_unavailability_by_queue_ms: unavailability_by_queue(&events),
+            failover: Failovers::of(&events),
             send_latency: send_latency(&events),
             end_to_end_latency: end_to_end(&events),
             client_errors: events
@@ -214,6 +220,9 @@ impl Report {
                 s.push_str(&format!(" {q} {ms:.0} ms"));
             }
             s.push('\n');
+        }
+        if let Some(f) = &self.failover {
+            s.push_str(&f.summary());
         }
         for (kind, n) in &v.anomaly_counts {
             s.push_str(&format!("  ANOMALY {kind:?}: {n}\n"));
