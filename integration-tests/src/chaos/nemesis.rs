@@ -97,7 +97,7 @@ pub fn schedule(seed: u64, plan: &FaultPlan, load_ms: u64) -> Vec<PlannedFault> 
         // Drawn even when `alternate` overrides it: a seed's other draws stay the same.
         let drawn = plan.kinds[rng.random_range(0..plan.kinds.len())];
         let kind = match plan.alternate {
-            Some(k) if slot_index % 2 == 0 => k,
+            Some(k) if slot_index.is_multiple_of(2) => k,
             _ => drawn,
         };
         slot_index += 1;
@@ -159,7 +159,7 @@ pub fn cluster_schedule(
 /// Aims each [`FaultKind::KillShardLeader`] of `schedule` at one of `queues` (its shard's
 /// leader is found when the fault starts), drawn from a stream of its own.
 pub fn aim_at_queues(seed: u64, schedule: &mut [PlannedFault], queues: &[String]) {
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ 0x7175_6575_6573_00);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ 0x0071_7565_7565_7300);
     if queues.is_empty() {
         return;
     }
