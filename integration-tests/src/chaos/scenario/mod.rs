@@ -21,7 +21,7 @@ use super::checker::{self, CheckOptions, DeadLetterRule};
 use super::history::{History, Op};
 use super::nemesis::{self, FaultKind, Nemesis, Target};
 use super::proxy::Proxy;
-use super::report::Report;
+use super::report::{Report, ShardAtStart};
 use super::workload::{self, ConsumerKind, Ctx, DrainMode, ProducerSpec};
 use crate::{Node, NodeOptions};
 
@@ -35,6 +35,8 @@ struct Started {
     /// Replicated queues: each queue's shard leader when the load starts, as an index of
     /// `nodes` (workers start on the nodes after it). Empty otherwise.
     leaders: HashMap<String, usize>,
+    /// Replicated queues: each one's shard when the load starts.
+    shards: Vec<ShardAtStart>,
     // Dropped last: the nodes are killed first (fields drop in declaration order).
     _data: tempfile::TempDir,
 }
@@ -97,6 +99,7 @@ async fn start(spec: &Spec) -> anyhow::Result<Started> {
     let nodes = vec![("n1".to_string(), node.url())];
     Ok(Started {
         leaders: HashMap::new(),
+        shards: vec![],
         client_url: proxy.as_ref().map_or(node.url(), |p| p.url()),
         nemesis: Nemesis::Node(Target {
             node: Arc::new(Mutex::new(node)),
@@ -138,12 +141,21 @@ async fn start_cluster(spec: &Spec, data: tempfile::TempDir) -> anyhow::Result<S
     .await?;
     let nemesis = Nemesis::Cluster(target);
     let nodes = node_urls(&nemesis);
-    let mut leaders = HashMap::new();
+    let (mut leaders, mut shards) = (HashMap::new(), vec![]);
     if spec.replicas > 1 {
         for q in spec.queues() {
             let shard = super::cluster::shard_of(&nodes, &q, super::cluster::LEADER_WAIT).await?;
             let at = nodes.iter().position(|(n, _)| *n == shard.leader);
-            leaders.insert(q, at.context("a shard led by a node not in the cluster")?);
+            leaders.insert(
+                q.clone(),
+                at.context("a shard led by a node not in the cluster")?,
+            );
+            shards.push(ShardAtStart {
+                queue: q,
+                shard: shard.shard,
+                leader: shard.leader,
+                replicas: shard.replicas,
+            });
         }
     }
     Ok(Started {
@@ -151,6 +163,7 @@ async fn start_cluster(spec: &Spec, data: tempfile::TempDir) -> anyhow::Result<S
         nemesis,
         nodes,
         leaders,
+        shards,
         _data: data,
     })
 }
@@ -270,6 +283,7 @@ pub async fn run(spec: &Spec, out_dir: &Path) -> anyhow::Result<Report> {
         history_path.display().to_string(),
     );
     report.fault_points = spec.fault_points.clone();
+    report.shards_at_start = started.shards.clone();
     if let Some(f) = &mut report.failover {
         f.target_judged = spec.size != Size::Smoke;
     }
