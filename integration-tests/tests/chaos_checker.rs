@@ -341,3 +341,62 @@ fn a_history_survives_a_round_trip_through_json_lines() {
     assert_eq!(back.events(), h.history().events());
     assert_eq!(check(&back, &CheckOptions::default()).lost, 1);
 }
+
+/// The failover time of a shard leader's kill runs from the kill to the first send on one of the
+/// shard's queues that was invoked after the kill and confirmed: a send the dying leader
+/// confirmed (invoked before the kill, its answer read after) and a send to another shard's
+/// queue do not end it.
+#[test]
+fn a_failover_time_runs_from_the_kill_to_the_first_send_on_its_shard_invoked_after_it() {
+    use ferry_integration_tests::chaos::failover::Failovers;
+    use ferry_integration_tests::chaos::history::{Event, Fault, Op};
+    let at = |t_us: u64, op: Op| Event {
+        t_us,
+        process: "p".into(),
+        node: "n2".into(),
+        op,
+    };
+    let invoke = |op: u64, queue: &str| Op::SendInvoke {
+        op,
+        queue: queue.into(),
+        producer: 0,
+        first_seq: op,
+        count: 1,
+        attempt: 1,
+    };
+    let ok = |op: u64| Op::SendEnd {
+        op,
+        outcome: Outcome::Ok,
+        message_ids: vec![],
+    };
+    let kill = |queue: &str, shard: u64| {
+        Op::Fault(Fault::KillShardLeader {
+            queue: queue.into(),
+            shard,
+            queues: vec![queue.into(), format!("{queue}.DLQ")],
+        })
+    };
+    let events = vec![
+        at(1_000, invoke(1, "a")),
+        at(2_000, kill("a", 1)),
+        // Invoked before the kill: the old leader's answer.
+        at(2_500, ok(1)),
+        at(3_000, invoke(2, "b")),
+        at(3_500, ok(2)),
+        at(4_000, invoke(3, "a")),
+        at(1_502_000, ok(3)),
+        // A second kill, of shard 2, after which nothing on it is confirmed.
+        at(2_000_000, kill("b", 2)),
+        at(2_000_100, invoke(4, "a")),
+        at(2_000_200, ok(4)),
+    ];
+    let f = Failovers::of(&events).unwrap();
+    assert_eq!(f.kills.len(), 2);
+    assert_eq!(f.kills[0].failover_ms, Some(1_500.0));
+    assert_eq!(f.kills[1].failover_ms, None);
+    assert_eq!((f.count, f.not_recovered), (1, 1));
+    assert_eq!((f.p50_ms, f.p99_ms, f.max_ms), (1_500.0, 1_500.0, 1_500.0));
+    assert!(!f.target_met(), "a shard that never took a send again");
+    assert!(Failovers::of(&events[..2]).is_some_and(|f| f.count == 0));
+    assert!(Failovers::of(&events[2..7]).is_none(), "no kill, no figure");
+}

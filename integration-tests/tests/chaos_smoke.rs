@@ -208,6 +208,32 @@ async fn cluster_remove_smoke_loses_and_duplicates_nothing() -> anyhow::Result<(
     smoke("cluster-remove", 11).await.map(drop)
 }
 
+/// Three nodes, three queues each replicated on all three in a shard of its own; every other
+/// fault a kill -9 of a queue's shard leader (restarted in place later), the others a pause or a
+/// partition of a random node. Every shard takes sends again after each kill; the failover times
+/// are reported, not judged, at this size.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_smoke_loses_and_duplicates_nothing_when_shard_leaders_are_killed(
+) -> anyhow::Result<()> {
+    let report = smoke("failover", 12).await?;
+    let failover = report
+        .failover
+        .as_ref()
+        .expect("a failover run reports failover times");
+    let planned = report
+        .fault_schedule
+        .iter()
+        .filter(|f| f.queue.is_some())
+        .count();
+    assert!(planned > 0, "no shard leader kill planned");
+    assert_eq!(failover.kills.len(), planned, "{failover:?}");
+    assert_eq!(
+        failover.not_recovered, 0,
+        "a shard took no send after its leader's kill: {failover:?}"
+    );
+    Ok(())
+}
+
 /// How `url`'s node sees node `id`: "up", "down" or "self" ("?" when it cannot tell).
 async fn health(url: &str, id: &str) -> String {
     match ferry_integration_tests::cluster::status_at(url).await {
@@ -310,7 +336,7 @@ fn cgroup_left(prefix: &str) -> anyhow::Result<bool> {
 
 #[test]
 fn the_same_seed_gives_the_same_fault_schedule() {
-    use ferry_integration_tests::chaos::nemesis::{cluster_schedule, schedule};
+    use ferry_integration_tests::chaos::nemesis::{cluster_schedule, schedule, FaultKind};
     for name in scenario::SCENARIOS {
         let a =
             scenario::spec(name, 42, Size::Full { minutes: 3.0 }).unwrap_or_else(|e| panic!("{e}"));
@@ -344,4 +370,20 @@ fn the_same_seed_gives_the_same_fault_schedule() {
         .all(|f| f.node.as_deref().is_some_and(|n| nodes.contains(&n))));
     let hit: std::collections::BTreeSet<_> = aimed.iter().filter_map(|f| f.node.clone()).collect();
     assert_eq!(hit.len(), 3, "18 faults hit every node: {aimed:?}");
+    // `failover`: every other fault kills the leader of a queue's shard, found when it starts
+    // (no node named); the others are aimed at a node.
+    let f = scenario::spec("failover", 42, Size::Full { minutes: 3.0 })
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut aimed = cluster_schedule(42, &f.faults, 180_000, &nodes);
+    let queues: Vec<String> = (1..=3).map(|i| format!("chaos-s{i}")).collect();
+    ferry_integration_tests::chaos::nemesis::aim_at_queues(42, &mut aimed, &queues);
+    let kills = aimed.iter().step_by(2);
+    assert!(kills.clone().count() >= 10, "{aimed:?}");
+    for k in kills {
+        assert_eq!(k.kind, FaultKind::KillShardLeader, "{aimed:?}");
+        assert!(k.node.is_none() && k.queue.as_ref().is_some_and(|q| queues.contains(q)));
+    }
+    for other in aimed.iter().skip(1).step_by(2) {
+        assert!(other.node.is_some() && other.queue.is_none(), "{other:?}");
+    }
 }

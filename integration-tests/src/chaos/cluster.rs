@@ -58,6 +58,9 @@ impl ClusterTarget {
         if f.kind == FaultKind::RemoveNode {
             return self.remove_node(history, f).await;
         }
+        if f.kind == FaultKind::KillShardLeader {
+            return self.kill_shard_leader(history, f).await;
+        }
         let name = f.node.as_deref().context("a cluster fault names no node")?;
         let i = self.index(name)?;
         let healing = match f.kind {
@@ -156,6 +159,26 @@ impl ClusterTarget {
         })
     }
 
+    /// Kills (kill -9) the leader of the shard of the queue `f` names, as the nodes report it
+    /// when the fault starts, and restarts it in place after `f.for_ms`.
+    async fn kill_shard_leader(&self, history: &History, f: &PlannedFault) -> anyhow::Result<()> {
+        let queue = f
+            .queue
+            .as_deref()
+            .context("a shard leader's kill names no queue")?;
+        let shard = shard_of(&self.member_urls(), queue, SHARD_LEADER_WAIT).await?;
+        let i = self.index(&shard.leader)?;
+        self.nodes[i].with_node(Node::kill9).await?;
+        let event = Fault::KillShardLeader {
+            queue: queue.into(),
+            shard: shard.shard,
+            queues: shard.queues,
+        };
+        history.record("nemesis", &shard.leader, Op::Fault(event));
+        tokio::time::sleep(Duration::from_millis(f.for_ms)).await;
+        self.nodes[i].restart(history).await
+    }
+
     /// Removes the node `f` names through the next node (retried for [`META_WRITE_MAX`]),
     /// and stops it `f.for_ms` later, as an operator would; it is never restarted.
     async fn remove_node(&self, history: &History, f: &PlannedFault) -> anyhow::Result<()> {
@@ -246,18 +269,33 @@ pub async fn start(
     queues: &[(String, String)],
     config: &pb::QueueConfig,
 ) -> anyhow::Result<ClusterTarget> {
-    start_with(dir, ids, None, node_toml, queues, config, false).await
+    let creates: Vec<pb::CreateQueueRequest> = queues
+        .iter()
+        .map(|(queue, owner)| pinned(queue, owner, config))
+        .collect();
+    start_with(dir, ids, None, node_toml, &creates, false).await
 }
 
-/// [`start`]; then `learner` joins as a learner owning no queue; with `fake_clocks`, every node
-/// runs under libfaketime (its wall clock can jump).
+/// The creation of `queue` pinned on `owner` (not replicated).
+pub fn pinned(queue: &str, owner: &str, config: &pb::QueueConfig) -> pb::CreateQueueRequest {
+    pb::CreateQueueRequest {
+        replicas: 0,
+        own_shard: false,
+        name: queue.into(),
+        config: Some(config.clone()),
+        if_not_exists: false,
+        node: owner.into(),
+    }
+}
+
+/// [`start`] with each queue created as `queues` asks; then `learner` joins as a learner owning
+/// no queue; with `fake_clocks`, every node runs under libfaketime (its wall clock can jump).
 pub async fn start_with(
     dir: &Path,
     ids: &[&str],
     learner: Option<&str>,
     node_toml: &str,
-    queues: &[(String, String)],
-    config: &pb::QueueConfig,
+    queues: &[pb::CreateQueueRequest],
     fake_clocks: bool,
 ) -> anyhow::Result<ClusterTarget> {
     let mut firewall = Firewall::new()?;
@@ -277,19 +315,12 @@ pub async fn start_with(
     cluster.start_nodes(ids, node_toml, &procs)?;
     cluster.wait_leader(ids, LEADER_WAIT).await?;
     let admin = cluster.nodes[0].client().await?;
-    for (queue, owner) in queues {
+    for create in queues {
         admin
             .admin()
-            .create_queue(pb::CreateQueueRequest {
-                replicas: 0,
-                own_shard: false,
-                name: queue.clone(),
-                config: Some(config.clone()),
-                if_not_exists: false,
-                node: owner.clone(),
-            })
+            .create_queue(create.clone())
             .await
-            .with_context(|| format!("creating {queue} on {owner}"))?;
+            .with_context(|| format!("creating {} on {:?}", create.name, create.node))?;
     }
     if let Some(id) = learner {
         let procs = firewall.add_node(id, &cluster.ip(ids.len()))?;
@@ -364,6 +395,58 @@ async fn create_by(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     anyhow::bail!("last error: {last}")
+}
+
+/// How long a shard may go without a known leader before a kill of its leader gives up (an
+/// election takes a second or two; a fault before the kill may have held it up).
+pub const SHARD_LEADER_WAIT: Duration = Duration::from_secs(20);
+
+/// The shard holding `queue`, with a leader, as the first of `nodes` (name, URL) that answers
+/// `Cluster.ListShards` names it; asked until `timeout` passes.
+pub async fn shard_of(
+    nodes: &[(String, String)],
+    queue: &str,
+    timeout: Duration,
+) -> anyhow::Result<pb::ShardStatus> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut last = String::from("no answer");
+    // Polled every 100 ms until the deadline; each call bounded by 2 s.
+    while tokio::time::Instant::now() < deadline {
+        for (name, url) in nodes {
+            let listed = tokio::time::timeout(Duration::from_secs(2), async {
+                let client = ferry_client::Client::connect(url).await?;
+                let shards = client
+                    .cluster()
+                    .list_shards(pb::ListShardsRequest { shard: 0 })
+                    .await?
+                    .into_inner()
+                    .shards;
+                Ok::<_, anyhow::Error>(shards)
+            })
+            .await;
+            let shards = match listed {
+                Ok(Ok(shards)) => shards,
+                Ok(Err(e)) => {
+                    last = format!("{name}: {e:#}");
+                    continue;
+                }
+                Err(_) => {
+                    last = format!("{name}: timed out");
+                    continue;
+                }
+            };
+            match shards
+                .into_iter()
+                .find(|s| s.queues.iter().any(|q| q == queue))
+            {
+                Some(s) if !s.leader.is_empty() => return Ok(s),
+                Some(s) => last = format!("{name}: shard {} has no leader", s.shard),
+                None => last = format!("{name}: no shard holds {queue}"),
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    anyhow::bail!("no leader of {queue}'s shard within {timeout:?}; last: {last}")
 }
 
 /// How long a cluster may take to agree on a metadata leader (at the start, after the heal).

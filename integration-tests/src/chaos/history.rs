@@ -63,6 +63,13 @@ pub enum AckMode {
 pub enum Fault {
     /// SIGKILL of the node's process.
     Kill9,
+    /// SIGKILL of the node's process, which led `shard`, the shard of `queue` (of every queue
+    /// in `queues`) when the fault began.
+    KillShardLeader {
+        queue: String,
+        shard: u64,
+        queues: Vec<String>,
+    },
     /// Every write of the dead node's data directory that was not fsynced is dropped (LazyFS):
     /// a power loss.
     UnsyncedDropped,
@@ -112,6 +119,7 @@ impl Fault {
     pub fn is_planned_injection(&self) -> bool {
         match self {
             Fault::Kill9
+            | Fault::KillShardLeader { .. }
             | Fault::Pause
             | Fault::ProxyReset { .. }
             | Fault::ProxyDelay { .. }

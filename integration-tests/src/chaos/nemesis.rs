@@ -40,6 +40,9 @@ pub enum FaultKind {
     /// The cluster's metadata leader (found when the fault starts) cut from the others, and a
     /// queue created through the majority.
     PartitionLeader,
+    /// kill -9 of the leader of the shard of the queue the fault names (found when the fault
+    /// starts), restarted in place after `for_ms`.
+    KillShardLeader,
 }
 
 /// One planned fault: at `at_ms` after the load begins, `kind`, lasting `for_ms` (the node's
@@ -58,6 +61,9 @@ pub struct PlannedFault {
     /// ClockJump: the step, forward (positive) or back.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub jump_ms: Option<i64>,
+    /// KillShardLeader: the queue whose shard's leader it kills.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub queue: Option<String>,
 }
 
 /// How faults are drawn.
@@ -68,6 +74,9 @@ pub struct FaultPlan {
     pub interval_ms: u64,
     /// The longest a fault lasts (each draws up to this).
     pub for_ms_max: u64,
+    /// Every other fault (the first, the third...) is of this kind; the rest are drawn from
+    /// `kinds`. `None`: every fault is drawn.
+    pub alternate: Option<FaultKind>,
 }
 
 /// The schedule of faults over `load_ms`, from `seed` alone. Faults never overlap: each ends
@@ -82,9 +91,16 @@ pub fn schedule(seed: u64, plan: &FaultPlan, load_ms: u64) -> Vec<PlannedFault> 
     let slot = plan.interval_ms;
     let mut start = slot / 2;
     // Bounded by the load's length.
+    let mut slot_index = 0u64;
     while start + slot / 4 < load_ms {
         let at_ms = start + rng.random_range(0..=slot / 4);
-        let kind = plan.kinds[rng.random_range(0..plan.kinds.len())];
+        // Drawn even when `alternate` overrides it: a seed's other draws stay the same.
+        let drawn = plan.kinds[rng.random_range(0..plan.kinds.len())];
+        let kind = match plan.alternate {
+            Some(k) if slot_index.is_multiple_of(2) => k,
+            _ => drawn,
+        };
+        slot_index += 1;
         let longest = plan.for_ms_max.min(slot / 2).max(1);
         let for_ms = match kind {
             FaultKind::ProxyReset => 0,
@@ -108,6 +124,7 @@ pub fn schedule(seed: u64, plan: &FaultPlan, load_ms: u64) -> Vec<PlannedFault> 
                 delay_ms,
                 node: None,
                 jump_ms,
+                queue: None,
             });
         }
         start += slot;
@@ -127,14 +144,31 @@ pub fn cluster_schedule(
     let mut out = schedule(seed, plan, load_ms);
     if !nodes.is_empty() {
         // The leader is whoever leads when its fault starts.
-        for f in out
-            .iter_mut()
-            .filter(|f| f.kind != FaultKind::PartitionLeader)
-        {
+        for f in out.iter_mut().filter(|f| {
+            !matches!(
+                f.kind,
+                FaultKind::PartitionLeader | FaultKind::KillShardLeader
+            )
+        }) {
             f.node = Some(nodes[rng.random_range(0..nodes.len())].to_string());
         }
     }
     out
+}
+
+/// Aims each [`FaultKind::KillShardLeader`] of `schedule` at one of `queues` (its shard's
+/// leader is found when the fault starts), drawn from a stream of its own.
+pub fn aim_at_queues(seed: u64, schedule: &mut [PlannedFault], queues: &[String]) {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ 0x0071_7565_7565_7300);
+    if queues.is_empty() {
+        return;
+    }
+    for f in schedule
+        .iter_mut()
+        .filter(|f| f.kind == FaultKind::KillShardLeader)
+    {
+        f.queue = Some(queues[rng.random_range(0..queues.len())].clone());
+    }
 }
 
 /// What the nemesis acts on.
@@ -280,8 +314,9 @@ impl Target {
             | FaultKind::PartitionLeader
             | FaultKind::Mute
             | FaultKind::Deaf
-            | FaultKind::RemoveNode => {
-                anyhow::bail!("a partition needs a cluster")
+            | FaultKind::RemoveNode
+            | FaultKind::KillShardLeader => {
+                anyhow::bail!("a {:?} fault needs a cluster", f.kind)
             }
         }
         Ok(())

@@ -8,6 +8,7 @@ use hdrhistogram::Histogram;
 use serde::Serialize;
 
 use super::checker::Verdict;
+use super::failover::Failovers;
 use super::history::{Event, Fault, History, Op, Outcome};
 use super::nemesis::PlannedFault;
 
@@ -57,6 +58,16 @@ pub struct FaultWindow {
     pub confirmed: u64,
 }
 
+/// A replicated queue's shard when the load began, as `Cluster.ListShards` named it.
+#[derive(Debug, Clone, Serialize)]
+pub struct ShardAtStart {
+    pub queue: String,
+    pub shard: u64,
+    pub leader: String,
+    /// The preferred leader first (the placement rule balances these over the nodes).
+    pub replicas: Vec<String>,
+}
+
 /// The report of one run.
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
@@ -80,6 +91,13 @@ pub struct Report {
     /// while its owner is down or cut off, whatever the others do).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub longest_unavailability_by_queue_ms: BTreeMap<String, f64>,
+    /// With kills of shard leaders (`failover`): each kill's failover time and their
+    /// percentiles.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failover: Option<Failovers>,
+    /// Replicated queues: each one's shard, leader and replicas when the load began.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub shards_at_start: Vec<ShardAtStart>,
     /// Invoke to confirm of each confirmed send attempt.
     pub send_latency: Latency,
     /// A value's first send invoke to its first delivery.
@@ -137,6 +155,8 @@ impl Report {
             longest_unavailability_ms: longest_unavailability_us(&events, |_| true) as f64
                 / 1_000.0,
             longest_unavailability_by_queue_ms: unavailability_by_queue(&events),
+            failover: Failovers::of(&events),
+            shards_at_start: vec![],
             send_latency: send_latency(&events),
             end_to_end_latency: end_to_end(&events),
             client_errors: events
@@ -214,6 +234,17 @@ impl Report {
                 s.push_str(&format!(" {q} {ms:.0} ms"));
             }
             s.push('\n');
+        }
+        if !self.shards_at_start.is_empty() {
+            s.push_str("  shard leaders at the start (replicas, the preferred leader first):");
+            for sh in &self.shards_at_start {
+                let replicas = sh.replicas.join(", ");
+                s.push_str(&format!(" {} {} ({replicas});", sh.queue, sh.leader));
+            }
+            s.push('\n');
+        }
+        if let Some(f) = &self.failover {
+            s.push_str(&f.summary());
         }
         for (kind, n) in &v.anomaly_counts {
             s.push_str(&format!("  ANOMALY {kind:?}: {n}\n"));

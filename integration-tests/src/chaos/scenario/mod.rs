@@ -7,6 +7,7 @@ mod spec;
 use spec::{consumer, producers_one};
 pub use spec::{spec, Size, Spec, PLANTED, SCENARIOS};
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -20,7 +21,7 @@ use super::checker::{self, CheckOptions, DeadLetterRule};
 use super::history::{History, Op};
 use super::nemesis::{self, FaultKind, Nemesis, Target};
 use super::proxy::Proxy;
-use super::report::Report;
+use super::report::{Report, ShardAtStart};
 use super::workload::{self, ConsumerKind, Ctx, DrainMode, ProducerSpec};
 use crate::{Node, NodeOptions};
 
@@ -31,6 +32,11 @@ struct Started {
     client_url: String,
     /// Every node as (name, client URL).
     nodes: Vec<(String, String)>,
+    /// Replicated queues: each queue's shard leader when the load starts, as an index of
+    /// `nodes` (workers start on the nodes after it). Empty otherwise.
+    leaders: HashMap<String, usize>,
+    /// Replicated queues: each one's shard when the load starts.
+    shards: Vec<ShardAtStart>,
     // Dropped last: the nodes are killed first (fields drop in declaration order).
     _data: tempfile::TempDir,
 }
@@ -39,30 +45,7 @@ struct Started {
 async fn start(spec: &Spec) -> anyhow::Result<Started> {
     let data = tempfile::tempdir()?;
     if !spec.cluster.is_empty() {
-        let ids: Vec<&str> = spec.cluster.iter().map(String::as_str).collect();
-        let queues: Vec<(String, String)> = spec
-            .queues()
-            .into_iter()
-            .zip(spec.cluster.clone())
-            .collect();
-        let target = super::cluster::start_with(
-            data.path(),
-            &ids,
-            spec.learner.as_deref(),
-            &spec.node_toml,
-            &queues,
-            &spec.queue_config,
-            spec.fake_clock,
-        )
-        .await?;
-        let nemesis = Nemesis::Cluster(target);
-        let nodes = node_urls(&nemesis);
-        return Ok(Started {
-            client_url: nodes[0].1.clone(),
-            nemesis,
-            nodes,
-            _data: data,
-        });
+        return start_cluster(spec, data).await;
     }
     let lazyfs = match spec.lazyfs {
         true => Some(Arc::new(super::lazyfs::LazyFs::mount(data.path())?)),
@@ -115,6 +98,8 @@ async fn start(spec: &Spec) -> anyhow::Result<Started> {
     };
     let nodes = vec![("n1".to_string(), node.url())];
     Ok(Started {
+        leaders: HashMap::new(),
+        shards: vec![],
         client_url: proxy.as_ref().map_or(node.url(), |p| p.url()),
         nemesis: Nemesis::Node(Target {
             node: Arc::new(Mutex::new(node)),
@@ -124,6 +109,61 @@ async fn start(spec: &Spec) -> anyhow::Result<Started> {
             clock,
         }),
         nodes,
+        _data: data,
+    })
+}
+
+/// Starts the cluster and creates its queues: each pinned on its node, or replicated in a
+/// shard of its own, whose leader is then waited for.
+async fn start_cluster(spec: &Spec, data: tempfile::TempDir) -> anyhow::Result<Started> {
+    let ids: Vec<&str> = spec.cluster.iter().map(String::as_str).collect();
+    let creates: Vec<pb::CreateQueueRequest> = spec
+        .queues()
+        .iter()
+        .zip(&spec.cluster)
+        .map(|(queue, owner)| match spec.replicas {
+            0 | 1 => super::cluster::pinned(queue, owner, &spec.queue_config),
+            replicas => pb::CreateQueueRequest {
+                replicas,
+                own_shard: true,
+                ..super::cluster::pinned(queue, "", &spec.queue_config)
+            },
+        })
+        .collect();
+    let target = super::cluster::start_with(
+        data.path(),
+        &ids,
+        spec.learner.as_deref(),
+        &spec.node_toml,
+        &creates,
+        spec.fake_clock,
+    )
+    .await?;
+    let nemesis = Nemesis::Cluster(target);
+    let nodes = node_urls(&nemesis);
+    let (mut leaders, mut shards) = (HashMap::new(), vec![]);
+    if spec.replicas > 1 {
+        for q in spec.queues() {
+            let shard = super::cluster::shard_of(&nodes, &q, super::cluster::LEADER_WAIT).await?;
+            let at = nodes.iter().position(|(n, _)| *n == shard.leader);
+            leaders.insert(
+                q.clone(),
+                at.context("a shard led by a node not in the cluster")?,
+            );
+            shards.push(ShardAtStart {
+                queue: q,
+                shard: shard.shard,
+                leader: shard.leader,
+                replicas: shard.replicas,
+            });
+        }
+    }
+    Ok(Started {
+        client_url: nodes[0].1.clone(),
+        nemesis,
+        nodes,
+        leaders,
+        shards,
         _data: data,
     })
 }
@@ -151,7 +191,9 @@ pub async fn run(spec: &Spec, out_dir: &Path) -> anyhow::Result<Report> {
         true => nemesis::schedule(spec.seed, &spec.faults, load_ms),
         false => {
             let ids: Vec<&str> = spec.cluster.iter().map(String::as_str).collect();
-            nemesis::cluster_schedule(spec.seed, &spec.faults, load_ms, &ids)
+            let mut s = nemesis::cluster_schedule(spec.seed, &spec.faults, load_ms, &ids);
+            nemesis::aim_at_queues(spec.seed, &mut s, &spec.queues());
+            s
         }
     };
     if let Some(learner) = &spec.learner {
@@ -168,6 +210,7 @@ pub async fn run(spec: &Spec, out_dir: &Path) -> anyhow::Result<Report> {
                 delay_ms: None,
                 node: Some(learner.clone()),
                 jump_ms: None,
+                queue: None,
             },
         );
     }
@@ -187,15 +230,7 @@ pub async fn run(spec: &Spec, out_dir: &Path) -> anyhow::Result<Report> {
         auto_ack_drops_unconfirmed_batch: spec.auto_ack_drops_unconfirmed_batch,
     };
     let mut run_errors = vec![];
-    load(
-        spec,
-        &ctx,
-        &started.nemesis,
-        &schedule,
-        stop_tx,
-        &mut run_errors,
-    )
-    .await;
+    load(spec, &ctx, &started, &schedule, stop_tx, &mut run_errors).await;
     if !spec.cluster.is_empty() {
         let members = match &started.nemesis {
             Nemesis::Cluster(c) => c.member_urls(),
@@ -248,6 +283,10 @@ pub async fn run(spec: &Spec, out_dir: &Path) -> anyhow::Result<Report> {
         history_path.display().to_string(),
     );
     report.fault_points = spec.fault_points.clone();
+    report.shards_at_start = started.shards.clone();
+    if let Some(f) = &mut report.failover {
+        f.target_judged = spec.size != Size::Smoke;
+    }
     if spec.auto_ack_drops_unconfirmed_batch {
         report.planted_in_client = Some(workload::AUTO_ACK_DROPS_UNCONFIRMED_BATCH.into());
     }
@@ -279,12 +318,13 @@ pub async fn run(spec: &Spec, out_dir: &Path) -> anyhow::Result<Report> {
 async fn load(
     spec: &Spec,
     ctx: &Ctx,
-    nemesis: &Nemesis,
+    started: &Started,
     schedule: &[nemesis::PlannedFault],
     stop_tx: tokio::sync::watch::Sender<bool>,
     run_errors: &mut Vec<String>,
 ) {
     let history = &ctx.history;
+    let nemesis = &started.nemesis;
     let load_start = Instant::now();
     history.record(
         "runner",
@@ -296,13 +336,20 @@ async fn load(
     let (mut producers, mut consumers) = (JoinSet::new(), JoinSet::new());
     let settle_by = load_start + spec.load + Duration::from_secs(30);
     // In a cluster, producer `i` starts on node `i + 1` and consumer `i` on node `i + 2`
-    // (modulo 3): neither on the node that owns its queue (`i` modulo 3).
+    // (modulo 3): neither on the node that owns its queue (`i` modulo 3). A replicated queue's
+    // workers start on the nodes after its shard's leader, likewise.
+    let after_leader = |queue: &str, id: u32, offset: usize| {
+        started
+            .leaders
+            .get(queue)
+            .map_or(id as usize + offset, |leader| leader + offset)
+    };
     for p in spec.producers.clone() {
-        let via = p.id as usize + 1;
+        let via = after_leader(&p.queue, p.id, 1);
         producers.spawn(workload::producer(ctx.clone().via(via), p, settle_by));
     }
     for c in spec.consumers.clone() {
-        let via = c.id as usize + 2;
+        let via = after_leader(&c.queue, c.id, 2);
         consumers.spawn(workload::consumer(ctx.clone().via(via), c));
     }
     if let Some(q) = &spec.ordered_queue {

@@ -10,7 +10,7 @@ use crate::chaos::workload::{
 };
 
 /// The scenarios `scripts/chaos` knows.
-pub const SCENARIOS: [&str; 15] = [
+pub const SCENARIOS: [&str; 16] = [
     "kill9",
     "activemq-200k",
     "poison",
@@ -23,6 +23,7 @@ pub const SCENARIOS: [&str; 15] = [
     "cluster-one-way",
     "cluster-clock",
     "cluster-remove",
+    "failover",
     "power-loss",
     "lazyfs",
     "clock",
@@ -78,8 +79,11 @@ pub struct Spec {
     pub until_consumed: bool,
     pub op_timeout: Duration,
     /// The nodes of a cluster scenario (empty: one node, `n1`). Each owns the queue
-    /// `chaos-<node>`; `queue` is unused.
+    /// `chaos-<node>` (replicated: there are as many queues, `chaos-s1`...); `queue` is unused.
     pub cluster: Vec<String>,
+    /// A cluster's queues are replicated on this many nodes, each in a shard of its own (its
+    /// leader serves it); 0: each is pinned on its node, not replicated.
+    pub replicas: u32,
     /// Fault points switched on in the node (`FAILPOINTS`); not empty: the node runs the
     /// `ferry-faults` build (one node only).
     pub fault_points: Vec<String>,
@@ -186,6 +190,7 @@ pub fn spec(name: &str, seed: u64, size: Size) -> anyhow::Result<Spec> {
             kinds: vec![],
             interval_ms,
             for_ms_max: 0,
+            alternate: None,
         },
         proxy: false,
         node_toml: NODE_TOML.into(),
@@ -198,6 +203,7 @@ pub fn spec(name: &str, seed: u64, size: Size) -> anyhow::Result<Spec> {
         until_consumed: false,
         op_timeout: Duration::from_secs(5),
         cluster: vec![],
+        replicas: 0,
         fault_points: vec![],
         lazyfs: false,
         fake_clock: false,
@@ -298,7 +304,8 @@ pub fn spec(name: &str, seed: u64, size: Size) -> anyhow::Result<Spec> {
         | "cluster-auto-receive"
         | "cluster-one-way"
         | "cluster-clock"
-        | "cluster-remove" => {
+        | "cluster-remove"
+        | "failover" => {
             // Three nodes, a queue on each; 2 producers and 2 consumers per queue, each first
             // connected through a node that does not own its queue. `cluster`: every 10 s
             // (smoke: 2 s) one node is killed, paused or cut from the other two.
@@ -306,6 +313,10 @@ pub fn spec(name: &str, seed: u64, size: Size) -> anyhow::Result<Spec> {
             // other two, and a queue is created through them. `cluster-auto-receive`: as
             // `cluster` with auto-ack `Session::receive` consumers only (bug 2).
             s.cluster = ["n1", "n2", "n3"].map(String::from).to_vec();
+            // `failover`: the queues replicated on the three nodes, each in its own shard.
+            if name == "failover" {
+                s.replicas = 3;
+            }
             let queues = s.queues();
             s.producers = (0..6)
                 .map(|id| ProducerSpec {
@@ -346,6 +357,17 @@ pub fn spec(name: &str, seed: u64, size: Size) -> anyhow::Result<Spec> {
             // that clients use too, removed halfway through the load and stopped 1 s later.
             if name == "cluster-remove" {
                 s.learner = Some("n4".into());
+            }
+            // `failover`: every other fault a kill -9 of a shard's leader (restarted in place
+            // after 1-4 s, smoke 0.25-1 s); the others a pause or a partition of a random node.
+            // Every 8 s (smoke: 3 s), so that 3 minutes make 11 kills.
+            if name == "failover" {
+                s.faults.kinds = vec![FaultKind::Pause, FaultKind::Partition];
+                s.faults.alternate = Some(FaultKind::KillShardLeader);
+                s.faults.interval_ms = if smoke { 3_000 } else { 8_000 };
+                if smoke {
+                    s.load = Duration::from_secs(12);
+                }
             }
             if name == "cluster-meta" {
                 s.faults.kinds = vec![FaultKind::PartitionLeader];
@@ -397,6 +419,11 @@ impl Spec {
     }
 
     pub(super) fn queues(&self) -> Vec<String> {
+        if self.replicas > 1 {
+            return (1..=self.cluster.len())
+                .map(|i| format!("chaos-s{i}"))
+                .collect();
+        }
         if !self.cluster.is_empty() {
             return self.cluster.iter().map(|n| format!("chaos-{n}")).collect();
         }
