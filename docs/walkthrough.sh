@@ -98,6 +98,7 @@ ferry queue show jobs                                # every setting, defaults i
 #>   dead letters to jobs.DLQ
 #>   expired to jobs.DLQ
 #>   dedup window 10 min
+#>   replicas 1 (not replicated)
 ferry send --queue jobs 'bad input'
 #> ID:...
 ferry receive --queue jobs --ack reject              # straight to jobs.DLQ, reason "rejected"

@@ -106,13 +106,7 @@ impl Broker {
     /// replicated queue's own, drawn when it was created and kept by every replica, so its
     /// handles stay good across a failover; otherwise this run's.
     pub fn handle_key(&self, queue: &QueueName) -> HandleKey {
-        let kept = self
-            .inner
-            .queues
-            .owned(queue)
-            .ok()
-            .and_then(|o| o.def.replica)
-            .and_then(|r| r.handle_key);
+        let kept = self.inner.queues.handle_key_of(queue);
         HandleKey(kept.unwrap_or(self.inner.handle_key))
     }
 

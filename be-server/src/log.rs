@@ -107,6 +107,16 @@ impl NodeLog {
             NodeLog::Shard(s) => Some(s.shard()),
         }
     }
+
+    /// Makes `queue` fit this log: a shard's queue writes its delivery marks (a new leader
+    /// honours them) and numbers its leases from its run's term up, so that no delivery of this
+    /// run has the lease id of one an earlier leader made (receipt handles outlive a run).
+    pub(crate) fn prepare(&self, queue: &mut ferry_kernel::Queue) {
+        if let NodeLog::Shard(s) = self {
+            queue.write_delivery_marks();
+            queue.begin_lease_ids_at(ferry_kernel::LeaseId(s.term().saturating_mul(1 << 32)));
+        }
+    }
 }
 
 /// A [`NodeLog`] batch's durability.

@@ -167,9 +167,7 @@ impl Queues {
             self.clock.now_ms(),
         );
         q.set_pinned_budget(self.config.queue_memory_budget_bytes);
-        if log.shard().is_some() {
-            q.write_delivery_marks();
-        }
+        log.prepare(&mut q);
         for (p, level) in r.stored.iter().enumerate() {
             let p = ferry_kernel::Priority::new(p as u32)
                 .expect("invariant: the store keeps one level per priority");
@@ -188,6 +186,16 @@ impl Queues {
             }
         }
         Ok(())
+    }
+
+    /// The receipt-handle key a replicated queue keeps in its definition, while it is served
+    /// here, shutting down included (a delivery answered then must carry the key the next
+    /// leader checks).
+    pub(crate) fn handle_key_of(&self, queue: &QueueName) -> Option<(u64, u64)> {
+        let map = self.map.read().unwrap_or_else(PoisonError::into_inner);
+        map.get(queue)
+            .and_then(|o| o.def.replica)
+            .and_then(|r| r.handle_key)
     }
 
     pub(crate) fn owned(&self, queue: &QueueName) -> Result<Owned, Error> {
@@ -430,10 +438,7 @@ impl Queues {
         // What cannot be paged out (non-persistent and staged messages) stops at the per-queue
         // budget as configured, not the queue's share of the node's, which shrinks as queues come.
         q.set_pinned_budget(self.config.queue_memory_budget_bytes);
-        if log.shard().is_some() {
-            // A new leader honours the leases and back-offs this one hands out.
-            q.write_delivery_marks();
-        }
+        log.prepare(&mut q);
         QueueActor::spawn(q, self.setup(durable, log), vec![])
     }
 

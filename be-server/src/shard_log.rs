@@ -102,6 +102,11 @@ impl ShardLog {
     pub(crate) fn shard(&self) -> ShardId {
         self.shard
     }
+
+    /// The term its run leads the shard at.
+    pub(crate) fn term(&self) -> u64 {
+        self.term
+    }
 }
 
 /// A [`ShardLog`] batch's durability (see [`QueueLog::Durable`]).

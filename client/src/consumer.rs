@@ -85,16 +85,19 @@ impl ConsumerOptions {
 /// with a growing pause, and [`Consumer::reopened`] counts it. What the application sees:
 /// - messages it already took stay its own: on a replicated queue their acknowledgements land
 ///   on the new leader (its leases and receipt handles outlive the failover);
-/// - messages pushed ahead and not yet taken when the break is noticed are given back unseen
-///   at once (the new stream pushes again, up to the prefetch); acknowledgements made while no
-///   stream is open go on the next one;
+/// - messages pushed ahead and not yet taken are still handed over (they are leased to the
+///   session; the new stream pushes more only as the application takes messages beyond them);
+///   acknowledgements made while no stream is open go on the next one;
 /// - an acknowledgement sent on the broken stream that the server had not confirmed may or may
 ///   not have landed ([`Consumer::unconfirmed_acks`] counts them); if it did not, that message
 ///   comes back flagged redelivered when its lease runs out. Nothing is lost, and nothing is
-///   handed over twice without the redelivered flag.
+///   handed over twice without the redelivered flag. The next [`Consumer::flush`] (and
+///   [`Consumer::close`]) fails `UNAVAILABLE` saying how many acknowledgements went
+///   unconfirmed, so an application that counts on its acks learns it.
 ///
-/// Any other error, or `UNAVAILABLE` [`REOPEN_ATTEMPTS`] times in a row, ends the consumer
-/// with that error.
+/// Any other error ends the consumer with that error; so does a stream that cannot be opened
+/// again: `UNAVAILABLE` [`REOPEN_ATTEMPTS`] times in a row, or no connection to the node at all
+/// (it stopped, and the session with it). Then the error is what ended the first stream.
 #[derive(Debug)]
 pub struct Consumer {
     session: Session,
@@ -117,8 +120,18 @@ pub struct Consumer {
     closing: bool,
     /// The stream ended `UNAVAILABLE` and another is not open yet: why.
     broken: Option<tonic::Status>,
+    /// The next stream on its way (a task, so a read cancelled meanwhile loses nothing).
+    opening: Option<tokio::task::JoinHandle<Result<Opened, ClientError>>>,
     /// Requests made while the stream was broken, for the next one.
     pending: Vec<Kind>,
+    /// Messages in `buffer` pushed by a stream that broke since: handing them over grants the
+    /// new stream no credit (it starts with the whole prefetch).
+    carried: usize,
+    /// What ended the stream first, when it broke and has not answered since: the error the
+    /// consumer ends with if it cannot open another.
+    first_break: Option<tonic::Status>,
+    /// Unconfirmed acks (see `unconfirmed_acks`) the next `flush` has not reported yet.
+    unconfirmed_unreported: u64,
     /// Streams opened again after an `UNAVAILABLE` end, in all and since the last answer.
     reopened: u64,
     reopens_in_a_row: u32,
@@ -160,7 +173,11 @@ impl Session {
             stopped: false,
             closing: false,
             broken: None,
+            opening: None,
             pending: vec![],
+            carried: 0,
+            first_break: None,
+            unconfirmed_unreported: 0,
             reopened: 0,
             reopens_in_a_row: 0,
             unconfirmed_acks: 0,
@@ -270,7 +287,9 @@ impl Consumer {
     }
 
     fn handed_over(&mut self, out: &[Received]) {
-        let n = u32::try_from(out.len()).unwrap_or(u32::MAX);
+        let carried = self.carried.min(out.len());
+        self.carried -= carried;
+        let n = u32::try_from(out.len() - carried).unwrap_or(u32::MAX);
         if self.session.acknowledges_on_receive() {
             let handles = out.iter().map(|r| r.receipt_handle().to_string()).collect();
             let _ = self.send(Kind::Ack(pb::ReceiptHandles {
@@ -280,13 +299,19 @@ impl Consumer {
             self.session.track_unacked(out);
         }
         // The application took these: the server may push as many more.
-        let _ = self.send(Kind::Credit(n));
+        if n > 0 {
+            let _ = self.send(Kind::Credit(n));
+        }
     }
 
     /// Stops the stream: no more deliveries; the ones pushed ahead and never handed over go back
     /// to the queue unseen (not counted as deliveries); waits until every acknowledgement sent on
     /// the stream took effect ([`Consumer::flush`]).
     pub async fn close(mut self) -> Result<(), ClientError> {
+        if self.requests.is_closed() && self.broken.is_none() {
+            // The stream ended unnoticed: find out how (and open another if it can be).
+            self.read_one().await?;
+        }
         if self.broken.is_some() {
             self.reopen().await?;
         }
@@ -303,6 +328,10 @@ impl Consumer {
     /// (one `flush` round trip; none if the server already said so). Deliveries that arrive
     /// meanwhile wait in the consumer's buffer. After this,
     /// [`Consumer::stale_acks`] counts every one of them that came too late.
+    ///
+    /// Fails `UNAVAILABLE` if acknowledgements were sent on a stream that broke before the
+    /// server confirmed them ([`Consumer::unconfirmed_acks`]): each may or may not have taken
+    /// effect (a message whose ack did not comes back flagged redelivered). The consumer goes on.
     pub async fn flush(&mut self) -> Result<(), ClientError> {
         loop {
             if self.broken.is_some() {
@@ -317,8 +346,14 @@ impl Consumer {
                 self.read_one().await?;
             }
             if self.reopened == stream && self.broken.is_none() {
-                return Ok(());
+                break;
             }
+        }
+        match std::mem::take(&mut self.unconfirmed_unreported) {
+            0 => Ok(()),
+            n => Err(ClientError::Status(tonic::Status::unavailable(format!(
+                "the consumer's stream broke before the server confirmed {n} acknowledgement(s): each may or may not have taken effect (a message whose ack did not comes back flagged redelivered); the consumer goes on, on a new stream"
+            )))),
         }
     }
 
@@ -376,14 +411,15 @@ impl Consumer {
         let response = match responses.message().await {
             Ok(r) => r,
             Err(status) if status.code() == tonic::Code::Unavailable && !self.closing => {
-                // Noted before anything awaits: a read cancelled while the next stream opens
-                // leaves the consumer knowing it must open one.
-                self.broken = Some(status);
+                // Noted, and the next stream on its way, before anything awaits: a read
+                // cancelled meanwhile (a short timeout) loses nothing.
+                self.note_break(status);
                 return self.reopen().await;
             }
             Err(status) => return Err(status.into()),
         };
         self.reopens_in_a_row = 0;
+        self.first_break = None;
         match response {
             Some(pb::ConsumeResponse {
                 kind: Some(pb::consume_response::Kind::Deliveries(d)),
@@ -423,49 +459,84 @@ impl Consumer {
 }
 
 impl Consumer {
-    /// The stream ended `UNAVAILABLE` (`self.broken`): opens another on the same session (see
-    /// the type's docs on failover), giving back at once what was pushed and never handed over,
-    /// then sending what was asked for meanwhile. Cancelled, it starts again at the next read.
-    async fn reopen(&mut self) -> Result<(), ClientError> {
-        while let Some(cause) = self.broken.clone() {
-            if self.reopens_in_a_row >= REOPEN_ATTEMPTS {
-                return Err(cause.into());
-            }
-            let pause = Duration::from_millis(100) * 2u32.pow(self.reopens_in_a_row);
+    /// The stream ended `UNAVAILABLE`: closes its books and starts opening another on the same
+    /// session (see the type's docs on failover) after a pause, in a task of its own. What was
+    /// pushed and not handed over goes back on the new stream first, so the application never
+    /// takes a message that is being given back. Past [`REOPEN_ATTEMPTS`] in a row, nothing is
+    /// started and `reopen` answers `cause`.
+    fn note_break(&mut self, cause: tonic::Status) {
+        let unconfirmed = self.acks_sent.saturating_sub(self.acks_answered);
+        self.unconfirmed_acks += unconfirmed;
+        self.unconfirmed_unreported += unconfirmed;
+        (self.acks_sent, self.acks_answered) = (0, 0);
+        self.carried = self.buffer.len();
+        if self.first_break.is_none() {
+            self.first_break = Some(cause.clone());
+        }
+        let attempt = self.reopens_in_a_row;
+        self.broken = Some(cause);
+        if attempt >= REOPEN_ATTEMPTS {
+            return;
+        }
+        self.reopens_in_a_row += 1;
+        let pause = Duration::from_millis(100) * 2u32.pow(attempt);
+        if let Some(cause) = &self.broken {
             tracing::warn!(error = %cause, queue = %self.start.queue, ?pause, "the consumer's stream ended; opening it again");
+        }
+        let (session, start) = (self.session.clone(), self.start.clone());
+        self.opening = Some(tokio::spawn(async move {
             tokio::time::sleep(pause).await;
-            self.reopens_in_a_row += 1;
-            let unseen: Vec<String> = self
-                .buffer
-                .iter()
-                .map(|r| r.delivery.receipt_handle.clone())
-                .collect();
-            let mut first = vec![];
-            if !unseen.is_empty() {
-                first.push(Kind::Release(pb::ReceiptHandles {
-                    receipt_handles: unseen,
-                }));
-            }
-            first.extend(self.pending.iter().cloned());
-            let settling = first
-                .iter()
-                .filter(|k| matches!(k, Kind::Ack(_) | Kind::Release(_) | Kind::Nack(_)))
-                .count() as u64;
-            match open(&self.session, &self.start, first).await {
-                Ok((requests, responses)) => {
-                    self.buffer.clear();
-                    self.pending.clear();
-                    self.unconfirmed_acks += self.acks_sent.saturating_sub(self.acks_answered);
-                    (self.acks_sent, self.acks_answered) = (settling, 0);
+            open(&session, &start, vec![]).await
+        }));
+    }
+
+    /// The error the consumer ends with when it cannot open another stream: what ended the
+    /// first one.
+    fn gave_up(&mut self) -> ClientError {
+        self.first_break
+            .clone()
+            .or_else(|| self.broken.clone())
+            .unwrap_or_else(|| tonic::Status::unavailable("the consumer's stream ended"))
+            .into()
+    }
+
+    /// Waits for the stream `note_break` started to open, starting another while it ends
+    /// `UNAVAILABLE`; then sends on it what was asked for meanwhile.
+    async fn reopen(&mut self) -> Result<(), ClientError> {
+        while self.broken.is_some() {
+            let Some(task) = self.opening.as_mut() else {
+                return Err(self.gave_up());
+            };
+            // A JoinHandle may be awaited again after a cancelled wait.
+            let opened = task.await;
+            self.opening = None;
+            match opened {
+                Ok(Ok((requests, responses))) => {
                     self.requests = requests;
                     self.responses = Some(responses);
                     self.broken = None;
                     self.reopened += 1;
+                    for kind in std::mem::take(&mut self.pending) {
+                        self.send(kind)?;
+                    }
                 }
-                Err(ClientError::Status(s)) if s.code() == tonic::Code::Unavailable => {
-                    self.broken = Some(s);
+                // The node answered "unavailable": try again. No connection to it at all (a
+                // transport error: it stopped), and the session is gone with it.
+                Ok(Err(ClientError::Status(s)))
+                    if s.code() == tonic::Code::Unavailable
+                        && std::error::Error::source(&s).is_none() =>
+                {
+                    self.note_break(s);
                 }
-                Err(e) => return Err(e),
+                Ok(Err(ClientError::Status(s))) if s.code() == tonic::Code::Unavailable => {
+                    return Err(self.gave_up())
+                }
+                Ok(Err(e)) => return Err(e),
+                Err(e) => {
+                    return Err(ClientError::InvalidArgument(format!(
+                        "opening the consumer's stream again failed: {e}"
+                    )))
+                }
             }
         }
         Ok(())
@@ -618,25 +689,16 @@ mod tests {
         let mut fake = fake::start(30_000).await;
         let (mut consumer, mut stream) = consumer(&mut fake, AckMode::Client, 3).await;
         push(&stream, &["h1", "h2", "h3"]).await;
-        let got = consumer.receive_batch(1, WAIT).await.expect("one");
-        assert_eq!(got[0].receipt_handle(), "h1");
-        assert_eq!(stream.next().await.kind, Some(Kind::Credit(1)));
-        consumer.ack(&got).expect("ack");
+        let got = consumer.receive_batch(3, WAIT).await.expect("three");
+        assert_eq!(got.len(), 3);
+        assert_eq!(stream.next().await.kind, Some(Kind::Credit(3)));
+        consumer.ack(&got[..1]).expect("ack");
         assert_eq!(handles(stream.next().await.kind), ("ack", strings(&["h1"])));
         stream
             .answer(Err(tonic::Status::unavailable(
                 "the shard's leader is gone",
             )))
             .await;
-        // What was pushed before the break is still the session's: handed over.
-        let buffered: Vec<String> = consumer
-            .receive_batch(5, WAIT)
-            .await
-            .expect("the buffer")
-            .iter()
-            .map(|r| r.receipt_handle().to_string())
-            .collect();
-        assert_eq!(buffered, ["h2", "h3"]);
 
         let server = async {
             let mut again = fake.next_consume().await;
@@ -655,7 +717,8 @@ mod tests {
             push(&again, &["h4"]).await;
             again
         };
-        let (next, _again) = tokio::join!(consumer.receive_batch(5, WAIT), server);
+        // Waits through the pause and the new stream's opening.
+        let (next, mut again) = tokio::join!(consumer.receive_batch(5, WAIT), server);
         let next: Vec<String> = next
             .expect("the consumer goes on")
             .iter()
@@ -668,12 +731,56 @@ mod tests {
             1,
             "the ack of h1 was never confirmed"
         );
+        // Messages taken before the break stay the session's: acknowledged on the new stream.
+        assert_eq!(again.next().await.kind, Some(Kind::Credit(1)));
+        consumer.ack(&got[1..]).expect("ack");
+        assert_eq!(
+            handles(again.next().await.kind),
+            ("ack", strings(&["h2", "h3"]))
+        );
     }
 
-    /// A break noticed with messages still unseen in the buffer (here by a flush): they are
-    /// given back on the new stream, and the flush covers the new stream's releases.
+    /// An application that only ever polls (receiveNoWait every 10 ms, each read cut short at
+    /// once) still gets its stream opened again: the opening goes on between its reads.
     #[tokio::test]
-    async fn a_flush_across_a_break_gives_back_the_unseen_and_flushes_the_new_stream() {
+    async fn a_consumer_polled_without_waiting_still_opens_its_stream_again() {
+        let mut fake = fake::start(30_000).await;
+        let (mut consumer, stream) = consumer(&mut fake, AckMode::Auto, 3).await;
+        stream
+            .answer(Err(tonic::Status::unavailable(
+                "the shard's leader is gone",
+            )))
+            .await;
+        let poller = async {
+            let mut every = tokio::time::interval(Duration::from_millis(10));
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+            let mut got = vec![];
+            while got.is_empty() && tokio::time::Instant::now() < deadline {
+                every.tick().await;
+                got = consumer
+                    .receive_batch(5, Some(Duration::ZERO))
+                    .await
+                    .expect("no error while it opens again");
+            }
+            got
+        };
+        let server = async {
+            let mut again = fake.next_consume().await;
+            assert!(matches!(again.next().await.kind, Some(Kind::Start(_))));
+            push(&again, &["h9"]).await;
+            again
+        };
+        let (got, _again) = tokio::join!(poller, server);
+        assert_eq!(got.len(), 1, "the new stream's push arrived");
+        assert_eq!(got[0].receipt_handle(), "h9");
+        assert_eq!(consumer.reopened(), 1);
+    }
+
+    /// A break noticed by a flush: the flush says an ack went unconfirmed, and the message
+    /// pushed before the break is still handed over (it is the session's), granting the new
+    /// stream no credit (it starts with the whole prefetch).
+    #[tokio::test]
+    async fn a_flush_across_a_break_reports_the_unconfirmed_ack_and_the_buffer_is_kept() {
         let mut fake = fake::start(30_000).await;
         let (mut consumer, mut stream) = consumer(&mut fake, AckMode::Auto, 3).await;
         push(&stream, &["h1", "h2"]).await;
@@ -689,22 +796,32 @@ mod tests {
         let server = async {
             let mut again = fake.next_consume().await;
             assert!(matches!(again.next().await.kind, Some(Kind::Start(_))));
-            assert_eq!(
-                handles(again.next().await.kind),
-                ("release", strings(&["h2"]))
-            );
-            assert_eq!(again.next().await.kind, Some(Kind::Flush(1)));
-            let flushed = Answer::Flushed(1);
-            again
-                .answer(Ok(pb::ConsumeResponse {
-                    kind: Some(flushed),
-                }))
-                .await;
             again
         };
-        let (flushed, _again) = tokio::join!(consumer.flush(), server);
-        flushed.expect("flushed");
+        let (flushed, mut again) = tokio::join!(consumer.flush(), server);
+        let err = flushed.expect_err("an ack went unconfirmed");
+        assert!(err.to_string().contains("1 acknowledgement"), "{err}");
         assert_eq!((consumer.reopened(), consumer.unconfirmed_acks()), (1, 1));
+        consumer.flush().await.expect("reported once");
+
+        let kept = consumer.receive(Some(Duration::ZERO)).await.expect("kept");
+        assert_eq!(
+            kept.map(|r| r.receipt_handle().to_string()).as_deref(),
+            Some("h2")
+        );
+        assert_eq!(
+            handles(again.next().await.kind),
+            ("ack", strings(&["h2"])),
+            "acknowledged on the new stream, and no credit for it"
+        );
+        push(&again, &["h3"]).await;
+        let next = consumer.receive(WAIT).await.expect("h3");
+        assert_eq!(
+            next.map(|r| r.receipt_handle().to_string()).as_deref(),
+            Some("h3")
+        );
+        assert_eq!(handles(again.next().await.kind), ("ack", strings(&["h3"])));
+        assert_eq!(again.next().await.kind, Some(Kind::Credit(1)));
     }
 
     #[tokio::test]

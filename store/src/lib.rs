@@ -63,7 +63,8 @@ pub struct QueueDef {
 
 /// Which queue shard a replicated queue belongs to, and the metadata's placement epoch of the
 /// queue it was created for (a queue deleted and created again under its name has a new one).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Its `Debug` shows whether it has a handle key, never the key.
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub struct ShardReplica {
     pub shard: ferry_kernel::ShardId,
     pub epoch: ferry_kernel::PlacementEpoch,
@@ -71,6 +72,16 @@ pub struct ShardReplica {
     /// created the queue, so a handle stays good on whichever replica leads next (`None` in a
     /// definition written before it was kept: the serving node's own secret).
     pub handle_key: Option<(u64, u64)>,
+}
+
+impl std::fmt::Debug for ShardReplica {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShardReplica")
+            .field("shard", &self.shard)
+            .field("epoch", &self.epoch)
+            .field("handle_key", &self.handle_key.map(|_| ".."))
+            .finish()
+    }
 }
 
 /// One change to durable state.

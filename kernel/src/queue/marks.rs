@@ -40,6 +40,14 @@ impl Queue {
         self.marks_written = true;
     }
 
+    /// Leases from now on are numbered from `first` up (or from above the highest one in use,
+    /// if higher): a shell whose deliveries outlive a run of the queue (a replicated queue's
+    /// receipt handles stay good on the next leader) starts each run's ids where no earlier
+    /// run's can be.
+    pub fn begin_lease_ids_at(&mut self, first: LeaseId) {
+        self.next_lease = self.next_lease.max(first);
+    }
+
     /// The state a message read back from the store takes at `now_ms`, with its lease length: a
     /// written lease is honoured (see the module docs), a written back-off kept, a delivery
     /// time still ahead waited for.

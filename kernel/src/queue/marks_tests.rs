@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use super::*;
-use crate::types::{Message, NewMessage, QueueName, QueueUid};
+use crate::types::{LeaseId, Message, NewMessage, QueueName, QueueUid};
 
 const T0: u64 = 1_000_000;
 const LEASE_MS: u64 = 5_000;
@@ -222,9 +222,17 @@ fn a_new_leader_honours_a_written_lease_so_the_consumers_ack_lands() {
     r.apply(&fx);
 
     let mut next = r.take_over(T0 + 2_000);
+    next.begin_lease_ids_at(LeaseId(7 << 32));
     assert!(
         receive(&mut next, &mut r, 2, T0 + 2_000).is_empty(),
         "the leased message is not handed to anyone else"
+    );
+    send(&mut next, &mut r, msg("c", None), T0 + 2_000);
+    let fresh = receive(&mut next, &mut r, 2, T0 + 2_000);
+    assert_eq!(fresh.len(), 1);
+    assert!(
+        fresh[0].lease >= LeaseId(7 << 32),
+        "this run's leases are numbered where no earlier run's are"
     );
     let (res, fx) = next.ack(
         Caller::Client(Some(SessionId(1))),
@@ -237,7 +245,8 @@ fn a_new_leader_honours_a_written_lease_so_the_consumers_ack_lands() {
         "the old leader's delivery is acknowledged"
     );
     r.apply(&fx);
-    assert!(r.messages.is_empty());
+    assert!(!r.messages.contains_key(&d[1].message.seq));
+    assert_eq!(r.messages.len(), 1, "only c is left");
     let (res, _) = next.ack(
         Caller::Client(Some(SessionId(1))),
         &[d[0].lease_ref()],
