@@ -69,20 +69,29 @@ async fn receive_all(
     Ok(bodies)
 }
 
+/// Three nodes with the RF 3 queue `queue`: the cluster, the node leading its shard, and a
+/// client through another node.
+async fn replicated(
+    dir: &std::path::Path,
+    queue: &str,
+) -> anyhow::Result<(Cluster, String, ferry_client::Client)> {
+    let cluster = Cluster::start(dir, &NODES)?;
+    cluster.wait_leader(&NODES, LEADER_WAIT).await?;
+    let first = cluster.node("n1").client().await?;
+    let created = create(&first, queue, 3).await?;
+    assert!(created.created);
+    // The node serving the queue is its shard's leader; the client goes through another one.
+    let leader = stats(&first, queue).await?.owner_node;
+    let survivor = NODES.iter().find(|n| **n != leader).unwrap();
+    let client = cluster.node(survivor).client().await?;
+    Ok((cluster, leader, client))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replicated_queue_keeps_every_confirmed_message_when_its_leader_is_killed(
 ) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let mut cluster = Cluster::start(dir.path(), &NODES)?;
-    cluster.wait_leader(&NODES, LEADER_WAIT).await?;
-    let first = cluster.node("n1").client().await?;
-    let created = create(&first, "orders", 3).await?;
-    assert!(created.created);
-
-    // The node serving the queue is its shard's leader; send through another one.
-    let leader = stats(&first, "orders").await?.owner_node;
-    let survivor = NODES.iter().find(|n| **n != leader).unwrap();
-    let client = cluster.node(survivor).client().await?;
+    let (mut cluster, leader, client) = replicated(dir.path(), "orders").await?;
     let conn = client.open_connection("t").await?;
     let session = conn.create_session(AckMode::Client).await?;
     const SENT: usize = 300;
@@ -132,13 +141,7 @@ async fn a_replicated_queue_keeps_every_confirmed_message_when_its_leader_is_kil
 async fn a_consumers_acks_of_deliveries_made_before_the_failover_land_on_the_new_leader(
 ) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let mut cluster = Cluster::start(dir.path(), &NODES)?;
-    cluster.wait_leader(&NODES, LEADER_WAIT).await?;
-    let first = cluster.node("n1").client().await?;
-    create(&first, "work", 3).await?;
-    let leader = stats(&first, "work").await?.owner_node;
-    let survivor = NODES.iter().find(|n| **n != leader).unwrap();
-    let client = cluster.node(survivor).client().await?;
+    let (mut cluster, leader, client) = replicated(dir.path(), "work").await?;
     let conn = client.open_connection("t").await?;
     let session = conn.create_session(AckMode::Client).await?;
     let batch = (0..20).map(|i| Message::text(format!("w{i:02}"))).collect();
@@ -174,13 +177,7 @@ async fn a_consumers_acks_of_deliveries_made_before_the_failover_land_on_the_new
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_consumer_goes_on_by_itself_when_the_shards_leader_is_killed() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let mut cluster = Cluster::start(dir.path(), &NODES)?;
-    cluster.wait_leader(&NODES, LEADER_WAIT).await?;
-    let first = cluster.node("n1").client().await?;
-    create(&first, "feed", 3).await?;
-    let leader = stats(&first, "feed").await?.owner_node;
-    let survivor = NODES.iter().find(|n| **n != leader).unwrap();
-    let client = cluster.node(survivor).client().await?;
+    let (mut cluster, leader, client) = replicated(dir.path(), "feed").await?;
     let conn = client.open_connection("t").await?;
     let producer = conn.create_session(AckMode::Auto).await?;
     let consuming = conn.create_session(AckMode::Auto).await?;
