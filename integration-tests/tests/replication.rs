@@ -171,6 +171,36 @@ async fn a_consumers_acks_of_deliveries_made_before_the_failover_land_on_the_new
     Ok(())
 }
 
+/// Takes messages from `consumer` until `seen` holds `count` distinct bodies (or `deadline`
+/// passes); fails on one handed over twice without the redelivered flag.
+async fn take_until(
+    consumer: &mut ferry_client::Consumer,
+    seen: &mut HashSet<String>,
+    count: usize,
+    deadline: Instant,
+) -> anyhow::Result<()> {
+    while seen.len() < count {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "received {} of {count} (stream opened again {} times)",
+            seen.len(),
+            consumer.reopened()
+        );
+        for m in consumer
+            .receive_batch(10, Some(Duration::from_secs(1)))
+            .await?
+        {
+            let fresh = seen.insert(String::from_utf8_lossy(m.body()).into_owned());
+            anyhow::ensure!(
+                fresh || m.redelivered(),
+                "{} handed over twice without the redelivered flag",
+                m.message_id()
+            );
+        }
+    }
+    Ok(())
+}
+
 /// A consumer on a `Consume` stream through a surviving node goes on after the shard's leader
 /// is killed: its stream is opened again by itself, every message arrives, and none twice
 /// without the redelivered flag.
@@ -193,47 +223,10 @@ async fn a_consumer_goes_on_by_itself_when_the_shards_leader_is_killed() -> anyh
 
     let mut seen = HashSet::new();
     let deadline = Instant::now() + Duration::from_secs(60);
-    fn take(seen: &mut HashSet<String>, got: Vec<ferry_client::Received>) -> anyhow::Result<()> {
-        for m in got {
-            let fresh = seen.insert(String::from_utf8_lossy(m.body()).into_owned());
-            anyhow::ensure!(
-                fresh || m.redelivered(),
-                "{} handed over twice without the redelivered flag",
-                m.message_id()
-            );
-        }
-        Ok(())
-    }
-    while seen.len() < 50 {
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "only {} before the kill",
-            seen.len()
-        );
-        take(
-            &mut seen,
-            consumer
-                .receive_batch(10, Some(Duration::from_secs(1)))
-                .await?,
-        )?;
-    }
-
+    take_until(&mut consumer, &mut seen, 50, deadline).await?;
     cluster.node_mut(&leader).kill9();
     send(100..SENT).await?;
-    while seen.len() < SENT {
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "received {} of {SENT} (stream opened again {} times)",
-            seen.len(),
-            consumer.reopened()
-        );
-        take(
-            &mut seen,
-            consumer
-                .receive_batch(10, Some(Duration::from_secs(1)))
-                .await?,
-        )?;
-    }
+    take_until(&mut consumer, &mut seen, SENT, deadline).await?;
     assert!(consumer.reopened() >= 1, "the stream was opened again");
     // Acks in flight at the kill may have gone unconfirmed: closing says so, and only then.
     let unconfirmed = consumer.unconfirmed_acks();
