@@ -616,6 +616,9 @@ impl pb::backend_server::Backend for BackendService {
                 deliver_at_ms: s.deliver_at_ms,
             })
             .collect();
-        Ok(Response::new(pb::GetMessageHistoryResponse { steps }))
+        Ok(Response::new(pb::GetMessageHistoryResponse {
+            steps,
+            unreachable_nodes: vec![],
+        }))
     }
 }

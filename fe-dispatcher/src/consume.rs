@@ -15,11 +15,16 @@
 //! would wait Ready for the next receive and cost a synced write of its own before it could be
 //! pushed.
 //!
-//! Pushing in the order asked is right only if the back-end parks the receives in that order
-//! (it serves the oldest waiter first). An in-process back-end does: each receive reaches the
-//! queue's owner task through one FIFO channel, in the order they are first polled, oldest first.
-//! Calls to another node's back-end are separate HTTP/2 streams, served by separate tasks, so
-//! they may park the other way round; there the stream keeps one receive open. The second
+//! Answers are pushed in the order the back-end served them, which is the order they arrive
+//! from an in-process back-end (each answer is handed over as it is made): an answer is pushed
+//! as soon as it arrives, and answers found together go out oldest receive first. Holding an
+//! answer until an older receive is answered would be wrong whenever the older one was parked
+//! later: a receive opened while the queue lived on another node, still on its way when the
+//! queue's new leader turned out to be this node and a second receive went straight to it. The
+//! older one then waits for new messages (or a lease to run out) while the answer behind it,
+//! already leased, is held back — and pushed after the redelivery its lease ran out into.
+//! Calls to another node's back-end are separate HTTP/2 streams, served by separate tasks, and
+//! their answers may arrive in any order; there the stream keeps one receive open. The second
 //! receive is an extra: if it fails (the queue's waiter limit, say) the stream goes on with one.
 
 use std::collections::VecDeque;
@@ -116,9 +121,10 @@ impl Receives {
         });
     }
 
-    /// The oldest receive's answer, once it has one (later answers wait their turn). A later
-    /// receive that fails while an older one is open is dropped, and no second one is opened
-    /// again: the stream goes on with one (the open one reports anything lasting).
+    /// The next answer, as soon as one arrives (see the module docs): the oldest receive's
+    /// among those answered. A later receive that fails while an older one is open is dropped,
+    /// and no second one is opened again: the stream goes on with one (the open one reports
+    /// anything lasting).
     async fn next(&mut self) -> Answer {
         std::future::poll_fn(|cx| {
             for r in &mut self.open {
@@ -144,16 +150,14 @@ impl Receives {
                 self.max = 1;
                 self.extra_failed = true;
             }
-            if !matches!(
-                self.open.front(),
-                Some(Receive {
-                    state: ReceiveState::Answered(_),
-                    ..
-                })
-            ) {
+            let Some(answered) = self
+                .open
+                .iter()
+                .position(|r| matches!(r.state, ReceiveState::Answered(_)))
+            else {
                 return Poll::Pending;
-            }
-            match self.open.pop_front() {
+            };
+            match self.open.remove(answered) {
                 Some(Receive {
                     state: ReceiveState::Answered(answer),
                     ..
@@ -547,17 +551,35 @@ mod tests {
     }
 
     #[test]
-    fn answers_are_pushed_in_the_order_asked() {
+    fn answers_found_together_are_pushed_in_the_order_asked() {
         let mut r = Receives::new(2);
         let (first, f) = receive();
         r.open(1, f);
         let (second, f) = receive();
         r.open(1, f);
         second.send(answer(2)).expect("listening");
-        assert!(r.next().now_or_never().is_none(), "the older one first");
         first.send(answer(1)).expect("listening");
         assert_eq!(r.next().now_or_never().map(count), Some(1));
         assert_eq!(r.next().now_or_never().map(count), Some(2));
+        assert!(r.is_empty());
+    }
+
+    /// The failover case (see the module docs): the older receive was parked after the newer
+    /// one, which the back-end answered first. Its answer goes out at once, not after the older
+    /// one's, which may wait for a lease to run out.
+    #[test]
+    fn an_answer_is_not_held_behind_an_older_receive_still_waiting() {
+        let mut r = Receives::new(2);
+        let (first, f) = receive();
+        r.open(1, f);
+        let (second, f) = receive();
+        r.open(1, f);
+        second.send(answer(2)).expect("listening");
+        assert_eq!(r.next().now_or_never().map(count), Some(2));
+        assert_eq!(r.open.len(), 1, "the older one still waits");
+        assert!(r.next().now_or_never().is_none());
+        first.send(answer(1)).expect("listening");
+        assert_eq!(r.next().now_or_never().map(count), Some(1));
         assert!(r.is_empty());
     }
 

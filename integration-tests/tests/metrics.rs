@@ -1,5 +1,6 @@
 //! Prometheus metrics: a scripted workload moves exactly the numbers it should.
 
+use anyhow::Context as _;
 use ferry_client::{AckMode, Message, ReceiveOptions};
 use ferry_integration_tests::{create_queue, Node, NodeOptions};
 
@@ -172,7 +173,12 @@ async fn the_node_its_alarms_and_its_process_are_on_the_page() -> anyhow::Result
     let client = node.client().await?;
     create_queue(&client, "orders").await?;
     let url = node.metrics_url()?;
+    // The node's CPU time as the kernel tells it, read around the scrape: the page's must lie
+    // between the two readings (it may be 0 on a loaded machine: accounting is by ticks).
+    let pid = node.pid().context("the node runs")?;
+    let cpu_before = cpu_seconds_of(pid)?;
     let page = tokio::task::spawn_blocking(move || scrape(&url)).await??;
+    let cpu_after = cpu_seconds_of(pid)?;
     check_openmetrics(&page);
     let version = env!("CARGO_PKG_VERSION");
     assert_eq!(
@@ -195,7 +201,11 @@ async fn the_node_its_alarms_and_its_process_are_on_the_page() -> anyhow::Result
     assert!(sample(&page, "process_virtual_memory_bytes").unwrap_or_default() > 1e6);
     assert!(sample(&page, "process_open_fds").unwrap_or_default() >= 5.0);
     assert!(sample(&page, "process_max_fds").unwrap_or_default() >= 5.0);
-    assert!(sample(&page, "process_cpu_seconds_total").unwrap_or_default() > 0.0);
+    let cpu = sample(&page, "process_cpu_seconds_total").context("process_cpu_seconds_total")?;
+    assert!(
+        cpu_before <= cpu && cpu <= cpu_after,
+        "{cpu} not within {cpu_before}..={cpu_after}"
+    );
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)?
         .as_secs_f64();
@@ -205,4 +215,16 @@ async fn the_node_its_alarms_and_its_process_are_on_the_page() -> anyhow::Result
         "{start} vs {now}"
     );
     Ok(())
+}
+
+/// User and system CPU seconds of process `pid`, from `/proc/<pid>/stat` (fields 14 and 15,
+/// counted after the parenthesised command name).
+fn cpu_seconds_of(pid: u32) -> anyhow::Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let after_name = &stat[stat.rfind(')').context("no command name")? + 1..];
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    let ticks =
+        |n: usize| -> anyhow::Result<u64> { Ok(fields.get(n - 3).context("short stat")?.parse()?) };
+    let ticks_per_second = rustix::param::clock_ticks_per_second() as f64;
+    Ok((ticks(14)? + ticks(15)?) as f64 / ticks_per_second)
 }

@@ -174,6 +174,7 @@ async fn a_consumers_acks_of_deliveries_made_before_the_failover_land_on_the_new
 /// Takes messages from `consumer` until `seen` holds `count` distinct bodies (or `deadline`
 /// passes); fails on one handed over twice without the redelivered flag.
 async fn take_until(
+    client: &ferry_client::Client,
     consumer: &mut ferry_client::Consumer,
     seen: &mut HashSet<String>,
     count: usize,
@@ -191,14 +192,47 @@ async fn take_until(
             .await?
         {
             let fresh = seen.insert(String::from_utf8_lossy(m.body()).into_owned());
-            anyhow::ensure!(
-                fresh || m.redelivered(),
-                "{} handed over twice without the redelivered flag",
-                m.message_id()
-            );
+            if !fresh && !m.redelivered() {
+                anyhow::bail!(
+                    "{} handed over twice without the redelivered flag (delivery {}, handle {}); its history:\n{}",
+                    m.message_id(),
+                    m.delivery_count(),
+                    m.receipt_handle(),
+                    history(client, m.message_id()).await
+                );
+            }
         }
     }
     Ok(())
+}
+
+/// Each step of message `id`'s life the cluster still knows, one per line (for a failure's
+/// message).
+async fn history(client: &ferry_client::Client, id: &str) -> String {
+    let asked = client
+        .admin()
+        .get_message_history(pb::GetMessageHistoryRequest {
+            message_id: id.into(),
+        })
+        .await;
+    match asked {
+        Ok(r) => {
+            let r = r.into_inner();
+            let mut lines: Vec<String> = r
+                .steps
+                .iter()
+                .map(|s| {
+                    format!(
+                        "{} {} {} {} {}",
+                        s.at_ms, s.node, s.queue, s.event, s.detail
+                    )
+                })
+                .collect();
+            lines.push(format!("(not asked: {:?})", r.unreachable_nodes));
+            lines.join("\n")
+        }
+        Err(e) => format!("(unknown: {e})"),
+    }
 }
 
 /// A consumer on a `Consume` stream through a surviving node goes on after the shard's leader
@@ -223,10 +257,10 @@ async fn a_consumer_goes_on_by_itself_when_the_shards_leader_is_killed() -> anyh
 
     let mut seen = HashSet::new();
     let deadline = Instant::now() + Duration::from_secs(60);
-    take_until(&mut consumer, &mut seen, 50, deadline).await?;
+    take_until(&client, &mut consumer, &mut seen, 50, deadline).await?;
     cluster.node_mut(&leader).kill9();
     send(100..SENT).await?;
-    take_until(&mut consumer, &mut seen, SENT, deadline).await?;
+    take_until(&client, &mut consumer, &mut seen, SENT, deadline).await?;
     assert!(consumer.reopened() >= 1, "the stream was opened again");
     // Acks in flight at the kill may have gone unconfirmed: closing says so, and only then.
     let unconfirmed = consumer.unconfirmed_acks();

@@ -18,7 +18,7 @@ use crate::engine::Engine;
 use crate::error::Error;
 use crate::ids::{GroupId, LogPosition, NodeId};
 use crate::persist::PersistJob;
-use crate::round::{Apply, ConfChange, EntryKind, OutSnapshot, RoleChange};
+use crate::round::{Apply, ConfChange, EntryKind, OutSnapshot, Role, RoleChange};
 use crate::storage::LogStore;
 
 /// What a group's state machine is to the [`Driver`].
@@ -371,9 +371,11 @@ impl<M: GroupMachine> Driver<M> {
     }
 
     /// Fails, as [`ProposeFailure::Overwritten`] (outcome unknown here), every proposal made at
-    /// a term its group has left: a later leader may still commit it (then it is applied here
-    /// like any entry), but its index may also never be reached (the new leader's log is
-    /// shorter and nothing more is proposed), and its proposer must not wait for ever.
+    /// a term its group has left, or by a leader that stepped down (cut off from a majority, it
+    /// stays at its term as a follower and is never leader at that term again): a later leader
+    /// may still commit it (then it is applied here like any entry), but its index may also
+    /// never be reached (the new leader's log is shorter and nothing more is proposed), and its
+    /// proposer must not wait for ever, nor until the cut heals.
     fn fail_proposals_of_past_terms(&mut self) {
         let Some(engine) = self.engine.as_ref() else {
             return;
@@ -381,7 +383,11 @@ impl<M: GroupMachine> Driver<M> {
         let stale: Vec<(GroupId, u64)> = self
             .pending
             .iter()
-            .filter(|((group, _), (term, _))| engine.status(*group).is_some_and(|s| s.term > *term))
+            .filter(|((group, _), (term, _))| {
+                engine
+                    .status(*group)
+                    .is_some_and(|s| s.term > *term || s.role != Role::Leader)
+            })
             .map(|(key, _)| *key)
             .collect();
         for key in stale {

@@ -288,6 +288,39 @@ fn proposals_of_a_deposed_leader_fail_even_if_their_indexes_are_never_reached() 
     }
 }
 
+/// A leader cut off from every other replica steps down after an election timeout (check
+/// quorum) at its own term: its proposals fail then, not when the cut heals.
+#[test]
+fn a_leader_that_steps_down_fails_its_proposals_before_the_cut_heals() {
+    let mut cluster = Cluster::new(3, 11, Faults::none());
+    let old = cluster.elect();
+    let all: Vec<NodeId> = (1..=3).map(NodeId).collect();
+    cluster.sim.isolate(old, &all);
+    let answers: Vec<Answer> = (0..3)
+        .map(|i| cluster.propose(old, format!("cut {i}").as_bytes()))
+        .collect();
+    let all_answered = |_: &Sim<Driver<Toy>>| answers.iter().all(|a| a.lock().unwrap().is_some());
+    assert!(
+        cluster.sim.run_until(STEPS_MAX, all_answered),
+        "a leader cut off from the majority still holds its proposals"
+    );
+    let status = cluster
+        .sim
+        .replica(old)
+        .unwrap()
+        .engine()
+        .unwrap()
+        .status(G0)
+        .unwrap();
+    assert_ne!(status.role, Role::Leader, "it stepped down");
+    for a in &answers {
+        assert_eq!(
+            a.lock().unwrap().take(),
+            Some(Err(ProposeFailure::Overwritten))
+        );
+    }
+}
+
 #[test]
 fn a_proposal_on_a_follower_is_refused_with_the_leader() {
     let mut cluster = Cluster::new(3, 2, Faults::none());

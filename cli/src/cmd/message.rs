@@ -5,7 +5,7 @@ use ferry_proto::pb;
 use serde_json::json;
 
 use super::{connect, ClientArgs};
-use crate::output::{outln, Format};
+use crate::output::{errln, outln, Format};
 
 #[derive(Debug, clap::Subcommand)]
 pub enum MessageCommand {
@@ -29,14 +29,22 @@ pub async fn run(c: &ClientArgs, cmd: MessageCommand) -> anyhow::Result<()> {
     let mut admin = connect(c).await?.admin();
     match cmd {
         MessageCommand::History { message_id } => {
-            let steps = admin
+            let pb::GetMessageHistoryResponse {
+                steps,
+                unreachable_nodes,
+            } = admin
                 .get_message_history(pb::GetMessageHistoryRequest {
                     message_id: message_id.clone(),
                 })
                 .await
                 .with_context(|| format!("cannot show the history of {message_id}"))?
-                .into_inner()
-                .steps;
+                .into_inner();
+            if !unreachable_nodes.is_empty() {
+                errln!(
+                    "warning: nodes {} could not be asked (down or cut off): steps kept there are missing",
+                    unreachable_nodes.join(", ")
+                );
+            }
             match c.output {
                 Format::Json => {
                     for s in steps {

@@ -647,23 +647,33 @@ impl pb::admin_server::Admin for AdminService {
         ferry_kernel::MessageId::parse(&r.message_id).map_err(crate::error::Error::from)?;
         // A message's steps are on the back-end of its queue, and of its dead-letter queue or a
         // queue it was moved to: ask them all.
-        let mut steps = vec![];
-        for (_, be) in self.router().nodes() {
-            steps.extend(
-                be.get_message_history(Request::new(r.clone()))
-                    .await?
-                    .into_inner()
-                    .steps,
-            );
+        // A node that is down answers nothing: the others' steps still tell most of the story.
+        let (mut steps, mut unreachable_nodes) = (vec![], vec![]);
+        for (node, be) in self.router().nodes() {
+            match be.get_message_history(Request::new(r.clone())).await {
+                Ok(answer) => steps.extend(answer.into_inner().steps),
+                Err(s) if s.code() == tonic::Code::Unavailable => {
+                    unreachable_nodes.push(node.to_string());
+                }
+                Err(s) => return Err(s),
+            }
         }
         steps.sort_by_key(|s| s.at_ms);
         if steps.is_empty() {
+            let unasked = if unreachable_nodes.is_empty() {
+                String::new()
+            } else {
+                format!("; not asked, unreachable: {}", unreachable_nodes.join(", "))
+            };
             return Err(Status::not_found(format!(
-                "no history of {} (unknown id, or older than the history retention)",
+                "no history of {} (unknown id, or older than the history retention){unasked}",
                 r.message_id
             )));
         }
-        Ok(Response::new(pb::GetMessageHistoryResponse { steps }))
+        Ok(Response::new(pb::GetMessageHistoryResponse {
+            steps,
+            unreachable_nodes,
+        }))
     }
 }
 
