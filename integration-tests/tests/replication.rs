@@ -171,6 +171,9 @@ async fn a_consumers_acks_of_deliveries_made_before_the_failover_land_on_the_new
     Ok(())
 }
 
+/// A producer's task: how many sends it made and the longest, or the first that failed.
+type Producing = tokio::task::JoinHandle<anyhow::Result<(usize, Duration)>>;
+
 /// Starts a producer that sends `p0`, `p1` ... one at a time on `session` until told to stop;
 /// the watch counts the sends confirmed. It ends with the first send that fails, or with the
 /// count and the longest send when stopped.
@@ -178,7 +181,7 @@ fn producer(
     session: ferry_client::Session,
     queue: &'static str,
 ) -> (
-    tokio::task::JoinHandle<anyhow::Result<(usize, Duration)>>,
+    Producing,
     tokio::sync::watch::Receiver<usize>,
     tokio::sync::watch::Sender<bool>,
 ) {
