@@ -224,7 +224,8 @@ impl Connection {
                 connection: self.acks_in_flight.clone(),
                 failed: self.failed_auto_acks.clone(),
             },
-            publisher: crate::batch::Publisher::new(self.client.messaging()),
+            publisher: crate::batch::Publisher::new(self.client.clone()),
+            auto_dedup_ids: true,
         })
     }
 
@@ -303,6 +304,8 @@ pub struct Session {
     acks_in_flight: AcksInFlight,
     /// Sends travel on one publish stream, pipelined (see `batch.rs`).
     publisher: crate::batch::Publisher,
+    /// Give persistent messages without a dedup id one of the client's (see [`Session::send`]).
+    auto_dedup_ids: bool,
 }
 
 /// How long an acknowledgement sent after an auto-acknowledge receive returned may take before
@@ -316,9 +319,30 @@ impl Session {
     }
 
     /// Sends a batch to one queue; returns the server-assigned message ids once every persistent
-    /// message is on disk. Sends made concurrently on one session travel together on the
-    /// session's publish stream (in the order they were made), transparently: each caller still
-    /// gets its own ids, or its own error.
+    /// message is on disk (on a replicated queue: on a majority of its replicas). Sends made
+    /// concurrently on one session travel together on the session's publish stream (in the order
+    /// they were made), transparently: each caller still gets its own ids, or its own error.
+    ///
+    /// **Failover.** A send answered `UNAVAILABLE` (the queue's shard leader died with the write
+    /// unconfirmed, so it may or may not have been stored, or no leader is elected yet) is sent
+    /// again by the client, up to [`crate::RESEND_ATTEMPTS`] times with a doubling pause from
+    /// 100 ms, when that stores each message once at most:
+    /// - every message carries a dedup id: the application's ([`Message::dedup_id`]), or one the
+    ///   client gives each persistent message without one (a unique `ferry-client:...` id; see
+    ///   [`Session::with_auto_dedup_ids`]). A resend whose first try was stored answers with
+    ///   the first try's message ids and stores nothing new;
+    /// - the session is not transacted: a transaction's sends and its commit are never resent
+    ///   (a commit across a leader change fails `ABORTED`; the application rolls back and
+    ///   starts over);
+    /// - the queue remembers dedup ids (its `dedup_window_ms`, asked of the node before each
+    ///   resend, is not 0 and longer than the send has been under way).
+    ///
+    /// So during a replicated queue's failover (1.5-3 s) a send takes longer and then succeeds;
+    /// sends made meanwhile wait behind it, in order. Nothing is retried for any other error
+    /// (`INVALID_ARGUMENT`, `NOT_FOUND`, `RESOURCE_EXHAUSTED` ...), a transport error (the node
+    /// this client talks to is gone, and the session with it), or a send that is not safe to
+    /// resend: those fail at once with the error unchanged. A send that fails every resend fails
+    /// with the first error it met (`UNAVAILABLE`: it may or may not have been stored).
     pub async fn send(
         &self,
         queue: &str,
@@ -330,14 +354,39 @@ impl Session {
     /// Pipelined send: the messages are on their way when this returns (in the order of calls),
     /// and the future resolves with their ids once the server confirms them durable. Keep many in
     /// flight (a window) for throughput without a task per send; dropping the future does not
-    /// cancel the send.
+    /// cancel the send (nor its resends, see [`Session::send`]).
     pub fn send_async(
         &self,
         queue: &str,
         messages: Vec<Message>,
     ) -> impl std::future::Future<Output = Result<Vec<String>, ClientError>> + Send + 'static {
-        self.publisher
-            .send(&self.id, queue, messages.into_iter().map(|m| m.0).collect())
+        let transacted = self.ack_mode == pb::AckMode::Transacted;
+        let messages: Vec<pb::OutgoingMessage> = messages
+            .into_iter()
+            .map(|Message(mut m)| {
+                let persistent = m.delivery_mode != pb::DeliveryMode::NonPersistent as i32;
+                if self.auto_dedup_ids && !transacted && persistent && m.dedup_id.is_empty() {
+                    m.dedup_id = self.publisher.next_dedup_id();
+                }
+                m
+            })
+            .collect();
+        let resendable = !transacted && messages.iter().all(|m| !m.dedup_id.is_empty());
+        self.publisher.send(&self.id, queue, messages, resendable)
+    }
+
+    /// This session, giving (`true`, the default) or not giving (`false`) each persistent
+    /// message sent without a dedup id one of the client's own, unique ones, so that a send
+    /// can be resent safely after a failover (see [`Session::send`]). Transacted sessions and
+    /// non-persistent messages never get one. What it costs: the queue remembers each id for
+    /// its dedup window (10 min by default; a small record in memory and on disk, written
+    /// with the message), and a queue keeps at most 100 000 ids, forgetting those
+    /// closest to the end of their window first: a producer sending faster than 100 000
+    /// messages per window shortens how long the application's own ids on that queue are
+    /// remembered. With `false`, only messages the application gave a dedup id are resent.
+    pub fn with_auto_dedup_ids(mut self, on: bool) -> Self {
+        self.auto_dedup_ids = on;
+        self
     }
 
     /// Receives. In auto and dups-ok mode the messages are acknowledged once they are returned

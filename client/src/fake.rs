@@ -14,6 +14,8 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::Client;
 
+mod admin;
+
 /// Answers a streaming call waits in, at most (the test writes them).
 const STREAM_ANSWERS_MAX: usize = 64;
 
@@ -73,6 +75,11 @@ pub(crate) struct Fake {
         mpsc::UnboundedReceiver<FakeStream<pb::PublishRequest, pb::PublishResponse>>,
     pub(crate) consumes:
         mpsc::UnboundedReceiver<FakeStream<pb::ConsumeRequest, pb::ConsumeResponse>>,
+    /// The dedup windows the next `GetQueue` calls answer (the server's default, 10 min, once
+    /// it runs out).
+    pub(crate) dedup_windows: Scripted<u64>,
+    /// The queue each `GetQueue` call named, as it arrives.
+    pub(crate) lookups: mpsc::UnboundedReceiver<String>,
 }
 
 impl Fake {
@@ -134,9 +141,11 @@ pub(crate) async fn start(connection_lease_ms: u64) -> Fake {
     };
     // Each connection the client makes is one end of an in-memory pipe; the server gets the other.
     let (incoming_tx, incoming) = mpsc::channel::<std::io::Result<tokio::io::DuplexStream>>(4);
+    let (admin, dedup_windows, lookups) = admin::service();
     tokio::spawn(
         tonic::transport::Server::builder()
             .add_service(MessagingServer::new(service))
+            .add_service(ferry_proto::pb::admin_server::AdminServer::new(admin))
             .serve_with_incoming(ReceiverStream::new(incoming)),
     );
     let channel = tonic::transport::Endpoint::from_static("http://fake.invalid")
@@ -161,6 +170,8 @@ pub(crate) async fn start(connection_lease_ms: u64) -> Fake {
         ack_answers,
         publishes,
         consumes,
+        dedup_windows,
+        lookups,
     }
 }
 

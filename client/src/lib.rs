@@ -20,6 +20,34 @@
 //! redelivered. [`Connection::auto_ack_failures`] counts such acknowledgements, for an
 //! application that must know when a redelivery may follow.
 //!
+//! **Failover.** A replicated queue (`ferry queue create --replicas 3`) fails over to another
+//! replica when its shard's leader dies: a new leader is elected and serves within about 1.5-3 s.
+//! Connect through any node: the client keeps its connection and sessions on that node, which
+//! routes each call to the queue's leader. What an application sees meanwhile:
+//! - **sends** ([`Session::send`], [`Session::send_async`], [`Session::reply`],
+//!   [`Requestor::request`]) take longer and then succeed: a send whose outcome the dying leader
+//!   left unknown, or that met no leader, is sent again with the same dedup ids (the client
+//!   gives every persistent message one unless the application did), so each message is stored
+//!   once. No error reaches the application, unless the failover outlasts
+//!   [`RESEND_ATTEMPTS`] resends (about 3 s of pauses on top of the node's own wait for a
+//!   leader), the session is transacted (a transaction's sends and commit are never resent: a
+//!   commit across a leader change fails `ABORTED`, and the application rolls back and starts
+//!   over), or the queue keeps no dedup ids (`dedup_window_ms` 0): then the send fails with the
+//!   `UNAVAILABLE` it met, and it may or may not have been stored;
+//! - **consumers** ([`Consumer`]) open their stream again by themselves, up to
+//!   [`REOPEN_ATTEMPTS`] times; messages already taken stay the application's and their
+//!   acknowledgements land on the new leader; nothing is handed over twice without the
+//!   redelivered flag (see [`Consumer`] on failover);
+//! - **receives and acknowledgements** ([`Session::receive`], [`Session::ack`]) are answered
+//!   by the node once the new leader serves (it waits up to 8 s); one whose answer the dying
+//!   leader lost fails `UNAVAILABLE`, and the application calls it again (an acknowledgement
+//!   that did land answers `FAILED_PRECONDITION` the second time; an unacknowledged message
+//!   comes back flagged redelivered).
+//!
+//! If the node the client is connected to dies, its connection and sessions die with it: calls
+//! fail with a transport error and are not retried; connect to another node and open a new
+//! connection.
+//!
 //! Depends on the API types only.
 
 mod batch;
@@ -30,6 +58,7 @@ mod fake;
 mod message;
 mod request;
 
+pub use batch::RESEND_ATTEMPTS;
 pub use connection::{AutoAckFailures, Client, Connection, ReceiveOptions, Session};
 pub use consumer::{Consumer, ConsumerOptions, REOPEN_ATTEMPTS};
 pub use ferry_proto::pb;

@@ -171,6 +171,114 @@ async fn a_consumers_acks_of_deliveries_made_before_the_failover_land_on_the_new
     Ok(())
 }
 
+/// A producer's task: how many sends it made and the longest, or the first that failed.
+type Producing = tokio::task::JoinHandle<anyhow::Result<(usize, Duration)>>;
+
+/// Starts a producer that sends `p0`, `p1` ... one at a time on `session` until told to stop;
+/// the watch counts the sends confirmed. It ends with the first send that fails, or with the
+/// count and the longest send when stopped.
+fn producer(
+    session: ferry_client::Session,
+    queue: &'static str,
+) -> (
+    Producing,
+    tokio::sync::watch::Receiver<usize>,
+    tokio::sync::watch::Sender<bool>,
+) {
+    let (confirmed, count) = tokio::sync::watch::channel(0);
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let task = tokio::spawn(async move {
+        let (mut n, mut longest) = (0, Duration::ZERO);
+        while !*stopped.borrow() {
+            let started = Instant::now();
+            let body = format!("p{n}");
+            session
+                .send(queue, vec![Message::text(body)])
+                .await
+                .map_err(|e| anyhow::anyhow!("send p{n} failed: {e}"))?;
+            longest = longest.max(started.elapsed());
+            n += 1;
+            confirmed.send_replace(n);
+        }
+        Ok((n, longest))
+    });
+    (task, count, stop)
+}
+
+/// Waits (60 s at most) until the producer has `n` sends confirmed; its error if it failed.
+async fn confirmed_at_least(
+    count: &mut tokio::sync::watch::Receiver<usize>,
+    n: usize,
+) -> anyhow::Result<()> {
+    let reached = tokio::time::timeout(Duration::from_secs(60), count.wait_for(|c| *c >= n))
+        .await
+        .map(|r| r.is_ok());
+    match reached {
+        Ok(true) => Ok(()),
+        // The producer ended: it failed (see its result).
+        Ok(false) => anyhow::bail!("the producer stopped before {n} sends"),
+        Err(_) => anyhow::bail!("{} of {n} sends confirmed in 60 s", *count.borrow()),
+    }
+}
+
+/// Issue 24 §2: a producer sending without pause through a node that does not lead the
+/// queue's shard while the leader is killed with SIGKILL sees no error: the client sends again
+/// what the dying leader left unconfirmed, with the same dedup ids, and each message is stored
+/// exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_producer_sees_no_error_and_no_duplicate_when_the_shards_leader_is_killed(
+) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (mut cluster, leader, client) = replicated(dir.path(), "ledger").await?;
+    let conn = client.open_connection("t").await?;
+    let (task, mut count, stop) = producer(conn.create_session(AckMode::Auto).await?, "ledger");
+    let result = async {
+        confirmed_at_least(&mut count, 100).await?;
+        cluster.node_mut(&leader).kill9();
+        let at_kill = *count.borrow();
+        confirmed_at_least(&mut count, at_kill + 100).await
+    }
+    .await;
+    stop.send_replace(true);
+    let (sent, longest) = task.await??;
+    result?;
+    eprintln!("{sent} sends, the longest {longest:?} (across the failover)");
+    assert_ne!(stats(&client, "ledger").await?.owner_node, leader);
+
+    let drain = conn.create_session(AckMode::Client).await?;
+    let mut bodies = vec![];
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while bodies.len() < sent {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "drained {} of {sent}",
+            bodies.len()
+        );
+        let got = drain
+            .receive("ledger", ReceiveOptions::timeout_ms(1_000).max(500))
+            .await?;
+        bodies.extend(
+            got.iter()
+                .map(|m| String::from_utf8_lossy(m.body()).into_owned()),
+        );
+        drain.ack(&got).await?;
+    }
+    // Nothing more is stored: a duplicate would be here.
+    let extra = drain
+        .receive("ledger", ReceiveOptions::no_wait().max(500))
+        .await?;
+    bodies.extend(
+        extra
+            .iter()
+            .map(|m| String::from_utf8_lossy(m.body()).into_owned()),
+    );
+    bodies.sort();
+    let mut expected: Vec<String> = (0..sent).map(|i| format!("p{i}")).collect();
+    expected.sort();
+    assert_eq!(bodies, expected, "every send stored exactly once");
+    Ok(())
+}
+
 /// Takes messages from `consumer` until `seen` holds `count` distinct bodies (or `deadline`
 /// passes); fails on one handed over twice without the redelivered flag.
 async fn take_until(
