@@ -64,6 +64,10 @@ pub struct BenchArgs {
     /// Keep messages in memory only.
     #[arg(long)]
     non_persistent: bool,
+    /// Send without the dedup ids the client gives persistent messages (so that it can resend
+    /// them safely after a failover): measures what those ids cost.
+    #[arg(long)]
+    no_dedup_ids: bool,
     /// How consumers acknowledge.
     #[arg(long, value_enum, default_value_t = BenchAck::Auto)]
     ack: BenchAck,
@@ -207,7 +211,10 @@ pub async fn run(c: &ClientArgs, a: BenchArgs) -> anyhow::Result<()> {
         } else {
             AckMode::Auto
         };
-        let session = conn.create_session(mode).await?;
+        let session = conn
+            .create_session(mode)
+            .await?
+            .with_auto_dedup_ids(!a.no_dedup_ids);
         let plan = Plan {
             producer: p,
             count: total.map(|t| {
@@ -312,6 +319,7 @@ pub async fn run(c: &ClientArgs, a: BenchArgs) -> anyhow::Result<()> {
                 "consumers": a.consumers,
                 "size": a.size,
                 "persistent": !a.non_persistent,
+                "dedup_ids": !a.no_dedup_ids && !a.non_persistent,
                 "window": a.window,
                 "prefetch": a.prefetch,
                 "rate": a.rate,
