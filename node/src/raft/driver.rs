@@ -610,6 +610,17 @@ impl Driver {
     fn run_rounds(&mut self) {
         let done: RoundsDone = self.rounds.run_rounds();
         for change in &done.role_changes {
+            if change.group != META_GROUP {
+                // Not the metadata's: told apart, and not counted as its leader changes.
+                tracing::info!(
+                    shard = change.group.0,
+                    role = ?change.role,
+                    term = change.term,
+                    leader = change.leader.map(|l| l.0),
+                    "queue shard role"
+                );
+                continue;
+            }
             if change.leader.is_some() && change.leader != self.last_leader {
                 self.last_leader = change.leader;
                 self.counters

@@ -11,6 +11,19 @@ use ferry_multiraft::Role;
 
 use super::super::view::{MetaView, ShardGroupView};
 
+/// What `before` must be for the next [`became_leader`]: the groups of `now`, each with the
+/// last leader known of it when `now` knows none (a candidate forgets its leader; the event
+/// names the one before).
+pub(crate) fn remember(before: &mut BTreeMap<ShardId, ShardGroupView>, now: &MetaView) {
+    let mut next = now.shards.clone();
+    for (shard, g) in &mut next {
+        if g.leader.is_none() {
+            g.leader = before.get(shard).and_then(|b| b.leader);
+        }
+    }
+    *before = next;
+}
+
 /// A shard this node began to lead: at `term`, with the event's text.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct BecameLeader {
@@ -126,5 +139,17 @@ mod tests {
         // Candidates and followers say nothing.
         let later = view(&[(4, group(Role::Candidate, 5, 0))]);
         assert!(became_leader(&now.shards, &later).is_empty());
+    }
+
+    #[test]
+    fn the_leader_before_an_election_is_named_after_it() {
+        // n1 follows n2, campaigns (forgetting n2), then leads.
+        let mut before = BTreeMap::new();
+        remember(&mut before, &view(&[(4, group(Role::Follower, 3, 2))]));
+        remember(&mut before, &view(&[(4, group(Role::Candidate, 4, 0))]));
+        let now = view(&[(4, group(Role::Leader, 4, 1))]);
+        let events = became_leader(&before, &now);
+        assert_eq!(events.len(), 1);
+        assert_eq!(events[0].detail, "n1 leads shard 4 at term 4 (was n2)");
     }
 }

@@ -148,7 +148,7 @@ impl MetaNode {
                     .host
                     .shard_leader_event(e.shard, e.term, e.detail);
             }
-            groups_before = current.shards.clone();
+            super::leader_events::remember(&mut groups_before, &current);
             let wanted = wanted(&current, &me);
             let ok = carry_out(&*self.shared.host, &self, &mut told, wanted, refence).await;
             let retry = async {
