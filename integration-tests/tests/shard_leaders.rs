@@ -105,8 +105,20 @@ async fn leaders_spread_over_the_nodes_and_transfer_leader_moves_one() -> anyhow
         assert_eq!(counts[node], [6, 2, 2], "{node} in {counts:?}");
     }
 
-    // Moved through a third node; watchers through n1 are told.
     let shard = listed[0].clone();
+    let to = transfer_moves_one(&cluster, &client, &metrics, &shard).await?;
+    bad_requests_are_refused(&mut cluster, shard.shard, &to).await
+}
+
+/// `shard` moved from its leader to its second replica through the third node: answered once
+/// moved, told to watchers through n1, shown in metrics; asked again, answered at once. The
+/// node it went to.
+async fn transfer_moves_one(
+    cluster: &Cluster,
+    client: &ferry_client::Client,
+    metrics: &BTreeMap<String, String>,
+    shard: &pb::ShardStatus,
+) -> anyhow::Result<String> {
     let from = shard.leader.clone();
     let to = shard.replicas[1].clone();
     let via = NODES.iter().find(|n| **n != from && **n != to).unwrap();
@@ -135,7 +147,7 @@ async fn leaders_spread_over_the_nodes_and_transfer_leader_moves_one() -> anyhow
     assert_eq!(told.node, to, "{told:?}");
     assert!(told.value > shard.term, "{told:?} after {shard:?}");
     assert!(told.detail.contains(&format!("(was {from})")), "{told:?}");
-    let now = shards(&cluster, &to).await?;
+    let now = shards(cluster, &to).await?;
     let moved = now.iter().find(|s| s.shard == shard.shard).unwrap();
     assert_eq!(moved.leader, to, "{moved:?}");
 
@@ -155,7 +167,7 @@ async fn leaders_spread_over_the_nodes_and_transfer_leader_moves_one() -> anyhow
         .await?
         .into_inner();
     assert_eq!(again.leader, to);
-    bad_requests_are_refused(&mut cluster, shard.shard, &to).await
+    Ok(to)
 }
 
 /// Every bad request refused with its documented code; `leader` leads `shard`.

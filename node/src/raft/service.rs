@@ -369,6 +369,24 @@ fn count_led(status: &mut pb::ClusterStatus, shards: &[pb::ShardStatus]) {
 }
 
 impl MetaNode {
+    /// How `node` is seen from here ("self", "up" or "down") and how long ago it was last heard
+    /// from (none for this node, or never heard from).
+    fn health(
+        &self,
+        node: &NodeId,
+        raft_id: ferry_cluster::meta::RaftId,
+    ) -> (&'static str, Option<std::time::Duration>) {
+        let shared = &self.shared;
+        if node == &shared.settings.node_id {
+            return ("self", None);
+        }
+        let heard = shared.links.last_heard(raft_id.0);
+        let up = shared
+            .links
+            .is_up(raft_id.0, shared.settings.liveness_timeout);
+        (if up { "up" } else { "down" }, heard)
+    }
+
     /// The cluster as this node sees it.
     pub fn status(&self) -> pb::ClusterStatus {
         let shared = &self.shared;
@@ -387,17 +405,7 @@ impl MetaNode {
             .iter()
             .filter(|(_, n)| n.is_active())
             .map(|(id, n)| {
-                let heard = shared.links.last_heard(n.raft_id.0);
-                let health = if id == me {
-                    "self"
-                } else if shared
-                    .links
-                    .is_up(n.raft_id.0, shared.settings.liveness_timeout)
-                {
-                    "up"
-                } else {
-                    "down"
-                };
+                let (health, heard) = self.health(id, n.raft_id);
                 pb::NodeStatus {
                     node_id: id.to_string(),
                     raft_id: n.raft_id.0,
@@ -409,11 +417,7 @@ impl MetaNode {
                     }
                     .into(),
                     health: health.into(),
-                    last_heard_ms_ago: if id == me {
-                        0
-                    } else {
-                        heard.map_or(0, |h| h.as_millis() as u64)
-                    },
+                    last_heard_ms_ago: heard.map_or(0, |h| h.as_millis() as u64),
                     queues: view
                         .meta
                         .queues_of(id)
