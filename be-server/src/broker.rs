@@ -159,6 +159,21 @@ impl Broker {
         self.inner.queues.outbox.subscribe()
     }
 
+    /// Tells watchers that this node began to lead queue shard `shard` at `term` (`detail`
+    /// says who led before), as a `shard-leader` event.
+    pub fn shard_leader_event(&self, shard: crate::ShardId, term: u64, detail: String) {
+        self.inner.queues.outbox.event(crate::BrokerEvent {
+            at_ms: self.clock().now_ms(),
+            kind: "shard-leader",
+            queue: None,
+            shard: Some(shard),
+            value: term,
+            message_id: String::new(),
+            reason: "",
+            detail,
+        });
+    }
+
     /// Group commit's counters since the node started.
     pub fn commit_stats(&self) -> CommitCounts {
         let s = self.inner.queues.log.group_commit().stats();

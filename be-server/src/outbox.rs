@@ -40,9 +40,14 @@ pub(crate) struct Published {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BrokerEvent {
     pub at_ms: u64,
-    /// `dead-lettered` or `expired`.
+    /// `dead-lettered`, `expired`, `queue-updated` or `shard-leader`.
     pub kind: &'static str,
-    pub queue: QueueName,
+    /// The queue it is about (none for `shard-leader`).
+    pub queue: Option<QueueName>,
+    /// `shard-leader`: the shard.
+    pub shard: Option<ferry_kernel::ShardId>,
+    /// `shard-leader`: the new leader's term.
+    pub value: u64,
     pub message_id: String,
     /// `dead-lettered`: why; `expired`: `moved` or `discarded`.
     pub reason: &'static str,

@@ -570,7 +570,9 @@ impl Queues {
         self.outbox.event(crate::outbox::BrokerEvent {
             at_ms: self.clock.now_ms(),
             kind: "queue-updated",
-            queue: name.clone(),
+            queue: Some(name.clone()),
+            shard: None,
+            value: 0,
             message_id: String::new(),
             reason: "",
             detail: changes,

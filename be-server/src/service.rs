@@ -571,12 +571,13 @@ impl pb::backend_server::Backend for BackendService {
                     Ok(e) => pb::Event {
                         at_ms: e.at_ms,
                         kind: e.kind.into(),
-                        queue: e.queue.to_string(),
+                        queue: e.queue.map(|q| q.to_string()).unwrap_or_default(),
                         message_id: e.message_id,
                         reason: e.reason.into(),
-                        value: 0,
+                        value: e.value,
                         node: node.clone(),
                         detail: e.detail,
+                        shard: e.shard.map_or(0, |s| s.0),
                     },
                     // A watcher that falls behind is told how much it missed.
                     Err(tokio_stream::wrappers::errors::BroadcastStreamRecvError::Lagged(n)) => {

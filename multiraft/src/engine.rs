@@ -44,6 +44,28 @@ pub struct GroupStatus {
     pub learners: Vec<NodeId>,
 }
 
+/// What the leader of a group knows of its other voters ([`Engine::leader_progress`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaderProgress {
+    /// The leader's last log index.
+    pub last_index: u64,
+    /// The voter a leadership transfer is under way to.
+    pub transferring_to: Option<NodeId>,
+    /// Every other voter, in node order.
+    pub followers: Vec<FollowerProgress>,
+}
+
+/// One voter as its group's leader knows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FollowerProgress {
+    /// The voter.
+    pub node: NodeId,
+    /// The last index it acknowledged having (0: nothing since this leader was elected).
+    pub match_index: u64,
+    /// Heard from within the last election timeout.
+    pub recently_active: bool,
+}
+
 /// A persistence job handed out and not yet reported durable.
 #[derive(Debug)]
 struct InFlight {
@@ -323,9 +345,19 @@ impl Engine {
         Ok(())
     }
 
-    /// Asks the leader of a group to hand leadership to `to`.
+    /// Asks the leader of a group to hand leadership to `to`, a voter of it. raft-rs brings
+    /// `to`'s log up to date, then tells it to campaign at once; the transfer is abandoned
+    /// after one election timeout, and proposals are dropped while it is under way. Refused
+    /// when this node does not lead the group or `to` is not one of its other voters.
     pub fn transfer_leader(&mut self, group: GroupId, to: NodeId) -> Result<(), Error> {
+        let me = self.config.node;
         let g = self.leader_group(group)?;
+        if to == me || !g.raw.raft.prs().conf().voters().contains(to.0) {
+            return Err(Error::Raft {
+                group,
+                reason: format!("node {} is not another voter of the group", to.0),
+            });
+        }
         g.raw.transfer_leader(to.0);
         Ok(())
     }
@@ -412,6 +444,36 @@ impl Engine {
             .collect();
         matched.sort_unstable();
         Some(matched)
+    }
+
+    /// As the leader of `group`: each other voter's progress (match index and whether it was
+    /// heard from within the last election timeout, which `check_quorum` tracks) and the node
+    /// a leadership transfer is under way to, if any. `None` unless this node leads `group`.
+    pub fn leader_progress(&self, group: GroupId) -> Option<LeaderProgress> {
+        let g = self.groups.get(&group)?;
+        if !g.is_leader() {
+            return None;
+        }
+        let me = self.config.node;
+        let voters = g.raw.raft.prs().conf().voters();
+        let mut followers: Vec<FollowerProgress> = g
+            .raw
+            .raft
+            .prs()
+            .iter()
+            .filter(|(id, _)| NodeId(**id) != me && voters.contains(**id))
+            .map(|(id, p)| FollowerProgress {
+                node: NodeId(*id),
+                match_index: p.matched,
+                recently_active: p.recent_active,
+            })
+            .collect();
+        followers.sort_unstable_by_key(|f| f.node);
+        Some(LeaderProgress {
+            last_index: g.raw.raft.raft_log.last_index(),
+            transferring_to: g.raw.raft.lead_transferee.map(NodeId),
+            followers,
+        })
     }
 
     /// Entries held in memory across all groups (bounded by compaction).

@@ -63,7 +63,7 @@ pub use config::EngineConfig;
 pub use driver::{
     Driver, DriverConfig, GroupMachine, Halt, Outbound, ProposeFailure, Proposed, Reply, RoundsDone,
 };
-pub use engine::{Engine, GroupStatus};
+pub use engine::{Engine, FollowerProgress, GroupStatus, LeaderProgress};
 pub use error::Error;
 pub use ids::{GroupId, LogPosition, NodeId, PersistId};
 pub use keys::{KvOp, Space};

@@ -123,6 +123,10 @@ impl QueueHost for BrokerHost {
     fn shard_fences(&self) -> watch::Receiver<u64> {
         self.broker.shard_fences()
     }
+
+    fn shard_leader_event(&self, shard: ferry_be_server::ShardId, term: u64, detail: String) {
+        self.broker.shard_leader_event(shard, term, detail);
+    }
 }
 
 /// The front-end's catalog: the metadata group.

@@ -179,6 +179,59 @@ fn register_cluster(r: &mut Registry, s: &Sources) {
     }
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ShardLabel {
+    shard: String,
+}
+
+/// The queue shards whose Raft groups run on this node (it holds one of their replicas): one
+/// sample per shard of each.
+fn register_shards(r: &mut Registry, shards: &[crate::raft::LocalShard]) {
+    type Read = fn(&crate::raft::LocalShard) -> u64;
+    let gauges: [(&str, &str, Read); 6] = [
+        ("shard_leader", "1 if this node leads the queue shard's Raft group", |l| {
+            u64::from(l.leading)
+        }),
+        ("shard_term", "Term of the queue shard's Raft group known to this node", |l| l.term),
+        (
+            "shard_commit_index",
+            "Highest index of the queue shard's log known committed on this node",
+            |l| l.commit_index,
+        ),
+        (
+            "shard_applied_index",
+            "Highest index of the queue shard's log applied on this node",
+            |l| l.applied_index,
+        ),
+        (
+            "shard_last_index",
+            "Last index of the queue shard's log on this node",
+            |l| l.last_index,
+        ),
+        (
+            "shard_replica_lag_entries",
+            "On the shard's leader only: log entries the least caught-up other replica lacks (the leader's last index minus the smallest match index)",
+            |l| {
+                let matched = l.match_indexes.iter().map(|(_, i)| *i).min();
+                matched.map_or(0, |m| l.last_index.saturating_sub(m))
+            },
+        ),
+    ];
+    for (name, help, read) in gauges {
+        let family = Family::<ShardLabel, Gauge>::default();
+        r.register(name, help, family.clone());
+        for l in shards {
+            if name == "shard_replica_lag_entries" && !l.leading {
+                continue;
+            }
+            let label = ShardLabel {
+                shard: l.shard.0.to_string(),
+            };
+            family.get_or_create(&label).set(as_i64(read(l)));
+        }
+    }
+}
+
 /// Registers one gauge without labels.
 fn node_gauge(registry: &mut Registry, name: &str, help: &str, v: u64) {
     let g = Gauge::<i64>::default();
@@ -419,6 +472,10 @@ pub async fn render(s: &Sources) -> String {
         r.register(name, help, c);
     }
     register_cluster(&mut r, s);
+    // No sample when the driver does not answer (busy or stopping), rather than a wrong one.
+    if let Ok(shards) = s.meta.local_shards().await {
+        register_shards(&mut r, &shards);
+    }
     register_node(&mut r, &s.node).await;
     let (write_micros, batch) = s.broker.commit_histograms();
     r.register_collector(Box::new(Snapshot {
@@ -540,6 +597,49 @@ fn process_registry() -> Registry {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_shard_run_here_has_its_leader_term_and_indexes() {
+        use crate::raft::LocalShard;
+        use ferry_be_server::ShardId;
+        use ferry_cluster::meta::RaftId;
+        let leading = LocalShard {
+            shard: ShardId(3),
+            leading: true,
+            term: 5,
+            leader: Some(RaftId(1)),
+            applied_index: 40,
+            last_index: 42,
+            commit_index: 41,
+            match_indexes: vec![(RaftId(2), 42), (RaftId(3), 30)],
+        };
+        let following = LocalShard {
+            shard: ShardId(4),
+            leading: false,
+            leader: Some(RaftId(2)),
+            match_indexes: vec![],
+            ..leading.clone()
+        };
+        let mut r = Registry::with_prefix("ferry");
+        register_shards(&mut r, &[leading, following]);
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &r).unwrap();
+        for line in [
+            "ferry_shard_leader{shard=\"3\"} 1",
+            "ferry_shard_leader{shard=\"4\"} 0",
+            "ferry_shard_term{shard=\"3\"} 5",
+            "ferry_shard_commit_index{shard=\"3\"} 41",
+            "ferry_shard_applied_index{shard=\"4\"} 40",
+            "ferry_shard_last_index{shard=\"4\"} 42",
+            "ferry_shard_replica_lag_entries{shard=\"3\"} 12",
+        ] {
+            assert!(out.lines().any(|l| l == line), "no {line} in {out}");
+        }
+        assert!(
+            !out.contains("ferry_shard_replica_lag_entries{shard=\"4\"}"),
+            "a follower knows no lag: {out}"
+        );
+    }
 
     #[test]
     fn a_histogram_is_exported_with_the_cumulative_counts_it_was_read_with() {

@@ -254,7 +254,9 @@ fn dead_letter_event(source: &QueueName, dl: &DeadLetter, moved: bool, now_ms: u
     BrokerEvent {
         at_ms: now_ms,
         kind: if expired { "expired" } else { "dead-lettered" },
-        queue: source.clone(),
+        queue: Some(source.clone()),
+        shard: None,
+        value: 0,
         message_id: dl.message.id.to_string(),
         reason: match (expired, moved) {
             (true, true) => "moved",

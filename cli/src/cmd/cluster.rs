@@ -176,13 +176,18 @@ fn node_json(n: &pb::NodeStatus, leader: &str) -> serde_json::Value {
         "client_address": n.client_address,
         "peer_address": n.peer_address,
         "queues": n.queues,
+        "shards_replicated": n.shards_replicated,
+        "shards_led": n.shards_led,
+        "shards_preferred": n.shards_preferred,
     })
 }
 
 fn node_table(s: &pb::ClusterStatus) -> Table {
     let mut table = Table::new();
     table.load_preset(comfy_table::presets::NOTHING);
-    table.set_header(["node", "role", "health", "client", "peer", "queues"]);
+    table.set_header([
+        "node", "role", "health", "client", "peer", "queues", "replicas", "leads",
+    ]);
     for n in &s.nodes {
         let role = if n.node_id == s.leader_node_id {
             format!("{} (leader)", n.role)
@@ -202,6 +207,8 @@ fn node_table(s: &pb::ClusterStatus) -> Table {
             n.client_address.clone(),
             n.peer_address.clone(),
             n.queues.len().to_string(),
+            n.shards_replicated.to_string(),
+            format!("{} (preferred {})", n.shards_led, n.shards_preferred),
         ]);
     }
     table

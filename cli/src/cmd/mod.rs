@@ -218,7 +218,8 @@ pub enum Command {
         #[command(subcommand)]
         command: cluster::NodeCommand,
     },
-    /// The cluster as a node sees it: leader, term, nodes' roles, health and queues.
+    /// The cluster as a node sees it: leader, term, nodes' roles, health and queues, and per
+    /// node the queue shards it holds a replica of and leads (its preferred share in brackets).
     #[command(after_help = r#"Examples:
   ferry cluster status
   ferry cluster status -o json"#)]
@@ -227,11 +228,16 @@ pub enum Command {
         command: cluster::ClusterCommand,
     },
     /// The queue shards (the Raft groups holding replicated queues): each one's leader,
-    /// replicas, queues, applied index and how far its slowest replica lags.
+    /// replicas, queues, applied index and how far its slowest replica lags; moving a shard's
+    /// leadership.
     #[command(after_help = r#"Examples:
   ferry shard list                 one row per shard; `-` where no leader is known
   ferry shard list 3               shard 3 only
-  ferry shard list -o json         one object per shard: shard, leader, replicas, queues, applied_index, lag"#)]
+  ferry shard list -o json         one object per shard: shard, leader, replicas, queues, applied_index, lag
+  ferry shard transfer-leader 3 n2 n2 leads shard 3 (answered once it does, at most 5 s)
+
+Leaders are balanced by every node: a shard led by a node other than its preferred leader (its
+first replica) is handed to it once that node is up and caught up (see docs/operations.md)."#)]
     Shard {
         #[command(subcommand)]
         command: shard::ShardCommand,

@@ -1,5 +1,6 @@
 //! `ferry shard list`: the queue shards (the Raft groups holding replicated queues), one row per
-//! shard, from `Cluster.ListShards` on the node asked.
+//! shard, from `Cluster.ListShards` on the node asked; `ferry shard transfer-leader`: moves a
+//! shard's leadership (`Cluster.TransferShardLeader`).
 
 use anyhow::Context as _;
 use comfy_table::Table;
@@ -22,12 +23,47 @@ pub enum ShardCommand {
         #[arg(value_parser = clap::value_parser!(u64).range(1..))]
         shard: Option<u64>,
     },
+    /// Moves a shard's leadership to one of its replicas, and returns once that node leads it
+    /// (at most 5 s). The node keeps it while it leads at that term; after a restart or a
+    /// failover the balancer hands the shard back to its preferred leader (its first replica).
+    TransferLeader {
+        /// The shard (its id, as listed).
+        #[arg(value_parser = clap::value_parser!(u64).range(1..))]
+        shard: u64,
+        /// The replica to lead it.
+        node: String,
+    },
 }
 
 pub async fn run(c: &ClientArgs, cmd: ShardCommand) -> anyhow::Result<()> {
     match cmd {
         ShardCommand::List { shard } => list(c, shard).await,
+        ShardCommand::TransferLeader { shard, node } => transfer_leader(c, shard, node).await,
     }
+}
+
+async fn transfer_leader(c: &ClientArgs, shard: u64, node: String) -> anyhow::Result<()> {
+    let mut cluster = connect(c).await?.cluster();
+    let answer = cluster
+        .transfer_shard_leader(pb::TransferShardLeaderRequest {
+            shard,
+            node_id: node,
+        })
+        .await
+        .with_context(|| format!("cannot move the leadership of shard {shard}"))?
+        .into_inner();
+    match c.output {
+        Format::Json => outln!(
+            "{}",
+            json!({ "shard": shard, "leader": answer.leader, "term": answer.term })
+        )?,
+        Format::Human => outln!(
+            "shard {shard} is led by {} (term {})",
+            answer.leader,
+            answer.term
+        )?,
+    }
+    Ok(())
 }
 
 async fn list(c: &ClientArgs, shard: Option<u64>) -> anyhow::Result<()> {

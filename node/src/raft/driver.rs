@@ -21,7 +21,9 @@ use tokio::sync::{oneshot, watch};
 
 use super::machine::MetaMachine;
 use super::machines::{NodeMachine, Outcome};
-use super::shard::{LocalShard, ShardMachine};
+use super::shard::{
+    Balancer, LedShard, LocalShard, ShardMachine, TransferRefusal, BALANCE_EVERY_TICKS,
+};
 use super::view::{MetaView, RaftCounters, ShardGroupView};
 use ferry_be_server::{ShardId, ShardRefusal};
 use ferry_cluster::meta::{MetaError, MetaEvent, MetaState, RaftId};
@@ -66,6 +68,16 @@ pub(crate) enum Input {
         voters: Vec<PeerId>,
         reply: oneshot::Sender<Result<(), String>>,
     },
+    /// As the shard's leader: hands its leadership to `to` (`ferry shard transfer-leader`);
+    /// answered once the transfer is started (or refused).
+    TransferShard {
+        group: GroupId,
+        to: PeerId,
+        reply: oneshot::Sender<Result<(), TransferRefusal>>,
+    },
+    /// An operator asked this node to lead the shard: the balancer leaves it here while this
+    /// node leads it at the term it gets it at.
+    HoldShard { group: GroupId },
     /// Reports the queue shard groups running here (see [`LocalShard`]).
     LocalShards {
         reply: oneshot::Sender<Vec<LocalShard>>,
@@ -109,6 +121,10 @@ pub(crate) struct Driver {
     /// The metadata's applied index when the shard groups were last brought in line with it
     /// ([`Driver::follow_shards`]).
     shards_followed_at: Option<u64>,
+    /// Hands the shards led here to their preferred leaders (`shard/balance.rs`).
+    balancer: Balancer,
+    /// Raft ticks since the driver started: the balancer's time.
+    ticks: u64,
 }
 
 /// Opens the engine of a node that already belongs to a cluster (its group 0 is in `recovered`).
@@ -168,6 +184,8 @@ impl Driver {
             last_leader: None,
             stopping: false,
             shards_followed_at: None,
+            balancer: Balancer::default(),
+            ticks: 0,
         }
     }
 
@@ -245,7 +263,11 @@ impl Driver {
         }
         if tick {
             self.rounds.tick();
+            self.ticks += 1;
             self.drive_leader();
+            if self.ticks.is_multiple_of(BALANCE_EVERY_TICKS) {
+                self.balance_leaders();
+            }
         }
         self.run_rounds();
         if self.follow_shards() {
@@ -293,6 +315,10 @@ impl Driver {
             } => {
                 let _ = reply.send(self.open_shard(group, &voters));
             }
+            Input::TransferShard { group, to, reply } => {
+                let _ = reply.send(self.transfer_shard(group, to));
+            }
+            Input::HoldShard { group } => self.balancer.hold(ShardId(group.0), self.ticks),
             Input::LocalShards { reply } => {
                 let _ = reply.send(self.local_shards());
             }
@@ -343,6 +369,72 @@ impl Driver {
         );
     }
 
+    /// Starts handing a shard's leadership to `to` (see [`Input::TransferShard`]).
+    fn transfer_shard(&mut self, group: GroupId, to: PeerId) -> Result<(), TransferRefusal> {
+        let shard = ShardId(group.0);
+        let status = self.rounds.engine().and_then(|e| e.status(group));
+        let Some(status) = status else {
+            return Err(TransferRefusal::NotRunning { shard });
+        };
+        if status.role != Role::Leader {
+            let leader = status.leader.and_then(|l| self.node_name(l));
+            return Err(TransferRefusal::NotLeader { shard, leader });
+        }
+        let Some(engine) = self.rounds.engine_mut() else {
+            return Err(TransferRefusal::NotRunning { shard });
+        };
+        engine
+            .transfer_leader(group, to)
+            .map_err(|e| TransferRefusal::Refused {
+                shard,
+                reason: e.to_string(),
+            })?;
+        tracing::info!(%shard, to = to.0, "handing a queue shard's leadership over (asked)");
+        Ok(())
+    }
+
+    /// Hands at most one shard led here to its preferred leader (see `shard/balance.rs`).
+    fn balance_leaders(&mut self) {
+        let (Some(meta), Some(engine)) = (
+            self.meta_machine().map(MetaMachine::meta),
+            self.rounds.engine(),
+        ) else {
+            return;
+        };
+        let led: Vec<LedShard> = engine
+            .group_ids()
+            .into_iter()
+            .filter(|g| *g != META_GROUP)
+            .filter_map(|g| {
+                let progress = engine.leader_progress(g)?;
+                let preferred = meta
+                    .shard(ShardId(g.0))
+                    .and_then(|d| meta.node(d.preferred_leader()))
+                    .map(|n| PeerId(n.raft_id.0));
+                Some(LedShard {
+                    shard: ShardId(g.0),
+                    term: engine.status(g)?.term,
+                    preferred,
+                    progress,
+                })
+            })
+            .collect();
+        let Some((shard, to)) = self.balancer.decide(self.ticks, &led) else {
+            return;
+        };
+        let Some(engine) = self.rounds.engine_mut() else {
+            return;
+        };
+        match engine.transfer_leader(GroupId(shard.0), to) {
+            Ok(()) => {
+                tracing::info!(%shard, to = to.0, "handing a queue shard to its preferred leader")
+            }
+            Err(e) => {
+                tracing::warn!(%shard, to = to.0, error = %e, "cannot hand a queue shard to its preferred leader")
+            }
+        }
+    }
+
     /// The queue shard groups running here, as the engine and their machines stand now.
     fn local_shards(&self) -> Vec<LocalShard> {
         let Some(engine) = self.rounds.engine() else {
@@ -368,6 +460,7 @@ impl Driver {
                     leader: status.leader.map(|l| RaftId(l.0)),
                     applied_index,
                     last_index: status.last_index,
+                    commit_index: status.commit_index,
                     match_indexes: engine
                         .match_indexes(g)
                         .unwrap_or_default()
@@ -518,6 +611,7 @@ impl Driver {
         let done: RoundsDone = self.rounds.run_rounds();
         for change in &done.role_changes {
             if change.group != META_GROUP {
+                // Not the metadata's: told apart, and not counted as its leader changes.
                 tracing::info!(
                     shard = change.group.0,
                     role = ?change.role,

@@ -68,6 +68,8 @@ pub trait QueueHost: Send + Sync + 'static {
     async fn forget_shard(&self, shard: ShardId) -> Result<(), String>;
     /// Changes each time a served shard's log is fenced: the shard must be served anew.
     fn shard_fences(&self) -> tokio::sync::watch::Receiver<u64>;
+    /// Tells watchers (`Admin.WatchEvents`) that this node began to lead `shard` at `term`.
+    fn shard_leader_event(&self, shard: ShardId, term: u64, detail: String);
 }
 
 /// Brings the local back-end in line with `meta`: every queue `me` owns exists at its epoch;

@@ -47,6 +47,7 @@ pub use host::{HeldQueue, QueueHost};
 pub use log_store::NodeLogStore;
 pub use propose::{meta_status, CreatedQueue, UpdatedQueue, IMPORT_MARKER};
 pub use reach::utc_text;
+pub(crate) use shard::LocalShard;
 use view::RaftCounters;
 pub use view::{MetaView, RaftMetrics};
 

@@ -13,7 +13,7 @@ use super::transport::{
 };
 use super::MetaNode;
 use ferry_cluster::meta::{
-    check_voters, MetaCommand, MetaError, MetaEvent, NodeRole, VoterChange, VoterCheck,
+    check_voters, MetaCommand, MetaError, MetaEvent, NodeRole, ShardDef, VoterChange, VoterCheck,
 };
 
 /// The `Peer` service of a node.
@@ -161,6 +161,28 @@ impl pb::peer_server::Peer for PeerService {
             shards: shards.iter().map(pb::LocalShard::from).collect(),
         }))
     }
+
+    async fn take_shard_leadership(
+        &self,
+        req: Request<pb::TakeShardLeadershipRequest>,
+    ) -> Reply<pb::TransferShardLeaderResponse> {
+        let r = req.into_inner();
+        let wait = std::time::Duration::from_millis(r.wait_ms);
+        let shard = ferry_be_server::ShardId(r.shard);
+        let answer = self.node.take_shard_leadership(shard, wait).await?;
+        Ok(Response::new(answer))
+    }
+
+    async fn start_shard_transfer(
+        &self,
+        req: Request<pb::StartShardTransferRequest>,
+    ) -> Reply<pb::StartShardTransferResponse> {
+        let r = req.into_inner();
+        let shard = ferry_be_server::ShardId(r.shard);
+        let to = ferry_cluster::meta::RaftId(r.to_raft_id);
+        self.node.start_shard_transfer(shard, to).await?;
+        Ok(Response::new(pb::StartShardTransferResponse {}))
+    }
 }
 
 fn node_id(field: &str, value: &str) -> Result<NodeId, Status> {
@@ -304,7 +326,12 @@ impl pb::cluster_server::Cluster for ClusterService {
         &self,
         _req: Request<pb::GetClusterStatusRequest>,
     ) -> Reply<pb::ClusterStatus> {
-        Ok(Response::new(self.node.status()))
+        let mut status = self.node.status();
+        if !self.node.shared.view.borrow().meta.shards().is_empty() {
+            let shards = self.node.list_shards(None).await?;
+            count_led(&mut status, &shards);
+        }
+        Ok(Response::new(status))
     }
 
     async fn list_shards(
@@ -316,9 +343,50 @@ impl pb::cluster_server::Cluster for ClusterService {
         let shards = self.node.list_shards(only).await?;
         Ok(Response::new(pb::ListShardsResponse { shards }))
     }
+
+    async fn transfer_shard_leader(
+        &self,
+        req: Request<pb::TransferShardLeaderRequest>,
+    ) -> Reply<pb::TransferShardLeaderResponse> {
+        let r = req.into_inner();
+        let answer = self.node.transfer_shard_leader(r.shard, &r.node_id).await?;
+        Ok(Response::new(answer))
+    }
+}
+
+/// How many of `shards` match.
+fn count_shards(shards: &[&ShardDef], matches: impl Fn(&ShardDef) -> bool) -> u32 {
+    let n = shards.iter().filter(|s| matches(s)).count();
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+/// Sets each node's `shards_led` from a listing of the shards.
+fn count_led(status: &mut pb::ClusterStatus, shards: &[pb::ShardStatus]) {
+    for n in &mut status.nodes {
+        let led = shards.iter().filter(|s| s.leader == n.node_id).count();
+        n.shards_led = u32::try_from(led).unwrap_or(u32::MAX);
+    }
 }
 
 impl MetaNode {
+    /// How `node` is seen from here ("self", "up" or "down") and how long ago it was last heard
+    /// from (none for this node, or never heard from).
+    fn health(
+        &self,
+        node: &NodeId,
+        raft_id: ferry_cluster::meta::RaftId,
+    ) -> (&'static str, Option<std::time::Duration>) {
+        let shared = &self.shared;
+        if node == &shared.settings.node_id {
+            return ("self", None);
+        }
+        let heard = shared.links.last_heard(raft_id.0);
+        let up = shared
+            .links
+            .is_up(raft_id.0, shared.settings.liveness_timeout);
+        (if up { "up" } else { "down" }, heard)
+    }
+
     /// The cluster as this node sees it.
     pub fn status(&self) -> pb::ClusterStatus {
         let shared = &self.shared;
@@ -330,23 +398,14 @@ impl MetaNode {
             .map(|(id, _)| id.to_string())
             .unwrap_or_default();
         let loads = self.loads_bytes(&view.meta);
+        let shards: Vec<&ShardDef> = view.meta.shards().values().collect();
         let nodes = view
             .meta
             .nodes()
             .iter()
             .filter(|(_, n)| n.is_active())
             .map(|(id, n)| {
-                let heard = shared.links.last_heard(n.raft_id.0);
-                let health = if id == me {
-                    "self"
-                } else if shared
-                    .links
-                    .is_up(n.raft_id.0, shared.settings.liveness_timeout)
-                {
-                    "up"
-                } else {
-                    "down"
-                };
+                let (health, heard) = self.health(id, n.raft_id);
                 pb::NodeStatus {
                     node_id: id.to_string(),
                     raft_id: n.raft_id.0,
@@ -358,11 +417,7 @@ impl MetaNode {
                     }
                     .into(),
                     health: health.into(),
-                    last_heard_ms_ago: if id == me {
-                        0
-                    } else {
-                        heard.map_or(0, |h| h.as_millis() as u64)
-                    },
+                    last_heard_ms_ago: heard.map_or(0, |h| h.as_millis() as u64),
                     queues: view
                         .meta
                         .queues_of(id)
@@ -370,6 +425,10 @@ impl MetaNode {
                         .map(|q| q.to_string())
                         .collect(),
                     stored_bytes: loads.get(id).copied().unwrap_or(0),
+                    shards_replicated: count_shards(&shards, |s| s.replicas.contains(id)),
+                    shards_preferred: count_shards(&shards, |s| s.preferred_leader() == id),
+                    // Asked of the replicas by `Cluster.GetClusterStatus`.
+                    shards_led: 0,
                 }
             })
             .collect();

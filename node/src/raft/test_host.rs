@@ -126,6 +126,7 @@ impl QueueHost for Recorder {
     fn shard_fences(&self) -> tokio::sync::watch::Receiver<u64> {
         self.fences.subscribe()
     }
+    fn shard_leader_event(&self, _shard: ferry_be_server::ShardId, _term: u64, _detail: String) {}
 }
 
 /// The settings of a one-node cluster named `a` that forms by itself, with a 10 ms tick.

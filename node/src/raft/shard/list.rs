@@ -41,6 +41,8 @@ pub(crate) struct LocalShard {
     pub(crate) applied_index: u64,
     /// The last entry in its log.
     pub(crate) last_index: u64,
+    /// The highest index it knows committed.
+    pub(crate) commit_index: u64,
     /// When leading: each other voter and the last index it acknowledged having (0 if nothing
     /// since this node was elected), in raft id order. Empty otherwise.
     pub(crate) match_indexes: Vec<(RaftId, u64)>,
@@ -56,6 +58,7 @@ impl From<&LocalShard> for pb::LocalShard {
             applied_index: l.applied_index,
             last_index: l.last_index,
             match_indexes: l.match_indexes.iter().map(|(r, i)| (r.0, *i)).collect(),
+            commit_index: l.commit_index,
         }
     }
 }
@@ -75,6 +78,7 @@ impl From<pb::LocalShard> for LocalShard {
             leader: (l.leader_raft_id != 0).then_some(RaftId(l.leader_raft_id)),
             applied_index: l.applied_index,
             last_index: l.last_index,
+            commit_index: l.commit_index,
             match_indexes,
         }
     }
@@ -300,6 +304,7 @@ mod tests {
             leader: (leader != 0).then_some(RaftId(leader)),
             applied_index: last.saturating_sub(1),
             last_index: last,
+            commit_index: last,
             match_indexes: matched.iter().map(|(r, i)| (RaftId(*r), *i)).collect(),
         }
     }

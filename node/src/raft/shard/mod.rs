@@ -20,7 +20,9 @@ use std::sync::Arc;
 use ferry_multiraft::{GroupId, GroupMachine, Halt, LogPosition, LogStore, PersistJob};
 use ferry_store::{decode_entry, StoreOp};
 
+pub(crate) use balance::{Balancer, LedShard, BALANCE_EVERY_TICKS};
 pub(crate) use list::LocalShard;
+pub(crate) use transfer::TransferRefusal;
 
 /// The application key of a shard's applied position: `shard/` and the group id, big-endian.
 pub(crate) fn applied_key(group: GroupId) -> Vec<u8> {
@@ -193,6 +195,8 @@ impl GroupMachine for ShardMachine {
     }
 }
 
+mod balance;
+mod leader_events;
 mod list;
 #[cfg(test)]
 mod node_tests;
@@ -200,3 +204,4 @@ mod proposer;
 mod serve;
 #[cfg(test)]
 mod tests;
+mod transfer;

@@ -139,8 +139,16 @@ impl MetaNode {
         let me = self.shared.settings.node_id.clone();
         let mut told = BTreeMap::new();
         let mut refence = false;
+        let mut groups_before = BTreeMap::new();
         loop {
             let current = view.borrow_and_update().clone();
+            for e in super::leader_events::became_leader(&groups_before, &current) {
+                tracing::info!(shard = %e.shard, term = e.term, "{}", e.detail);
+                self.shared
+                    .host
+                    .shard_leader_event(e.shard, e.term, e.detail);
+            }
+            super::leader_events::remember(&mut groups_before, &current);
             let wanted = wanted(&current, &me);
             let ok = carry_out(&*self.shared.host, &self, &mut told, wanted, refence).await;
             let retry = async {
