@@ -79,6 +79,10 @@ pub(crate) struct Publisher {
 struct DedupIds {
     prefix: String,
     next: AtomicU64,
+    /// Queues the server said are kept on one node (a confirm's `replicas` 1): no failover to
+    /// resend across, so their messages get no ids of the client's (they cost the queue a
+    /// record each). Replicated queues, and queues not yet confirmed, get them.
+    unreplicated: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 impl DedupIds {
@@ -92,6 +96,7 @@ impl DedupIds {
         Self {
             prefix: format!("ferry-client:{a:016x}{b:016x}"),
             next: AtomicU64::new(0),
+            unreplicated: std::sync::Mutex::default(),
         }
     }
 }
@@ -99,7 +104,9 @@ impl DedupIds {
 impl Publisher {
     pub(crate) fn new(client: Client) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
+        let dedup_ids = Arc::new(DedupIds::new());
         let task = Task {
+            dedup_ids: dedup_ids.clone(),
             client,
             rx,
             rx_open: true,
@@ -109,10 +116,16 @@ impl Publisher {
             resend_at: Instant::now(),
         };
         tokio::spawn(task.run());
-        Self {
-            tx,
-            dedup_ids: Arc::new(DedupIds::new()),
-        }
+        Self { tx, dedup_ids }
+    }
+
+    /// Whether the server said `queue` is kept on one node (see [`DedupIds::unreplicated`]).
+    pub(crate) fn is_unreplicated(&self, queue: &str) -> bool {
+        self.dedup_ids
+            .unreplicated
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .contains(queue)
     }
 
     /// A dedup id no other message has (see [`DedupIds`]).
@@ -170,6 +183,8 @@ struct Open {
 /// while it works, opens another after it breaks, and resends.
 struct Task {
     client: Client,
+    /// Shared with the publisher: what confirms say of the queues' replication.
+    dedup_ids: Arc<DedupIds>,
     rx: mpsc::UnboundedReceiver<Pending>,
     /// The session may still send (a publisher clone lives).
     rx_open: bool,
@@ -263,6 +278,18 @@ impl Task {
             return;
         };
         if c.error_code == 0 {
+            if c.replicas != 0 {
+                let mut unreplicated = self
+                    .dedup_ids
+                    .unreplicated
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                if c.replicas == 1 {
+                    unreplicated.insert(p.request.queue.clone());
+                } else {
+                    unreplicated.remove(&p.request.queue);
+                }
+            }
             let _ = p.reply.send(Ok(c.message_ids));
         } else {
             let s = Status::new(Code::from_i32(c.error_code), c.error_message);

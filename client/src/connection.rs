@@ -361,11 +361,12 @@ impl Session {
         messages: Vec<Message>,
     ) -> impl std::future::Future<Output = Result<Vec<String>, ClientError>> + Send + 'static {
         let transacted = self.ack_mode == pb::AckMode::Transacted;
+        let auto_ids = self.auto_dedup_ids && !transacted && !self.publisher.is_unreplicated(queue);
         let messages: Vec<pb::OutgoingMessage> = messages
             .into_iter()
             .map(|Message(mut m)| {
                 let persistent = m.delivery_mode != pb::DeliveryMode::NonPersistent as i32;
-                if self.auto_dedup_ids && !transacted && persistent && m.dedup_id.is_empty() {
+                if auto_ids && persistent && m.dedup_id.is_empty() {
                     m.dedup_id = self.publisher.next_dedup_id();
                 }
                 m
@@ -378,7 +379,9 @@ impl Session {
     /// This session, giving (`true`, the default) or not giving (`false`) each persistent
     /// message sent without a dedup id one of the client's own, unique ones, so that a send
     /// can be resent safely after a failover (see [`Session::send`]). Transacted sessions and
-    /// non-persistent messages never get one. What it costs: the queue remembers each id for
+    /// non-persistent messages never get one, nor messages to a queue the server said is kept
+    /// on one node (replication factor 1: no failover to resend across; each publish confirm
+    /// says, and until the first one the client gives ids). What it costs: the queue remembers each id for
     /// its dedup window (10 min by default; a small record in memory and on disk, written
     /// with the message), and a queue keeps at most 100 000 ids, forgetting those
     /// closest to the end of their window first: a producer sending faster than 100 000

@@ -144,6 +144,7 @@ fn confirm(sequence: u64, result: Result<Vec<String>, Status>) -> pb::PublishCon
             message_ids: vec![],
             error_code: s.code() as i32,
             error_message: s.message().to_string(),
+            replicas: 0,
         },
     }
 }
@@ -157,6 +158,25 @@ fn send_request(r: pb::PublishRequest) -> pb::SendRequest {
 }
 
 async fn send_run(svc: &Dispatch, run: Vec<(u64, pb::PublishRequest)>) -> Vec<pb::PublishConfirm> {
+    let replicas = ferry_kernel::QueueName::new(&run[0].1.queue)
+        .ok()
+        .map_or(0, |q| {
+            svc.router
+                .placement()
+                .shard_of(&q)
+                .map_or(1, |(_, replicas)| {
+                    u32::try_from(replicas.len()).unwrap_or(0)
+                })
+        });
+    let mut confirms = send_each(svc, run).await;
+    for c in confirms.iter_mut().filter(|c| c.error_code == 0) {
+        c.replicas = replicas;
+    }
+    confirms
+}
+
+/// The confirms of a run (see [`send_run`]).
+async fn send_each(svc: &Dispatch, run: Vec<(u64, pb::PublishRequest)>) -> Vec<pb::PublishConfirm> {
     if run.len() == 1 {
         let (sequence, r) = run.into_iter().next().expect("one request");
         return vec![confirm(sequence, svc.send_messages(send_request(r)).await)];

@@ -249,3 +249,37 @@ async fn a_send_to_a_queue_without_dedup_is_not_resent() {
     confirm(&stream, vec![confirmed(&["id-n"])]).await;
     next.await.expect("confirmed");
 }
+
+/// A queue the server says is kept on one node has no failover to resend across: once a
+/// confirm says so, its messages get no ids of the client's (each would cost the queue a
+/// record); a queue it says is replicated, and one not yet confirmed, get them.
+#[tokio::test(start_paused = true)]
+async fn messages_to_a_queue_kept_on_one_node_get_no_client_dedup_ids() {
+    let mut fake = fake::start(30_000).await;
+    let session = session(&fake).await;
+    let first = session.send_async("one", vec![Message::text("a")]);
+    let replicated = session.send_async("three", vec![Message::text("b")]);
+    let mut stream = fake.next_publish().await;
+    let (a, b) = (stream.next().await, stream.next().await);
+    assert!(
+        dedup_ids(&a)[0].starts_with("ferry-client:"),
+        "not known yet"
+    );
+    assert!(dedup_ids(&b)[0].starts_with("ferry-client:"));
+    let said = |replicas| pb::PublishConfirm {
+        message_ids: vec!["id".into()],
+        replicas,
+        ..Default::default()
+    };
+    confirm(&stream, vec![said(1), said(3)]).await;
+    first.await.expect("confirmed");
+    replicated.await.expect("confirmed");
+
+    let later = session.send_async("one", vec![Message::text("c")]);
+    let still = session.send_async("three", vec![Message::text("d")]);
+    assert_eq!(dedup_ids(&stream.next().await), [""], "kept on one node");
+    assert!(dedup_ids(&stream.next().await)[0].starts_with("ferry-client:"));
+    confirm(&stream, vec![said(1), said(3)]).await;
+    later.await.expect("confirmed");
+    still.await.expect("confirmed");
+}
