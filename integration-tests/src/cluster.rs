@@ -249,7 +249,8 @@ pub async fn status_at(url: &str) -> anyhow::Result<pb::ClusterStatus> {
         .into_inner())
 }
 
-/// Creates a queue pinned to `owner` (or placed by the rule, with `None`).
+/// Creates an unreplicated queue (replication factor 1: the default on 3 or more nodes is 3)
+/// pinned to `owner`, or placed by the rule (the node owning the fewest queues) with `None`.
 pub async fn create_queue_on(
     client: &Client,
     name: &str,
@@ -258,7 +259,7 @@ pub async fn create_queue_on(
     Ok(client
         .admin()
         .create_queue(pb::CreateQueueRequest {
-            replicas: 0,
+            replicas: 1,
             own_shard: false,
             name: name.into(),
             config: None,

@@ -627,3 +627,49 @@ async fn shard_list_names_the_leader_replicas_and_queues_from_any_node_and_a_new
     assert!(out.contains(&format!("{leader} (no answer)")), "{out}");
     Ok(())
 }
+
+/// On three nodes a queue created without a replication factor is replicated on all three (the
+/// default); one pinned to a node with `node` stays there, unreplicated.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_nodes_replicate_a_queue_by_default_and_a_pinned_one_stays_on_its_node(
+) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let cluster = Cluster::start(dir.path(), &NODES)?;
+    cluster.wait_leader(&NODES, LEADER_WAIT).await?;
+    let client = cluster.node("n2").client().await?;
+    create(&client, "plain", 0).await?;
+    let pinned = client
+        .admin()
+        .create_queue(pb::CreateQueueRequest {
+            name: "pinned".into(),
+            node: "n1".into(),
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    assert_eq!(pinned.queue.unwrap().owner_node, "n1");
+    let show = |name: &'static str| {
+        let client = client.clone();
+        async move {
+            client
+                .admin()
+                .get_queue(pb::GetQueueRequest { name: name.into() })
+                .await
+                .map(tonic::Response::into_inner)
+        }
+    };
+    let mut plain = show("plain").await?.replicas;
+    plain.sort();
+    assert_eq!(plain, NODES, "replicated on the three nodes");
+    assert!(
+        show("plain.DLQ").await?.shard > 0,
+        "its dead-letter queue too"
+    );
+    let pinned = show("pinned").await?;
+    assert_eq!(
+        (pinned.shard, pinned.replicas.len()),
+        (0, 0),
+        "not replicated"
+    );
+    Ok(())
+}

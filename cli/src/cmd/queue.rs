@@ -21,7 +21,8 @@ pub enum QueueCommand {
         node: Option<String>,
         /// How many nodes keep it: 1 (one node's disk, the fastest), 3 or 5 (a queue shard:
         /// every confirmed send on a majority of the replicas' disks, failing over when the
-        /// leader fails). Default: the cluster's, 1 for now.
+        /// leader fails). Default: 3 on a cluster of 3 or more nodes, 1 below that and with
+        /// --node (a queue whose dead-letter queue exists already: that queue's).
         #[arg(long)]
         replicas: Option<u32>,
         /// With --replicas 3 or 5: a shard of its own, which no other queue joins.

@@ -30,6 +30,42 @@ fn cluster_of(ids: &[&str]) -> MetaState {
     s
 }
 
+#[test]
+fn the_default_replication_is_3_from_3_nodes_up_and_follows_an_existing_companion() {
+    let settings = pb::QueueConfig::default();
+    for (ids, expected) in [
+        (&["a"][..], 1),
+        (&["a", "b"][..], 1),
+        (&["a", "b", "c"][..], 3),
+    ] {
+        let s = cluster_of(ids);
+        assert_eq!(
+            s.default_replication(&q("orders"), &settings, false),
+            Ok(expected),
+            "{ids:?}"
+        );
+        assert_eq!(s.default_replication(&q("orders"), &settings, true), Ok(1));
+    }
+    let mut s = cluster_of(&["a", "b", "c", "d", "e"]);
+    assert_eq!(s.default_replication(&q("x"), &settings, false), Ok(3));
+    // A queue whose dead-letter queue is left over from an unreplicated one stays with it.
+    apply(
+        &mut s,
+        &MetaCommand::CreateQueue {
+            name: q("plain"),
+            settings: settings.clone(),
+            owner: n("a"),
+        },
+    );
+    apply(&mut s, &MetaCommand::DeleteQueue { name: q("plain") });
+    assert_eq!(s.default_replication(&q("plain"), &settings, false), Ok(1));
+    // One whose dead-letter queue is in a shard of 5 takes 5.
+    let five = replicated(&s, "big", 5, false);
+    apply(&mut s, &five);
+    apply(&mut s, &MetaCommand::DeleteQueue { name: q("big") });
+    assert_eq!(s.default_replication(&q("big"), &settings, false), Ok(5));
+}
+
 /// The command the proposer makes for `name` with `replication` (the rule's choice).
 fn replicated(s: &MetaState, name: &str, replication: usize, dedicated: bool) -> MetaCommand {
     let settings = pb::QueueConfig::default();

@@ -96,6 +96,10 @@ pub fn default_replication(active_nodes: usize) -> usize {
     }
 }
 
+/// The replication factor of a queue created with none asked for, once the cluster has that many
+/// active nodes (see [`MetaState::default_replication`]).
+pub const DEFAULT_REPLICATION: usize = 3;
+
 /// Chooses the shard of a new queue `name` with `settings` and `replication` (3 or 5) by the
 /// rule of the module docs. `down` are the nodes the proposer cannot reach. Pure.
 pub fn choose_shard(
@@ -162,6 +166,32 @@ impl MetaState {
 
     fn active_count(&self) -> usize {
         self.nodes.values().filter(|n| n.is_active()).count()
+    }
+
+    /// The replication factor of queue `name` created with `settings` and none asked for
+    /// (issue 24): its dead-letter or expiry queue's, if one exists already (they live
+    /// together); 1 for a queue pinned to a node; 3 once the cluster has 3 or more active
+    /// nodes, 1 below that.
+    pub fn default_replication(
+        &self,
+        name: &QueueName,
+        settings: &pb::QueueConfig,
+        pinned: bool,
+    ) -> Result<usize, MetaError> {
+        if pinned {
+            return Ok(1);
+        }
+        if let Some(companion) = self.companion_placement(name, settings)? {
+            return Ok(companion
+                .shard
+                .and_then(|s| self.shards.get(&s))
+                .map_or(1, ShardDef::replication));
+        }
+        Ok(if self.active_count() >= DEFAULT_REPLICATION {
+            DEFAULT_REPLICATION
+        } else {
+            1
+        })
     }
 
     /// Refuses a replication factor that is not 3 or 5 or exceeds the active nodes.

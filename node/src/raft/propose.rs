@@ -21,10 +21,6 @@ use ferry_cluster::meta::{
 };
 use ferry_fe_dispatcher::PlacementAsked;
 
-/// The replication factor of a queue created without one. 1 for now: the default (3
-/// once a cluster has 3 nodes) waits until failover has been proven on real processes.
-pub const DEFAULT_REPLICATION: usize = 1;
-
 /// How long a proposal may take, leader elections included, before it fails UNAVAILABLE.
 pub(crate) const PROPOSE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a node waits for an answer from a peer it asks something.
@@ -362,7 +358,10 @@ impl MetaNode {
             let view = self.shared.view.borrow();
             let down = self.down_nodes(&view.meta);
             let replication = match asked.replicas {
-                0 => DEFAULT_REPLICATION,
+                0 => view
+                    .meta
+                    .default_replication(name, &settings, asked.pinned.is_some())
+                    .map_err(|e| meta_status(&e))?,
                 n => n as usize,
             };
             if replication > 1 || asked.own_shard {
