@@ -27,8 +27,8 @@
 //! - **sends** ([`Session::send`], [`Session::send_async`], [`Session::reply`],
 //!   [`Requestor::request`]) take longer and then succeed: a send whose outcome the dying leader
 //!   left unknown, or that met no leader, is sent again with the same dedup ids (the client
-//!   gives every persistent message one unless the application did), so each message is stored
-//!   once. No error reaches the application, unless the failover outlasts
+//!   gives every persistent message for a replicated queue one unless the application did), so
+//!   each message is stored once. No error reaches the application, unless the failover outlasts
 //!   [`RESEND_ATTEMPTS`] resends (about 3 s of pauses on top of the node's own wait for a
 //!   leader), the session is transacted (a transaction's sends and commit are never resent: a
 //!   commit across a leader change fails `ABORTED`, and the application rolls back and starts
