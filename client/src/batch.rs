@@ -11,9 +11,9 @@
 //! its outcome is unknown, or the stream broke with the node still reachable) is sent again by
 //! this task, up to [`RESEND_ATTEMPTS`] times with a doubling pause, when that is safe: the send
 //! is resendable (every message carries a dedup id and the session is not transacted, decided by
-//! the session) and the queue remembers dedup ids for longer than the send has been under way
-//! (its `dedup_window_ms`, asked of the node before each round: the answer doubles as a sign that
-//! the queue is served again). A resend whose first try was stored is answered with the first
+//! the session) and the queue remembers dedup ids for at least 20 s longer than the send has
+//! been under way (its `dedup_window_ms`, asked of the node before each round: the answer
+//! doubles as a sign that the queue is served again). A resend whose first try was stored is answered with the first
 //! try's message ids and stores nothing. While sends wait for a resend, later sends wait behind
 //! them, so a session's order holds, except that a send resent after a failover lands after the
 //! sends in flight with it that the server did confirm.
@@ -42,6 +42,11 @@ use crate::{Client, ClientError};
 /// error (pauses of 100 ms, doubling: about 3 s in all, on top of the node's own wait of up to
 /// 8 s for the queue's new leader on each try). See [`crate::Session::send`].
 pub const RESEND_ATTEMPTS: u32 = 5;
+
+/// How much longer than a send has been under way its queue's dedup window must be for the
+/// send to go again: the resend may still wait at the node for the queue's leader (up to 8 s)
+/// before its dedup ids are looked up, and leaders' clocks differ.
+const RESEND_WINDOW_MARGIN: Duration = Duration::from_secs(20);
 
 /// The pause before the first resend; it doubles for each further one.
 const RESEND_PAUSE_FIRST: Duration = Duration::from_millis(100);
@@ -341,7 +346,9 @@ impl Task {
             }
             let since = p.first_sent.map_or(Duration::ZERO, |t| t.elapsed());
             match windows.get(&p.request.queue) {
-                Some(Ok(window_ms)) if Duration::from_millis(*window_ms) > since => {
+                Some(Ok(window_ms))
+                    if Duration::from_millis(*window_ms) > since + RESEND_WINDOW_MARGIN =>
+                {
                     self.write(p).await
                 }
                 Some(Err(s)) if transient(s) => {

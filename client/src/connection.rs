@@ -335,7 +335,7 @@ impl Session {
     ///   (a commit across a leader change fails `ABORTED`; the application rolls back and
     ///   starts over);
     /// - the queue remembers dedup ids (its `dedup_window_ms`, asked of the node before each
-    ///   resend, is not 0 and longer than the send has been under way).
+    ///   resend, is not 0 and at least 20 s longer than the send has been under way).
     ///
     /// So during a replicated queue's failover (1.5-3 s) a send takes longer and then succeeds;
     /// sends made meanwhile wait behind it, in order. Nothing is retried for any other error

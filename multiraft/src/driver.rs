@@ -76,8 +76,12 @@ pub enum ProposeFailure {
     /// Appended, then overwritten by another leader's entry, or decided by a snapshot that
     /// replaced the state: its outcome here is unknown.
     Overwritten,
-    /// raft-rs dropped it (a leadership transfer or configuration change in progress).
+    /// Appended, then dropped with its group (removed from this node): its outcome here is
+    /// unknown.
     Dropped(String),
+    /// raft-rs would not append it (a leadership transfer or configuration change in
+    /// progress): nothing was written; it may be proposed again.
+    Refused(String),
     /// The driver stopped.
     Stopped,
 }
@@ -281,7 +285,7 @@ impl<M: GroupMachine> Driver<M> {
             }
             Err(Error::NotLeader { leader, .. }) => reply(Err(ProposeFailure::NotLeader(leader))),
             Err(Error::GroupNotFound { .. }) => reply(Err(ProposeFailure::NotMember)),
-            Err(e) => reply(Err(ProposeFailure::Dropped(e.to_string()))),
+            Err(e) => reply(Err(ProposeFailure::Refused(e.to_string()))),
         }
     }
 

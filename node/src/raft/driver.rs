@@ -359,6 +359,12 @@ impl Driver {
                     Err(ProposeFailure::NotLeader(_) | ProposeFailure::NotMember) => {
                         Err(ShardRefusal::NotLeader { shard, leader })
                     }
+                    // Not appended (its leadership is being handed over): nothing was written,
+                    // and the router retries a NotLeader on the leader it learns next.
+                    Err(ProposeFailure::Refused(_)) => Err(ShardRefusal::NotLeader {
+                        shard,
+                        leader: None,
+                    }),
                     Err(e) => Err(ShardRefusal::Unknown {
                         shard,
                         reason: format!("{e:?}"),

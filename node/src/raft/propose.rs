@@ -97,6 +97,9 @@ fn failure_status(f: &ProposeFailure) -> Status {
         ProposeFailure::Overwritten | ProposeFailure::Dropped(_) => {
             Status::unavailable("the proposal was lost to a leader change; retry")
         }
+        ProposeFailure::Refused(why) => Status::unavailable(format!(
+            "the metadata group did not take the proposal ({why}); nothing was written: retry"
+        )),
     }
 }
 

@@ -250,6 +250,25 @@ async fn a_send_to_a_queue_without_dedup_is_not_resent() {
     next.await.expect("confirmed");
 }
 
+/// A window shorter than the send has been under way plus the margin (the node may still wait
+/// for the leader before the ids are looked up, and clocks differ) is as good as none.
+#[tokio::test(start_paused = true)]
+async fn a_send_to_a_queue_whose_window_is_too_short_for_the_margin_is_not_resent() {
+    let mut fake = fake::start(30_000).await;
+    fake.dedup_windows
+        .lock()
+        .expect("not poisoned")
+        .extend([Ok(15_000)]);
+    let session = session(&fake).await;
+    let a = session.send_async("q", vec![Message::text("a")]);
+    let mut stream = fake.next_publish().await;
+    stream.next().await;
+    confirm(&stream, vec![unknown("first: the leader died mid-write")]).await;
+    assert_eq!(lookup(&mut fake).await, "q", "a 15 s window");
+    let err = a.await.expect_err("not safe to resend");
+    assert!(err.to_string().contains("first: the leader died"), "{err}");
+}
+
 /// A queue the server says is kept on one node has no failover to resend across: once a
 /// confirm says so, its messages get no ids of the client's (each would cost the queue a
 /// record); a queue it says is replicated, and one not yet confirmed, get them.
