@@ -67,6 +67,11 @@ fn encode_op(w: &mut Writer, op: &StoreOp) -> Result<(), StoreError> {
                 "a write to the Raft engine's key spaces cannot go through a queue's log",
             ))
         }
+        StoreOp::DeleteShard(_) => {
+            return Err(refused(
+                "a shard's delete is a replica's own write, never a log entry",
+            ))
+        }
     }
     Ok(())
 }

@@ -31,7 +31,7 @@ mod rocks;
 
 use ferry_kernel::{
     DedupRecord, IndexedHeader, PersistOp, Priority, QueueConfig, QueueName, QueueUid,
-    RecoveredMessage, Seq,
+    RecoveredMessage, Seq, ShardId,
 };
 
 pub use entry::{decode_entry, encode_entry, ENTRY_VERSION};
@@ -104,6 +104,12 @@ pub enum StoreOp {
     },
     /// A write to a key space kept for another part of the node (the Raft engine).
     Kv(KvOp),
+    /// Removes every queue whose definition names this shard ([`QueueDef::replica`]), with
+    /// everything it holds, as [`StoreOp::DeleteQueue`] removes one: how a replica installing
+    /// a shard's snapshot ([`QueueStore::export_shard`]) clears what it held of the shard. It
+    /// sees the queues as they were before its write: no other op of the same write may
+    /// touch the shard's queues before it. Never carried by a shard's log.
+    DeleteShard(ShardId),
 }
 
 /// How many messages of one priority a queue holds in the store, and their bytes
@@ -250,6 +256,81 @@ pub trait QueueStore: Send + Sync + std::fmt::Debug + 'static {
     /// new shard leader holds in memory from the start. A queue that writes counts only has
     /// none.
     fn read_marked(&self, uid: QueueUid) -> Result<Vec<RecoveredMessage>, StoreError>;
+
+    /// A copy of a queue shard's data as of one point in time, for a replica that needs a
+    /// snapshot: every queue whose definition names `shard`, as ops that recreate it when
+    /// written in order after [`StoreOp::DeleteShard`] (each queue's definition, sequence
+    /// reservation, dedup records, messages, then the delivery counts and marks of the
+    /// messages held; counts, header index and delayed entries follow from the puts). `sink`
+    /// gets them in batches of about `batch_bytes` of messages each, as they are read (a
+    /// large shard is never held whole). Returns the value `app_key` (a
+    /// [`KvSpace::RaftApp`] key: the shard's applied position) had at that same point.
+    fn export_shard(
+        &self,
+        shard: ShardId,
+        app_key: &[u8],
+        batch_bytes: usize,
+        sink: &mut dyn FnMut(Vec<StoreOp>) -> Result<(), StoreError>,
+    ) -> Result<Option<Vec<u8>>, StoreError> {
+        let _ = (shard, app_key, batch_bytes, sink);
+        Err(StoreError::Io {
+            context: "exporting a queue shard",
+            message: "this store cannot export shards".into(),
+        })
+    }
+}
+
+/// Cuts an export into batches: ops go in, a batch goes to the sink once its messages reach
+/// `batch_bytes`.
+struct ExportBatcher<'a> {
+    sink: &'a mut dyn FnMut(Vec<StoreOp>) -> Result<(), StoreError>,
+    batch_bytes: usize,
+    ops: Vec<StoreOp>,
+    bytes: usize,
+}
+
+impl<'a> ExportBatcher<'a> {
+    fn new(
+        batch_bytes: usize,
+        sink: &'a mut dyn FnMut(Vec<StoreOp>) -> Result<(), StoreError>,
+    ) -> Self {
+        ExportBatcher {
+            sink,
+            batch_bytes,
+            ops: Vec::new(),
+            bytes: 0,
+        }
+    }
+
+    fn push(&mut self, op: StoreOp) -> Result<(), StoreError> {
+        if let StoreOp::Queue {
+            op: PersistOp::PutMessage(m),
+            ..
+        } = &op
+        {
+            self.bytes = self
+                .bytes
+                .saturating_add(usize::try_from(m.size_bytes()).unwrap_or(usize::MAX));
+        }
+        self.ops.push(op);
+        // Ops other than puts are small: a bound on their number keeps a batch bounded too.
+        if self.bytes >= self.batch_bytes || self.ops.len() >= 65_536 {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    fn finish(mut self) -> Result<(), StoreError> {
+        self.flush()
+    }
+
+    fn flush(&mut self) -> Result<(), StoreError> {
+        if self.ops.is_empty() {
+            return Ok(());
+        }
+        self.bytes = 0;
+        (self.sink)(std::mem::take(&mut self.ops))
+    }
 }
 
 /// The headers every store indexes, in the order their entries are written.

@@ -8,13 +8,16 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use ferry_kernel::{
     DedupRecord, DeliveryMark, IndexedHeader, Message, PersistOp, Priority, QueueUid,
-    RecoveredMessage, Seq,
+    RecoveredMessage, Seq, ShardId,
 };
 
 use crate::message_keys::KeysRef;
 use crate::{codec, header_kind, priorities_high_first, priority_of_rank, rank, INDEXED_HEADERS};
 use crate::{KeyValue, KvOp, KvSpace};
-use crate::{Page, QueueDef, QueueStore, RecoveredQueue, StoreError, StoreOp, PRIORITY_LEVELS};
+use crate::{
+    ExportBatcher, Page, QueueDef, QueueStore, RecoveredQueue, StoreError, StoreOp,
+    PRIORITY_LEVELS,
+};
 
 /// `(uid, rank, seq)`: a queue's messages in delivery order, like the RocksDB keys.
 type MessageKey = (QueueUid, u8, Seq);
@@ -169,6 +172,62 @@ impl State {
         self.dedup.retain(|(u, _), _| *u != uid);
     }
 
+    fn delete_shard(&mut self, shard: ShardId) {
+        let doomed: Vec<QueueUid> = self
+            .queues
+            .values()
+            .filter(|d| d.replica.is_some_and(|r| r.shard == shard))
+            .map(|d| d.uid)
+            .collect();
+        for uid in doomed {
+            self.delete_queue(uid);
+        }
+    }
+
+    /// The ops that recreate the queues of `shard` (see [`QueueStore::export_shard`]).
+    fn shard_copy(&self, shard: ShardId) -> Vec<StoreOp> {
+        let mut ops = Vec::new();
+        let defs = self
+            .queues
+            .values()
+            .filter(|d| d.replica.is_some_and(|r| r.shard == shard));
+        for def in defs {
+            let uid = def.uid;
+            let queue_op = |op| StoreOp::Queue { uid, op };
+            ops.push(StoreOp::PutQueue(def.clone()));
+            if let Some(&until) = self.seq_reserved.get(&uid) {
+                ops.push(queue_op(PersistOp::ReserveSeq { until }));
+            }
+            let queue_keys = (uid, 0, Seq(0))..=(uid, u8::MAX, Seq(u64::MAX));
+            for (&(dedup_uid, ref dedup_id), &(seq, expires_ms)) in &self.dedup {
+                if dedup_uid == uid {
+                    ops.push(queue_op(PersistOp::PutDedup(DedupRecord {
+                        dedup_id: dedup_id.clone(),
+                        seq,
+                        expires_ms,
+                    })));
+                }
+            }
+            let mut held = BTreeSet::new();
+            for m in self.messages.range(queue_keys).map(|(_, m)| m) {
+                held.insert(m.seq);
+                ops.push(queue_op(PersistOp::PutMessage(Arc::new(m.clone()))));
+            }
+            let deliveries = self
+                .delivery_counts
+                .range((uid, Seq(0))..=(uid, Seq(u64::MAX)));
+            for (&(_, seq), &(count, mark)) in deliveries {
+                if held.contains(&seq) {
+                    ops.push(queue_op(match mark {
+                        Some(mark) => PersistOp::MarkDelivery { seq, count, mark },
+                        None => PersistOp::SetDeliveryCount { seq, count },
+                    }));
+                }
+            }
+        }
+        ops
+    }
+
     fn recovered(&self, uid: QueueUid, message: &Message) -> RecoveredMessage {
         let (delivery_count, mark) = self
             .delivery_counts
@@ -233,9 +292,34 @@ impl QueueStore for MemoryStore {
                     s.delete_message(*uid, KeysRef::of_keys(keys));
                 }
                 StoreOp::Kv(op) => s.apply_kv(op),
+                StoreOp::DeleteShard(shard) => s.delete_shard(*shard),
             }
         }
         Ok(())
+    }
+
+    /// Copies the shard under the lock (a point in time), then hands it out without it.
+    fn export_shard(
+        &self,
+        shard: ShardId,
+        app_key: &[u8],
+        batch_bytes: usize,
+        sink: &mut dyn FnMut(Vec<StoreOp>) -> Result<(), StoreError>,
+    ) -> Result<Option<Vec<u8>>, StoreError> {
+        let (ops, app_value) = {
+            let s = self.state();
+            let app_value = s
+                .kv
+                .get(&KvSpace::RaftApp)
+                .and_then(|kv| kv.get(app_key).cloned());
+            (s.shard_copy(shard), app_value)
+        };
+        let mut batcher = ExportBatcher::new(batch_bytes, sink);
+        for op in ops {
+            batcher.push(op)?;
+        }
+        batcher.finish()?;
+        Ok(app_value)
     }
 
     fn kv_get(&self, space: KvSpace, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {

@@ -29,6 +29,7 @@
 //! `messages`.
 
 mod absorb;
+mod export;
 mod keys;
 mod migrate;
 mod options;
@@ -39,6 +40,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use ferry_kernel::{
     DedupRecord, IndexedHeader, Message, PersistOp, Priority, QueueUid, RecoveredMessage, Seq,
+    ShardId,
 };
 use rocksdb::{ColumnFamily, ReadOptions, WriteBatch, WriteOptions, DB};
 
@@ -220,6 +222,13 @@ impl<'a> Cfs<'a> {
                 self.delete_message(batch, *uid, KeysRef::of_keys(keys));
             }
             StoreOp::Kv(op) => self.add_kv(batch, op),
+            StoreOp::DeleteShard(_) => {
+                return Err(StoreError::Corrupt {
+                    what: "batch",
+                    reason: "invariant: a shard's delete is resolved before its batch is built"
+                        .into(),
+                })
+            }
         }
         Ok(())
     }
@@ -392,6 +401,12 @@ impl RocksStore {
         let cfs = self.cfs()?;
         let mut batch = WriteBatch::default();
         for op in batches.iter().flatten() {
+            if let StoreOp::DeleteShard(shard) = op {
+                for uid in self.shard_queues(&cfs, *shard)? {
+                    cfs.delete_queue(&mut batch, uid)?;
+                }
+                continue;
+            }
             cfs.add(&mut batch, op)?;
         }
         let mut wo = WriteOptions::default();
@@ -532,6 +547,16 @@ impl QueueStore for RocksStore {
 
     fn read_marked(&self, uid: QueueUid) -> Result<Vec<RecoveredMessage>, StoreError> {
         self.marked(uid)
+    }
+
+    fn export_shard(
+        &self,
+        shard: ShardId,
+        app_key: &[u8],
+        batch_bytes: usize,
+        sink: &mut dyn FnMut(Vec<StoreOp>) -> Result<(), StoreError>,
+    ) -> Result<Option<Vec<u8>>, StoreError> {
+        self.export(shard, app_key, batch_bytes, sink)
     }
 }
 

@@ -18,6 +18,8 @@ use ferry_store::{
 mod delayed;
 #[path = "conformance/marks.rs"]
 mod marks;
+#[path = "conformance/shards.rs"]
+mod shards;
 
 /// Opens the same underlying data again, as a restart would.
 trait Reopen {
