@@ -26,6 +26,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // Raft batches are handed to the engine's thread without a copy.
         .bytes(".ferry.v1.RaftBatch.batch")
         .bytes(".ferry.v1.SnapshotChunk.data")
+        .bytes(".ferry.v1.SnapshotChunk.shard_ops")
         .file_descriptor_set_path(out_dir.join("ferry_v1_descriptor.bin"))
         .compile_with_config(prost_config, &protos, &["proto"])?;
     Ok(())

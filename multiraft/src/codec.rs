@@ -11,7 +11,7 @@
 use bytes::{BufMut, Bytes, BytesMut};
 
 use crate::error::Error;
-use crate::ids::{GroupId, NodeId};
+use crate::ids::{GroupId, LogPosition, NodeId};
 
 /// The version byte that opens every batch.
 pub const BATCH_VERSION: u8 = 1;
@@ -26,6 +26,21 @@ pub fn encode_batch<'a>(messages: impl IntoIterator<Item = (GroupId, &'a [u8])>)
         out.put_slice(message);
     }
     out.freeze()
+}
+
+/// The log position of the snapshot an encoded raft message carries (a snapshot message as
+/// [`crate::OutSnapshot::bytes`] holds it); `None` for bytes that are not a snapshot message.
+pub fn snapshot_position(message: &[u8]) -> Option<LogPosition> {
+    use protobuf::Message as _;
+    let m = raft::eraftpb::Message::parse_from_bytes(message).ok()?;
+    if m.get_msg_type() != raft::eraftpb::MessageType::MsgSnapshot {
+        return None;
+    }
+    let meta = m.get_snapshot().get_metadata();
+    Some(LogPosition {
+        index: meta.index,
+        term: meta.term,
+    })
 }
 
 /// Decodes a batch into (group, raft message bytes) pairs borrowing from `batch`.

@@ -58,7 +58,7 @@ mod round;
 pub mod sim;
 mod storage;
 
-pub use codec::{decode_batch, encode_batch, BATCH_VERSION};
+pub use codec::{decode_batch, encode_batch, snapshot_position, BATCH_VERSION};
 pub use config::EngineConfig;
 pub use driver::{
     Driver, DriverConfig, GroupMachine, Halt, Outbound, ProposeFailure, Proposed, Reply, RoundsDone,

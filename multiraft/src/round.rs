@@ -54,6 +54,8 @@ pub struct OutSnapshot {
     pub to: NodeId,
     /// The group it belongs to.
     pub group: GroupId,
+    /// The log position the snapshot covers (its index and that entry's term).
+    pub position: LogPosition,
     /// The encoded message (the state machine's snapshot inside), opaque to the transport.
     pub bytes: Bytes,
 }
@@ -204,9 +206,14 @@ impl RoundCx {
         let to = NodeId(message.to);
         if message.get_msg_type() == MessageType::MsgSnapshot {
             self.snapshots_sent.push((group, message.to));
+            let meta = message.get_snapshot().get_metadata();
             self.snapshots.push(OutSnapshot {
                 to,
                 group,
+                position: LogPosition {
+                    index: meta.index,
+                    term: meta.term,
+                },
                 bytes: Bytes::from(encode(&message)),
             });
             return;

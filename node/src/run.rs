@@ -444,6 +444,7 @@ fn meta_settings(
         liveness_timeout,
         probe_interval: liveness_timeout / 6,
         import_marker: None,
+        shard_data: None,
     })
 }
 
@@ -465,6 +466,7 @@ async fn start_metadata(
         broker: broker.clone(),
         backend: backend.clone(),
     });
+    settings.shard_data = Some(Arc::clone(store));
     let log = NodeLogStore::new(Arc::clone(store), writer.handle());
     Ok(MetaNode::start(settings, host, Box::new(log)).await?)
 }

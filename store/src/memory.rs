@@ -13,11 +13,10 @@ use ferry_kernel::{
 
 use crate::message_keys::KeysRef;
 use crate::{codec, header_kind, priorities_high_first, priority_of_rank, rank, INDEXED_HEADERS};
-use crate::{KeyValue, KvOp, KvSpace};
 use crate::{
-    ExportBatcher, Page, QueueDef, QueueStore, RecoveredQueue, StoreError, StoreOp,
-    PRIORITY_LEVELS,
+    ExportBatcher, Page, QueueDef, QueueStore, RecoveredQueue, StoreError, StoreOp, PRIORITY_LEVELS,
 };
+use crate::{KeyValue, KvOp, KvSpace};
 
 /// `(uid, rank, seq)`: a queue's messages in delivery order, like the RocksDB keys.
 type MessageKey = (QueueUid, u8, Seq);
@@ -308,10 +307,9 @@ impl QueueStore for MemoryStore {
     ) -> Result<Option<Vec<u8>>, StoreError> {
         let (ops, app_value) = {
             let s = self.state();
-            let app_value = s
-                .kv
-                .get(&KvSpace::RaftApp)
-                .and_then(|kv| kv.get(app_key).cloned());
+            let app_value =
+                s.kv.get(&KvSpace::RaftApp)
+                    .and_then(|kv| kv.get(app_key).cloned());
             (s.shard_copy(shard), app_value)
         };
         let mut batcher = ExportBatcher::new(batch_bytes, sink);

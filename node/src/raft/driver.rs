@@ -22,7 +22,8 @@ use tokio::sync::{oneshot, watch};
 use super::machine::MetaMachine;
 use super::machines::{NodeMachine, Outcome};
 use super::shard::{
-    Balancer, LedShard, LocalShard, ShardMachine, TransferRefusal, BALANCE_EVERY_TICKS,
+    Balancer, LedShard, LocalShard, ShardMachine, ShardSnapshots, TransferRefusal,
+    BALANCE_EVERY_TICKS,
 };
 use super::view::{MetaView, RaftCounters, ShardGroupView};
 use ferry_be_server::{ShardId, ShardRefusal};
@@ -104,6 +105,8 @@ pub(crate) struct Start {
     pub(crate) resumed: bool,
     /// How the round loop compacts and how many rounds it runs per wake-up.
     pub(crate) rounds: DriverConfig,
+    /// Where the data of the shard snapshots this node receives waits for their install.
+    pub(crate) snapshots: Arc<ShardSnapshots>,
 }
 
 /// The running driver.
@@ -125,6 +128,8 @@ pub(crate) struct Driver {
     balancer: Balancer,
     /// Raft ticks since the driver started: the balancer's time.
     ticks: u64,
+    /// Given to every shard's machine (see [`Start::snapshots`]).
+    snapshots: Arc<ShardSnapshots>,
 }
 
 /// Opens the engine of a node that already belongs to a cluster (its group 0 is in `recovered`).
@@ -168,7 +173,7 @@ impl Driver {
                 .collect()
         });
         for group in shards {
-            match ShardMachine::open(group, rounds.store()) {
+            match ShardMachine::open(group, rounds.store(), Arc::clone(&start.snapshots)) {
                 Ok(machine) => rounds.add_machine(group, NodeMachine::Shard(machine)),
                 // Its entries halt the driver when they come: no machine to apply them to.
                 Err(e) => tracing::error!(%group, reason = %e.0, "cannot open a queue shard"),
@@ -186,6 +191,7 @@ impl Driver {
             shards_followed_at: None,
             balancer: Balancer::default(),
             ticks: 0,
+            snapshots: start.snapshots,
         }
     }
 
@@ -499,7 +505,8 @@ impl Driver {
         engine
             .bootstrap_group(group, voters)
             .map_err(|e| format!("cannot start shard group {group}: {e}"))?;
-        let machine = ShardMachine::open(group, self.rounds.store()).map_err(|h| h.0)?;
+        let machine = ShardMachine::open(group, self.rounds.store(), Arc::clone(&self.snapshots))
+            .map_err(|h| h.0)?;
         self.rounds.add_machine(group, NodeMachine::Shard(machine));
         self.rounds.campaign_if_alone(group);
         Ok(())

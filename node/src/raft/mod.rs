@@ -25,6 +25,7 @@ mod service;
 mod shard;
 #[cfg(test)]
 mod sim;
+mod snapshot_stream;
 #[cfg(test)]
 mod test_host;
 #[cfg(test)]
@@ -48,6 +49,7 @@ pub use log_store::NodeLogStore;
 pub use propose::{meta_status, CreatedQueue, UpdatedQueue, IMPORT_MARKER};
 pub use reach::utc_text;
 pub(crate) use shard::LocalShard;
+use shard::ShardSnapshots;
 use view::RaftCounters;
 pub use view::{MetaView, RaftMetrics};
 
@@ -87,6 +89,9 @@ pub struct NodeSettings {
     /// proposed into the new cluster's metadata, owned here (the upgrade from a single-node data
     /// directory): the file whose presence says so, removed once they are.
     pub import_marker: Option<std::path::PathBuf>,
+    /// The node's store, which the queue shards' snapshots this node sends are read from
+    /// (`None`: it sends none; a replica that needs one waits for another leader).
+    pub shard_data: Option<Arc<dyn ferry_store::QueueStore>>,
 }
 
 /// Why the metadata group could not start.
@@ -162,13 +167,15 @@ impl MetaNode {
         host: Arc<dyn QueueHost>,
         log: Box<dyn LogStore + Send>,
     ) -> Result<MetaNode, StartError> {
-        let start = open_start(
+        let mut start = open_start(
             &settings.node_id,
             &settings.start,
             log,
             settings.tick,
             rand::random(),
         )?;
+        let snapshots = Arc::new(ShardSnapshots::new(settings.shard_data.clone()));
+        start.snapshots = Arc::clone(&snapshots);
         let resumed = start.resumed;
         if let (false, StartMode::Join(addr)) = (resumed, &settings.start) {
             propose::check_join_target(addr).await?;
@@ -178,6 +185,7 @@ impl MetaNode {
             inputs.clone(),
             tokio::runtime::Handle::current(),
             settings.probe_interval,
+            snapshots,
         ));
         // The stored metadata is the first view, so nothing reads an empty one meanwhile.
         let first_view = MetaView {
@@ -545,6 +553,7 @@ pub(crate) fn open_start(
         rewrite_durable,
         resumed,
         rounds: DriverConfig::default(),
+        snapshots: Arc::default(),
     })
 }
 

@@ -8,9 +8,8 @@ use ferry_proto::pb;
 use tonic::{Request, Response, Status};
 
 use super::propose::{hello, meta_status, PROPOSE_TIMEOUT};
-use super::transport::{
-    admit, cluster_id_bytes, cluster_id_of, receive_snapshot, receive_stream, BATCH_BYTES_MAX,
-};
+use super::snapshot_stream::receive_snapshot;
+use super::transport::{admit, cluster_id_bytes, cluster_id_of, receive_stream, BATCH_BYTES_MAX};
 use super::MetaNode;
 use ferry_cluster::meta::{
     check_voters, MetaCommand, MetaError, MetaEvent, NodeRole, ShardDef, VoterChange, VoterCheck,

@@ -141,5 +141,6 @@ pub(crate) fn one_node_settings() -> super::NodeSettings {
         liveness_timeout: std::time::Duration::from_secs(3),
         probe_interval: std::time::Duration::from_millis(500),
         import_marker: None,
+        shard_data: None,
     }
 }

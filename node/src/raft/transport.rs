@@ -15,6 +15,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Endpoint;
 
 use super::driver::{Input, Outbound};
+use super::shard::ShardSnapshots;
+use super::snapshot_stream::send_snapshot_once;
 use ferry_cluster::meta::{ClusterId, COMMAND_LEVEL};
 
 /// Batches waiting for one peer's stream; past this, new ones are dropped (Raft sends again).
@@ -23,15 +25,11 @@ const LINK_QUEUE_MAX: usize = 256;
 const RECONNECT_DELAY_MAX: Duration = Duration::from_secs(2);
 /// Largest batch accepted on the stream.
 pub(crate) const BATCH_BYTES_MAX: usize = 64 * 1024 * 1024;
-/// Size of one chunk of a snapshot on its stream.
-const SNAPSHOT_CHUNK_BYTES: usize = 1024 * 1024;
-/// Largest snapshot a node accepts.
-const SNAPSHOT_BYTES_MAX: usize = 1024 * 1024 * 1024;
 
 /// The outgoing streams, one per peer, and what they share.
 pub(crate) struct Links {
     links: Mutex<HashMap<PeerId, Link>>,
-    inputs: SyncSender<Input>,
+    pub(crate) inputs: SyncSender<Input>,
     runtime: tokio::runtime::Handle,
     /// Stamped on every batch sent: this node's raft id and cluster id.
     sender: Mutex<(u64, Option<ClusterId>)>,
@@ -40,6 +38,8 @@ pub(crate) struct Links {
     heard: Mutex<HashMap<u64, Heard>>,
     /// Bytes of messages this node's queues hold, stamped on every batch.
     local_bytes: std::sync::atomic::AtomicU64,
+    /// Where a queue shard's snapshot data is read from, and a received one kept.
+    pub(crate) snapshots: Arc<ShardSnapshots>,
 }
 
 /// The last word from a peer: any batch or probe.
@@ -72,6 +72,7 @@ impl Links {
         inputs: SyncSender<Input>,
         runtime: tokio::runtime::Handle,
         probe_interval: Duration,
+        snapshots: Arc<ShardSnapshots>,
     ) -> Self {
         Links {
             links: Mutex::new(HashMap::new()),
@@ -81,6 +82,7 @@ impl Links {
             probe_interval,
             heard: Mutex::new(HashMap::new()),
             local_bytes: std::sync::atomic::AtomicU64::new(0),
+            snapshots,
         }
     }
 
@@ -140,7 +142,7 @@ impl Links {
         *self.sender.lock().unwrap_or_else(PoisonError::into_inner) = (raft_id, cluster_id);
     }
 
-    fn sender(&self) -> (u64, Option<ClusterId>) {
+    pub(crate) fn sender(&self) -> (u64, Option<ClusterId>) {
         *self.sender.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -326,91 +328,6 @@ async fn stream_once(links: &Links, addr: &str, rx: &mut mpsc::Receiver<Bytes>) 
                 }
             }
         }
-    }
-}
-
-async fn send_snapshot_once(
-    links: &Links,
-    addr: &str,
-    snapshot: OutSnapshot,
-) -> Result<(), String> {
-    let endpoint = peer_endpoint(addr).map_err(|e| e.to_string())?;
-    let mut client = pb::peer_client::PeerClient::new(endpoint.connect_lazy());
-    let (from, cluster_id) = links.sender();
-    let group = snapshot.group.0;
-    let data = snapshot.bytes;
-    let chunks: Vec<pb::SnapshotChunk> = (0..data.len().max(1))
-        .step_by(SNAPSHOT_CHUNK_BYTES)
-        .enumerate()
-        .map(|(i, start)| {
-            let end = (start + SNAPSHOT_CHUNK_BYTES).min(data.len());
-            pb::SnapshotChunk {
-                from_raft_id: if i == 0 { from } else { 0 },
-                cluster_id: if i == 0 {
-                    cluster_id_bytes(cluster_id)
-                } else {
-                    vec![]
-                },
-                group,
-                data: data.slice(start.min(end)..end),
-            }
-        })
-        .collect();
-    client
-        .snapshot(tokio_stream::iter(chunks))
-        .await
-        .map(|_| ())
-        .map_err(|s| s.message().to_owned())
-}
-
-/// The receiving side of `Peer.Snapshot`: reassembles the chunks (at most
-/// `SNAPSHOT_BYTES_MAX`), checks the cluster id, hands the whole snapshot to the driver.
-pub(crate) async fn receive_snapshot(
-    links: &Links,
-    mut stream: tonic::Streaming<pb::SnapshotChunk>,
-    our_cluster: Option<ClusterId>,
-) -> Result<(), tonic::Status> {
-    let Some(first) = stream.message().await? else {
-        return Err(tonic::Status::invalid_argument("an empty snapshot stream"));
-    };
-    if let (Some(ours), Some(theirs)) = (our_cluster, cluster_id_of(&first.cluster_id)?) {
-        if ours != theirs {
-            return Err(tonic::Status::failed_precondition(format!(
-                "this node belongs to cluster {ours}, the sender to {theirs}"
-            )));
-        }
-    }
-    if first.from_raft_id == 0 {
-        return Err(tonic::Status::invalid_argument(
-            "from_raft_id: the sender's raft id is missing",
-        ));
-    }
-    let (from, group) = (first.from_raft_id, first.group);
-    let mut data = bytes::BytesMut::from(&first.data[..]);
-    while let Some(chunk) = stream.message().await? {
-        if chunk.group != group {
-            return Err(tonic::Status::invalid_argument(
-                "a snapshot's chunks name one group",
-            ));
-        }
-        if data.len() + chunk.data.len() > SNAPSHOT_BYTES_MAX {
-            return Err(tonic::Status::resource_exhausted(format!(
-                "a snapshot over {SNAPSHOT_BYTES_MAX} bytes"
-            )));
-        }
-        data.extend_from_slice(&chunk.data);
-    }
-    links.heard_from(from, None);
-    let batch = ferry_multiraft::encode_batch([(ferry_multiraft::GroupId(group), &data[..])]);
-    match links.inputs.try_send(Input::Batch {
-        from: PeerId(from),
-        bytes: batch,
-    }) {
-        Ok(()) => Ok(()),
-        Err(TrySendError::Full(_)) => Err(tonic::Status::unavailable(
-            "the node is busy; send the snapshot again",
-        )),
-        Err(TrySendError::Disconnected(_)) => Err(tonic::Status::unavailable("node shutting down")),
     }
 }
 

@@ -27,9 +27,7 @@ fn view(s: &dyn QueueStore, uid: u64) -> String {
         .into_iter()
         .filter(|q| q.def.uid == QueueUid(uid))
         .collect();
-    let pages: Vec<Vec<RecoveredMessage>> = (0..=9)
-        .map(|p| read_all(s, uid, prio(p), 3))
-        .collect();
+    let pages: Vec<Vec<RecoveredMessage>> = (0..=9).map(|p| read_all(s, uid, prio(p), 3)).collect();
     let headers = (
         s.find_by_header(QueueUid(uid), IndexedHeader::CorrelationId, "c", 100)
             .unwrap(),
@@ -147,11 +145,27 @@ fn a_shards_export_recreates_its_queues_in_any_store_and_nothing_else() {
             let target = to.reopen();
             let case = format!("{from_name} to {to_name}");
             for uid in [1, 2] {
-                assert_eq!(view(&*target, uid), view(&*source, uid), "{case}: queue {uid}");
+                assert_eq!(
+                    view(&*target, uid),
+                    view(&*source, uid),
+                    "{case}: queue {uid}"
+                );
             }
-            assert_eq!(view(&*target, 6), view(&*source, 6), "{case}: queue 6 is gone");
-            assert_eq!(view(&*target, 4), other, "{case}: another shard's queue stays");
-            assert_eq!(view(&*target, 5), local, "{case}: an unreplicated queue stays");
+            assert_eq!(
+                view(&*target, 6),
+                view(&*source, 6),
+                "{case}: queue 6 is gone"
+            );
+            assert_eq!(
+                view(&*target, 4),
+                other,
+                "{case}: another shard's queue stays"
+            );
+            assert_eq!(
+                view(&*target, 5),
+                local,
+                "{case}: an unreplicated queue stays"
+            );
         }
     }
 }

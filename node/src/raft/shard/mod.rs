@@ -10,15 +10,16 @@
 //! applied position is skipped, never applied twice, because counts are merge deltas that a
 //! replay would corrupt for good).
 //!
-//! Not here yet: snapshots. A shard's snapshot will be streamed from a RocksDB snapshot of its
-//! key ranges (issue 24 §3); until then the machine says it cannot make one
-//! ([`GroupMachine::can_snapshot`]), so its group keeps its whole log and is never compacted,
-//! and a follower told to restore one halts its driver rather than guess at the state.
+//! Snapshots: the shard's state is in the store, so its log is compacted like any group's and
+//! a replica too far behind is sent the shard's data itself (`snapshot.rs`).
 
 use std::sync::Arc;
 
 use ferry_multiraft::{GroupId, GroupMachine, Halt, LogPosition, LogStore, PersistJob};
 use ferry_store::{decode_entry, StoreOp};
+
+use snapshot::SNAPSHOT_FORMAT;
+pub(crate) use snapshot::{ShardSnapshots, Staged};
 
 pub(crate) use balance::{Balancer, LedShard, BALANCE_EVERY_TICKS};
 pub(crate) use list::LocalShard;
@@ -32,13 +33,13 @@ pub(crate) fn applied_key(group: GroupId) -> Vec<u8> {
     key
 }
 
-fn encode_position(p: LogPosition) -> Vec<u8> {
+pub(crate) fn encode_position(p: LogPosition) -> Vec<u8> {
     let mut v = p.index.to_be_bytes().to_vec();
     v.extend_from_slice(&p.term.to_be_bytes());
     v
 }
 
-fn decode_position(v: &[u8]) -> Option<LogPosition> {
+pub(crate) fn decode_position(v: &[u8]) -> Option<LogPosition> {
     let index = u64::from_be_bytes(v.get(..8)?.try_into().ok()?);
     let term = u64::from_be_bytes(v.get(8..16)?.try_into().ok()?);
     (v.len() == 16).then_some(LogPosition { index, term })
@@ -54,6 +55,8 @@ pub(crate) struct ShardMachine {
     pending: Vec<StoreOp>,
     /// The applied position moved since the last job.
     dirty: bool,
+    /// Where a snapshot's data waits for its install.
+    snapshots: Arc<ShardSnapshots>,
     #[cfg(test)]
     plant: Plant,
 }
@@ -65,11 +68,22 @@ pub(crate) struct Plant {
     /// The applied data is written one job late: a crash between the two jobs keeps the
     /// applied position and loses what was applied.
     pub(crate) data_one_job_late: bool,
+    /// A snapshot's install takes the snapshot's index as its applied position, not the
+    /// data's (which may hold later entries): those entries are applied again.
+    pub(crate) restore_at_snapshot_index: bool,
+    /// A snapshot's install writes its data over what the replica held of the shard, without
+    /// deleting it first.
+    pub(crate) restore_over_old_data: bool,
 }
 
 impl ShardMachine {
-    /// The machine of `group` as `store` last made it durable (a new group: nothing applied).
-    pub(crate) fn open(group: GroupId, store: &dyn LogStore) -> Result<Self, Halt> {
+    /// The machine of `group` as `store` last made it durable (a new group: nothing applied),
+    /// installing snapshots' data staged in `snapshots`.
+    pub(crate) fn open(
+        group: GroupId,
+        store: &dyn LogStore,
+        snapshots: Arc<ShardSnapshots>,
+    ) -> Result<Self, Halt> {
         let read = store
             .app_get(&applied_key(group))
             .map_err(|e| Halt(format!("cannot read shard {group}'s applied position: {e}")))?;
@@ -87,6 +101,7 @@ impl ShardMachine {
             applied,
             pending: Vec::new(),
             dirty: false,
+            snapshots,
             #[cfg(test)]
             plant: Plant::default(),
         })
@@ -100,6 +115,22 @@ impl ShardMachine {
     /// Whether `position` was applied already (then it is skipped).
     fn done(&self, position: LogPosition) -> bool {
         position.index <= self.applied.index
+    }
+
+    /// Planted bug only: see [`Plant::restore_at_snapshot_index`].
+    fn restores_at_snapshot_index(&self) -> bool {
+        #[cfg(test)]
+        return self.plant.restore_at_snapshot_index;
+        #[cfg(not(test))]
+        false
+    }
+
+    /// Planted bug only: see [`Plant::restore_over_old_data`].
+    fn restores_over_old_data(&self) -> bool {
+        #[cfg(test)]
+        return self.plant.restore_over_old_data;
+        #[cfg(not(test))]
+        false
     }
 
     /// Planted bug only: the applied data waits for a job that must sync.
@@ -156,23 +187,45 @@ impl GroupMachine for ShardMachine {
         Ok(())
     }
 
+    /// Installs the data staged for the snapshot at `position` (see `snapshot.rs`): every
+    /// queue of the shard this replica held is deleted and the data written in its place, in
+    /// the round's job; the applied position becomes the data's.
     fn restore(&mut self, position: LogPosition, _data: &[u8]) -> Result<(), Halt> {
+        let staged = self.snapshots.take(self.group, position.index);
         if self.done(position) {
             return Ok(());
         }
-        Err(Halt(format!(
-            "shard {} needs a snapshot at index {} to catch up; shard snapshots are not \
-             implemented yet (streamed snapshots, issue 24 §3)",
-            self.group, position.index
-        )))
+        let Some(staged) = staged else {
+            return Err(Halt(format!(
+                "shard {} was given a snapshot at index {} whose data never arrived",
+                self.group, position.index
+            )));
+        };
+        // What this round applied before the snapshot is in the data too.
+        self.pending.clear();
+        if !self.restores_over_old_data() {
+            self.pending
+                .push(StoreOp::DeleteShard(ferry_kernel::ShardId(self.group.0)));
+        }
+        for batch in staged.ops {
+            self.pending.extend(batch);
+        }
+        if self.restores_at_snapshot_index() {
+            self.advance(position);
+        } else {
+            self.advance(staged.applied);
+        }
+        tracing::info!(
+            shard = %self.group,
+            index = position.index,
+            applied = staged.applied.index,
+            "queue shard restored from a snapshot"
+        );
+        Ok(())
     }
 
     fn snapshot(&self) -> Vec<u8> {
-        Vec::new()
-    }
-
-    fn can_snapshot(&self) -> bool {
-        false
+        vec![SNAPSHOT_FORMAT]
     }
 
     /// The shard left this node (its last queue was deleted, so what it applied last are
@@ -202,6 +255,7 @@ mod list;
 mod node_tests;
 mod proposer;
 mod serve;
+mod snapshot;
 #[cfg(test)]
 mod tests;
 mod transfer;

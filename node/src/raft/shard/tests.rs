@@ -5,26 +5,33 @@
 //! job is durable, or right after) and restart from what they made durable. Then every replica's store, rebuilt from exactly what its node made
 //! durable, must show: every confirmed send that was not deleted; counts that match the
 //! messages held (a put or delete applied twice, or lost, breaks them: they are merge deltas);
-//! the same data as every other replica.
+//! the same data as every other replica. Logs are compacted every few entries, so a replica
+//! that was away or cut off comes back through a snapshot: the sender's data as its store held
+//! it when sent, installed by the replica's machine.
 
 #![allow(clippy::unwrap_used)]
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use bytes::Bytes;
 use ferry_kernel::{
-    Message, MessageId, PersistOp, Priority, QueueConfig, QueueName, QueueUid, Seq,
+    Message, MessageId, PersistOp, PlacementEpoch, Priority, QueueConfig, QueueName, QueueUid, Seq,
+    ShardId,
 };
-use ferry_multiraft::sim::{Faults, Sim, SimStore};
+use ferry_multiraft::sim::{Faults, Sim, SimOutbound, SimStore};
 use ferry_multiraft::{
-    Driver, DriverConfig, Engine, EngineConfig, GroupId, GroupMachine, LogStore, NodeId, Proposed,
-    Role,
+    Driver, DriverConfig, Engine, EngineConfig, GroupId, GroupMachine, LogStore, NodeId,
+    OutSnapshot, Outbound, Proposed, Role,
 };
-use ferry_store::{encode_entry, MemoryStore, QueueDef, QueueStore, StoreOp};
+use ferry_store::{
+    encode_entry, KvOp, KvSpace, MemoryStore, QueueDef, QueueStore, ShardReplica, StoreOp,
+};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::{Plant, ShardMachine};
+use super::{applied_key, Plant, ShardMachine, ShardSnapshots, Staged};
 use crate::raft::log_store::shard_writes;
 
 const SHARD: GroupId = GroupId(5);
@@ -44,8 +51,7 @@ fn config(node: NodeId, seed: u64) -> EngineConfig {
 }
 
 fn driver_config() -> DriverConfig {
-    // Compaction due often: the shard's machine must keep its log all the same (it cannot
-    // make snapshots yet, see its docs), or a lagging replica would halt.
+    // Compaction due often: a replica away for a few proposals needs a snapshot.
     DriverConfig {
         compact_after_entries: 8,
         ..DriverConfig::default()
@@ -75,9 +81,66 @@ fn queue_op(op: PersistOp) -> StoreOp {
     StoreOp::Queue { uid: QUEUE, op }
 }
 
+/// The store a replica's node made durable: the shard writes of its durable jobs, and its
+/// applied position (what a read of its RocksDB at this moment would see).
+fn durable_store(store: &SimStore) -> MemoryStore {
+    let rebuilt = MemoryStore::new();
+    for writes in shard_writes(&store.attachments()) {
+        rebuilt.write(std::slice::from_ref(writes)).unwrap();
+    }
+    if let Some(applied) = store.app_get(&applied_key(SHARD)).unwrap() {
+        let put = StoreOp::Kv(KvOp::Put {
+            space: KvSpace::RaftApp,
+            key: applied_key(SHARD),
+            value: applied,
+        });
+        rebuilt.write(&[vec![put]]).unwrap();
+    }
+    rebuilt
+}
+
+/// A replica's link to the others: a snapshot it sends carries the shard's data as its store
+/// holds it when sent (the node's snapshot stream, in one step), staged where the receiver's
+/// machine takes it.
+struct Link {
+    inner: SimOutbound,
+    store: SimStore,
+    inboxes: Arc<BTreeMap<NodeId, Arc<ShardSnapshots>>>,
+    snapshots_sent: Arc<AtomicUsize>,
+}
+
+impl Outbound for Link {
+    fn send(&self, to: NodeId, bytes: Bytes) {
+        self.inner.send(to, bytes);
+    }
+
+    fn send_snapshot(&self, snapshot: OutSnapshot) {
+        let source = ShardSnapshots::new(Some(Arc::new(durable_store(&self.store))));
+        let mut ops = Vec::new();
+        let applied = source
+            .export(snapshot.group, snapshot.position, &mut |batch| {
+                ops.push(batch);
+                Ok(())
+            })
+            .unwrap();
+        let staged = Staged {
+            at: snapshot.position,
+            applied,
+            ops,
+        };
+        self.inboxes[&snapshot.to].stage(snapshot.group, staged);
+        self.snapshots_sent.fetch_add(1, Ordering::Relaxed);
+        self.inner.send_snapshot(snapshot);
+    }
+}
+
 struct Shard {
     sim: Sim<Driver<ShardMachine>>,
     stores: BTreeMap<NodeId, SimStore>,
+    /// Each replica's staged snapshot data: what arrived with a snapshot message (it outlives
+    /// a restart only so that a message still in flight meets its data, as on a real link).
+    inboxes: Arc<BTreeMap<NodeId, Arc<ShardSnapshots>>>,
+    snapshots_sent: Arc<AtomicUsize>,
     seed: u64,
     plant: Plant,
     /// Replicas that died in a write and were restarted.
@@ -93,6 +156,13 @@ impl Shard {
         let mut shard = Shard {
             sim: Sim::new(seed, Faults::lossy()),
             stores: BTreeMap::new(),
+            inboxes: Arc::new(
+                NODES
+                    .iter()
+                    .map(|n| (*n, Arc::new(ShardSnapshots::default())))
+                    .collect(),
+            ),
+            snapshots_sent: Arc::default(),
             seed,
             plant,
             restarts: 0,
@@ -111,13 +181,20 @@ impl Shard {
 
     fn start(&mut self, node: NodeId, engine: Engine) {
         let store = self.stores[&node].clone();
-        let mut machine = ShardMachine::open(SHARD, &store).unwrap();
+        let inbox = Arc::clone(&self.inboxes[&node]);
+        let mut machine = ShardMachine::open(SHARD, &store, inbox).unwrap();
         machine.plant(self.plant);
+        let link = Link {
+            inner: self.sim.outbound(node),
+            store: store.clone(),
+            inboxes: Arc::clone(&self.inboxes),
+            snapshots_sent: Arc::clone(&self.snapshots_sent),
+        };
         let driver = Driver::new(
             Some(engine),
             BTreeMap::from([(SHARD, machine)]),
             Box::new(store),
-            Box::new(self.sim.outbound(node)),
+            Box::new(link),
             driver_config(),
         );
         self.sim.add(node, driver);
@@ -232,11 +309,7 @@ impl Shard {
 
     /// A replica's store as its node made it durable.
     fn replica_store(&self, node: NodeId) -> MemoryStore {
-        let store = MemoryStore::new();
-        for writes in shard_writes(&self.stores[&node].attachments()) {
-            store.write(std::slice::from_ref(writes)).unwrap();
-        }
-        store
+        durable_store(&self.stores[&node])
     }
 }
 
@@ -264,6 +337,7 @@ struct Ran {
     restarts: usize,
     isolations: usize,
     transfers: usize,
+    snapshots: usize,
 }
 
 fn run(seed: u64, plant: Plant) -> Result<Ran, String> {
@@ -272,7 +346,11 @@ fn run(seed: u64, plant: Plant) -> Result<Ran, String> {
     let def = QueueDef {
         name: QueueName::new("orders").unwrap(),
         uid: QUEUE,
-        replica: None,
+        replica: Some(ShardReplica {
+            shard: ShardId(SHARD.0),
+            epoch: PlacementEpoch::new(3),
+            handle_key: None,
+        }),
         config: QueueConfig::default(),
     };
     let mut created = false;
@@ -308,6 +386,7 @@ fn run(seed: u64, plant: Plant) -> Result<Ran, String> {
         restarts: shard.restarts,
         isolations: shard.isolations,
         transfers: shard.transfers,
+        snapshots: shard.snapshots_sent.load(Ordering::Relaxed),
     })
 }
 
@@ -335,13 +414,30 @@ fn check(shard: &Shard, record: &Record) -> Result<(), String> {
                 held.len()
             ));
         }
-        views.insert(node, format!("{store:?}"));
+        views.insert(node, view(&store));
     }
     let distinct: BTreeSet<&String> = views.values().collect();
     if distinct.len() != 1 {
         return Err("the replicas hold different data".into());
     }
     Ok(())
+}
+
+/// What a store holds of the queue, read as the back-end reads it (a snapshot's install
+/// rebuilds derived state, so the stores' insides may differ where this does not).
+fn view(store: &MemoryStore) -> String {
+    let recovered = store.recover().unwrap();
+    let page = store
+        .read_page(
+            QUEUE,
+            Priority::DEFAULT,
+            Seq(0),
+            Seq(u64::MAX),
+            usize::MAX,
+            u64::MAX,
+        )
+        .unwrap();
+    format!("{recovered:?} {:?}", page.messages)
 }
 
 /// The messages a store holds: seq → size.
@@ -372,6 +468,7 @@ fn every_replica_applies_each_committed_entry_exactly_once_across_crashes() {
                 total.restarts += ran.restarts;
                 total.isolations += ran.isolations;
                 total.transfers += ran.transfers;
+                total.snapshots += ran.snapshots;
             }
             Err(e) => panic!("seed {seed}: {e}"),
         }
@@ -381,17 +478,45 @@ fn every_replica_applies_each_committed_entry_exactly_once_across_crashes() {
     assert!(total.confirmed > 12 * SENDS as usize / 4, "{total:?}");
     assert!(total.restarts >= 24, "{total:?}");
     assert!(total.isolations >= 24 && total.transfers >= 24, "{total:?}");
+    assert!(
+        total.snapshots >= 12,
+        "replicas caught up through snapshots: {total:?}"
+    );
     tracing::info!(?total, "exactly-once runs");
+}
+
+fn caught(plant: Plant) -> Vec<String> {
+    (1..=12)
+        .filter_map(|seed| run(seed, plant).err().map(|e| format!("seed {seed}: {e}")))
+        .collect()
 }
 
 #[test]
 fn applied_data_written_a_job_after_its_applied_position_is_caught() {
-    let plant = Plant {
+    let caught = caught(Plant {
         data_one_job_late: true,
-    };
-    let caught: Vec<String> = (1..=12)
-        .filter_map(|seed| run(seed, plant).err().map(|e| format!("seed {seed}: {e}")))
-        .collect();
+        ..Plant::default()
+    });
+    assert!(!caught.is_empty(), "no seed caught the planted bug");
+    tracing::info!(?caught, "the planted bug was caught");
+}
+
+#[test]
+fn a_snapshot_installed_at_its_own_index_rather_than_its_datas_is_caught() {
+    let caught = caught(Plant {
+        restore_at_snapshot_index: true,
+        ..Plant::default()
+    });
+    assert!(!caught.is_empty(), "no seed caught the planted bug");
+    tracing::info!(?caught, "the planted bug was caught");
+}
+
+#[test]
+fn a_snapshot_written_over_the_old_data_is_caught() {
+    let caught = caught(Plant {
+        restore_over_old_data: true,
+        ..Plant::default()
+    });
     assert!(!caught.is_empty(), "no seed caught the planted bug");
     tracing::info!(?caught, "the planted bug was caught");
 }
