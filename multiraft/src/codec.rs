@@ -32,7 +32,9 @@ pub fn encode_batch<'a>(messages: impl IntoIterator<Item = (GroupId, &'a [u8])>)
 /// [`crate::OutSnapshot::bytes`] holds it); `None` for bytes that are not a snapshot message.
 pub fn snapshot_position(message: &[u8]) -> Option<LogPosition> {
     use protobuf::Message as _;
-    let m = raft::eraftpb::Message::parse_from_bytes(message).ok()?;
+    // `merge_from_bytes`, as the engine decodes: raft-rs's message types implement only it.
+    let mut m = raft::eraftpb::Message::default();
+    m.merge_from_bytes(message).ok()?;
     if m.get_msg_type() != raft::eraftpb::MessageType::MsgSnapshot {
         return None;
     }
@@ -102,6 +104,22 @@ fn take_varint(input: &mut &[u8]) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_snapshot_messages_position_is_read_and_anything_else_is_none() {
+        let mut m = raft::eraftpb::Message::default();
+        m.set_msg_type(raft::eraftpb::MessageType::MsgSnapshot);
+        m.mut_snapshot().mut_metadata().index = 42;
+        m.mut_snapshot().mut_metadata().term = 7;
+        let bytes = crate::group_log::encode(&m);
+        assert_eq!(
+            snapshot_position(&bytes),
+            Some(LogPosition { index: 42, term: 7 })
+        );
+        m.set_msg_type(raft::eraftpb::MessageType::MsgAppend);
+        assert_eq!(snapshot_position(&crate::group_log::encode(&m)), None);
+        assert_eq!(snapshot_position(b"\xff\xff garbage"), None);
+    }
 
     #[test]
     fn a_batch_round_trips_messages_of_many_groups() {

@@ -162,6 +162,8 @@ fn register_cluster(r: &mut Registry, s: &Sources) {
         ("raft_leader_changes", "Changes of the metadata leader seen by this node", m.leader_changes_total),
         ("raft_proposals", "Metadata commands proposed through this node and applied", m.proposals_total),
         ("raft_proposals_failed", "Metadata commands proposed through this node that failed", m.proposals_failed_total),
+        ("shard_snapshots_sent", "Queue shard snapshots (a shard's data, for a replica too far behind its leader's log) this node sent", m.shard_snapshots_sent_total),
+        ("shard_snapshots_installed", "Queue shard snapshots this node installed in place of what it held of the shard", m.shard_snapshots_installed_total),
         (
             "raft_proposal_milliseconds",
             "Milliseconds from proposal to applied on this node, summed (divide by raft_proposals for the mean)",
@@ -188,7 +190,7 @@ struct ShardLabel {
 /// sample per shard of each.
 fn register_shards(r: &mut Registry, shards: &[crate::raft::LocalShard]) {
     type Read = fn(&crate::raft::LocalShard) -> u64;
-    let gauges: [(&str, &str, Read); 6] = [
+    let gauges: [(&str, &str, Read); 7] = [
         ("shard_leader", "1 if this node leads the queue shard's Raft group", |l| {
             u64::from(l.leading)
         }),
@@ -207,6 +209,11 @@ fn register_shards(r: &mut Registry, shards: &[crate::raft::LocalShard]) {
             "shard_last_index",
             "Last index of the queue shard's log on this node",
             |l| l.last_index,
+        ),
+        (
+            "shard_log_entries",
+            "Entries in the queue shard's log on this node since its last compaction (compacted every 1000 applied entries)",
+            |l| (l.last_index + 1).saturating_sub(l.first_index),
         ),
         (
             "shard_replica_lag_entries",
@@ -610,6 +617,7 @@ mod tests {
             leader: Some(RaftId(1)),
             applied_index: 40,
             last_index: 42,
+            first_index: 31,
             commit_index: 41,
             match_indexes: vec![(RaftId(2), 42), (RaftId(3), 30)],
         };
@@ -632,6 +640,7 @@ mod tests {
             "ferry_shard_applied_index{shard=\"4\"} 40",
             "ferry_shard_last_index{shard=\"4\"} 42",
             "ferry_shard_replica_lag_entries{shard=\"3\"} 12",
+            "ferry_shard_log_entries{shard=\"3\"} 12",
         ] {
             assert!(out.lines().any(|l| l == line), "no {line} in {out}");
         }

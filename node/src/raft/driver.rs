@@ -472,6 +472,7 @@ impl Driver {
                     leader: status.leader.map(|l| RaftId(l.0)),
                     applied_index,
                     last_index: status.last_index,
+                    first_index: status.first_index,
                     commit_index: status.commit_index,
                     match_indexes: engine
                         .match_indexes(g)

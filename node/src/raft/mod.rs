@@ -309,6 +309,8 @@ impl MetaNode {
             proposals_failed_total: c.proposals_failed.load(Relaxed),
             proposal_ms_total: c.proposal_ms_total.load(Relaxed),
             peers_down,
+            shard_snapshots_sent_total: self.shared.links.snapshots.sent(),
+            shard_snapshots_installed_total: self.shared.links.snapshots.installed(),
         }
     }
 

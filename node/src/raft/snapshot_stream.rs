@@ -66,7 +66,9 @@ pub(crate) async fn send_snapshot_once(
         .map_err(|e| format!("reading the shard's data stopped: {e}"))?;
     // The reader's error says more than the stream's end it caused.
     produced?;
-    sent.map(|_| ()).map_err(|s| s.message().to_owned())
+    sent.map_err(|s| s.message().to_owned())?;
+    links.snapshots.count_sent();
+    Ok(())
 }
 
 /// The snapshot message in chunks, the first naming the sender.

@@ -117,4 +117,8 @@ pub struct RaftMetrics {
     pub proposal_ms_total: u64,
     /// Peers shown down.
     pub peers_down: u64,
+    /// Queue shard snapshots this node sent.
+    pub shard_snapshots_sent_total: u64,
+    /// Queue shard snapshots this node installed.
+    pub shard_snapshots_installed_total: u64,
 }

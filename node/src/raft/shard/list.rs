@@ -41,6 +41,8 @@ pub(crate) struct LocalShard {
     pub(crate) applied_index: u64,
     /// The last entry in its log.
     pub(crate) last_index: u64,
+    /// The first entry in its log (one past the last compaction).
+    pub(crate) first_index: u64,
     /// The highest index it knows committed.
     pub(crate) commit_index: u64,
     /// When leading: each other voter and the last index it acknowledged having (0 if nothing
@@ -59,6 +61,7 @@ impl From<&LocalShard> for pb::LocalShard {
             last_index: l.last_index,
             match_indexes: l.match_indexes.iter().map(|(r, i)| (r.0, *i)).collect(),
             commit_index: l.commit_index,
+            first_index: l.first_index,
         }
     }
 }
@@ -78,6 +81,7 @@ impl From<pb::LocalShard> for LocalShard {
             leader: (l.leader_raft_id != 0).then_some(RaftId(l.leader_raft_id)),
             applied_index: l.applied_index,
             last_index: l.last_index,
+            first_index: l.first_index,
             commit_index: l.commit_index,
             match_indexes,
         }
@@ -304,6 +308,7 @@ mod tests {
             leader: (leader != 0).then_some(RaftId(leader)),
             applied_index: last.saturating_sub(1),
             last_index: last,
+            first_index: 1,
             commit_index: last,
             match_indexes: matched.iter().map(|(r, i)| (RaftId(*r), *i)).collect(),
         }

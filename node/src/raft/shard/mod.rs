@@ -191,8 +191,9 @@ impl GroupMachine for ShardMachine {
     /// queue of the shard this replica held is deleted and the data written in its place, in
     /// the round's job; the applied position becomes the data's.
     fn restore(&mut self, position: LogPosition, _data: &[u8]) -> Result<(), Halt> {
-        let staged = self.snapshots.take(self.group, position.index);
-        if self.done(position) {
+        let done = self.done(position);
+        let staged = self.snapshots.take(self.group, position.index, !done);
+        if done {
             return Ok(());
         }
         let Some(staged) = staged else {

@@ -17,6 +17,7 @@
 //! before that write leaves the replica as it was; after it, as the sender's store was.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use ferry_multiraft::{GroupId, LogPosition};
@@ -45,6 +46,8 @@ pub(crate) struct Staged {
 pub(crate) struct ShardSnapshots {
     store: Option<Arc<dyn QueueStore>>,
     staged: Mutex<BTreeMap<GroupId, Staged>>,
+    sent: AtomicU64,
+    installed: AtomicU64,
 }
 
 impl ShardSnapshots {
@@ -52,8 +55,26 @@ impl ShardSnapshots {
     pub(crate) fn new(store: Option<Arc<dyn QueueStore>>) -> Self {
         ShardSnapshots {
             store,
-            staged: Mutex::default(),
+            ..ShardSnapshots::default()
         }
+    }
+
+    /// Snapshots sent whole to a peer.
+    pub(crate) fn sent(&self) -> u64 {
+        self.sent.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn count_sent(&self) {
+        self.sent.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Snapshots installed here.
+    pub(crate) fn installed(&self) -> u64 {
+        self.installed.load(Ordering::Relaxed)
+    }
+
+    fn count_installed(&self) {
+        self.installed.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Keeps `staged` for `group`'s next install, in place of any older data.
@@ -61,10 +82,14 @@ impl ShardSnapshots {
         self.lock().insert(group, staged);
     }
 
-    /// The data received for `group`'s snapshot at `index`, if it is the one staged.
-    pub(crate) fn take(&self, group: GroupId, index: u64) -> Option<Staged> {
+    /// The data received for `group`'s snapshot at `index`, if it is the one staged; counted
+    /// as installed when `install` says the machine installs it.
+    pub(crate) fn take(&self, group: GroupId, index: u64, install: bool) -> Option<Staged> {
         let mut staged = self.lock();
         if staged.get(&group).is_some_and(|s| s.at.index == index) {
+            if install {
+                self.count_installed();
+            }
             return staged.remove(&group);
         }
         None
