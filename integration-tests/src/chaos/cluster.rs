@@ -1,9 +1,11 @@
 //! The cluster scenarios' nodes: three `ferry server` processes (see `crate::cluster`), each in
-//! a cgroup of its own behind the run's [`Firewall`], a queue pinned on each; and their nemesis:
-//! each planned fault hits the node it names — kill -9 and a restart in place, SIGSTOP/SIGCONT
-//! (both as for one node, through its [`Target`]), or a partition of that node from all the
-//! others, both ways. A partition is always healed, even when the run fails (a guard flushes the
-//! rules on drop; the firewall removes them all on its own drop).
+//! a cgroup of its own behind the run's [`Firewall`], with the scenario's queues (replicated by
+//! default, or pinned one on each node); and their nemesis: each planned fault hits the node it
+//! names — kill -9 and a restart in place, SIGSTOP/SIGCONT (both as for one node, through its
+//! [`Target`]), or a partition of that node from all the others, both ways — or the node it
+//! finds when the fault starts: the metadata leader, a queue's shard leader. A partition is
+//! always healed, even when the run fails (a guard flushes the rules on drop; the firewall
+//! removes them all on its own drop).
 
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -138,7 +140,7 @@ impl ClusterTarget {
         let cut_at = tokio::time::Instant::now();
         let healing = self.cut(history, i)?;
         let queue = format!("meta-{}", f.at_ms);
-        let created = create_by(&via_url, &queue, &via_name, cut_at + META_WRITE_MAX).await;
+        let created = create_by(&via_url, &queue, cut_at + META_WRITE_MAX).await;
         let took_ms = u64::try_from(cut_at.elapsed().as_millis()).unwrap_or(u64::MAX);
         if created.is_ok() {
             let event = Fault::QueueCreated {
@@ -276,15 +278,24 @@ pub async fn start(
     start_with(dir, ids, None, node_toml, &creates, false).await
 }
 
-/// The creation of `queue` pinned on `owner` (not replicated).
-pub fn pinned(queue: &str, owner: &str, config: &pb::QueueConfig) -> pb::CreateQueueRequest {
+/// The creation of `queue` placed as the cluster places a queue by default: replicated on 3
+/// nodes, in a shared shard, once the cluster has 3 active nodes (1 below that).
+pub fn by_default(queue: &str, config: &pb::QueueConfig) -> pb::CreateQueueRequest {
     pb::CreateQueueRequest {
         replicas: 0,
         own_shard: false,
         name: queue.into(),
         config: Some(config.clone()),
         if_not_exists: false,
+        node: String::new(),
+    }
+}
+
+/// The creation of `queue` pinned on `owner` (replication factor 1: not replicated).
+pub fn pinned(queue: &str, owner: &str, config: &pb::QueueConfig) -> pb::CreateQueueRequest {
+    pb::CreateQueueRequest {
         node: owner.into(),
+        ..by_default(queue, config)
     }
 }
 
@@ -360,14 +371,10 @@ pub async fn start_with(
 /// With the metadata leader cut off, a queue is created through the majority within this.
 pub const META_WRITE_MAX: Duration = Duration::from_secs(5);
 
-/// Creates `queue` on `owner` through the node at `url`, retrying until `deadline` (with
-/// `if_not_exists`: a retry of a creation that took effect is no error).
-async fn create_by(
-    url: &str,
-    queue: &str,
-    owner: &str,
-    deadline: tokio::time::Instant,
-) -> anyhow::Result<()> {
+/// Creates `queue` placed by default (replicated on the three nodes: its shard's leader may be
+/// the node cut off, and must then be replaced too) through the node at `url`, retrying until
+/// `deadline` (with `if_not_exists`: a retry of a creation that took effect is no error).
+async fn create_by(url: &str, queue: &str, deadline: tokio::time::Instant) -> anyhow::Result<()> {
     let mut last = String::from("no attempt");
     // Bounded by the deadline; each attempt too.
     while tokio::time::Instant::now() < deadline {
@@ -376,12 +383,9 @@ async fn create_by(
             client
                 .admin()
                 .create_queue(pb::CreateQueueRequest {
-                    replicas: 0,
-                    own_shard: false,
-                    name: queue.into(),
                     config: None,
                     if_not_exists: true,
-                    node: owner.into(),
+                    ..by_default(queue, &pb::QueueConfig::default())
                 })
                 .await?;
             Ok::<(), anyhow::Error>(())
