@@ -171,11 +171,24 @@ async fn proxy_smoke_loses_and_duplicates_nothing() -> anyhow::Result<()> {
     smoke("proxy", 5).await.map(drop)
 }
 
-/// Three nodes, a queue on each, clients failing over to another node; every 2 s a random node
-/// is killed and restarted in place, paused, or cut from the other two (iptables).
+/// Three nodes, three queues replicated on all three (the cluster's default), clients failing
+/// over to another node; every 2 s a random node is killed and restarted in place, paused, or
+/// cut from the other two (iptables).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_smoke_loses_and_duplicates_nothing() -> anyhow::Result<()> {
-    smoke("cluster", 6).await.map(drop)
+    let report = smoke("cluster", 6).await?;
+    assert_eq!(report.shards_at_start.len(), 3, "the queues are replicated");
+    assert_eq!(report.longest_unavailability_by_queue.len(), 3);
+    Ok(())
+}
+
+/// `cluster` with each queue pinned on one node, not replicated (replication factor 1): the
+/// same faults (the same seed), each queue waiting for its one node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_rf1_smoke_loses_and_duplicates_nothing() -> anyhow::Result<()> {
+    let report = smoke("cluster-rf1", 6).await?;
+    assert!(report.shards_at_start.is_empty(), "no queue is replicated");
+    Ok(())
 }
 
 /// The metadata leader cut from the majority (twice): a queue is created through the majority

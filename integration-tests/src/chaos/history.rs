@@ -223,6 +223,23 @@ pub struct Event {
     pub op: Op,
 }
 
+/// The load phase of `events`, in µs since the run began: from the "load" phase event to the
+/// next phase event (or the last event).
+pub fn load_window(events: &[Event]) -> (u64, u64) {
+    let mut phases = events.iter().filter_map(|e| match &e.op {
+        Op::Phase { name } => Some((name.as_str(), e.t_us)),
+        _ => None,
+    });
+    let start = phases
+        .by_ref()
+        .find(|(n, _)| *n == "load")
+        .map_or(0, |(_, t)| t);
+    let end = phases
+        .next()
+        .map_or_else(|| events.last().map_or(0, |e| e.t_us), |(_, t)| t);
+    (start, end)
+}
+
 /// A send attempt that ended confirmed.
 fn is_confirmed_send(op: &Op) -> bool {
     matches!(

@@ -16,4 +16,5 @@ pub mod proxy;
 pub mod report;
 pub mod scenario;
 pub mod synthetic;
+pub mod unavailability;
 pub mod workload;

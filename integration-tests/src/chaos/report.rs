@@ -1,6 +1,6 @@
 //! What a run reports: the checker's verdict, the fault schedule and the faults as they
-//! happened, the longest time nothing was confirmed, and latency percentiles (HDR histograms),
-//! as JSON and as a short summary.
+//! happened, the longest time sends waited and nothing was confirmed (overall and by queue),
+//! and latency percentiles (HDR histograms), as JSON and as a short summary.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -9,8 +9,9 @@ use serde::Serialize;
 
 use super::checker::Verdict;
 use super::failover::Failovers;
-use super::history::{Event, Fault, History, Op, Outcome};
+use super::history::{load_window, Event, Fault, History, Op, Outcome};
 use super::nemesis::PlannedFault;
+use super::unavailability::{self, Stretch};
 
 /// Percentiles of a latency, in ms.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -85,12 +86,17 @@ pub struct Report {
     pub confirmed_after_last_heal: Option<u64>,
     #[serde(flatten)]
     pub verdict: Verdict,
-    /// The longest stretch of the load phase in which no send was confirmed.
+    /// The longest stretch of the load phase in which sends were invoked and none was
+    /// confirmed (defined in [`super::unavailability`]).
     pub longest_unavailability_ms: f64,
-    /// The same for each queue sent to, when there are several (in a cluster, a queue is out
-    /// while its owner is down or cut off, whatever the others do).
+    /// The same for each queue sent to, when there are several (a queue is out while the node
+    /// serving it is down or cut off and until another takes over, whatever the others do).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub longest_unavailability_by_queue_ms: BTreeMap<String, f64>,
+    /// Where each of those stretches lay: `from_ms` and `to_ms` since the run began, as the
+    /// faults' `at_ms`.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub longest_unavailability_by_queue: BTreeMap<String, Stretch>,
     /// With kills of shard leaders (`failover`): each kill's failover time and their
     /// percentiles.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -141,6 +147,7 @@ impl Report {
     ) -> Self {
         let events = history.events();
         let valid = verdict.is_valid() && run_errors.is_empty();
+        let by_queue = unavailability::longest_by_queue(&events);
         Report {
             scenario: scenario.into(),
             seed,
@@ -152,9 +159,12 @@ impl Report {
             fault_windows: fault_windows(&events),
             confirmed_after_last_heal: confirmed_after_last_heal(&events),
             verdict,
-            longest_unavailability_ms: longest_unavailability_us(&events, |_| true) as f64
-                / 1_000.0,
-            longest_unavailability_by_queue_ms: unavailability_by_queue(&events),
+            longest_unavailability_ms: unavailability::longest(&events, |_| true).ms,
+            longest_unavailability_by_queue_ms: by_queue
+                .iter()
+                .map(|(q, s)| (q.clone(), s.ms))
+                .collect(),
+            longest_unavailability_by_queue: by_queue,
             failover: Failovers::of(&events),
             shards_at_start: vec![],
             send_latency: send_latency(&events),
@@ -228,10 +238,11 @@ impl Report {
                 "  dead letters after exactly max deliveries: NOT checked (the run was disturbed)\n"
             });
         }
-        if !self.longest_unavailability_by_queue_ms.is_empty() {
-            s.push_str("  longest unavailability by queue:");
-            for (q, ms) in &self.longest_unavailability_by_queue_ms {
-                s.push_str(&format!(" {q} {ms:.0} ms"));
+        if !self.longest_unavailability_by_queue.is_empty() {
+            s.push_str("  longest unavailability by queue (sends waiting, none confirmed):");
+            for (q, st) in &self.longest_unavailability_by_queue {
+                let from_s = st.from_ms / 1_000.0;
+                s.push_str(&format!(" {q} {:.0} ms from {from_s:.2} s;", st.ms));
             }
             s.push('\n');
         }
@@ -271,22 +282,6 @@ fn faults(events: &[Event]) -> Vec<FaultAt> {
             _ => None,
         })
         .collect()
-}
-
-/// The load phase: from the "load" phase event to the next phase event.
-fn load_window(events: &[Event]) -> (u64, u64) {
-    let mut phases = events.iter().filter_map(|e| match &e.op {
-        Op::Phase { name } => Some((name.as_str(), e.t_us)),
-        _ => None,
-    });
-    let start = phases
-        .by_ref()
-        .find(|(n, _)| *n == "load")
-        .map_or(0, |(_, t)| t);
-    let end = phases
-        .next()
-        .map_or_else(|| events.last().map_or(0, |e| e.t_us), |(_, t)| t);
-    (start, end)
 }
 
 /// When the load's sends ended: its last send event (producers with a fixed number of messages
@@ -367,67 +362,6 @@ fn confirmed_after_last_heal(events: &[Event]) -> Option<u64> {
         .map(|e| e.t_us)
         .max()?;
     Some(confirmed_between(events, healed, last_send))
-}
-
-/// Each queue's longest unavailability in ms, when sends went to more than one queue.
-fn unavailability_by_queue(events: &[Event]) -> BTreeMap<String, f64> {
-    let mut queue_of = HashMap::new();
-    for e in events {
-        if let Op::SendInvoke { op, queue, .. } = &e.op {
-            queue_of.insert(*op, queue.clone());
-        }
-    }
-    let queues: std::collections::BTreeSet<&String> = queue_of.values().collect();
-    if queues.len() < 2 {
-        return BTreeMap::new();
-    }
-    queues
-        .into_iter()
-        .map(|q| {
-            let mine = |op: u64| queue_of.get(&op) == Some(q);
-            let us = longest_unavailability_us(events, mine);
-            (q.clone(), us as f64 / 1_000.0)
-        })
-        .collect()
-}
-
-/// The longest stretch of the load phase in which no send (of the operations `mine` picks)
-/// was confirmed.
-fn longest_unavailability_us(events: &[Event], mine: impl Fn(u64) -> bool) -> u64 {
-    let (start, load_end) = load_window(events);
-    let send_op = |op: &Op| match op {
-        Op::SendInvoke { op, .. } | Op::SendEnd { op, .. } => Some(*op),
-        _ => None,
-    };
-    // Producers that finished early (a fixed number of messages) leave no gap behind them.
-    let last_send = events
-        .iter()
-        .filter(|e| e.t_us <= load_end)
-        .filter(|e| send_op(&e.op).is_some_and(&mine))
-        .map(|e| e.t_us)
-        .max()
-        .unwrap_or(load_end);
-    let end = load_end.min(last_send);
-    let mut last = start;
-    let mut longest = 0;
-    for e in events {
-        if e.t_us > end {
-            break;
-        }
-        let confirmed = match &e.op {
-            Op::SendEnd {
-                op,
-                outcome: Outcome::Ok,
-                ..
-            } => mine(*op),
-            _ => false,
-        };
-        if confirmed && e.t_us >= start {
-            longest = longest.max(e.t_us.saturating_sub(last));
-            last = e.t_us;
-        }
-    }
-    longest.max(end.saturating_sub(last))
 }
 
 fn histogram() -> Histogram<u64> {

@@ -5,7 +5,7 @@
 mod spec;
 
 use spec::{consumer, producers_one};
-pub use spec::{spec, Size, Spec, PLANTED, SCENARIOS};
+pub use spec::{spec, Placement, Size, Spec, PLANTED, SCENARIOS};
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -113,20 +113,22 @@ async fn start(spec: &Spec) -> anyhow::Result<Started> {
     })
 }
 
-/// Starts the cluster and creates its queues: each pinned on its node, or replicated in a
-/// shard of its own, whose leader is then waited for.
+/// Starts the cluster and creates its queues as `spec.placement` says: pinned on their nodes,
+/// or replicated (the cluster's default, or each in a shard of its own), whose shards' leaders
+/// are then waited for.
 async fn start_cluster(spec: &Spec, data: tempfile::TempDir) -> anyhow::Result<Started> {
     let ids: Vec<&str> = spec.cluster.iter().map(String::as_str).collect();
     let creates: Vec<pb::CreateQueueRequest> = spec
         .queues()
         .iter()
         .zip(&spec.cluster)
-        .map(|(queue, owner)| match spec.replicas {
-            0 | 1 => super::cluster::pinned(queue, owner, &spec.queue_config),
-            replicas => pb::CreateQueueRequest {
+        .map(|(queue, owner)| match spec.placement {
+            Placement::Pinned => super::cluster::pinned(queue, owner, &spec.queue_config),
+            Placement::Default => super::cluster::by_default(queue, &spec.queue_config),
+            Placement::OwnShard { replicas } => pb::CreateQueueRequest {
                 replicas,
                 own_shard: true,
-                ..super::cluster::pinned(queue, "", &spec.queue_config)
+                ..super::cluster::by_default(queue, &spec.queue_config)
             },
         })
         .collect();
@@ -142,7 +144,7 @@ async fn start_cluster(spec: &Spec, data: tempfile::TempDir) -> anyhow::Result<S
     let nemesis = Nemesis::Cluster(target);
     let nodes = node_urls(&nemesis);
     let (mut leaders, mut shards) = (HashMap::new(), vec![]);
-    if spec.replicas > 1 {
+    if spec.placement.replicated() {
         for q in spec.queues() {
             let shard = super::cluster::shard_of(&nodes, &q, super::cluster::LEADER_WAIT).await?;
             let at = nodes.iter().position(|(n, _)| *n == shard.leader);
@@ -335,9 +337,10 @@ async fn load(
     );
     let (mut producers, mut consumers) = (JoinSet::new(), JoinSet::new());
     let settle_by = load_start + spec.load + Duration::from_secs(30);
-    // In a cluster, producer `i` starts on node `i + 1` and consumer `i` on node `i + 2`
-    // (modulo 3): neither on the node that owns its queue (`i` modulo 3). A replicated queue's
-    // workers start on the nodes after its shard's leader, likewise.
+    // A replicated queue's producers start on the node after its shard's leader when the load
+    // begins, its consumers on the one after that: none on the node serving its queue. Pinned
+    // queues likewise: producer `i` starts on node `i + 1` and consumer `i` on node `i + 2`
+    // (modulo 3), after the owner of queue `i` modulo 3.
     let after_leader = |queue: &str, id: u32, offset: usize| {
         started
             .leaders

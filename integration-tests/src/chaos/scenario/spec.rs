@@ -10,7 +10,7 @@ use crate::chaos::workload::{
 };
 
 /// The scenarios `scripts/chaos` knows.
-pub const SCENARIOS: [&str; 16] = [
+pub const SCENARIOS: [&str; 17] = [
     "kill9",
     "activemq-200k",
     "poison",
@@ -18,6 +18,7 @@ pub const SCENARIOS: [&str; 16] = [
     "proxy",
     "kill9-auto-receive",
     "cluster",
+    "cluster-rf1",
     "cluster-meta",
     "cluster-auto-receive",
     "cluster-one-way",
@@ -78,12 +79,11 @@ pub struct Spec {
     /// The load ends when the producers are done and the queue is empty (or at `load`).
     pub until_consumed: bool,
     pub op_timeout: Duration,
-    /// The nodes of a cluster scenario (empty: one node, `n1`). Each owns the queue
-    /// `chaos-<node>` (replicated: there are as many queues, `chaos-s1`...); `queue` is unused.
+    /// The nodes of a cluster scenario (empty: one node, `n1`), with as many queues, placed
+    /// as `placement` says; `queue` is unused.
     pub cluster: Vec<String>,
-    /// A cluster's queues are replicated on this many nodes, each in a shard of its own (its
-    /// leader serves it); 0: each is pinned on its node, not replicated.
-    pub replicas: u32,
+    /// How a cluster scenario's queues are placed.
+    pub placement: Placement,
     /// Fault points switched on in the node (`FAILPOINTS`); not empty: the node runs the
     /// `ferry-faults` build (one node only).
     pub fault_points: Vec<String>,
@@ -97,6 +97,29 @@ pub struct Spec {
     /// The planted client bug [`AUTO_ACK_DROPS_UNCONFIRMED_BATCH`] is on (in the harness's
     /// auto-acknowledge consumers, not in the node).
     pub auto_ack_drops_unconfirmed_batch: bool,
+}
+
+/// How a cluster scenario's queues are placed (one queue per node of the cluster).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// Created with the cluster's default: replicated on 3 nodes (the default once the
+    /// cluster has 3 active nodes), in the shared shards, whose leaders serve them: `chaos-q1`...
+    Default,
+    /// Each pinned on its node (`--node`), replication factor 1, not replicated: `chaos-n1`
+    /// on `n1`...
+    Pinned,
+    /// Replicated on this many nodes, each in a shard of its own: `chaos-s1`...
+    OwnShard { replicas: u32 },
+}
+
+impl Placement {
+    /// Whether the queues live in shards (their leaders are found before the load).
+    pub fn replicated(self) -> bool {
+        match self {
+            Placement::Default | Placement::OwnShard { .. } => true,
+            Placement::Pinned => false,
+        }
+    }
 }
 
 /// Node settings every scenario shares: short connection leases, so a client that vanished
@@ -203,7 +226,7 @@ pub fn spec(name: &str, seed: u64, size: Size) -> anyhow::Result<Spec> {
         until_consumed: false,
         op_timeout: Duration::from_secs(5),
         cluster: vec![],
-        replicas: 0,
+        placement: Placement::Default,
         fault_points: vec![],
         lazyfs: false,
         fake_clock: false,
@@ -300,23 +323,30 @@ pub fn spec(name: &str, seed: u64, size: Size) -> anyhow::Result<Spec> {
             }
         }
         "cluster"
+        | "cluster-rf1"
         | "cluster-meta"
         | "cluster-auto-receive"
         | "cluster-one-way"
         | "cluster-clock"
         | "cluster-remove"
         | "failover" => {
-            // Three nodes, a queue on each; 2 producers and 2 consumers per queue, each first
-            // connected through a node that does not own its queue. `cluster`: every 10 s
-            // (smoke: 2 s) one node is killed, paused or cut from the other two.
+            // Three nodes, three queues created with the cluster's default (replicated on the
+            // three, in the shared shards); 2 producers and 2 consumers per queue, each first
+            // connected through a node that does not lead its queue's shard. `cluster`: every
+            // 10 s (smoke: 2 s) one node is killed, paused or cut from the other two.
             // `cluster-meta`: every 15 s (smoke: 6 s) the metadata leader is cut from the
             // other two, and a queue is created through them. `cluster-auto-receive`: as
             // `cluster` with auto-ack `Session::receive` consumers only (bug 2).
             s.cluster = ["n1", "n2", "n3"].map(String::from).to_vec();
-            // `failover`: the queues replicated on the three nodes, each in its own shard.
-            if name == "failover" {
-                s.replicas = 3;
-            }
+            s.placement = match name {
+                // `cluster-rf1`: `cluster` with each queue pinned on its node, not replicated
+                // (replication factor 1, which a queue may still ask for): a queue waits for its
+                // one node to come back, the baseline failover is measured against.
+                "cluster-rf1" => Placement::Pinned,
+                // `failover`: the queues replicated on the three nodes, each in its own shard.
+                "failover" => Placement::OwnShard { replicas: 3 },
+                _ => Placement::Default,
+            };
             let queues = s.queues();
             s.producers = (0..6)
                 .map(|id| ProducerSpec {
@@ -419,13 +449,17 @@ impl Spec {
     }
 
     pub(super) fn queues(&self) -> Vec<String> {
-        if self.replicas > 1 {
-            return (1..=self.cluster.len())
-                .map(|i| format!("chaos-s{i}"))
-                .collect();
-        }
         if !self.cluster.is_empty() {
-            return self.cluster.iter().map(|n| format!("chaos-{n}")).collect();
+            let prefix = match self.placement {
+                Placement::Default => "q",
+                Placement::OwnShard { .. } => "s",
+                Placement::Pinned => {
+                    return self.cluster.iter().map(|n| format!("chaos-{n}")).collect()
+                }
+            };
+            return (1..=self.cluster.len())
+                .map(|i| format!("chaos-{prefix}{i}"))
+                .collect();
         }
         let mut q = vec![self.queue.clone()];
         q.extend(self.ordered_queue.clone());
