@@ -319,7 +319,10 @@ async fn create_with_the_preferred_leader(gone: Gone) -> anyhow::Result<()> {
         })
         .await?
         .into_inner();
-    assert_eq!(shown.shard, joined.shard, "the shard of the rule: {shown:?}");
+    assert_eq!(
+        shown.shard, joined.shard,
+        "the shard of the rule: {shown:?}"
+    );
     assert_ne!(
         created.queue.context("no queue in the answer")?.owner_node,
         preferred,
