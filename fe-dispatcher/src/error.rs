@@ -63,11 +63,11 @@ pub enum Error {
     },
     /// A queue's creation or change is committed in the metadata, but the node that must serve
     /// the queue did not show it carried out within the wait (see `admin/create.rs`).
-    #[error("{change} is committed in the metadata, but {waited_for} did not serve it within {waited_s} s ({last}); it is served once that node has applied it: retry (a create with if_not_exists), and see whether the nodes are up (`ferry cluster status`, `ferry shard list`)")]
+    #[error("{change} is committed in the metadata, but {waited_for} did not serve it in the {waited_ms} ms waited ({last}); it is served once that node has applied it: retry (a create with if_not_exists), and see whether the nodes are up (`ferry cluster status`, `ferry shard list`)")]
     NotServedInTime {
         change: String,
         waited_for: String,
-        waited_s: u64,
+        waited_ms: u64,
         last: String,
     },
     /// A read of another node's that got no answer in the time it was given (the node is down,

@@ -85,14 +85,14 @@ impl AdminService {
         let info = if entry.replicas.is_empty() {
             self.wait_owner_serves(name, &entry.owner, None).await?
         } else {
-            let deadline = Instant::now() + OWNER_CREATE_WAIT;
             let wait = ShardWait {
                 name,
                 epoch: entry.owner.epoch,
                 replicas: &entry.replicas,
                 updated: None,
+                started: Instant::now(),
             };
-            self.wait_shard_serves(&wait, deadline).await?
+            self.wait_shard_serves(&wait).await?
         };
         Ok(Response::new(pb::CreateQueueResponse {
             queue: Some(info),
@@ -112,7 +112,8 @@ impl AdminService {
         owner: &Owner,
         updated: Option<pb::QueueConfig>,
     ) -> Result<pb::QueueInfo, Status> {
-        let deadline = Instant::now() + OWNER_CREATE_WAIT;
+        let started = Instant::now();
+        let deadline = started + OWNER_CREATE_WAIT;
         let placement = self.router().placement();
         if let Some((_, replicas)) = placement.shard_of(name) {
             let replicas = match replicas {
@@ -124,15 +125,16 @@ impl AdminService {
                 epoch: owner.epoch,
                 replicas: &replicas,
                 updated: updated.as_ref(),
+                started,
             };
-            return self.wait_shard_serves(&wait, deadline).await;
+            return self.wait_shard_serves(&wait).await;
         }
         let backend = placement.backend(&owner.node)?.clone();
         let not_served = |last: &str| -> Status {
             Error::NotServedInTime {
                 change: change(name, updated.is_some()),
                 waited_for: format!("its owner, node {}", owner.node),
-                waited_s: OWNER_CREATE_WAIT.as_secs(),
+                waited_ms: millis(started.elapsed()),
                 last: last.to_owned(),
             }
             .into()
@@ -171,15 +173,12 @@ impl AdminService {
     }
 
     /// Waits until the leader of a replicated queue's shard serves it at `wait.epoch`, with the
-    /// settings `wait.updated` when given, until `deadline`. A new queue: the leader creates it
+    /// settings `wait.updated` when given, for at most [`OWNER_CREATE_WAIT`]. A new queue: the leader creates it
     /// through the shard's log once it applies the metadata change (and a shard made for it
     /// elects its first leader meanwhile); a change: it writes the settings through the log.
     /// See the module docs for whom it asks; the router learns the leader that answered.
-    async fn wait_shard_serves(
-        &self,
-        wait: &ShardWait<'_>,
-        deadline: Instant,
-    ) -> Result<pb::QueueInfo, Status> {
+    async fn wait_shard_serves(&self, wait: &ShardWait<'_>) -> Result<pb::QueueInfo, Status> {
+        let deadline = wait.started + OWNER_CREATE_WAIT;
         let router = self.router();
         let shard = router.shard_replica_to_call(wait.name);
         let mut asked = match &shard {
@@ -241,6 +240,8 @@ struct ShardWait<'a> {
     replicas: &'a [NodeId],
     /// The settings the leader must serve (a change); `None`: a new queue.
     updated: Option<&'a pb::QueueConfig>,
+    /// When the wait began (the change committed).
+    started: Instant,
 }
 
 impl ShardWait<'_> {
@@ -255,7 +256,7 @@ impl ShardWait<'_> {
         Error::NotServedInTime {
             change: change(self.name, self.updated.is_some()),
             waited_for: format!("the leader of its shard (replicas {})", replicas.join(", ")),
-            waited_s: OWNER_CREATE_WAIT.as_secs(),
+            waited_ms: millis(self.started.elapsed()),
             last,
         }
         .into()

@@ -329,6 +329,7 @@ async fn a_replicated_queue_no_replica_serves_in_time_is_unavailable_saying_it_i
     assert_eq!(e.code(), Code::Unavailable, "{e:?}");
     for said in [
         "queue orders is committed in the metadata",
+        "in the 5000 ms waited",
         "the leader of its shard (replicas b, a, c)",
         "b: node b did not answer within 500 ms",
         "c: not the leader of shard 1",
