@@ -364,6 +364,9 @@ impl pb::backend_server::Backend for BackendService {
             selector,
         };
         let d = self.broker.receive_for(&queue, req, r.consumer).await?;
+        if !d.is_empty() && crate::faults::on(crate::faults::SLOW_RECEIVE_ANSWER) {
+            tokio::time::sleep(crate::faults::SLOW_RECEIVE_ANSWER_FOR).await;
+        }
         Ok(Response::new(pb::BackendReceiveResponse {
             deliveries: self.deliveries(&queue, &d),
         }))
