@@ -12,7 +12,9 @@
 //! When the link breaks while a call is under way (the node was killed, restarted, or its
 //! connection reset), the call fails with UNAVAILABLE saying what may have happened there
 //! ([`Error::OwnerLost`]): a send's or an ack's outcome is unknown, a receive's messages come
-//! back when their leases run out, a read changed nothing. The router names the node.
+//! back when their leases run out (a replicated queue's at the session's next receive there:
+//! [`may_have_acted`] tells the front-end to ask for them), a read changed nothing. The router
+//! names the node.
 
 use std::future::Future;
 
