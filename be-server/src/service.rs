@@ -365,6 +365,10 @@ impl pb::backend_server::Backend for BackendService {
         };
         let d = self.broker.receive_for(&queue, req, r.consumer).await?;
         if !d.is_empty() && crate::faults::on(crate::faults::SLOW_RECEIVE_ANSWER) {
+            tracing::warn!(
+                deliveries = d.len(),
+                "fault slow-receive-answer: holding a receive answer whose leases are written"
+            );
             tokio::time::sleep(crate::faults::SLOW_RECEIVE_ANSWER_FOR).await;
         }
         Ok(Response::new(pb::BackendReceiveResponse {
