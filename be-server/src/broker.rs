@@ -483,6 +483,27 @@ impl Broker {
         Ok(released)
     }
 
+    /// A receive of `session` at `queue` lost its answer (the node that served it died, or the
+    /// call to it broke): its deliveries there that an earlier run of the queue made come back
+    /// at once, except `keep` (those its client got): `Queue::release_lost`. Returns how many
+    /// came back.
+    pub async fn release_lost(
+        &self,
+        queue: &QueueName,
+        session: SessionId,
+        keep: Vec<(Seq, LeaseId)>,
+    ) -> Result<u64, Error> {
+        self.handle(queue)?
+            .call(|reply| {
+                Cmd::Lease(LeaseCmd::ReleaseLost {
+                    session,
+                    keep,
+                    reply,
+                })
+            })
+            .await
+    }
+
     /// A session is alive (its connection's heartbeat): its delivery leases in these queues are
     /// renewed for their own lengths. Queues that no longer exist are skipped. Returns how many
     /// leases were renewed.

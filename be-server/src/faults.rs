@@ -20,6 +20,18 @@ pub const SLOW_ACK_ANSWER: &str = "slow-ack-answer";
 /// How long [`SLOW_ACK_ANSWER`] holds each acknowledgement's answer.
 pub const SLOW_ACK_ANSWER_FOR: std::time::Duration = std::time::Duration::from_millis(300);
 
+/// Not a bug but a fault that widens a window: a receive's answer that carries deliveries is
+/// held [`SLOW_RECEIVE_ANSWER_FOR`] once its leases are written, before it leaves. A kill -9
+/// of a replicated queue's leader meanwhile finds written leases whose answer never reaches
+/// the front-end (issue 24: they must come back before their leases run out). Give it as
+/// `slow-receive-answer=1*return` to hold only a node's first such answer; the node logs
+/// `fault slow-receive-answer` as the hold begins (the leases are durable then: the kernel's
+/// count of leased messages grows before they are).
+pub const SLOW_RECEIVE_ANSWER: &str = "slow-receive-answer";
+
+/// How long [`SLOW_RECEIVE_ANSWER`] holds an answer.
+pub const SLOW_RECEIVE_ANSWER_FOR: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// Whether the planted bug (or fault) `name` is switched on.
 pub(crate) fn on(name: &str) -> bool {
     #[cfg(feature = "failpoints")]

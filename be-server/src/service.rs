@@ -364,6 +364,13 @@ impl pb::backend_server::Backend for BackendService {
             selector,
         };
         let d = self.broker.receive_for(&queue, req, r.consumer).await?;
+        if !d.is_empty() && crate::faults::on(crate::faults::SLOW_RECEIVE_ANSWER) {
+            tracing::warn!(
+                deliveries = d.len(),
+                "fault slow-receive-answer: holding a receive answer whose leases are written"
+            );
+            tokio::time::sleep(crate::faults::SLOW_RECEIVE_ANSWER_FOR).await;
+        }
         Ok(Response::new(pb::BackendReceiveResponse {
             deliveries: self.deliveries(&queue, &d),
         }))
@@ -453,6 +460,34 @@ impl pb::backend_server::Backend for BackendService {
             count,
             not_held: vec![],
         }))
+    }
+
+    async fn release_lost(
+        &self,
+        req: Request<pb::BackendReleaseLostRequest>,
+    ) -> Reply<pb::BackendCountResponse> {
+        let r = req.into_inner();
+        let queue = queue_name(&r.queue)?;
+        let Some(session) = session(&r.session_id)? else {
+            return Err(Status::invalid_argument("session_id is required"));
+        };
+        if r.held_seqs.len() != r.held_leases.len() {
+            return Err(Status::invalid_argument(format!(
+                "held_seqs has {} entries and held_leases {}; they are pairs",
+                r.held_seqs.len(),
+                r.held_leases.len()
+            )));
+        }
+        self.broker
+            .check_placement(&queue, PlacementEpoch::new(r.placement_epoch))?;
+        let keep = r
+            .held_seqs
+            .iter()
+            .zip(&r.held_leases)
+            .map(|(&s, &l)| (Seq(s), LeaseId(l)))
+            .collect();
+        let count = self.broker.release_lost(&queue, session, keep).await?;
+        Ok(Response::new(pb::BackendCountResponse { count }))
     }
 
     async fn browse(

@@ -391,3 +391,75 @@ async fn a_delivery_made_before_a_failover_is_its_sessions_alone_and_comes_back_
     assert_eq!(again[0].0, "m");
     assert!(again[0].2, "flagged redelivered");
 }
+
+impl Node {
+    /// Gives back `session`'s deliveries of an earlier run but `held` (`ReleaseLost`).
+    async fn release_lost(&self, session: &str, held: &[&str]) -> u64 {
+        let (held_seqs, held_leases) = held
+            .iter()
+            .map(|h| {
+                let r: ferry_kernel::ReceiptHandle = h.parse().unwrap();
+                (r.seq.0, r.lease.0)
+            })
+            .unzip();
+        let req = pb::BackendReleaseLostRequest {
+            queue: "orders".into(),
+            session_id: session.into(),
+            held_seqs,
+            held_leases,
+            placement_epoch: 0,
+        };
+        self.be
+            .release_lost(Request::new(req))
+            .await
+            .unwrap()
+            .into_inner()
+            .count
+    }
+}
+
+/// Issue 24: the old leader leased `got`, `lost1` and `lost2` to a session and died before the
+/// front-end had the answer of the receive that took the last two. The new leader gives those
+/// back at once, flagged redelivered next time, and keeps what the client got and what it
+/// handed out itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_leader_gives_back_at_once_the_deliveries_a_lost_answer_held() {
+    let (n1, n2) = (node().await, node().await);
+    let replicas = Arc::new(Replicas(vec![n1.store.clone(), n2.store.clone()]));
+    n1.lead_replicated(2, &replicas).await;
+    n1.send("got").await.unwrap();
+    let got = n1.receive_as(SESSION).await;
+    for body in ["lost1", "lost2"] {
+        n1.send(body).await.unwrap();
+    }
+    assert_eq!(
+        n1.receive_as(SESSION).await.len(),
+        2,
+        "the answer that is lost"
+    );
+    n1.broker
+        .follow_shard(SHARD, Some("n2".into()), &[q("orders"), q("orders.DLQ")])
+        .await;
+    n2.lead_replicated(3, &replicas).await;
+    n2.send("new").await.unwrap();
+    let new = n2.receive_as(SESSION).await;
+    assert_eq!(
+        new.len(),
+        1,
+        "this run's delivery, on its way to the client"
+    );
+
+    assert_eq!(n2.release_lost(SESSION, &[&got[0].1]).await, 2);
+    let back = n2.receive_as(OTHER_SESSION).await;
+    let bodies: Vec<&str> = back.iter().map(|b| b.0.as_str()).collect();
+    assert_eq!(bodies, ["lost1", "lost2"]);
+    assert!(back.iter().all(|b| b.2), "flagged redelivered");
+    for kept in [&got[0].1, &new[0].1] {
+        assert_eq!(
+            n2.settle(SESSION, kept, None).await,
+            "",
+            "still the session's"
+        );
+    }
+    assert_eq!(n2.release_lost(SESSION, &[]).await, 0);
+}

@@ -204,7 +204,7 @@ struct Task {
 
 /// An `UNAVAILABLE` answer from the node (not a transport error: that node is gone for good,
 /// and the session with it): the queue's leader failed the write or is being elected.
-fn transient(s: &Status) -> bool {
+pub(crate) fn transient(s: &Status) -> bool {
     s.code() == Code::Unavailable && std::error::Error::source(s).is_none()
 }
 

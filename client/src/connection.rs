@@ -14,6 +14,14 @@ use tonic::Request;
 use crate::message::{Message, Received};
 use crate::ClientError;
 
+/// How many times an acknowledgement answered `UNAVAILABLE` is sent again (pauses of 100 ms,
+/// doubling: 1.5 s in all, on top of the node's own wait of up to 8 s for the queue's new
+/// leader on each try).
+pub const ACK_RETRIES: u32 = 4;
+
+/// The pause before an acknowledgement's first retry; it doubles for each further one.
+const ACK_RETRY_PAUSE_FIRST: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// The largest message the client takes from (or sends to) its server.
 const RESPONSE_BYTES_MAX: usize = 1 << 30;
 
@@ -556,13 +564,47 @@ impl Session {
         &self.client
     }
 
+    /// Acknowledges `receipt_handles`. An acknowledgement answered `UNAVAILABLE` by the node
+    /// (its queue's leader died with the call under way: the outcome is unknown, and a
+    /// replicated queue's new leader still holds the deliveries) is sent again, up to
+    /// [`ACK_RETRIES`] times with a doubling pause; an acknowledgement is idempotent in effect
+    /// (a delivery acknowledged twice is gone once), so only the answer can differ: a retry
+    /// answered `FAILED_PRECONDITION` (not a live delivery) says that the first attempt may
+    /// have been applied.
     async fn send_ack(&self, receipt_handles: Vec<String>) -> Result<(), ClientError> {
         let req = pb::AckRequest {
             session_id: self.id.clone(),
             receipt_handles,
         };
-        self.client.messaging().ack(req).await?;
-        Ok(())
+        let mut pause = ACK_RETRY_PAUSE_FIRST;
+        let mut unknown: Option<tonic::Status> = None;
+        for attempt in 0..=ACK_RETRIES {
+            let status = match self.client.messaging().ack(req.clone()).await {
+                Ok(_) => return Ok(()),
+                Err(s) => s,
+            };
+            if crate::batch::transient(&status) && attempt < ACK_RETRIES {
+                unknown.get_or_insert(status);
+                tokio::time::sleep(pause).await;
+                pause *= 2;
+                continue;
+            }
+            return Err(match (&unknown, status.code()) {
+                (Some(first), tonic::Code::FailedPrecondition) => {
+                    ClientError::Status(tonic::Status::failed_precondition(format!(
+                        "{} (an earlier attempt of this acknowledgement met \"{}\": it may have \
+                         been applied)",
+                        status.message(),
+                        first.message()
+                    )))
+                }
+                _ => status.into(),
+            });
+        }
+        Err(unknown.map_or_else(
+            || ClientError::Status(tonic::Status::unavailable("acknowledgement not sent")),
+            Into::into,
+        ))
     }
 
     /// Client-acknowledge bookkeeping: deliveries handed to the application, not yet acknowledged.

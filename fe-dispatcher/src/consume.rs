@@ -304,17 +304,16 @@ impl Stream {
                 consumer: self.consumer,
                 placement_epoch: PlacementEpoch::UNKNOWN.get(),
             };
-            let (svc, queue) = (self.svc.clone(), self.queue.clone());
+            let (svc, queue, session) = (self.svc.clone(), self.queue.clone(), self.session);
             let receive = async move {
-                svc.router
-                    .call(&queue, |be, placement_epoch| {
-                        let req = pb::BackendReceiveRequest {
-                            placement_epoch: placement_epoch.get(),
-                            ..req.clone()
-                        };
-                        async move { be.receive(Request::new(req)).await }
-                    })
-                    .await
+                svc.receive_at(session, &queue, None, |be, placement_epoch| {
+                    let req = pb::BackendReceiveRequest {
+                        placement_epoch: placement_epoch.get(),
+                        ..req.clone()
+                    };
+                    async move { be.receive(Request::new(req)).await }
+                })
+                .await
             };
             self.receives.open(ask, Box::pin(receive));
         }
@@ -379,6 +378,14 @@ impl Stream {
             .iter()
             .map(|d| d.receipt_handle.clone())
             .collect();
+        // Noted before the push, which may wait for room on the stream: a receive of the same
+        // session that lost its answer has the back-end keep what is noted (see
+        // `Dispatch::release_lost`), and must keep these.
+        if let Some(sid) = self.session {
+            self.svc
+                .sessions
+                .note_delivered(sid, handles.iter().map(String::as_str));
+        }
         let out = pb::ConsumeResponse {
             kind: Some(pb::consume_response::Kind::Deliveries(pb::Deliveries {
                 deliveries,
@@ -386,14 +393,9 @@ impl Stream {
         };
         if self.tx.send(Ok(out)).await.is_err() {
             // The client is gone: give these back now rather than at lease expiry, not counted
-            // as deliveries (nobody saw them).
+            // as deliveries (nobody saw them). A heartbeat then finds them gone.
             let _ = release(&self.svc, &self.start.session_id, &handles).await;
             return Next::End;
-        }
-        if let Some(sid) = self.session {
-            self.svc
-                .sessions
-                .note_delivered(sid, handles.iter().map(String::as_str));
         }
         Next::Continue
     }

@@ -81,7 +81,8 @@ pub enum Error {
 pub enum CallOutcome {
     /// It may have taken effect or not (a send may be stored, an ack may be applied).
     Unknown,
-    /// A receive: whatever it was handed stays leased until the leases run out, then is
+    /// A receive: whatever it was handed stays leased until the leases run out (a replicated
+    /// queue's until the session's next receive there, see `Dispatch::receive_at`), then is
     /// delivered again.
     LeasesReturn,
     /// A read: nothing changed.
@@ -93,7 +94,7 @@ impl std::fmt::Display for CallOutcome {
         f.write_str(match self {
             CallOutcome::Unknown => "its outcome is unknown, it may or may not have taken effect",
             CallOutcome::LeasesReturn => {
-                "any messages it was handed return to the queue when their leases run out"
+                "any messages it was handed return to the queue when their leases run out (a replicated queue's as soon as the session receives from it again)"
             }
             CallOutcome::NothingChanged => "it changed nothing",
         })

@@ -37,6 +37,10 @@ pub(crate) struct FakeBackend {
     park_listings: std::sync::atomic::AtomicBool,
     /// `GetQueue` calls wait for ever (a node cut off).
     park_get_queue: std::sync::atomic::AtomicBool,
+    /// The next receives answer these receipt handles, one receive each (after the script).
+    deliveries: Mutex<VecDeque<Vec<String>>>,
+    /// What each `release_lost` named to keep: (seq, lease) pairs.
+    kept: Mutex<Vec<Vec<(u64, u64)>>>,
 }
 
 impl std::fmt::Debug for FakeBackend {
@@ -84,6 +88,16 @@ impl FakeBackend {
     pub(crate) fn park_get_queue(&self) {
         self.park_get_queue
             .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The next receive that succeeds answers deliveries with these receipt handles.
+    pub(crate) fn deliver(&self, handles: Vec<String>) {
+        lock(&self.deliveries).push_back(handles);
+    }
+
+    /// What each `release_lost` asked to keep, in order.
+    pub(crate) fn kept(&self) -> Vec<Vec<(u64, u64)>> {
+        lock(&self.kept).clone()
     }
 
     /// Every call is answered with `status` (after the script).
@@ -188,7 +202,19 @@ impl pb::backend_server::Backend for FakeBackend {
         r: Request<pb::BackendReceiveRequest>,
     ) -> Reply<pb::BackendReceiveResponse> {
         let r = r.into_inner();
-        let answer = self.answer("receive", vec![r.queue], vec![r.placement_epoch]);
+        let answer = self
+            .answer::<pb::BackendReceiveResponse>("receive", vec![r.queue], vec![r.placement_epoch])
+            .map(|_| {
+                let handles = lock(&self.deliveries).pop_front().unwrap_or_default();
+                let deliveries = handles
+                    .into_iter()
+                    .map(|receipt_handle| pb::Delivery {
+                        receipt_handle,
+                        ..Default::default()
+                    })
+                    .collect();
+                Response::new(pb::BackendReceiveResponse { deliveries })
+            });
         if self
             .park_receives
             .load(std::sync::atomic::Ordering::Relaxed)
@@ -283,5 +309,19 @@ impl pb::backend_server::Backend for FakeBackend {
     ) -> Reply<pb::BackendSessionLeasesResponse> {
         let r = r.into_inner();
         self.answer("session_leases", vec![r.queue], vec![r.placement_epoch])
+    }
+
+    async fn release_lost(
+        &self,
+        r: Request<pb::BackendReleaseLostRequest>,
+    ) -> Reply<pb::BackendCountResponse> {
+        let r = r.into_inner();
+        let kept = r
+            .held_seqs
+            .iter()
+            .copied()
+            .zip(r.held_leases.iter().copied());
+        lock(&self.kept).push(kept.collect());
+        self.answer("release_lost", vec![r.queue], vec![r.placement_epoch])
     }
 }

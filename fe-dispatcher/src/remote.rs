@@ -12,7 +12,9 @@
 //! When the link breaks while a call is under way (the node was killed, restarted, or its
 //! connection reset), the call fails with UNAVAILABLE saying what may have happened there
 //! ([`Error::OwnerLost`]): a send's or an ack's outcome is unknown, a receive's messages come
-//! back when their leases run out, a read changed nothing. The router names the node.
+//! back when their leases run out (a replicated queue's at the session's next receive there:
+//! [`may_have_acted`] tells the front-end to ask for them), a read changed nothing. The router
+//! names the node.
 
 use std::future::Future;
 
@@ -132,6 +134,16 @@ pub(crate) fn was_not_sent(status: &Status) -> bool {
     status.metadata().contains_key(NOT_SENT_KEY)
 }
 
+/// Whether a failed call may have acted at the back-end all the same, as far as `status` says:
+/// an UNAVAILABLE that is neither marked as never sent (see [`NOT_SENT_KEY`]) nor a "not the
+/// leader" answer (a link lost mid-call, [`Error::OwnerLost`], or a write the queue's shard
+/// could not confirm). Any other error is the back-end's answer that it did not.
+pub(crate) fn may_have_acted(status: &Status) -> bool {
+    status.code() == tonic::Code::Unavailable
+        && !was_not_sent(status)
+        && ferry_proto::not_leader_of(status).is_none()
+}
+
 /// Forwards one call, keeping the caller's deadline.
 fn forward<T>(req: Request<T>) -> Request<T> {
     let timeout = crate::deadline::grpc_timeout(req.metadata());
@@ -194,6 +206,7 @@ forward_all! {
     get_message_history(pb::GetMessageHistoryRequest) -> pb::GetMessageHistoryResponse, NothingChanged;
     seal_queue(pb::BackendSealQueueRequest) -> pb::BackendCountResponse, Unknown;
     session_leases(pb::BackendSessionLeasesRequest) -> pb::BackendSessionLeasesResponse, NothingChanged;
+    release_lost(pb::BackendReleaseLostRequest) -> pb::BackendCountResponse, Unknown;
 }
 
 #[cfg(test)]

@@ -38,6 +38,10 @@ struct Session {
     /// Heartbeats renew these alone, so a delivery whose answer was lost on its way here runs
     /// out and is redelivered. Settled ones are forgotten when a renewal finds them gone.
     held: HashMap<QueueName, HashMap<Seq, LeaseId>>,
+    /// Replicated queues where a receive of this session ended with its outcome unknown: the
+    /// session may hold deliveries there its client never got, to be returned before its next
+    /// receive there (`Dispatch::release_lost`).
+    answers_lost: HashSet<QueueName>,
     /// The open transaction of a transacted session.
     tx: Option<Transaction>,
 }
@@ -277,6 +281,7 @@ impl Sessions {
                 ack_mode,
                 queues: HashSet::new(),
                 held: HashMap::new(),
+                answers_lost: HashSet::new(),
                 tx: (ack_mode == AckMode::Transacted).then(Transaction::default),
             },
         );
@@ -473,6 +478,32 @@ impl Sessions {
                 held.remove(queue);
             }
         }
+    }
+
+    /// A receive of the session at `queue` ended with its outcome unknown (see
+    /// [`Sessions::take_answer_lost`]). A session that has since closed records nothing.
+    pub(crate) fn note_answer_lost(&self, id: SessionId, queue: &QueueName) {
+        if let Some(sess) = self.lock().sessions.get_mut(&id) {
+            sess.answers_lost.insert(queue.clone());
+        }
+    }
+
+    /// If a receive of the session at `queue` lost its answer since the last call: forgets it
+    /// and returns the deliveries there this front-end passed on to the client (what the
+    /// back-end must keep leased). Taken once, so that of several receives about to start
+    /// only one asks the back-end; [`Sessions::note_answer_lost`] again if that fails.
+    pub(crate) fn take_answer_lost(
+        &self,
+        id: SessionId,
+        queue: &QueueName,
+    ) -> Option<Vec<(Seq, LeaseId)>> {
+        let mut s = self.lock();
+        let sess = s.sessions.get_mut(&id)?;
+        if !sess.answers_lost.remove(queue) {
+            return None;
+        }
+        let held = sess.held.get(queue).into_iter().flatten();
+        Some(held.map(|(s, l)| (*s, *l)).collect())
     }
 
     /// How many deliveries a session's client holds, as far as this front-end knows.

@@ -343,9 +343,15 @@ async fn history(client: &ferry_client::Client, id: &str) -> String {
     }
 }
 
+/// A lease far longer than any test waits: a message that comes back before it did not wait
+/// for its lease to run out.
+const LONG_LEASE_MS: u64 = 600_000;
+
 /// A consumer on a `Consume` stream through a surviving node goes on after the shard's leader
 /// is killed: its stream is opened again by itself, every message arrives, and none twice
-/// without the redelivered flag.
+/// without the redelivered flag. Its leases are long: a receive whose answer the kill lost
+/// (about half the runs) has its messages back at once, not when their leases run out (it
+/// took 34 s instead of 4-5 s with the default 30 s lease).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_consumer_goes_on_by_itself_when_the_shards_leader_is_killed() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
@@ -353,9 +359,11 @@ async fn a_consumer_goes_on_by_itself_when_the_shards_leader_is_killed() -> anyh
     let conn = client.open_connection("t").await?;
     let producer = conn.create_session(AckMode::Auto).await?;
     let consuming = conn.create_session(AckMode::Auto).await?;
-    let mut consumer = consuming
-        .consumer("feed", ConsumerOptions::default().prefetch(10))
-        .await?;
+    let options = ConsumerOptions {
+        lease_ms: Some(LONG_LEASE_MS),
+        ..ConsumerOptions::default().prefetch(10)
+    };
+    let mut consumer = consuming.consumer("feed", options).await?;
     const SENT: usize = 200;
     let send = |range: std::ops::Range<usize>| {
         let batch: Vec<Message> = range.map(|i| Message::text(format!("f{i:03}"))).collect();
@@ -379,6 +387,89 @@ async fn a_consumer_goes_on_by_itself_when_the_shards_leader_is_killed() -> anyh
             "{e} ({unconfirmed} unconfirmed)"
         ),
     }
+    Ok(())
+}
+
+/// The fault point `ferry_be_server::faults::SLOW_RECEIVE_ANSWER` (not linked here): a node
+/// holds every receive answer that carries deliveries for 3 s after writing their leases.
+const SLOW_RECEIVE_ANSWER: &str = "slow-receive-answer";
+
+/// Issue 24: the shard's leader is killed after it wrote the leases of a consumer's receive and
+/// before its answer left (held there by a fault point, so it happens every run). The new
+/// leader honours written leases; the consumer's front-end has it give back the ones its
+/// client never got as soon as the consumer's stream is open again: the messages arrive,
+/// flagged redelivered, long before their leases (10 minutes) would have run out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receive_answer_lost_with_the_shards_leader_comes_back_at_once_not_at_lease_expiry(
+) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut cluster = Cluster::plan(dir.path(), false);
+    cluster.bin = Some(ferry_integration_tests::ferry_faults_bin());
+    for id in NODES {
+        // Every answer: a stream may keep two receives open, and both take some.
+        let fault = format!("{SLOW_RECEIVE_ANSWER}=return");
+        cluster
+            .node_env
+            .insert(id.into(), vec![("FAILPOINTS".into(), fault)]);
+    }
+    cluster.start_nodes(&NODES, "", &[])?;
+    cluster.wait_leader(&NODES, LEADER_WAIT).await?;
+    let first = cluster.node("n1").client().await?;
+    assert!(create(&first, "lost", 3).await?.created);
+    let leader = stats(&first, "lost").await?.owner_node;
+    let survivor = NODES.iter().find(|n| **n != leader).unwrap();
+    let client = cluster.node(survivor).client().await?;
+    let conn = client.open_connection("t").await?;
+    let producer = conn.create_session(AckMode::Auto).await?;
+    let consuming = conn.create_session(AckMode::Auto).await?;
+    let options = ConsumerOptions {
+        lease_ms: Some(LONG_LEASE_MS),
+        ..ConsumerOptions::default().prefetch(10)
+    };
+    let mut consumer = consuming.consumer("lost", options).await?;
+    const SENT: usize = 10;
+    let batch = (0..SENT).map(|i| Message::text(format!("l{i}"))).collect();
+    producer.send("lost", batch).await?;
+    // Leased to the consumer and written (the leader's stats count a lease before it is
+    // written: its log says when the answer's hold begins); the answers are held for 3 s.
+    let held = || async {
+        Ok(cluster
+            .node(&leader)
+            .log()
+            .contains("fault slow-receive-answer"))
+    };
+    wait_until(Duration::from_secs(10), "the answer held", held).await?;
+    cluster.node_mut(&leader).kill9();
+
+    let killed_at = Instant::now();
+    let mut seen = HashSet::new();
+    let deadline = killed_at + Duration::from_secs(60);
+    while seen.len() < SENT {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "received {} of {SENT} in 60 s (their leases run 600 s; stream opened again {} times)",
+            seen.len(),
+            consumer.reopened()
+        );
+        for m in consumer
+            .receive_batch(10, Some(Duration::from_secs(1)))
+            .await?
+        {
+            anyhow::ensure!(
+                m.redelivered() && m.delivery_count() == 2,
+                "{} came as delivery {}: the leader's answer was not lost",
+                m.message_id(),
+                m.delivery_count()
+            );
+            seen.insert(String::from_utf8_lossy(m.body()).into_owned());
+        }
+    }
+    eprintln!(
+        "the lost deliveries came back {:?} after the kill",
+        killed_at.elapsed()
+    );
+    assert!(consumer.reopened() >= 1, "the stream was opened again");
+    consumer.close().await?;
     Ok(())
 }
 

@@ -10,6 +10,16 @@
 pub(crate) const LEADER_DIES_BEFORE_ANSWER: &str =
     "leader-dies-before-answering-a-forwarded-proposal";
 
+/// A planted bug (docs/reliability.md, "The checker bites"): the Raft rounds' writes (log
+/// entries, hard states, the shards' applied data) are acknowledged without a sync, and synced
+/// only every [`RAFT_UNSYNCED_FOR`] (fsync batching done wrong), so a power cut
+/// (`store-power-loss` on every node) takes entries a majority counted as durable: the
+/// `cluster-power-loss` scenario must report lost messages.
+pub(crate) const RAFT_ENTRIES_UNSYNCED: &str = "planted-raft-entries-unsynced";
+
+/// How long [`RAFT_ENTRIES_UNSYNCED`] leaves acknowledged Raft writes unsynced.
+pub(crate) const RAFT_UNSYNCED_FOR: std::time::Duration = std::time::Duration::from_millis(300);
+
 /// Whether the fault `name` is switched on (and, with a count, not used up).
 pub(crate) fn on(name: &str) -> bool {
     #[cfg(feature = "failpoints")]

@@ -127,6 +127,13 @@ pub(crate) enum LeaseCmd {
         recover: bool,
         reply: Reply<u64>,
     },
+    /// A receive of the session lost its answer: return its deliveries of an earlier run
+    /// except those named (`Queue::release_lost`).
+    ReleaseLost {
+        session: SessionId,
+        keep: Vec<(Seq, LeaseId)>,
+        reply: Reply<u64>,
+    },
 }
 
 /// Commands reading and managing the queue as a whole (see [`Cmd::Admin`]).

@@ -68,6 +68,14 @@ impl<L: QueueLog> QueueActor<L> {
                 };
                 self.finish(fx, vec![answer(reply, released)]).await;
             }
+            LeaseCmd::ReleaseLost {
+                session,
+                keep,
+                reply,
+            } => {
+                let (released, fx) = self.queue.release_lost(session, &keep, now);
+                self.finish(fx, vec![answer(reply, released)]).await;
+            }
         }
     }
 

@@ -1,13 +1,20 @@
 //! Unary `Receive`: a long poll at the owning back-end, bounded by the asked wait and the call's
-//! deadline, ended with UNAVAILABLE when the node stops.
+//! deadline, ended with UNAVAILABLE when the node stops. Every receive of a session, unary or
+//! on a `Consume` stream, goes through [`Dispatch::receive_at`], which gives back what an
+//! earlier receive of the session lost with its answer at a replicated queue.
 
+use std::future::Future;
 use std::time::Duration;
 
+use ferry_kernel::{PlacementEpoch, QueueName, SessionId};
 use ferry_proto::pb;
-use tonic::{Request, Status};
+use tokio::time::Instant;
+use tonic::{Code, Request, Response, Status};
 
 use super::{queue_name, Dispatch};
 use crate::error::Error;
+use crate::sessions::Sessions;
+use crate::BackendRef;
 
 impl Dispatch {
     /// `deadline`: the time the client gave the call, if it set one.
@@ -23,26 +30,24 @@ impl Dispatch {
             self.sessions
                 .tx_touch(sid, &queue, &self.router.owner_of(&queue).node)?;
         }
-        let until = deadline.map(|d| tokio::time::Instant::now() + d);
-        let receive = self
-            .router
-            .call_until(&queue, until, |be, placement_epoch| {
-                let mut fwd = Request::new(pb::BackendReceiveRequest {
-                    queue: r.queue.clone(),
-                    session_id: r.session_id.clone(),
-                    selector: r.selector.clone(),
-                    max_messages: r.max_messages,
-                    wait_ms,
-                    lease_ms: r.lease_ms,
-                    clamp_max_messages: false,
-                    consumer: 0,
-                    placement_epoch: placement_epoch.get(),
-                });
-                if let Some(until) = until {
-                    fwd.set_timeout(until.saturating_duration_since(tokio::time::Instant::now()));
-                }
-                async move { be.receive(fwd).await }
+        let until = deadline.map(|d| Instant::now() + d);
+        let receive = self.receive_at(session, &queue, until, |be, placement_epoch| {
+            let mut fwd = Request::new(pb::BackendReceiveRequest {
+                queue: r.queue.clone(),
+                session_id: r.session_id.clone(),
+                selector: r.selector.clone(),
+                max_messages: r.max_messages,
+                wait_ms,
+                lease_ms: r.lease_ms,
+                clamp_max_messages: false,
+                consumer: 0,
+                placement_epoch: placement_epoch.get(),
             });
+            if let Some(until) = until {
+                fwd.set_timeout(until.saturating_duration_since(Instant::now()));
+            }
+            async move { be.receive(fwd).await }
+        });
         let mut stopping = self.stopping.clone();
         let deliveries = tokio::select! {
             out = receive => out?.deliveries,
@@ -55,6 +60,86 @@ impl Dispatch {
                 .note_delivered(sid, deliveries.iter().map(|d| d.receipt_handle.as_str()));
         }
         Ok(pb::ReceiveResponse { deliveries })
+    }
+
+    /// One receive at `queue`'s owner for `session` (`f` makes it, as for
+    /// `Router::call_until`). A session's receive first gives back what an earlier one lost
+    /// there ([`Self::release_lost`]); one that ends UNAVAILABLE at a replicated queue having
+    /// perhaps acted (the link to the shard's leader broke under it, or the shard could not
+    /// confirm its write: `remote::may_have_acted`) is noted, so that the next one does. Such a
+    /// receive's deliveries may be written leases, which the queue's next leader honours: left
+    /// alone, they would return only when their leases run out (30 s by default). A queue kept
+    /// by one node writes no lease: its next run holds none of them, and nothing is noted.
+    pub(crate) async fn receive_at<F, Fut>(
+        &self,
+        session: Option<SessionId>,
+        queue: &QueueName,
+        until: Option<Instant>,
+        f: F,
+    ) -> Result<pb::BackendReceiveResponse, Status>
+    where
+        F: FnMut(BackendRef, PlacementEpoch) -> Fut,
+        Fut: Future<Output = Result<Response<pb::BackendReceiveResponse>, Status>>,
+    {
+        let Some(sid) = session else {
+            return self.router.call_until(queue, until, f).await;
+        };
+        self.release_lost(sid, queue).await;
+        let answer = self.router.call_until(queue, until, f).await;
+        if let Err(status) = &answer {
+            let replicated = self.router.placement().shard_of(queue).is_some();
+            if replicated && crate::remote::may_have_acted(status) {
+                tracing::info!(%queue, session = %self.sessions.public_session(sid), error = %status, "a receive lost its answer; its deliveries go back at the session's next receive there");
+                self.sessions.note_answer_lost(sid, queue);
+            }
+        }
+        answer
+    }
+
+    /// If a receive of `session` at `queue` lost its answer: asks the back-end now serving the
+    /// queue to give back the session's deliveries there that an earlier run of the queue made,
+    /// except those this front-end passed on to the client (`BackendReleaseLostRequest`). Its
+    /// deliveries of the current run are never given back, so a receive of the same session on
+    /// another stream, served there meanwhile, keeps what it got. Asked again before the next
+    /// receive if the back-end could not be reached (or this one was dropped before it was
+    /// answered); other refusals (a node of an older release, a queue deleted) leave the
+    /// deliveries to their leases.
+    async fn release_lost(&self, session: SessionId, queue: &QueueName) {
+        let Some(held) = self.sessions.take_answer_lost(session, queue) else {
+            return;
+        };
+        let mut again = AskAgain {
+            sessions: &self.sessions,
+            session,
+            queue,
+            armed: true,
+        };
+        let (held_seqs, held_leases): (Vec<u64>, Vec<u64>) =
+            held.iter().map(|(s, l)| (s.0, l.0)).unzip();
+        let answer = self
+            .router
+            .call(queue, |be, placement_epoch| {
+                let req = pb::BackendReleaseLostRequest {
+                    queue: queue.to_string(),
+                    session_id: session.to_string(),
+                    held_seqs: held_seqs.clone(),
+                    held_leases: held_leases.clone(),
+                    placement_epoch: placement_epoch.get(),
+                };
+                async move { be.release_lost(Request::new(req)).await }
+            })
+            .await;
+        let shown = self.sessions.public_session(session);
+        match answer {
+            Ok(r) => {
+                again.armed = false;
+                tracing::info!(%queue, session = %shown, returned = r.count, kept = held.len(), "gave back the deliveries a receive lost with its answer");
+            }
+            Err(status) => {
+                again.armed = status.code() == Code::Unavailable;
+                tracing::warn!(%queue, session = %shown, error = %status, ask_again = again.armed, "could not give back the deliveries a receive lost with its answer");
+            }
+        }
     }
 
     /// The back-end wait for a receive: the asked wait, bounded by the call's deadline (less a
@@ -80,5 +165,21 @@ impl Dispatch {
             (Some(a), Some(d)) => Some(a.min(d)),
             (a, d) => a.or(d),
         })
+    }
+}
+
+/// Notes a lost answer again when dropped armed (see [`Dispatch::release_lost`]).
+struct AskAgain<'a> {
+    sessions: &'a Sessions,
+    session: SessionId,
+    queue: &'a QueueName,
+    armed: bool,
+}
+
+impl Drop for AskAgain<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.sessions.note_answer_lost(self.session, self.queue);
+        }
     }
 }

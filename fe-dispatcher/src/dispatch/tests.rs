@@ -22,7 +22,7 @@ struct Fixture {
     clock: Arc<ManualClock>,
     a: Arc<FakeBackend>,
     b: Arc<FakeBackend>,
-    _placement: watch::Sender<Arc<Placement>>,
+    placement: watch::Sender<Arc<Placement>>,
     /// Set: the node is stopping.
     stop: watch::Sender<bool>,
 }
@@ -60,7 +60,7 @@ fn fixture() -> Fixture {
         clock,
         a,
         b,
-        _placement: placement_tx,
+        placement: placement_tx,
         stop: stop_tx,
     }
 }
@@ -290,4 +290,154 @@ async fn a_lost_connection_releases_its_sessions_leases_at_each_owner() {
     let release = |q: &str| call("release_session", q, PlacementEpoch::STATIC);
     assert_eq!(f.a.calls()[1], release("orders"));
     assert_eq!(f.b.calls()[1], release("invoices"));
+}
+
+fn handle_at(q: &str, seq: u64, lease: u64) -> String {
+    ReceiptHandle {
+        queue: queue(q),
+        uid: QueueUid(7),
+        seq: Seq(seq),
+        lease: LeaseId(lease),
+        delivery_count: 1,
+        tag: 0xabc,
+    }
+    .to_string()
+}
+
+/// `feed` is replicated in shard 1 (replicas b, then a), on top of [`fixture`].
+fn with_replicated_feed(f: &Fixture) {
+    let shard = ferry_kernel::ShardId(1);
+    let placement = f
+        .placement
+        .borrow()
+        .as_ref()
+        .clone()
+        .with_queue(
+            queue("feed"),
+            Owner {
+                node: node("b"),
+                epoch: PlacementEpoch::STATIC,
+            },
+        )
+        .with_shard_queue(queue("feed"), shard)
+        .with_shard(shard, vec![node("b"), node("a")]);
+    f.placement.send_replace(Arc::new(placement));
+}
+
+/// A session of `f`'s front-end, in client-acknowledge mode.
+fn client_session(f: &Fixture) -> String {
+    let (connection_id, _) = f.core.sessions.open("c".into(), None).expect("open");
+    f.core
+        .create_session(pb::CreateSessionRequest {
+            connection_id,
+            ack_mode: pb::AckMode::Client as i32,
+        })
+        .expect("a session")
+        .session_id
+}
+
+fn methods(calls: Vec<Call>) -> Vec<&'static str> {
+    calls.into_iter().map(|c| c.method).collect()
+}
+
+/// What tonic makes of a receive whose link broke under it, as the front-end passes it on.
+fn lost_answer() -> tonic::Status {
+    crate::error::Error::OwnerLost {
+        call: "receive",
+        outcome: crate::error::CallOutcome::LeasesReturn,
+    }
+    .into()
+}
+
+// Issue 24: a receive whose shard leader died under it left its written leases to run out
+// (30 s) before the consumer got those messages; the next receive gives them back at once,
+// keeping what the client got.
+#[tokio::test(start_paused = true)]
+async fn a_receive_that_lost_its_answer_has_the_next_one_give_back_what_the_client_never_got() {
+    let f = fixture();
+    with_replicated_feed(&f);
+    let session_id = client_session(&f);
+    let receive = |q: &str| pb::ReceiveRequest {
+        session_id: session_id.clone(),
+        queue: q.into(),
+        wait_ms: Some(0),
+        ..Default::default()
+    };
+    f.b.deliver(vec![handle_at("feed", 1, 10)]);
+    let got = f
+        .core
+        .receive(receive("feed"), None)
+        .await
+        .expect("received");
+    assert_eq!(got.deliveries.len(), 1);
+    f.b.script([lost_answer()]);
+    let e = f
+        .core
+        .receive(receive("feed"), None)
+        .await
+        .expect_err("lost");
+    assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
+
+    f.core
+        .receive(receive("feed"), None)
+        .await
+        .expect("received");
+    f.core
+        .receive(receive("feed"), None)
+        .await
+        .expect("received");
+    assert_eq!(
+        methods(f.b.calls()),
+        ["receive", "receive", "release_lost", "receive", "receive"],
+        "given back once, before the next receive"
+    );
+    assert_eq!(
+        f.b.kept(),
+        [vec![(1, 10)]],
+        "what the client got stays leased"
+    );
+
+    // A queue kept by one node writes no lease: nothing to give back, no call.
+    f.a.script([lost_answer()]);
+    assert!(f.core.receive(receive("orders"), None).await.is_err());
+    f.core
+        .receive(receive("orders"), None)
+        .await
+        .expect("received");
+    assert_eq!(methods(f.a.calls()), ["receive", "receive"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn giving_back_what_a_receive_lost_is_asked_again_while_the_back_end_cannot_answer() {
+    let f = fixture();
+    with_replicated_feed(&f);
+    let session_id = client_session(&f);
+    let receive = || pb::ReceiveRequest {
+        session_id: session_id.clone(),
+        queue: "feed".into(),
+        wait_ms: Some(0),
+        ..Default::default()
+    };
+    f.b.script([
+        lost_answer(),
+        tonic::Status::unavailable("the outcome of a write to shard 1 is unknown"),
+    ]);
+    assert!(f.core.receive(receive(), None).await.is_err());
+    // The give-back's outcome is unknown: the receive goes on, and the next one asks again.
+    f.core.receive(receive(), None).await.expect("received");
+    // A back-end that refuses it for good (a node of an older release) is not asked again.
+    f.b.script([tonic::Status::unimplemented("ReleaseLost")]);
+    f.core.receive(receive(), None).await.expect("received");
+    f.core.receive(receive(), None).await.expect("received");
+    assert_eq!(
+        methods(f.b.calls()),
+        [
+            "receive",
+            "release_lost",
+            "receive",
+            "release_lost",
+            "receive",
+            "receive"
+        ]
+    );
 }

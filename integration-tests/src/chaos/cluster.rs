@@ -63,6 +63,9 @@ impl ClusterTarget {
         if f.kind == FaultKind::KillShardLeader {
             return self.kill_shard_leader(history, f).await;
         }
+        if f.kind == FaultKind::PowerCut {
+            return self.power_cut(history, f).await;
+        }
         let name = f.node.as_deref().context("a cluster fault names no node")?;
         let i = self.index(name)?;
         let healing = match f.kind {
@@ -181,6 +184,21 @@ impl ClusterTarget {
         self.nodes[i].restart(history).await
     }
 
+    /// Kills (kill -9) every node, and restarts them all in place after `f.for_ms`.
+    async fn power_cut(&self, history: &History, f: &PlannedFault) -> anyhow::Result<()> {
+        let mut nodes = vec![];
+        for t in &self.nodes {
+            t.with_node(Node::kill9).await?;
+            nodes.push(t.node_name.clone());
+        }
+        history.record("nemesis", "cluster", Op::Fault(Fault::PowerCut { nodes }));
+        tokio::time::sleep(Duration::from_millis(f.for_ms)).await;
+        for t in &self.nodes {
+            t.restart(history).await?;
+        }
+        Ok(())
+    }
+
     /// Removes the node `f` names through the next node (retried for [`META_WRITE_MAX`]),
     /// and stops it `f.for_ms` later, as an operator would; it is never restarted.
     async fn remove_node(&self, history: &History, f: &PlannedFault) -> anyhow::Result<()> {
@@ -275,7 +293,7 @@ pub async fn start(
         .iter()
         .map(|(queue, owner)| pinned(queue, owner, config))
         .collect();
-    start_with(dir, ids, None, node_toml, &creates, false).await
+    start_with(dir, ids, None, node_toml, &creates, false, &[]).await
 }
 
 /// The creation of `queue` placed as the cluster places a queue by default: replicated on 3
@@ -308,16 +326,25 @@ pub async fn start_with(
     node_toml: &str,
     queues: &[pb::CreateQueueRequest],
     fake_clocks: bool,
+    fault_points: &[String],
 ) -> anyhow::Result<ClusterTarget> {
     let mut firewall = Firewall::new()?;
     // Declared after the firewall: dropped (its nodes killed) before it, on every path.
     let mut cluster = Cluster::plan(dir, false);
     let clock_file = |id: &str| fake_clocks.then(|| dir.join(format!("{id}.clock-offset")));
     for id in ids.iter().chain(learner.iter()) {
-        if let Some(file) = clock_file(id) {
-            let env = super::nemesis::fake_clock_env(&file)?;
-            cluster.node_env.insert(id.to_string(), env);
+        let mut env = match clock_file(id) {
+            Some(file) => super::nemesis::fake_clock_env(&file)?,
+            None => vec![],
+        };
+        if !fault_points.is_empty() {
+            let points: Vec<String> = fault_points.iter().map(|p| format!("{p}=return")).collect();
+            env.push(("FAILPOINTS".into(), points.join(";")));
         }
+        cluster.node_env.insert(id.to_string(), env);
+    }
+    if !fault_points.is_empty() {
+        cluster.bin = Some(crate::ferry_faults_bin());
     }
     let mut procs = vec![];
     for (i, id) in ids.iter().enumerate() {

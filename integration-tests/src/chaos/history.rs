@@ -70,6 +70,9 @@ pub enum Fault {
         shard: u64,
         queues: Vec<String>,
     },
+    /// SIGKILL of every node of the cluster at once (the event's node: `cluster`), as a power
+    /// cut does; each restarts later (`Restarted` on its own node).
+    PowerCut { nodes: Vec<String> },
     /// Every write of the dead node's data directory that was not fsynced is dropped (LazyFS):
     /// a power loss.
     UnsyncedDropped,
@@ -120,6 +123,7 @@ impl Fault {
         match self {
             Fault::Kill9
             | Fault::KillShardLeader { .. }
+            | Fault::PowerCut { .. }
             | Fault::Pause
             | Fault::ProxyReset { .. }
             | Fault::ProxyDelay { .. }

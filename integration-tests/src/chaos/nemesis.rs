@@ -43,6 +43,10 @@ pub enum FaultKind {
     /// kill -9 of the leader of the shard of the queue the fault names (found when the fault
     /// starts), restarted in place after `for_ms`.
     KillShardLeader,
+    /// kill -9 of every cluster node at once, as a power cut of the whole cluster does,
+    /// restarted in place after `for_ms` (with the `store-power-loss` fault point, each loses
+    /// what no completed sync covers).
+    PowerCut,
 }
 
 /// One planned fault: at `at_ms` after the load begins, `kind`, lasting `for_ms` (the node's
@@ -315,7 +319,8 @@ impl Target {
             | FaultKind::Mute
             | FaultKind::Deaf
             | FaultKind::RemoveNode
-            | FaultKind::KillShardLeader => {
+            | FaultKind::KillShardLeader
+            | FaultKind::PowerCut => {
                 anyhow::bail!("a {:?} fault needs a cluster", f.kind)
             }
         }

@@ -15,6 +15,9 @@ pub enum ReturnCause {
     SessionEnded,
     /// The delivery's own lease ran out.
     LeaseExpired,
+    /// The answer of the receive that made the delivery never reached the client (the node
+    /// that served it died, or the call to it broke): see [`super::Queue::release_lost`].
+    AnswerLost,
 }
 
 impl ReturnCause {
@@ -25,6 +28,7 @@ impl ReturnCause {
             ReturnCause::Recover => "recover",
             ReturnCause::SessionEnded => "session ended",
             ReturnCause::LeaseExpired => "lease expired",
+            ReturnCause::AnswerLost => "receive answer lost",
         }
     }
 }

@@ -89,6 +89,7 @@ impl Queue {
         let seq = m.message.seq;
         if let MessageState::Leased { lease, owner, .. } = state {
             self.next_lease = self.next_lease.max(LeaseId(lease.0 + 1));
+            self.inherited_leases_below = self.inherited_leases_below.max(LeaseId(lease.0 + 1));
             self.groups.claim(m.message.group_id.as_deref(), owner);
         }
         self.insert_entry(Arc::new(m.message), state, m.delivery_count);

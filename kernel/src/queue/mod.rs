@@ -274,6 +274,10 @@ pub struct Queue {
     next_seq: Seq,
     seq_reserved_until: Seq,
     next_lease: LeaseId,
+    /// Every lease below it that the queue holds was granted by an earlier run of the queue and
+    /// read back from the store (a written delivery mark); every lease this queue granted
+    /// itself is at or above it (see [`Queue::release_lost`]).
+    inherited_leases_below: LeaseId,
     next_waiter: WaiterId,
     /// Sum of `size_bytes` of every message in the queue.
     bytes: u64,
@@ -332,6 +336,7 @@ impl Queue {
             next_seq: Seq(1),
             seq_reserved_until: Seq(1),
             next_lease: LeaseId(1),
+            inherited_leases_below: LeaseId(1),
             next_waiter: WaiterId(1),
             bytes: 0,
             newly_ready: Vec::new(),
@@ -543,6 +548,7 @@ impl Queue {
                 } => {
                     leased += 1;
                     assert!(lease < self.next_lease);
+                    assert!(self.inherited_leases_below <= self.next_lease);
                     assert!(e.delivery_count >= 1, "a leased message has been delivered");
                     assert!(self.lease_expiry.contains(&(until_ms, seq)));
                     if let Some(owner) = owner {

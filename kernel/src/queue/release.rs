@@ -1,8 +1,11 @@
 //! Giving messages back without an explicit nack: a session closing (or its lease running out),
-//! a delivery that could not be handed to its receiver, and lease expiry (in `tick.rs`).
+//! a delivery that could not be handed to its receiver, a delivery whose answer was lost before
+//! a failover, and lease expiry (in `tick.rs`).
+
+use std::collections::HashSet;
 
 use super::{Effects, LeaseRef, MessageState, Queue, ReturnCause, Transition};
-use crate::types::SessionId;
+use crate::types::{LeaseId, Seq, SessionId};
 
 impl Queue {
     /// A session ended: every message it holds comes back at once through the redelivery policy
@@ -38,6 +41,46 @@ impl Queue {
         let released = self.release_leases(owner, ReturnCause::Recover, now_ms, &mut effects);
         self.dispatch(now_ms, &mut effects);
         (released, effects)
+    }
+
+    /// A receive of `owner`'s lost its answer on the way to the client (the node that served it
+    /// died, or the call to it broke, after the deliveries were written), and this queue is the
+    /// next run to serve it: every delivery `owner` holds that an earlier run made (its lease
+    /// was read back from the store, written as its [`super::DeliveryMark`]) comes back at once, as
+    /// if its lease had run out, except the ones `keep` names (those the client got). Its
+    /// delivery count stays, so its next delivery is flagged redelivered: if its answer did
+    /// reach the client after all, the client sees a flagged duplicate, never an unflagged
+    /// one. Deliveries this queue made are never returned here (a receive of the same session
+    /// may be answered and on its way to the client), nor are the session's parked receivers
+    /// or staged sends touched; a message group it no longer holds anything of is free again,
+    /// as when a lease runs out. A queue whose leases are not written holds no delivery of an
+    /// earlier run: nothing comes back. Returns how many messages came back.
+    pub fn release_lost(
+        &mut self,
+        owner: SessionId,
+        keep: &[(Seq, LeaseId)],
+        now_ms: u64,
+    ) -> (u64, Effects) {
+        let mut effects = Effects::default();
+        self.fire_due(now_ms, &mut effects);
+        let keep: HashSet<(Seq, LeaseId)> = keep.iter().copied().collect();
+        let lost: Vec<Seq> = self
+            .held_by(owner)
+            .into_iter()
+            .filter(|seq| match self.entries.get(seq).map(|e| e.state) {
+                Some(MessageState::Leased { lease, .. }) => {
+                    lease < self.inherited_leases_below && !keep.contains(&(*seq, lease))
+                }
+                _ => false,
+            })
+            .collect();
+        for &seq in &lost {
+            self.set_state(seq, MessageState::Ready);
+            self.free_groups_of_unresponsive(seq, owner);
+            self.return_delivered(seq, None, ReturnCause::AnswerLost, now_ms, &mut effects);
+        }
+        self.dispatch(now_ms, &mut effects);
+        (lost.len() as u64, effects)
     }
 
     /// Every message `owner` holds comes back, oldest first.

@@ -14,6 +14,8 @@ use ferry_store::{GroupCommit, KvSpace, QueueStore, StoreError, StoreOp};
 pub struct NodeLogStore {
     store: Arc<dyn QueueStore>,
     commit: GroupCommit,
+    /// The planted bug `RAFT_ENTRIES_UNSYNCED` only: when it last synced.
+    planted_synced_at: Option<std::time::Instant>,
 }
 
 impl std::fmt::Debug for NodeLogStore {
@@ -27,7 +29,30 @@ impl std::fmt::Debug for NodeLogStore {
 impl NodeLogStore {
     /// Reads through `store`, writes through `commit` (the writer of the same store).
     pub fn new(store: Arc<dyn QueueStore>, commit: GroupCommit) -> Self {
-        NodeLogStore { store, commit }
+        NodeLogStore {
+            store,
+            commit,
+            planted_synced_at: None,
+        }
+    }
+
+    /// The planted bug `RAFT_ENTRIES_UNSYNCED`: the job is written without a sync, and the
+    /// store synced only once that was long enough ago.
+    fn write_planted(&mut self, ops: Vec<StoreOp>) -> Result<(), ferry_multiraft::Error> {
+        self.store
+            .write_unsynced(&[ops])
+            .map_err(engine_error("unsynced write (planted bug)"))?;
+        let now = std::time::Instant::now();
+        let due = self
+            .planted_synced_at
+            .is_none_or(|at| now.duration_since(at) >= crate::faults::RAFT_UNSYNCED_FOR);
+        if due {
+            self.planted_synced_at = Some(now);
+            self.store
+                .sync()
+                .map_err(engine_error("sync (planted bug)"))?;
+        }
+        Ok(())
     }
 }
 
@@ -102,6 +127,9 @@ pub(crate) fn shard_writes(
 impl LogStore for NodeLogStore {
     fn write(&mut self, job: &PersistJob) -> Result<(), ferry_multiraft::Error> {
         let ops = job_ops(job)?;
+        if crate::faults::on(crate::faults::RAFT_ENTRIES_UNSYNCED) {
+            return self.write_planted(ops);
+        }
         self.commit
             .commit_blocking(ops)
             .map_err(engine_error("synced write"))

@@ -139,6 +139,7 @@ async fn start_cluster(spec: &Spec, data: tempfile::TempDir) -> anyhow::Result<S
         &spec.node_toml,
         &creates,
         spec.fake_clock,
+        &spec.fault_points,
     )
     .await?;
     let nemesis = Nemesis::Cluster(target);

@@ -10,7 +10,7 @@ use crate::chaos::workload::{
 };
 
 /// The scenarios `scripts/chaos` knows.
-pub const SCENARIOS: [&str; 17] = [
+pub const SCENARIOS: [&str; 18] = [
     "kill9",
     "activemq-200k",
     "poison",
@@ -25,6 +25,7 @@ pub const SCENARIOS: [&str; 17] = [
     "cluster-clock",
     "cluster-remove",
     "failover",
+    "cluster-power-loss",
     "power-loss",
     "lazyfs",
     "clock",
@@ -33,8 +34,9 @@ pub const SCENARIOS: [&str; 17] = [
 /// The planted bugs `scripts/chaos --planted BUG` switches on (fault points of the `ferry-faults`
 /// build, docs/reliability.md), each with the scenario that must catch it and what the checker
 /// must then report.
-pub const PLANTED: [(&str, &str, &str); 3] = [
+pub const PLANTED: [(&str, &str, &str); 4] = [
     ("confirm-before-durable", "power-loss", "lost"),
+    ("raft-entries-unsynced", "cluster-power-loss", "lost"),
     ("skip-delivery-count", "kill9", "unflagged duplicates"),
     (
         AUTO_ACK_DROPS_UNCONFIRMED_BATCH,
@@ -329,7 +331,8 @@ pub fn spec(name: &str, seed: u64, size: Size) -> anyhow::Result<Spec> {
         | "cluster-one-way"
         | "cluster-clock"
         | "cluster-remove"
-        | "failover" => {
+        | "failover"
+        | "cluster-power-loss" => {
             // Three nodes, three queues created with the cluster's default (replicated on the
             // three, in the shared shards); 2 producers and 2 consumers per queue, each first
             // connected through a node that does not lead its queue's shard. `cluster`: every
@@ -344,7 +347,7 @@ pub fn spec(name: &str, seed: u64, size: Size) -> anyhow::Result<Spec> {
                 // one node to come back, the baseline failover is measured against.
                 "cluster-rf1" => Placement::Pinned,
                 // `failover`: the queues replicated on the three nodes, each in its own shard.
-                "failover" => Placement::OwnShard { replicas: 3 },
+                "failover" | "cluster-power-loss" => Placement::OwnShard { replicas: 3 },
                 _ => Placement::Default,
             };
             let queues = s.queues();
@@ -399,6 +402,19 @@ pub fn spec(name: &str, seed: u64, size: Size) -> anyhow::Result<Spec> {
                     s.load = Duration::from_secs(12);
                 }
             }
+            // `cluster-power-loss`: every node's store loses what no completed sync covers at a
+            // kill (`store-power-loss`: the Raft log, the metadata and the queues, one store
+            // per node); every other fault a power cut of the whole cluster (every node killed
+            // at once), the others a kill -9 of a shard's leader.
+            if name == "cluster-power-loss" {
+                s.fault_points = vec![ferry_store::faults::POWER_LOSS.into()];
+                s.faults.kinds = vec![FaultKind::PowerCut];
+                s.faults.alternate = Some(FaultKind::KillShardLeader);
+                s.faults.interval_ms = if smoke { 3_000 } else { 8_000 };
+                if smoke {
+                    s.load = Duration::from_secs(15);
+                }
+            }
             if name == "cluster-meta" {
                 s.faults.kinds = vec![FaultKind::PartitionLeader];
                 s.faults.interval_ms = if smoke { 6_000 } else { 15_000 };
@@ -430,12 +446,6 @@ impl Spec {
             // Without it that window is microseconds wide and four kills missed it (CI, seed 1).
             self.fault_points.push(SLOW_ACK_ANSWER.into());
             return Ok(());
-        }
-        if !self.cluster.is_empty() {
-            anyhow::bail!(
-                "planted bugs run on one node; {} is a cluster scenario",
-                self.name
-            );
         }
         self.fault_points.push(format!("planted-{bug}"));
         Ok(())
