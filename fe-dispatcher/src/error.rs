@@ -61,6 +61,19 @@ pub enum Error {
         call: &'static str,
         outcome: CallOutcome,
     },
+    /// A queue's creation or change is committed in the metadata, but the node that must serve
+    /// the queue did not show it carried out within the wait (see `admin/create.rs`).
+    #[error("{change} is committed in the metadata, but {waited_for} did not serve it in the {waited_ms} ms waited ({last}); it is served once that node has applied it: retry (a create with if_not_exists), and see whether the nodes are up (`ferry cluster status`, `ferry shard list`)")]
+    NotServedInTime {
+        change: String,
+        waited_for: String,
+        waited_ms: u64,
+        last: String,
+    },
+    /// A read of another node's that got no answer in the time it was given (the node is down,
+    /// paused or cut off; nothing changed).
+    #[error("node {node} did not answer within {within_ms} ms (down, paused or cut off)")]
+    NoAnswer { node: NodeId, within_ms: u64 },
 }
 
 /// What a call may have done at a node that was lost while it was under way.
@@ -94,9 +107,11 @@ impl From<Error> for Status {
             Error::Kernel(k) => ferry_proto::convert::kernel_error_code(k),
             Error::ConnectionNotFound { .. } | Error::SessionNotFound { .. } => Code::NotFound,
             Error::NegativeWait { .. } | Error::ConsumeNotStarted => Code::InvalidArgument,
-            Error::UnknownNode { .. } | Error::NodeStopping { .. } | Error::OwnerLost { .. } => {
-                Code::Unavailable
-            }
+            Error::UnknownNode { .. }
+            | Error::NodeStopping { .. }
+            | Error::OwnerLost { .. }
+            | Error::NotServedInTime { .. }
+            | Error::NoAnswer { .. } => Code::Unavailable,
             Error::OwnerUnsettled { .. } => Code::FailedPrecondition,
             Error::LimitReached { .. } => Code::ResourceExhausted,
             Error::RolledBack { .. } => Code::Aborted,

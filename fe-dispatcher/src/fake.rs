@@ -35,6 +35,8 @@ pub(crate) struct FakeBackend {
     park_receives: std::sync::atomic::AtomicBool,
     /// Listings wait for ever (a paused node).
     park_listings: std::sync::atomic::AtomicBool,
+    /// `GetQueue` calls wait for ever (a node cut off).
+    park_get_queue: std::sync::atomic::AtomicBool,
     /// The next receives answer these receipt handles, one receive each (after the script).
     deliveries: Mutex<VecDeque<Vec<String>>>,
     /// What each `release_lost` named to keep: (seq, lease) pairs.
@@ -79,6 +81,12 @@ impl FakeBackend {
     /// Listings from now on never answer, as a paused node's (they are still recorded).
     pub(crate) fn park_listings(&self) {
         self.park_listings
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// `GetQueue` calls from now on never answer, as a node cut off (they are still recorded).
+    pub(crate) fn park_get_queue(&self) {
+        self.park_get_queue
             .store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
@@ -144,7 +152,14 @@ impl pb::backend_server::Backend for FakeBackend {
     }
     async fn get_queue(&self, r: Request<pb::BackendQueueRequest>) -> Reply<pb::QueueInfo> {
         let r = r.into_inner();
-        self.answer("get_queue", vec![r.name], vec![r.placement_epoch])
+        let answer = self.answer("get_queue", vec![r.name], vec![r.placement_epoch]);
+        if self
+            .park_get_queue
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            std::future::pending::<()>().await;
+        }
+        answer
     }
     async fn list_queues(
         &self,

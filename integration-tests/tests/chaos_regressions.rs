@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use anyhow::Context as _;
 use ferry_client::{pb, AckMode, Client, ConsumerOptions, Message, ReceiveOptions};
 use ferry_integration_tests::chaos::cluster::{self, ClusterTarget};
 use ferry_integration_tests::chaos::proxy::{Mode, Proxy};
@@ -213,5 +214,125 @@ async fn a_delivery_whose_answer_was_lost_is_not_renewed_by_the_sessions_heartbe
     assert!(target.firewall.heal()?);
     wait_message_back(&owner).await?;
     drop(session);
+    Ok(())
+}
+
+/// How a shard's preferred leader is made unavailable.
+#[derive(Debug, Clone, Copy)]
+enum Gone {
+    /// Cut off from the other nodes both ways (packets dropped: calls to it hang).
+    Cut,
+    /// Killed with SIGKILL (calls to it are refused at once).
+    Killed,
+}
+
+/// Bug 4 (docs/reliability.md): a replicated queue created through one node while its shard's
+/// preferred leader is cut off from the others. The metadata commits it and the shard's new
+/// leader creates it within about 2 s, but the create asked the preferred leader first, with no
+/// bound on the call: its answer waited for the cut node until the heal. Now it is answered
+/// within `META_WRITE_MAX` of the cut (as `cluster-meta` demands), and the queue takes a send.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replicated_queue_created_while_its_shards_preferred_leader_is_cut_off_is_answered(
+) -> anyhow::Result<()> {
+    create_with_the_preferred_leader(Gone::Cut).await
+}
+
+/// The same with the preferred leader killed (a call to it fails at once: this passed before
+/// the fix too).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replicated_queue_created_while_its_shards_preferred_leader_is_dead_is_answered(
+) -> anyhow::Result<()> {
+    create_with_the_preferred_leader(Gone::Killed).await
+}
+
+/// Three nodes with one shared shard each; the preferred leader of the shard the next queue
+/// joins made unavailable (`gone`); that queue created through another node must be answered
+/// within `META_WRITE_MAX`, served by another replica, and take a send.
+async fn create_with_the_preferred_leader(gone: Gone) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let ids = ["n1", "n2", "n3"];
+    let config = pb::QueueConfig::default();
+    // One shared shard per node: the next queue joins one of them.
+    let creates: Vec<_> = ["q1", "q2", "q3"]
+        .iter()
+        .map(|q| cluster::by_default(q, &config))
+        .collect();
+    let target = cluster::start_with(dir.path(), &ids, None, NODE_TOML, &creates, false).await?;
+    let urls = target.urls();
+    let first = Client::connect(&urls[0].1).await?;
+    let shards = first
+        .cluster()
+        .list_shards(pb::ListShardsRequest { shard: 0 })
+        .await?
+        .into_inner()
+        .shards;
+    assert_eq!(shards.len(), 3, "{shards:?}");
+    // The rule (`choose_shard`): the shared shard holding the fewest queues, then the smallest id.
+    let joined = shards
+        .iter()
+        .min_by_key(|s| (s.queues.len(), s.shard))
+        .context("no shard")?;
+    let preferred = joined.replicas[0].clone();
+    let gone_at = ids
+        .iter()
+        .position(|n| *n == preferred)
+        .context("the preferred leader is not a node")?;
+    let via = (gone_at + 1) % ids.len();
+    let client = Client::connect(&urls[via].1).await?;
+
+    match gone {
+        Gone::Cut => {
+            let others: Vec<String> = (0..ids.len())
+                .filter(|i| *i != gone_at)
+                .map(|i| target.ips[i].clone())
+                .collect();
+            target.firewall.partition(&target.ips[gone_at], &others)?;
+        }
+        Gone::Killed => target.nodes[gone_at]
+            .node
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .kill9(),
+    }
+    let gone_since = tokio::time::Instant::now();
+    let mut admin = client.admin();
+    let create = admin.create_queue(cluster::by_default("late", &config));
+    let created = tokio::time::timeout_at(gone_since + cluster::META_WRITE_MAX, create).await;
+    let took = gone_since.elapsed();
+    let created = created
+        .map_err(|_| {
+            anyhow::anyhow!(
+                "creating `late` through {} with {preferred}, the preferred leader of shard {}, \
+                 {gone:?}: no answer within {:?}",
+                ids[via],
+                joined.shard,
+                cluster::META_WRITE_MAX
+            )
+        })??
+        .into_inner();
+    eprintln!("`late` created {took:?} after the preferred leader was {gone:?}");
+    assert!(created.created);
+    let shown = client
+        .admin()
+        .get_queue(pb::GetQueueRequest {
+            name: "late".into(),
+        })
+        .await?
+        .into_inner();
+    assert_eq!(
+        shown.shard, joined.shard,
+        "the shard of the rule: {shown:?}"
+    );
+    assert_ne!(
+        created.queue.context("no queue in the answer")?.owner_node,
+        preferred,
+        "served by the shard's leader, not the node {gone:?}"
+    );
+
+    let conn = client.open_connection("producer").await?;
+    let session = conn.create_session(AckMode::Client).await?;
+    let send = session.send("late", vec![Message::text("m").dedup_id("m")]);
+    tokio::time::timeout(Duration::from_secs(10), send).await??;
+    target.firewall.heal()?;
     Ok(())
 }

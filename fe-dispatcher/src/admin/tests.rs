@@ -1,4 +1,5 @@
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use ferry_kernel::{ManualClock, NodeId, PlacementEpoch, QueueName};
 use ferry_proto::pb;
@@ -13,10 +14,12 @@ use crate::fake::FakeBackend;
 use crate::router::{Owner, Placement, Router};
 use crate::FrontendConfig;
 
-/// A catalog that places every queue on node b at epoch 7 and records what it was asked.
+/// A catalog that places every queue on node b at epoch 7 (replicated on `replicas`, b first,
+/// when given) and records what it was asked.
 #[derive(Default)]
 struct FakeCatalog {
     asked: Mutex<Vec<(String, Option<String>)>>,
+    replicas: Vec<NodeId>,
 }
 
 #[tonic::async_trait]
@@ -36,7 +39,7 @@ impl Catalog for FakeCatalog {
         Ok(CatalogEntry {
             owner: owner_b(),
             created: true,
-            replicas: vec![],
+            replicas: self.replicas.clone(),
         })
     }
 
@@ -228,4 +231,125 @@ async fn get_queue_names_a_replicated_queues_shard_and_replicas() {
     assert_eq!((plain.shard, plain.replicas), (0, vec![]));
     let e = get("Not A Name").await.unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+}
+
+fn id(n: &str) -> NodeId {
+    NodeId::new(n).expect("id")
+}
+
+fn not_leader(leader: &str) -> Status {
+    ferry_proto::not_leader_status(
+        pb::NotLeader {
+            shard: 1,
+            leader_node: leader.into(),
+        },
+        format!("not the leader of shard 1 (leader: {leader:?})"),
+    )
+}
+
+/// An admin service on node a with nodes b and c; `orders` replicated in shard 1 on b (its
+/// preferred leader), a and c, as the catalog defines it.
+fn replicated_admin(
+    a: &Arc<FakeBackend>,
+    b: &Arc<FakeBackend>,
+    c: &Arc<FakeBackend>,
+) -> (AdminService, Keep) {
+    let orders = QueueName::new("orders").expect("name");
+    let replicas = vec![id("b"), id("a"), id("c")];
+    let placement = Placement::new(id("a"), a.backend())
+        .with_node(id("b"), b.backend())
+        .with_node(id("c"), c.backend())
+        .with_queue(orders.clone(), owner_b())
+        .with_shard_queue(orders, ferry_kernel::ShardId(1))
+        .with_shard(ferry_kernel::ShardId(1), replicas.clone());
+    let (router, placement_tx) = Router::fixed(placement);
+    let (stop_tx, stopping) = watch::channel(false);
+    let core = Dispatch::new(
+        FrontendConfig::default(),
+        Arc::new(router),
+        stopping,
+        ManualClock::new(0),
+    );
+    let catalog = Arc::new(FakeCatalog {
+        replicas,
+        ..FakeCatalog::default()
+    });
+    (
+        AdminService::new(Arc::new(core)).with_catalog(catalog),
+        (placement_tx, stop_tx),
+    )
+}
+
+// Postmortem (bug 4, docs/reliability.md): the create asked the preferred leader first, cut
+// off, with no bound on the call, and answered only after the heal.
+#[tokio::test(start_paused = true)]
+async fn a_replicated_queue_whose_preferred_leader_is_silent_is_answered_by_its_shards_leader() {
+    let (a, b, c) = (FakeBackend::new(), FakeBackend::new(), FakeBackend::new());
+    b.park_get_queue();
+    a.always(not_leader("c"));
+    let (admin, _keep) = replicated_admin(&a, &b, &c);
+    let started = tokio::time::Instant::now();
+    let answered = tokio::time::timeout(
+        2 * super::create::OWNER_CREATE_WAIT,
+        admin.create_queue(create("")),
+    )
+    .await
+    .expect("answered, not hung on the silent node");
+    assert!(answered.expect("created").into_inner().created);
+    // b given what it was asked to wait plus the margin, then a, which names c.
+    let waited = super::create::REPLICA_WAIT + super::create::ANSWER_MARGIN;
+    assert!(started.elapsed() < waited + Duration::from_millis(100));
+    assert_eq!(
+        (b.calls().len(), a.calls().len(), c.calls().len()),
+        (1, 1, 1)
+    );
+    // The router learned the leader: the next call goes to c.
+    admin
+        .get_queue(Request::new(pb::GetQueueRequest {
+            name: "orders".into(),
+        }))
+        .await
+        .expect("served by c");
+    assert_eq!(
+        (b.calls().len(), a.calls().len(), c.calls().len()),
+        (1, 1, 2)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_replicated_queue_no_replica_serves_in_time_is_unavailable_saying_it_is_created() {
+    let (a, b, c) = (FakeBackend::new(), FakeBackend::new(), FakeBackend::new());
+    b.park_get_queue();
+    a.always(not_leader(""));
+    c.always(not_leader(""));
+    let (admin, _keep) = replicated_admin(&a, &b, &c);
+    let started = tokio::time::Instant::now();
+    let e = admin.create_queue(create("")).await.unwrap_err();
+    assert_eq!(started.elapsed(), super::create::OWNER_CREATE_WAIT);
+    assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+    for said in [
+        "queue orders is committed in the metadata",
+        "in the 5000 ms waited",
+        "the leader of its shard (replicas b, a, c)",
+        "b: node b did not answer within 500 ms",
+        "c: not the leader of shard 1",
+    ] {
+        assert!(e.message().contains(said), "{said:?} in {e:?}");
+    }
+    // Each replica asked in turn, the silent one too (it may come back).
+    assert!(b.calls().len() > 1, "{:?}", b.calls());
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_owner_that_stays_silent_is_named_in_an_unavailable_answer_once_the_wait_is_over() {
+    let b = FakeBackend::new();
+    b.park_get_queue();
+    let (admin, _keep) = admin(&b, Arc::new(FakeCatalog::default()));
+    let started = tokio::time::Instant::now();
+    let e = admin.create_queue(create("b")).await.unwrap_err();
+    let waited = super::create::OWNER_CREATE_WAIT + super::create::ANSWER_MARGIN;
+    assert_eq!(started.elapsed(), waited);
+    assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+    assert!(e.message().contains("its owner, node b"), "{e:?}");
+    assert!(e.message().contains("did not answer"), "{e:?}");
 }

@@ -425,7 +425,17 @@ impl Router {
         }
     }
 
-    fn learn_leader(&self, s: ShardId, node: &NodeId) {
+    /// The shard of `queue` and the replica a call to it goes to now (see
+    /// [`Router::replica_to_call`]); `None` for a queue that is not replicated.
+    pub(crate) fn shard_replica_to_call(&self, queue: &QueueName) -> Option<(ShardId, NodeId)> {
+        let placement = self.placement();
+        let (s, replicas) = placement.shard_of(queue)?;
+        let preferred = placement.owner_of(queue).node;
+        Some((s, self.replica_to_call(s, replicas, &preferred)))
+    }
+
+    /// Notes `node` as the leader of shard `s` (it served a call to one of its queues).
+    pub(crate) fn learn_leader(&self, s: ShardId, node: &NodeId) {
         let mut leaders = self.leaders.lock().unwrap_or_else(PoisonError::into_inner);
         if leaders.get(&s) != Some(node) {
             leaders.insert(s, node.clone());
