@@ -257,7 +257,8 @@ async fn create_with_the_preferred_leader(gone: Gone) -> anyhow::Result<()> {
         .iter()
         .map(|q| cluster::by_default(q, &config))
         .collect();
-    let target = cluster::start_with(dir.path(), &ids, None, NODE_TOML, &creates, false).await?;
+    let target =
+        cluster::start_with(dir.path(), &ids, None, NODE_TOML, &creates, false, &[]).await?;
     let urls = target.urls();
     let first = Client::connect(&urls[0].1).await?;
     let shards = first
