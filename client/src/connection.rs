@@ -568,9 +568,10 @@ impl Session {
     /// (its queue's leader died with the call under way: the outcome is unknown, and a
     /// replicated queue's new leader still holds the deliveries) is sent again, up to
     /// [`ACK_RETRIES`] times with a doubling pause; an acknowledgement is idempotent in effect
-    /// (a delivery acknowledged twice is gone once), so only the answer can differ: a retry
-    /// answered `FAILED_PRECONDITION` (not a live delivery) says that the first attempt may
-    /// have been applied.
+    /// (a delivery acknowledged twice is gone once). A retry answered `FAILED_PRECONDITION`
+    /// (not a live delivery) cannot tell whether the first attempt was applied or the lease ran
+    /// out: the acknowledgement fails with the first attempt's `UNAVAILABLE` (outcome
+    /// unknown), saying so.
     async fn send_ack(&self, receipt_handles: Vec<String>) -> Result<(), ClientError> {
         let req = pb::AckRequest {
             session_id: self.id.clone(),
@@ -591,11 +592,11 @@ impl Session {
             }
             return Err(match (&unknown, status.code()) {
                 (Some(first), tonic::Code::FailedPrecondition) => {
-                    ClientError::Status(tonic::Status::failed_precondition(format!(
-                        "{} (an earlier attempt of this acknowledgement met \"{}\": it may have \
+                    ClientError::Status(tonic::Status::unavailable(format!(
+                        "{} (sent again, it was answered \"{}\": the first attempt may have \
                          been applied)",
-                        status.message(),
-                        first.message()
+                        first.message(),
+                        status.message()
                     )))
                 }
                 _ => status.into(),
@@ -786,10 +787,12 @@ mod tests {
             Ok(deliveries(&["h3"])),
             Ok(deliveries(&[])),
         ]);
+        // Unavailable through every retry of the first acknowledgement.
+        let failing = (0..=super::ACK_RETRIES).map(|_| Err(Code::Unavailable));
         fake.ack_answers
             .lock()
             .expect("not poisoned")
-            .extend([Err(Code::Unavailable), Ok(Default::default())]);
+            .extend(failing.chain([Ok(Default::default())]));
         let connection = fake.client.open_connection("t").await.expect("open");
         let failures = connection.auto_ack_failures();
         let session = connection
@@ -808,5 +811,42 @@ mod tests {
         drop(session);
         connection.close().await.expect("closed");
         assert_eq!(failures.count(), 1, "still readable after the close");
+    }
+
+    /// An acknowledgement the node answered `UNAVAILABLE` (its queue's leader died with it under
+    /// way) is sent again and lands; one whose retry finds the delivery no longer live fails
+    /// with the first attempt's `UNAVAILABLE`: its outcome is unknown, not refused.
+    #[tokio::test(start_paused = true)]
+    async fn an_acknowledgement_whose_outcome_is_unknown_is_sent_again() {
+        let fake = fake::start(3_000).await;
+        fake.receive_answers
+            .lock()
+            .expect("not poisoned")
+            .extend([Ok(deliveries(&["h1"])), Ok(deliveries(&["h2"]))]);
+        fake.ack_answers.lock().expect("not poisoned").extend([
+            Err(Code::Unavailable),
+            Ok(Default::default()),
+            Err(Code::Unavailable),
+            Err(Code::FailedPrecondition),
+        ]);
+        let connection = fake.client.open_connection("t").await.expect("open");
+        let session = connection
+            .create_session(crate::AckMode::Client)
+            .await
+            .expect("session");
+        let opts = crate::ReceiveOptions::no_wait().max(10);
+        let first = session.receive("q", opts).await.expect("a delivery");
+        session
+            .ack(&first)
+            .await
+            .expect("acknowledged on the retry");
+        let second = session.receive("q", opts).await.expect("a delivery");
+        let Err(crate::ClientError::Status(s)) = session.ack(&second).await else {
+            panic!("the second acknowledgement's outcome is unknown");
+        };
+        assert_eq!(s.code(), Code::Unavailable, "{s:?}");
+        assert!(s.message().contains("may have been applied"), "{s:?}");
+        drop(session);
+        connection.close().await.expect("closed");
     }
 }

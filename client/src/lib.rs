@@ -59,6 +59,7 @@ mod message;
 mod request;
 
 pub use batch::RESEND_ATTEMPTS;
+pub use connection::ACK_RETRIES;
 pub use connection::{AutoAckFailures, Client, Connection, ReceiveOptions, Session};
 pub use consumer::{Consumer, ConsumerOptions, REOPEN_ATTEMPTS};
 pub use ferry_proto::pb;
