@@ -227,6 +227,15 @@ async fn cluster_remove_smoke_loses_and_duplicates_nothing() -> anyhow::Result<(
     smoke("cluster-remove", 11).await.map(drop)
 }
 
+/// A fourth node, a learner holding nothing; halfway through the load a replica node dies and
+/// its data directory is wiped (its disk lost); its shard replicas are moved (to n4) with
+/// `MoveShardReplica`, and the shards are whole again before the load goes on (with the
+/// `cluster` faults on the others; the lost node never comes back).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disk_lost_smoke_loses_and_duplicates_nothing() -> anyhow::Result<()> {
+    smoke("disk-lost", 13).await.map(drop)
+}
+
 /// Three nodes, three queues each replicated on all three in a shard of its own; every other
 /// fault a kill -9 of a queue's shard leader (restarted in place later), the others a pause or a
 /// partition of a random node. Every shard takes sends again after each kill; the failover times

@@ -620,6 +620,8 @@ mod tests {
             first_index: 31,
             commit_index: 41,
             match_indexes: vec![(RaftId(2), 42), (RaftId(3), 30)],
+            voters: vec![RaftId(1), RaftId(2), RaftId(3)],
+            learners: vec![],
         };
         let following = LocalShard {
             shard: ShardId(4),

@@ -1,6 +1,7 @@
 //! `ferry shard list`: the queue shards (the Raft groups holding replicated queues), one row per
 //! shard, from `Cluster.ListShards` on the node asked; `ferry shard transfer-leader`: moves a
-//! shard's leadership (`Cluster.TransferShardLeader`).
+//! shard's leadership (`Cluster.TransferShardLeader`); `ferry shard move-replica`: moves a
+//! shard's replica to another node (`Cluster.MoveShardReplica`).
 
 use anyhow::Context as _;
 use comfy_table::Table;
@@ -33,13 +34,78 @@ pub enum ShardCommand {
         /// The replica to lead it.
         node: String,
     },
+    /// Moves a shard's replica off a node (its disk lost, gone for good, or to be drained
+    /// before `ferry node remove`) to another node, and returns once the move is committed.
+    /// The shard's leader then adds the new replica, fills it with a snapshot, and removes the
+    /// old one: `ferry shard list` shows it under "moving" until done. Without a shard, moves
+    /// every shard replica the node holds, one shard after the other.
+    MoveReplica {
+        /// The shard (its id, as listed); none: every shard `--from` holds a replica of.
+        #[arg(value_parser = clap::value_parser!(u64).range(1..))]
+        shard: Option<u64>,
+        /// The node whose replica moves.
+        #[arg(long)]
+        from: String,
+        /// The node that takes it (default: the active node holding the fewest replicas).
+        #[arg(long)]
+        to: Option<String>,
+    },
 }
 
 pub async fn run(c: &ClientArgs, cmd: ShardCommand) -> anyhow::Result<()> {
     match cmd {
         ShardCommand::List { shard } => list(c, shard).await,
         ShardCommand::TransferLeader { shard, node } => transfer_leader(c, shard, node).await,
+        ShardCommand::MoveReplica { shard, from, to } => move_replica(c, shard, from, to).await,
     }
+}
+
+async fn move_replica(
+    c: &ClientArgs,
+    shard: Option<u64>,
+    from: String,
+    to: Option<String>,
+) -> anyhow::Result<()> {
+    let mut cluster = connect(c).await?.cluster();
+    let shards: Vec<u64> = match shard {
+        Some(shard) => vec![shard],
+        None => cluster
+            .list_shards(pb::ListShardsRequest { shard: 0 })
+            .await
+            .context("cannot list the queue shards")?
+            .into_inner()
+            .shards
+            .into_iter()
+            .filter(|s| s.replicas.contains(&from))
+            .map(|s| s.shard)
+            .collect(),
+    };
+    if shards.is_empty() && c.output == Format::Human {
+        outln!("node {from} holds no shard replica: nothing to move")?;
+    }
+    for shard in shards {
+        let answer = cluster
+            .move_shard_replica(pb::MoveShardReplicaRequest {
+                shard,
+                from_node: from.clone(),
+                to_node: to.clone().unwrap_or_default(),
+            })
+            .await
+            .with_context(|| format!("cannot move shard {shard}'s replica off {from}"))?
+            .into_inner();
+        match c.output {
+            Format::Json => outln!(
+                "{}",
+                json!({ "shard": shard, "from": from, "to": answer.to_node, "replicas": answer.replicas })
+            )?,
+            Format::Human => outln!(
+                "shard {shard}: replica moved from {from} to {}; replicas now {}",
+                answer.to_node,
+                answer.replicas.join(", ")
+            )?,
+        }
+    }
+    Ok(())
 }
 
 async fn transfer_leader(c: &ClientArgs, shard: u64, node: String) -> anyhow::Result<()> {
@@ -99,13 +165,17 @@ fn shard_json(s: &pb::ShardStatus) -> Value {
         "queues": s.queues,
         "applied_index": s.applied_index,
         "lag": s.lag,
+        "catching_up": s.catching_up,
+        "leaving": s.leaving,
     })
 }
 
 fn shard_table(shards: &[pb::ShardStatus]) -> Table {
     let mut table = Table::new();
     table.load_preset(comfy_table::presets::NOTHING);
-    table.set_header(["shard", "leader", "replicas", "queues", "applied", "lag"]);
+    table.set_header([
+        "shard", "leader", "replicas", "queues", "applied", "lag", "moving",
+    ]);
     let known = |v: Option<u64>| v.map_or_else(|| "-".to_owned(), |v| v.to_string());
     for s in shards {
         let leader = if s.leader.is_empty() {
@@ -123,6 +193,7 @@ fn shard_table(shards: &[pb::ShardStatus]) -> Table {
             queues_text(&s.queues),
             known(s.applied_index),
             known(s.lag),
+            moving_text(s),
         ]);
     }
     table
@@ -141,6 +212,17 @@ fn replicas_text(s: &pb::ShardStatus) -> String {
         })
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// A move under way: the replicas catching up and the nodes leaving; empty when none.
+fn moving_text(s: &pb::ShardStatus) -> String {
+    let mut parts: Vec<String> = s
+        .catching_up
+        .iter()
+        .map(|r| format!("{r} catching up"))
+        .collect();
+    parts.extend(s.leaving.iter().map(|r| format!("{r} leaving")));
+    parts.join(", ")
 }
 
 fn queues_text(queues: &[String]) -> String {
@@ -170,6 +252,8 @@ mod tests {
             applied_index: Some(120),
             lag: Some(4),
             unreachable: vec![],
+            catching_up: vec![],
+            leaving: vec![],
         }
     }
 
@@ -196,13 +280,15 @@ mod tests {
                 "queues": ["orders", "orders.DLQ"],
                 "applied_index": 120,
                 "lag": 4,
+                "catching_up": [],
+                "leaving": [],
             })
         );
         let v = shard_json(&leaderless());
         assert_eq!(v["leader"], Value::Null);
         assert_eq!(v["applied_index"], Value::Null);
         assert_eq!(v["lag"], Value::Null);
-        assert_eq!(v.as_object().map(|o| o.len()), Some(6));
+        assert_eq!(v.as_object().map(|o| o.len()), Some(8));
     }
 
     #[test]

@@ -43,6 +43,7 @@ impl MetaState {
                 expected,
             } => self.update_queue(name, settings, expected.as_deref()),
             MetaCommand::DeleteQueue { name } => self.delete_queue(name),
+            MetaCommand::MoveReplica { shard, from, to } => self.move_replica(*shard, from, to),
         }
     }
 

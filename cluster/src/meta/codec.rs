@@ -19,8 +19,9 @@ pub const COMMAND_VERSION: u32 = 1;
 /// added it ([`MetaCommand::level`]); the first kinds are level 1. A node proposes a command of
 /// a higher level only once every active node reported that it reads it, so that no node meets
 /// a command it cannot read (which would stop its metadata group) during a rolling upgrade.
-/// Level 2 added replicated queues (`CreateReplicatedQueue`, shards in snapshots).
-pub const COMMAND_LEVEL: u32 = 2;
+/// Level 2 added replicated queues (`CreateReplicatedQueue`, shards in snapshots); level 3
+/// moving a shard's replica (`MoveReplica`, a shard's `reshaped` mark).
+pub const COMMAND_LEVEL: u32 = 3;
 /// The newest version of snapshots (and of the durable copy's header) this release writes and
 /// reads. A state that made a shard is written as version 2, so that a release that knows
 /// nothing of shards refuses it instead of reading its replicated queues as unreplicated; a
@@ -33,7 +34,7 @@ const SNAPSHOT_VERSION_NO_SHARDS: u32 = 1;
 struct WireCommand {
     #[prost(uint32, tag = "1")]
     version: u32,
-    #[prost(oneof = "Kind", tags = "2, 3, 4, 5, 6, 7, 8, 11")]
+    #[prost(oneof = "Kind", tags = "2, 3, 4, 5, 6, 7, 8, 11, 12")]
     kind: Option<Kind>,
     /// The proposal's request id (both halves 0: none), the same across its retries.
     #[prost(fixed64, tag = "9")]
@@ -60,6 +61,19 @@ enum Kind {
     DeleteQueue(String),
     #[prost(message, tag = "11")]
     CreateReplicatedQueue(WireReplicatedQueue),
+    #[prost(message, tag = "12")]
+    MoveReplica(WireMoveReplica),
+}
+
+/// `MoveReplica`.
+#[derive(Clone, PartialEq, Message)]
+struct WireMoveReplica {
+    #[prost(uint64, tag = "1")]
+    shard: u64,
+    #[prost(string, tag = "2")]
+    from: String,
+    #[prost(string, tag = "3")]
+    to: String,
 }
 
 /// `CreateReplicatedQueue`: the queue (name and settings) and its shard, existing or new.
@@ -87,6 +101,9 @@ pub(super) struct WireShard {
     epoch: u64,
     #[prost(bool, tag = "4")]
     dedicated: bool,
+    /// Its replicas changed since it was made (level 3).
+    #[prost(bool, tag = "5")]
+    reshaped: bool,
 }
 
 #[derive(Clone, PartialEq, Message)]
@@ -244,6 +261,7 @@ impl MetaCommand {
             | MetaCommand::UpdateQueue { .. }
             | MetaCommand::DeleteQueue { .. } => 1,
             MetaCommand::CreateReplicatedQueue { .. } => 2,
+            MetaCommand::MoveReplica { .. } => 3,
         }
     }
 
@@ -331,6 +349,11 @@ impl MetaCommand {
                     dedicated,
                 })
             }
+            MetaCommand::MoveReplica { shard, from, to } => Kind::MoveReplica(WireMoveReplica {
+                shard: shard.0,
+                from: from.to_string(),
+                to: to.to_string(),
+            }),
         };
         let (request_high, request_low) = split(request.map_or(0, |r| r.0));
         WireCommand {
@@ -432,6 +455,11 @@ impl MetaCommand {
                     shard,
                 }
             }
+            Kind::MoveReplica(m) => MetaCommand::MoveReplica {
+                shard: ShardId(m.shard),
+                from: node_id(WHAT, m.from)?,
+                to: node_id(WHAT, m.to)?,
+            },
         };
         Ok((request, command))
     }
@@ -490,6 +518,7 @@ pub(super) fn wire_shard(id: ShardId, s: &ShardDef) -> WireShard {
         replicas: s.replicas.iter().map(ToString::to_string).collect(),
         epoch: s.epoch.get(),
         dedicated: s.dedicated,
+        reshaped: s.reshaped,
     }
 }
 
@@ -506,6 +535,7 @@ pub(super) fn shard_from_wire(
             .collect::<Result<_, _>>()?,
         epoch: PlacementEpoch::new(s.epoch),
         dedicated: s.dedicated,
+        reshaped: s.reshaped,
         queues: 0,
     };
     Ok((ShardId(s.id), def))

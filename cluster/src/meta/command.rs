@@ -87,6 +87,19 @@ pub enum MetaCommand {
         /// The queue.
         name: QueueName,
     },
+    /// Moves a shard's replica from `from` to `to` (chosen by the proposer with
+    /// [`super::choose_replacement`] unless an admin named it): `to` takes `from`'s place in the
+    /// replica list (the preferred leader's too, with its queues' ownership), the shard gets a
+    /// new epoch and is marked reshaped. The shard's leader then adds `to` to the group as a
+    /// learner, promotes it once it holds the log, and removes `from`. A command of level 3.
+    MoveReplica {
+        /// The shard.
+        shard: ShardId,
+        /// The replica that leaves (down, or its disk lost, or drained).
+        from: NodeId,
+        /// The node that takes its place: active, not a replica of the shard yet.
+        to: NodeId,
+    },
 }
 
 /// What an applied command changed, for the shell (create a queue on its owner's back-end,
@@ -155,6 +168,18 @@ pub enum MetaEvent {
         owner: Owner,
         /// Its shard, removed with it: it holds no other queue.
         removed_shard: Option<ShardId>,
+    },
+    /// A shard's replica moved (see [`MetaCommand::MoveReplica`]).
+    ReplicaMoved {
+        /// The shard.
+        shard: ShardId,
+        /// The replica that left.
+        from: NodeId,
+        /// The replica that took its place.
+        to: NodeId,
+        /// The shard's queues, whose owner became `to`: the preferred leader moved. Empty
+        /// otherwise.
+        owners_moved: Vec<QueueName>,
     },
     /// An entry with no command (a new leader's no-op or a Raft configuration change).
     Nothing,

@@ -108,6 +108,14 @@ impl Touched {
                 self.queues.insert(name.clone());
                 self.shards.extend(*removed_shard);
             }
+            MetaEvent::ReplicaMoved {
+                shard,
+                owners_moved,
+                ..
+            } => {
+                self.shards.insert(*shard);
+                self.queues.extend(owners_moved.iter().cloned());
+            }
             MetaEvent::Nothing | MetaEvent::Repeated { .. } => {}
         }
     }

@@ -151,12 +151,36 @@ pub enum MetaError {
         shard: ShardId,
     },
     /// A node still holds replicas of shards.
-    #[error("node {node} still holds replicas of {}; delete their queues first (moving replicas comes later)", shards.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "))]
+    #[error("node {node} still holds replicas of {}; move them to other nodes first (`ferry shard move-replica --from {node}`)", shards.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "))]
     NodeHoldsReplicas {
         /// The node.
         node: NodeId,
         /// The shards.
         shards: Vec<ShardId>,
+    },
+    /// The node a replica is to move from does not hold one.
+    #[error("node {node} holds no replica of {shard}; its replicas are {}", replicas.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "))]
+    NotAReplica {
+        /// The shard.
+        shard: ShardId,
+        /// The node named.
+        node: NodeId,
+        /// The shard's replicas.
+        replicas: Vec<NodeId>,
+    },
+    /// The node a replica is to move to holds one already.
+    #[error("node {node} already holds a replica of {shard}; name a node that does not")]
+    AlreadyAReplica {
+        /// The shard.
+        shard: ShardId,
+        /// The node named.
+        node: NodeId,
+    },
+    /// No active node can take a replica of the shard.
+    #[error("no active node can take {shard}'s replica: every active node but the one it leaves holds one already; add a node first")]
+    NoReplacement {
+        /// The shard.
+        shard: ShardId,
     },
     /// The settings do not convert to a valid queue configuration.
     #[error("settings of queue {queue} are invalid: {reason}")]

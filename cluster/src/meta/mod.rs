@@ -24,11 +24,14 @@ mod error;
 mod nodes;
 mod placement;
 mod queues;
+mod replica_moves;
 mod requests;
 mod shards;
 mod state;
 mod voters;
 
+#[cfg(test)]
+mod replica_move_tests;
 #[cfg(test)]
 mod shard_tests;
 #[cfg(test)]
@@ -43,6 +46,7 @@ pub use placement::{
     choose_owner, choose_owner_avoiding, choose_queue_owner, choose_queue_owner_avoiding,
     NodeAddrs, PlacementSnapshot,
 };
+pub use replica_moves::{choose_replacement, next_replica_step};
 pub use requests::{RequestId, REQUESTS_KEPT};
 pub use shards::{
     choose_shard, default_replication, ShardChoice, ShardDef, ShardDefs, QUEUES_PER_SHARD_MAX,

@@ -52,6 +52,10 @@ pub struct ShardDef {
     /// Made for one queue (and its companions), which asked for a shard of its own: no other
     /// queue joins it.
     pub dedicated: bool,
+    /// Its replicas changed since it was made ([`super::MetaCommand::MoveReplica`]): its group
+    /// formed long ago, so a replica that starts the group now starts it empty and is filled
+    /// by the leader (a snapshot), instead of forming it with the first replicas as voters.
+    pub reshaped: bool,
     /// How many queues it holds (derived from the queues, kept by
     /// [`MetaState::insert_queue`] and [`MetaState::remove_queue`]).
     pub queues: usize,
@@ -348,6 +352,7 @@ impl MetaState {
             replicas,
             epoch: self.take_epoch(),
             dedicated,
+            reshaped: false,
             queues: 0,
         };
         self.shards.insert(id, def);

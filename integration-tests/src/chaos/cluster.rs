@@ -44,7 +44,7 @@ impl Drop for Healing<'_> {
 }
 
 impl ClusterTarget {
-    fn index(&self, name: &str) -> anyhow::Result<usize> {
+    pub(super) fn index(&self, name: &str) -> anyhow::Result<usize> {
         self.nodes
             .iter()
             .position(|t| t.node_name == name)
@@ -65,6 +65,19 @@ impl ClusterTarget {
         }
         if f.kind == FaultKind::PowerCut {
             return self.power_cut(history, f).await;
+        }
+        if f.kind == FaultKind::DiskLost {
+            return self.disk_lost(history, f).await;
+        }
+        let gone = f.node.as_ref().is_some_and(|n| {
+            self.removed
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .contains(n)
+        });
+        if gone {
+            // Removed, or its disk lost: never started again, so nothing to fault.
+            return Ok(());
         }
         let name = f.node.as_deref().context("a cluster fault names no node")?;
         let i = self.index(name)?;

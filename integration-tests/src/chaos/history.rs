@@ -106,6 +106,17 @@ pub enum Fault {
     NodeRemoved { via: String, took_ms: u64 },
     /// A removed node stopped for good (kill -9), as its operator would stop it.
     Stopped,
+    /// SIGKILL of the node's process and its data directory wiped: its disk is lost, and it
+    /// never comes back under its identity.
+    DiskLost,
+    /// The lost node's replicas of `shards` moved to other nodes through node `via`, and every
+    /// one of those shards whole again (a leader, nothing catching up or leaving), `took_ms`
+    /// after the loss.
+    ReplicasMoved {
+        via: String,
+        shards: Vec<u64>,
+        took_ms: u64,
+    },
     /// The node's partition (both ways or one way) ends.
     PartitionHeal,
     /// While the metadata leader (the event's node) was cut off, a queue was created through
@@ -132,10 +143,12 @@ impl Fault {
             | Fault::Mute { .. }
             | Fault::ClockJump { .. }
             | Fault::NodeRemoved { .. }
+            | Fault::DiskLost
             | Fault::Deaf { .. } => true,
             Fault::Restarted { .. }
             | Fault::UnsyncedDropped
             | Fault::ClockRestored
+            | Fault::ReplicasMoved { .. }
             | Fault::Stopped
             | Fault::Resume
             | Fault::ProxyHeal

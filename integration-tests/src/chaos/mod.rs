@@ -7,6 +7,7 @@
 
 pub mod checker;
 pub mod cluster;
+mod disk_lost;
 pub mod failover;
 pub mod history;
 pub mod lazyfs;

@@ -47,6 +47,10 @@ pub enum FaultKind {
     /// restarted in place after `for_ms` (with the `store-power-loss` fault point, each loses
     /// what no completed sync covers).
     PowerCut,
+    /// kill -9 of a replica node and its data directory wiped (its disk lost); its shard
+    /// replicas moved to the other nodes and waited for until every shard is whole again
+    /// (`disk_lost.rs`). Never restarted.
+    DiskLost,
 }
 
 /// One planned fault: at `at_ms` after the load begins, `kind`, lasting `for_ms` (the node's
@@ -320,7 +324,8 @@ impl Target {
             | FaultKind::Deaf
             | FaultKind::RemoveNode
             | FaultKind::KillShardLeader
-            | FaultKind::PowerCut => {
+            | FaultKind::PowerCut
+            | FaultKind::DiskLost => {
                 anyhow::bail!("a {:?} fault needs a cluster", f.kind)
             }
         }

@@ -22,7 +22,7 @@ use tokio::sync::{oneshot, watch};
 use super::machine::MetaMachine;
 use super::machines::{NodeMachine, Outcome};
 use super::shard::{
-    Balancer, LedShard, LocalShard, ShardMachine, ShardSnapshots, TransferRefusal,
+    Balancer, LedShard, LocalShard, ShardMachine, ShardMembers, ShardSnapshots, TransferRefusal,
     BALANCE_EVERY_TICKS,
 };
 use super::view::{MetaView, RaftCounters, ShardGroupView};
@@ -117,6 +117,8 @@ pub(crate) struct Driver {
     election_seed: u64,
     /// A configuration change this node proposed as leader: (term, index).
     conf_pending: Option<(u64, u64)>,
+    /// The configuration changes of the shards led here (`shard/members.rs`).
+    shard_members: ShardMembers,
     counters: Arc<RaftCounters>,
     /// The leader last seen, to count changes.
     last_leader: Option<PeerId>,
@@ -185,6 +187,7 @@ impl Driver {
             tick: start.tick,
             election_seed: start.election_seed,
             conf_pending: None,
+            shard_members: ShardMembers::default(),
             counters,
             last_leader: None,
             stopping: false,
@@ -271,6 +274,7 @@ impl Driver {
             self.rounds.tick();
             self.ticks += 1;
             self.drive_leader();
+            self.drive_shard_members();
             if self.ticks.is_multiple_of(BALANCE_EVERY_TICKS) {
                 self.balance_leaders();
             }
@@ -480,6 +484,8 @@ impl Driver {
                         .into_iter()
                         .map(|(peer, index)| (RaftId(peer.0), index))
                         .collect(),
+                    voters: status.voters.iter().map(|p| RaftId(p.0)).collect(),
+                    learners: status.learners.iter().map(|p| RaftId(p.0)).collect(),
                 })
             })
             .collect()
@@ -492,7 +498,9 @@ impl Driver {
             .map(|(id, _)| id.to_string())
     }
 
-    /// Starts a shard's group here (see [`Input::OpenShard`]).
+    /// Starts a shard's group here (see [`Input::OpenShard`]): formed with `voters`, or, with
+    /// none, empty, to be filled by its leader once it adds this node (a replica that joins a
+    /// shard whose group formed long ago).
     fn open_shard(&mut self, group: GroupId, voters: &[PeerId]) -> Result<(), String> {
         if group == META_GROUP {
             return Err("group 0 is the metadata group, not a queue shard".into());
@@ -503,9 +511,12 @@ impl Driver {
         if engine.status(group).is_some() {
             return Ok(());
         }
-        engine
-            .bootstrap_group(group, voters)
-            .map_err(|e| format!("cannot start shard group {group}: {e}"))?;
+        let started = if voters.is_empty() {
+            engine.create_group(group)
+        } else {
+            engine.bootstrap_group(group, voters)
+        };
+        started.map_err(|e| format!("cannot start shard group {group}: {e}"))?;
         let machine = ShardMachine::open(group, self.rounds.store(), Arc::clone(&self.snapshots))
             .map_err(|h| h.0)?;
         self.rounds.add_machine(group, NodeMachine::Shard(machine));
@@ -515,7 +526,9 @@ impl Driver {
 
     /// Brings the shard groups running here in line with the metadata, once per metadata
     /// change: a shard this node is a replica of and does not run is started with its
-    /// replicas as voters (every replica starts it with the same ones); a shard group running
+    /// replicas as voters (every replica starts it with the same ones), or empty if the shard
+    /// was reshaped (its group formed before, with other replicas: its leader adds this node and
+    /// sends it a snapshot, see [`Driver::drive_shard_members`]); a shard group running
     /// here that the metadata removed (its id is below the next shard id, so the metadata knows
     /// of it, and it is gone or no longer has this node) is removed, its Raft records and
     /// applied position deleted in the next job. A node whose metadata is behind leaves
@@ -542,6 +555,10 @@ impl Driver {
         let mut open = Vec::new();
         for (id, def) in meta.shards() {
             if def.replicas.contains(me) && !running.contains(&GroupId(id.0)) {
+                if def.reshaped {
+                    open.push((GroupId(id.0), Vec::new()));
+                    continue;
+                }
                 let voters: Option<Vec<PeerId>> = def
                     .replicas
                     .iter()
@@ -696,6 +713,38 @@ impl Driver {
                 self.conf_pending = Some((position.term, position.index));
             }
             Err(e) => tracing::debug!(?change, error = %e, "membership change not proposed yet"),
+        }
+    }
+
+    /// As the leader of queue shards: proposes the next change that brings each one's Raft
+    /// configuration towards its replicas in the metadata (`shard/members.rs`).
+    fn drive_shard_members(&mut self) {
+        let (Some(machine), Some(engine)) = (
+            self.rounds
+                .machine(META_GROUP)
+                .and_then(NodeMachine::as_meta),
+            self.rounds.engine(),
+        ) else {
+            return;
+        };
+        let changes = self.shard_members.decide(engine, machine.meta());
+        let Some(engine) = self.rounds.engine_mut() else {
+            return;
+        };
+        for (group, change) in changes {
+            match engine.propose_conf_change(group, change) {
+                Ok(position) => {
+                    tracing::info!(
+                        shard = group.0,
+                        ?change,
+                        "proposing a queue shard membership change"
+                    );
+                    self.shard_members.proposed(group, position);
+                }
+                Err(e) => {
+                    tracing::debug!(shard = group.0, ?change, error = %e, "shard membership change not proposed yet")
+                }
+            }
         }
     }
 

@@ -61,6 +61,8 @@ pub fn meta_status(e: &MetaError) -> Status {
         | MetaError::InvalidSettings { .. }
         | MetaError::InvalidReplication { .. }
         | MetaError::InvalidReplicas { .. }
+        | MetaError::NotAReplica { .. }
+        | MetaError::AlreadyAReplica { .. }
         | MetaError::NoNodes => Code::InvalidArgument,
         MetaError::UnknownNode { .. } | MetaError::QueueNotFound { .. } => Code::NotFound,
         MetaError::DuplicateNode { .. } | MetaError::QueueExists { .. } => Code::AlreadyExists,
@@ -75,6 +77,7 @@ pub fn meta_status(e: &MetaError) -> Status {
         | MetaError::CompanionElsewhere { .. }
         | MetaError::CompanionInOtherShard { .. }
         | MetaError::TooFewNodes { .. }
+        | MetaError::NoReplacement { .. }
         | MetaError::UnsupportedVersion { .. } => Code::FailedPrecondition,
         // A choice made on a view that changed before it was ordered: retry.
         MetaError::SettingsChanged { .. }

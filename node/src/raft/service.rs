@@ -351,6 +351,14 @@ impl pb::cluster_server::Cluster for ClusterService {
         let answer = self.node.transfer_shard_leader(r.shard, &r.node_id).await?;
         Ok(Response::new(answer))
     }
+
+    async fn move_shard_replica(
+        &self,
+        req: Request<pb::MoveShardReplicaRequest>,
+    ) -> Reply<pb::MoveShardReplicaResponse> {
+        let answer = self.node.move_shard_replica(req.into_inner()).await?;
+        Ok(Response::new(answer))
+    }
 }
 
 /// How many of `shards` match.

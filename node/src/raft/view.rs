@@ -32,6 +32,8 @@ pub struct ShardGroupView {
     pub leader: Option<RaftId>,
     /// Its voters in force.
     pub voters: Vec<RaftId>,
+    /// Its learners in force (a replica joining after a move, see `shard/members.rs`).
+    pub learners: Vec<RaftId>,
     /// This node leads it and has applied an entry of its own term, so everything committed
     /// before its term is applied (and durable) here: its back-end may serve the shard's queues.
     pub serving: bool,
@@ -46,6 +48,7 @@ impl ShardGroupView {
             term: status.term,
             leader: status.leader.map(|l| RaftId(l.0)),
             voters: status.voters.iter().map(|v| RaftId(v.0)).collect(),
+            learners: status.learners.iter().map(|v| RaftId(v.0)).collect(),
             serving: status.role == Role::Leader && applied_term == status.term,
         }
     }

@@ -199,19 +199,24 @@ pub async fn run(spec: &Spec, out_dir: &Path) -> anyhow::Result<Report> {
             s
         }
     };
-    if let Some(learner) = &spec.learner {
-        // Halfway through the load, between two slots of the other faults (the nemesis runs
-        // them one after another: a fault under way delays the next).
+    // Halfway through the load, between two slots of the other faults (the nemesis runs them
+    // one after another: a fault under way delays the next): the learner removed, or a disk lost.
+    let halfway = match (&spec.lose_disk_of, &spec.learner) {
+        (Some(lost), _) => Some((FaultKind::DiskLost, lost.clone())),
+        (None, Some(learner)) => Some((FaultKind::RemoveNode, learner.clone())),
+        (None, None) => None,
+    };
+    if let Some((kind, node)) = halfway {
         let at_ms = load_ms / 2;
         let at = schedule.partition_point(|f| f.at_ms <= at_ms);
         schedule.insert(
             at,
             nemesis::PlannedFault {
                 at_ms,
-                kind: FaultKind::RemoveNode,
+                kind,
                 for_ms: 1_000,
                 delay_ms: None,
-                node: Some(learner.clone()),
+                node: Some(node),
                 jump_ms: None,
                 queue: None,
             },

@@ -10,7 +10,7 @@ use crate::chaos::workload::{
 };
 
 /// The scenarios `scripts/chaos` knows.
-pub const SCENARIOS: [&str; 18] = [
+pub const SCENARIOS: [&str; 19] = [
     "kill9",
     "activemq-200k",
     "poison",
@@ -26,6 +26,7 @@ pub const SCENARIOS: [&str; 18] = [
     "cluster-remove",
     "failover",
     "cluster-power-loss",
+    "disk-lost",
     "power-loss",
     "lazyfs",
     "clock",
@@ -94,8 +95,11 @@ pub struct Spec {
     /// The node runs under libfaketime, so its wall clock can jump.
     pub fake_clock: bool,
     /// A cluster node that joins as a learner owning no queue (clients use it too), removed
-    /// halfway through the load and stopped.
+    /// halfway through the load and stopped (unless `lose_disk_of` is set).
     pub learner: Option<String>,
+    /// `disk-lost`: the node whose disk is lost halfway through the load (its replicas then
+    /// moved, the learner taking them); the learner stays.
+    pub lose_disk_of: Option<String>,
     /// The planted client bug [`AUTO_ACK_DROPS_UNCONFIRMED_BATCH`] is on (in the harness's
     /// auto-acknowledge consumers, not in the node).
     pub auto_ack_drops_unconfirmed_batch: bool,
@@ -233,6 +237,7 @@ pub fn spec(name: &str, seed: u64, size: Size) -> anyhow::Result<Spec> {
         lazyfs: false,
         fake_clock: false,
         learner: None,
+        lose_disk_of: None,
         auto_ack_drops_unconfirmed_batch: false,
     };
     match name {
@@ -332,7 +337,8 @@ pub fn spec(name: &str, seed: u64, size: Size) -> anyhow::Result<Spec> {
         | "cluster-clock"
         | "cluster-remove"
         | "failover"
-        | "cluster-power-loss" => {
+        | "cluster-power-loss"
+        | "disk-lost" => {
             // Three nodes, three queues created with the cluster's default (replicated on the
             // three, in the shared shards); 2 producers and 2 consumers per queue, each first
             // connected through a node that does not lead its queue's shard. `cluster`: every
@@ -390,6 +396,14 @@ pub fn spec(name: &str, seed: u64, size: Size) -> anyhow::Result<Spec> {
             // that clients use too, removed halfway through the load and stopped 1 s later.
             if name == "cluster-remove" {
                 s.learner = Some("n4".into());
+            }
+            // `disk-lost`: as `cluster`, with a fourth node, n4, a learner holding nothing at
+            // first; halfway through the load n2 or n3 (by seed) dies and its data directory is
+            // wiped, and its shard replicas are moved (to n4, the node holding fewest). It never
+            // comes back; later faults planned on it are skipped.
+            if name == "disk-lost" {
+                s.learner = Some("n4".into());
+                s.lose_disk_of = Some(["n2", "n3"][(seed % 2) as usize].into());
             }
             // `failover`: every other fault a kill -9 of a shard's leader (restarted in place
             // after 1-4 s, smoke 0.25-1 s); the others a pause or a partition of a random node.

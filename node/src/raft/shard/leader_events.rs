@@ -83,6 +83,7 @@ mod tests {
             term,
             leader: (leader != 0).then_some(RaftId(leader)),
             voters: vec![RaftId(1), RaftId(2), RaftId(3)],
+            learners: vec![],
             serving: false,
         }
     }

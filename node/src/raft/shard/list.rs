@@ -48,6 +48,9 @@ pub(crate) struct LocalShard {
     /// When leading: each other voter and the last index it acknowledged having (0 if nothing
     /// since this node was elected), in raft id order. Empty otherwise.
     pub(crate) match_indexes: Vec<(RaftId, u64)>,
+    /// The group's voters and learners as this node knows them, in raft id order.
+    pub(crate) voters: Vec<RaftId>,
+    pub(crate) learners: Vec<RaftId>,
 }
 
 impl From<&LocalShard> for pb::LocalShard {
@@ -62,6 +65,8 @@ impl From<&LocalShard> for pb::LocalShard {
             match_indexes: l.match_indexes.iter().map(|(r, i)| (r.0, *i)).collect(),
             commit_index: l.commit_index,
             first_index: l.first_index,
+            voters: l.voters.iter().map(|r| r.0).collect(),
+            learners: l.learners.iter().map(|r| r.0).collect(),
         }
     }
 }
@@ -84,8 +89,16 @@ impl From<pb::LocalShard> for LocalShard {
             first_index: l.first_index,
             commit_index: l.commit_index,
             match_indexes,
+            voters: sorted_ids(l.voters),
+            learners: sorted_ids(l.learners),
         }
     }
+}
+
+fn sorted_ids(ids: Vec<u64>) -> Vec<RaftId> {
+    let mut ids: Vec<RaftId> = ids.into_iter().map(RaftId).collect();
+    ids.sort_unstable();
+    ids
 }
 
 /// Why a listing was refused.
@@ -120,11 +133,13 @@ pub(crate) struct Replica<'a> {
 }
 
 /// A shard's line: its leader's numbers, as described in the module docs and in
-/// `ferry.v1.ShardStatus`. `replicas` in the metadata's order (the preferred leader first).
+/// `ferry.v1.ShardStatus`. `replicas` in the metadata's order (the preferred leader first);
+/// `name_of` names a raft id that is no replica (a replica leaving).
 pub(crate) fn summarize(
     shard: ShardId,
     replicas: &[Replica<'_>],
     queues: Vec<String>,
+    name_of: impl Fn(RaftId) -> String,
 ) -> pb::ShardStatus {
     let reports = || replicas.iter().filter_map(|r| Some((r, r.heard??)));
     // A replica at a newer term than a leader's has seen an election the leader may have lost.
@@ -146,6 +161,18 @@ pub(crate) fn summarize(
         status.term = l.term;
         status.applied_index = Some(l.applied_index);
         status.lag = Some(lag(leader, l, replicas));
+        status.catching_up = replicas
+            .iter()
+            .filter(|r| !r.raft_id.is_some_and(|id| l.voters.contains(&id)))
+            .map(|r| r.node.to_string())
+            .collect();
+        status.leaving = l
+            .voters
+            .iter()
+            .chain(&l.learners)
+            .filter(|id| !replicas.iter().any(|r| r.raft_id == Some(**id)))
+            .map(|id| name_of(*id))
+            .collect();
         return status;
     }
     // No replica that answered leads at the newest term: the leader they name, if it is a
@@ -244,7 +271,11 @@ impl MetaNode {
                     })
                     .collect();
                 let names = queues.remove(&shard).unwrap_or_default();
-                summarize(shard, &replicas, names)
+                let name_of = |id: RaftId| {
+                    meta.node_by_raft_id(id)
+                        .map_or_else(|| format!("raft id {}", id.0), |(n, _)| n.to_string())
+                };
+                summarize(shard, &replicas, names, name_of)
             })
             .collect())
     }
@@ -311,6 +342,8 @@ mod tests {
             first_index: 1,
             commit_index: last,
             match_indexes: matched.iter().map(|(r, i)| (RaftId(*r), *i)).collect(),
+            voters: vec![RaftId(1), RaftId(2), RaftId(3)],
+            learners: vec![],
         }
     }
 
@@ -331,6 +364,7 @@ mod tests {
             ShardId(3),
             &replicas,
             vec!["orders".into(), "orders.DLQ".into()],
+            |id| format!("n{}", id.0),
         )
     }
 
@@ -413,6 +447,42 @@ mod tests {
         let s = line([Some(Some(&old)), Some(Some(&new)), None]);
         assert_eq!((s.leader.as_str(), s.term), ("n2", 7));
         assert_eq!(s.applied_index, Some(49));
+    }
+
+    #[test]
+    fn a_moved_replica_shows_catching_up_then_the_old_one_leaving() {
+        // n3 (raft id 3) replaced by n4 (raft id 4) in the metadata: n4 learns, n3 still votes.
+        let mut leader = report(true, 4, 1, 50, &[(2, 50), (3, 0), (4, 10)]);
+        leader.learners = vec![RaftId(4)];
+        let nodes = [node("n1"), node("n2"), node("n4")];
+        let replicas: Vec<Replica<'_>> = nodes
+            .iter()
+            .zip([1, 2, 4])
+            .map(|(node, id)| Replica {
+                node,
+                raft_id: Some(RaftId(id)),
+                heard: (id == 1).then_some(Some(&leader)),
+            })
+            .collect();
+        let name = |id: RaftId| format!("n{}", id.0);
+        let s = summarize(ShardId(3), &replicas, vec![], name);
+        assert_eq!(s.catching_up, ["n4"]);
+        assert_eq!(s.leaving, ["n3"]);
+        // Promoted, and n3 removed: fully replicated again.
+        let whole = LocalShard {
+            voters: vec![RaftId(1), RaftId(2), RaftId(4)],
+            learners: vec![],
+            ..leader.clone()
+        };
+        let replicas: Vec<Replica<'_>> = replicas
+            .into_iter()
+            .map(|r| Replica {
+                heard: (r.raft_id == Some(RaftId(1))).then_some(Some(&whole)),
+                ..r
+            })
+            .collect();
+        let s = summarize(ShardId(3), &replicas, vec![], name);
+        assert!(s.catching_up.is_empty() && s.leaving.is_empty(), "{s:?}");
     }
 
     #[test]

@@ -23,6 +23,7 @@ pub(crate) use snapshot::{ShardSnapshots, Staged};
 
 pub(crate) use balance::{Balancer, LedShard, BALANCE_EVERY_TICKS};
 pub(crate) use list::LocalShard;
+pub(crate) use members::ShardMembers;
 pub(crate) use transfer::TransferRefusal;
 
 /// The application key of a shard's applied position: `shard/` and the group id, big-endian.
@@ -229,13 +230,14 @@ impl GroupMachine for ShardMachine {
         vec![SNAPSHOT_FORMAT]
     }
 
-    /// The shard left this node (its last queue was deleted, so what it applied last are
-    /// those deletes): they are written, and its applied position goes with the group's Raft
-    /// records, in the same job.
+    /// The shard left this node (its last queue was deleted, or its replica here moved to
+    /// another node): what this node held of it is deleted, and its applied position goes with
+    /// the group's Raft records, in the same job. A node that was down when its replica moved
+    /// does this when it comes back and applies the move.
     fn close(&mut self, job: &mut PersistJob) {
-        if !self.pending.is_empty() {
-            job.attach(Arc::new(std::mem::take(&mut self.pending)));
-        }
+        self.pending
+            .push(StoreOp::DeleteShard(ferry_kernel::ShardId(self.group.0)));
+        job.attach(Arc::new(std::mem::take(&mut self.pending)));
         job.delete_app(applied_key(self.group));
     }
 
@@ -252,10 +254,14 @@ impl GroupMachine for ShardMachine {
 mod balance;
 mod leader_events;
 mod list;
+mod members;
+mod moves;
 #[cfg(test)]
 mod node_tests;
 mod proposer;
 mod serve;
+#[cfg(test)]
+pub(crate) mod sim_link;
 mod snapshot;
 #[cfg(test)]
 mod tests;

@@ -236,6 +236,7 @@ mod tests {
             term: 3,
             leader: meta.node(&node(leader)).map(|n| n.raft_id),
             voters: vec![],
+            learners: vec![],
             serving,
         }
     }

@@ -15,24 +15,21 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use bytes::Bytes;
 use ferry_kernel::{
     Message, MessageId, PersistOp, PlacementEpoch, Priority, QueueConfig, QueueName, QueueUid, Seq,
     ShardId,
 };
-use ferry_multiraft::sim::{Faults, Sim, SimOutbound, SimStore};
+use ferry_multiraft::sim::{Faults, Sim, SimStore};
 use ferry_multiraft::{
-    Driver, DriverConfig, Engine, EngineConfig, GroupId, GroupMachine, LogStore, NodeId,
-    OutSnapshot, Outbound, Proposed, Role,
+    Driver, DriverConfig, Engine, EngineConfig, GroupId, GroupMachine, LogStore, NodeId, Proposed,
+    Role,
 };
-use ferry_store::{
-    encode_entry, KvOp, KvSpace, MemoryStore, QueueDef, QueueStore, ShardReplica, StoreOp,
-};
+use ferry_store::{encode_entry, MemoryStore, QueueDef, QueueStore, ShardReplica, StoreOp};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::{applied_key, Plant, ShardMachine, ShardSnapshots, Staged};
-use crate::raft::log_store::shard_writes;
+use super::sim_link::{durable_store, inbox, Inboxes, SnapshotLink};
+use super::{Plant, ShardMachine};
 
 const SHARD: GroupId = GroupId(5);
 const QUEUE: QueueUid = QueueUid(77);
@@ -81,65 +78,11 @@ fn queue_op(op: PersistOp) -> StoreOp {
     StoreOp::Queue { uid: QUEUE, op }
 }
 
-/// The store a replica's node made durable: the shard writes of its durable jobs, and its
-/// applied position (what a read of its RocksDB at this moment would see).
-fn durable_store(store: &SimStore) -> MemoryStore {
-    let rebuilt = MemoryStore::new();
-    for writes in shard_writes(&store.attachments()) {
-        rebuilt.write(std::slice::from_ref(writes)).unwrap();
-    }
-    if let Some(applied) = store.app_get(&applied_key(SHARD)).unwrap() {
-        let put = StoreOp::Kv(KvOp::Put {
-            space: KvSpace::RaftApp,
-            key: applied_key(SHARD),
-            value: applied,
-        });
-        rebuilt.write(&[vec![put]]).unwrap();
-    }
-    rebuilt
-}
-
-/// A replica's link to the others: a snapshot it sends carries the shard's data as its store
-/// holds it when sent (the node's snapshot stream, in one step), staged where the receiver's
-/// machine takes it.
-struct Link {
-    inner: SimOutbound,
-    store: SimStore,
-    inboxes: Arc<BTreeMap<NodeId, Arc<ShardSnapshots>>>,
-    snapshots_sent: Arc<AtomicUsize>,
-}
-
-impl Outbound for Link {
-    fn send(&self, to: NodeId, bytes: Bytes) {
-        self.inner.send(to, bytes);
-    }
-
-    fn send_snapshot(&self, snapshot: OutSnapshot) {
-        let source = ShardSnapshots::new(Some(Arc::new(durable_store(&self.store))));
-        let mut ops = Vec::new();
-        let applied = source
-            .export(snapshot.group, snapshot.position, &mut |batch| {
-                ops.push(batch);
-                Ok(())
-            })
-            .unwrap();
-        let staged = Staged {
-            at: snapshot.position,
-            applied,
-            ops,
-        };
-        self.inboxes[&snapshot.to].stage(snapshot.group, staged);
-        self.snapshots_sent.fetch_add(1, Ordering::Relaxed);
-        self.inner.send_snapshot(snapshot);
-    }
-}
-
 struct Shard {
     sim: Sim<Driver<ShardMachine>>,
     stores: BTreeMap<NodeId, SimStore>,
-    /// Each replica's staged snapshot data: what arrived with a snapshot message (it outlives
-    /// a restart only so that a message still in flight meets its data, as on a real link).
-    inboxes: Arc<BTreeMap<NodeId, Arc<ShardSnapshots>>>,
+    /// Each replica's staged snapshot data.
+    inboxes: Inboxes,
     snapshots_sent: Arc<AtomicUsize>,
     seed: u64,
     plant: Plant,
@@ -156,12 +99,7 @@ impl Shard {
         let mut shard = Shard {
             sim: Sim::new(seed, Faults::lossy()),
             stores: BTreeMap::new(),
-            inboxes: Arc::new(
-                NODES
-                    .iter()
-                    .map(|n| (*n, Arc::new(ShardSnapshots::default())))
-                    .collect(),
-            ),
+            inboxes: Inboxes::default(),
             snapshots_sent: Arc::default(),
             seed,
             plant,
@@ -181,14 +119,14 @@ impl Shard {
 
     fn start(&mut self, node: NodeId, engine: Engine) {
         let store = self.stores[&node].clone();
-        let inbox = Arc::clone(&self.inboxes[&node]);
-        let mut machine = ShardMachine::open(SHARD, &store, inbox).unwrap();
+        let mut machine = ShardMachine::open(SHARD, &store, inbox(&self.inboxes, node)).unwrap();
         machine.plant(self.plant);
-        let link = Link {
+        let link = SnapshotLink {
             inner: self.sim.outbound(node),
             store: store.clone(),
             inboxes: Arc::clone(&self.inboxes),
             snapshots_sent: Arc::clone(&self.snapshots_sent),
+            skip: None,
         };
         let driver = Driver::new(
             Some(engine),
@@ -309,7 +247,7 @@ impl Shard {
 
     /// A replica's store as its node made it durable.
     fn replica_store(&self, node: NodeId) -> MemoryStore {
-        durable_store(&self.stores[&node])
+        durable_store(&self.stores[&node], &[SHARD])
     }
 }
 

@@ -21,6 +21,7 @@ mod shards;
 mod tests;
 
 use std::collections::BTreeMap;
+use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -35,6 +36,7 @@ use ferry_multiraft::{LogStore, NodeId as PeerId};
 use tokio::sync::{oneshot, watch};
 
 use super::driver::{Driver, Input, Proposed, META_GROUP};
+use super::shard::sim_link::{inbox, Inboxes, SnapshotLink};
 use super::view::{MetaView, RaftCounters};
 use checks::{lock, Checks};
 
@@ -99,6 +101,10 @@ struct Cluster {
     initial: Vec<NewNode>,
     cluster_id: ClusterId,
     next_request: u128,
+    /// Each node's staged shard snapshot data (queue shards' snapshots carry their data).
+    inboxes: Inboxes,
+    /// Shard snapshots sent, by every node.
+    snapshots_sent: Arc<AtomicUsize>,
 }
 
 fn node_name(i: u64) -> NodeId {
@@ -129,6 +135,8 @@ impl Cluster {
             initial,
             cluster_id: ClusterId(u128::from(seed) << 64 | 0xc1),
             next_request: 0,
+            inboxes: Inboxes::default(),
+            snapshots_sent: Arc::default(),
         };
         for (name, raft_id) in ferry_cluster::meta::bootstrap_raft_ids(&ids) {
             let member = Member {
@@ -166,6 +174,7 @@ impl Cluster {
             );
         }
         start.rounds.compact_after_entries = self.compact_after_entries;
+        start.snapshots = inbox(&self.inboxes, peer);
         lock(&self.checks).started(peer, &start.meta);
         let join = start.engine.is_none();
         let first_view = MetaView {
@@ -173,7 +182,13 @@ impl Cluster {
             ..MetaView::empty()
         };
         let (view_tx, view) = watch::channel(Arc::new(first_view));
-        let outbound = Box::new(self.sim.outbound(peer));
+        let outbound = Box::new(SnapshotLink {
+            inner: self.sim.outbound(peer),
+            store: member.store.clone(),
+            inboxes: Arc::clone(&self.inboxes),
+            snapshots_sent: Arc::clone(&self.snapshots_sent),
+            skip: Some(META_GROUP),
+        });
         let counters = Arc::new(RaftCounters::default());
         let mut driver = Driver::new(start, outbound, view_tx, counters);
         driver.set_probe(Checks::probe(&self.checks, peer));

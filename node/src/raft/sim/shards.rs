@@ -9,12 +9,13 @@ use ferry_cluster::meta::{choose_shard, MetaCommand, MetaEvent, RaftId};
 use ferry_kernel::{QueueName, QueueUid, ShardId};
 use ferry_multiraft::{GroupId, LogStore, NodeId as PeerId, Role};
 use ferry_proto::pb;
-use ferry_store::{encode_entry, QueueDef, StoreOp};
+use ferry_store::{encode_entry, QueueDef, QueueStore, StoreOp};
 use tokio::sync::oneshot;
 
 use super::{Cluster, ELECTION_STEPS};
 use crate::raft::driver::Input;
 use crate::raft::shard::applied_key;
+use crate::raft::shard::sim_link::durable_store;
 
 fn q(name: &str) -> QueueName {
     QueueName::new(name).unwrap()
@@ -206,4 +207,152 @@ fn a_replica_down_when_its_shard_went_removes_it_when_it_comes_back() {
         "the shard stayed on the node that was away: {:?}",
         running(&cluster, shard)
     );
+}
+
+/// Proposes queue `def`'s definition to `shard` at its leader and waits until it is applied
+/// there.
+fn put_queue(cluster: &mut Cluster, shard: ShardId, def: &QueueDef) {
+    let leader = shard_leader(cluster, shard);
+    let term = cluster.view(leader).unwrap().shards[&shard].term;
+    let (reply, mut answer) = oneshot::channel();
+    let input = Input::ProposeShard {
+        group: GroupId(shard.0),
+        term,
+        entry: encode_entry(&[StoreOp::PutQueue(def.clone())]).unwrap(),
+        reply,
+    };
+    cluster
+        .sim
+        .replica_mut(leader)
+        .unwrap()
+        .received
+        .push(input);
+    assert!(cluster.run_until(ELECTION_STEPS * 4, |_| !answer.is_empty()));
+    assert_eq!(answer.try_recv().unwrap(), Ok(()));
+}
+
+/// The queues `peer`'s store made durable for `shard`.
+fn durable_queues(cluster: &Cluster, peer: PeerId, shard: ShardId) -> Vec<QueueName> {
+    let store = durable_store(cluster.store(peer), &[GroupId(shard.0)]);
+    let recovered = store.recover().unwrap();
+    recovered
+        .into_iter()
+        .filter(|q| q.def.replica.as_ref().is_some_and(|r| r.shard == shard))
+        .map(|q| q.def.name)
+        .collect()
+}
+
+/// The voters and learners of `shard`'s group as its leader knows them.
+fn configuration(cluster: &Cluster, shard: ShardId) -> Option<(BTreeSet<PeerId>, usize)> {
+    let running = running(cluster, shard);
+    let leader = running.values().flatten().next()?;
+    let view = cluster.view(PeerId(leader.0))?;
+    let group = view.shards.get(&shard)?;
+    (group.role == Role::Leader).then(|| {
+        let voters = group.voters.iter().map(|v| PeerId(v.0)).collect();
+        (voters, group.learners.len())
+    })
+}
+
+/// The metadata name of node `peer`.
+fn name_of(cluster: &Cluster, peer: PeerId) -> ferry_kernel::NodeId {
+    let meta = cluster.leader_meta().unwrap();
+    meta.node_by_raft_id(RaftId(peer.0)).unwrap().0.clone()
+}
+
+/// A node's disk is lost (it dies and never comes back): its replica is moved to a node that
+/// held none; the shard's leader adds it as a learner, fills it with a snapshot (its group
+/// started empty), promotes it and removes the lost one; the new replica holds the shard's
+/// data. Then a replica that works is moved off too: it stops its group and deletes what it
+/// held of the shard.
+#[test]
+fn a_moved_replica_is_filled_by_a_snapshot_and_voted_in_and_the_one_that_left_removed() {
+    let mut cluster = Cluster::new(13, 5, 1_000);
+    cluster.converge();
+    let shard = create_replicated(&mut cluster, "orders");
+    let first = replicas(&cluster, shard);
+    assert!(cluster.run_until(ELECTION_STEPS * 8, |c| settled(c, shard, &first)));
+    let def = QueueDef {
+        name: q("orders"),
+        uid: QueueUid(7),
+        replica: Some(ferry_store::ShardReplica {
+            shard,
+            epoch: ferry_kernel::PlacementEpoch::new(3),
+            handle_key: None,
+        }),
+        config: Default::default(),
+    };
+    put_queue(&mut cluster, shard, &def);
+    let leader = shard_leader(&cluster, shard);
+    let lost = *first.iter().find(|p| **p != leader).unwrap();
+    let spare: Vec<PeerId> = cluster
+        .up_ids()
+        .into_iter()
+        .filter(|p| !first.contains(p))
+        .collect();
+    cluster.crash(lost);
+    let command = MetaCommand::MoveReplica {
+        shard,
+        from: name_of(&cluster, lost),
+        to: name_of(&cluster, spare[0]),
+    };
+    let moved = cluster.propose_and_wait(&command);
+    assert!(
+        matches!(moved, Ok(MetaEvent::ReplicaMoved { .. })),
+        "{moved:?}"
+    );
+    let mut wanted = first.clone();
+    wanted.remove(&lost);
+    wanted.insert(spare[0]);
+    let whole = |c: &Cluster, wanted: &BTreeSet<PeerId>| {
+        settled(c, shard, wanted) && configuration(c, shard) == Some((wanted.clone(), 0))
+    };
+    assert!(
+        cluster.run_until(ELECTION_STEPS * 16, |c| whole(c, &wanted)),
+        "the shard did not move: running {:?}, configuration {:?}",
+        running(&cluster, shard),
+        configuration(&cluster, shard)
+    );
+    use std::sync::atomic::Ordering::Relaxed;
+    assert!(
+        cluster.snapshots_sent.load(Relaxed) >= 1,
+        "the new replica came through a snapshot"
+    );
+    assert_eq!(durable_queues(&cluster, spare[0], shard), [q("orders")]);
+    assert!(
+        cluster
+            .view(spare[0])
+            .unwrap()
+            .meta
+            .shard(shard)
+            .unwrap()
+            .reshaped
+    );
+
+    // A working replica moved off: it removes its group and what it held, and the shard goes on.
+    let leaving = *wanted.iter().find(|p| **p != spare[0]).unwrap();
+    assert_eq!(durable_queues(&cluster, leaving, shard), [q("orders")]);
+    let command = MetaCommand::MoveReplica {
+        shard,
+        from: name_of(&cluster, leaving),
+        to: name_of(&cluster, spare[1]),
+    };
+    cluster.propose_and_wait(&command).unwrap();
+    wanted.remove(&leaving);
+    wanted.insert(spare[1]);
+    assert!(
+        cluster.run_until(ELECTION_STEPS * 16, |c| whole(c, &wanted)
+            && stored(c, leaving, shard) == (false, false)),
+        "the second move did not finish: running {:?}, configuration {:?}",
+        running(&cluster, shard),
+        configuration(&cluster, shard)
+    );
+    assert!(durable_queues(&cluster, leaving, shard).is_empty());
+    for peer in &wanted {
+        assert_eq!(
+            durable_queues(&cluster, *peer, shard),
+            [q("orders")],
+            "{peer:?}"
+        );
+    }
 }

@@ -1,0 +1,218 @@
+//! A node's disk is lost (issue 24, operators): its shard replicas are moved to another node
+//! with `ferry shard move-replica`, the shard's leader fills the new replica with a snapshot,
+//! promotes it and removes the lost one, `ferry shard list` shows the shard fully replicated
+//! again, and the new replica holds every confirmed message: handed the lead, it serves each
+//! one not acknowledged, once, from its own data.
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use ferry_client::{pb, AckMode, Message, ReceiveOptions};
+use ferry_integration_tests::cluster::Cluster;
+use ferry_integration_tests::{ferry_cli, stats, wait_until};
+
+const WAIT: Duration = Duration::from_secs(30);
+const NODES: [&str; 3] = ["n1", "n2", "n3"];
+/// Sent before the disk is lost, and while the node is down.
+const SENT_BEFORE: usize = 300;
+const SENT_WHILE_DOWN: usize = 200;
+/// Acknowledged of the first ones.
+const ACKED: usize = 100;
+
+/// Deletes a node's data, keeping its log: the disk that was lost.
+fn wipe(dir: &std::path::Path) -> anyhow::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "log") {
+            continue;
+        }
+        if path.is_dir() {
+            std::fs::remove_dir_all(&path)?;
+        } else {
+            std::fs::remove_file(&path)?;
+        }
+    }
+    Ok(())
+}
+
+async fn shard_status(
+    client: &ferry_client::Client,
+    shard: u64,
+) -> anyhow::Result<pb::ShardStatus> {
+    let listed = client
+        .cluster()
+        .list_shards(pb::ListShardsRequest { shard })
+        .await?
+        .into_inner()
+        .shards;
+    listed
+        .into_iter()
+        .next()
+        .ok_or_else(|| anyhow::anyhow!("shard {shard} not listed"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_replica_is_moved_to_another_node_and_the_shard_is_whole_again() -> anyhow::Result<()>
+{
+    let dir = tempfile::tempdir()?;
+    let mut cluster = Cluster::start(dir.path(), &NODES)?;
+    cluster.wait_leader(&NODES, WAIT).await?;
+    let n4 = cluster.start_joining("n4", 0)?;
+    let (ok, out, err) = ferry_cli(
+        cluster.node("n1"),
+        &[
+            "node",
+            "add",
+            "n4",
+            "--address",
+            &cluster.peer_addr(n4),
+            "--learner",
+        ],
+    )?;
+    anyhow::ensure!(ok, "node add: {out}{err}");
+    let client = cluster.node("n1").client().await?;
+    client
+        .admin()
+        .create_queue(pb::CreateQueueRequest {
+            name: "orders".into(),
+            replicas: 3,
+            ..Default::default()
+        })
+        .await?;
+    let shard = client
+        .admin()
+        .get_queue(pb::GetQueueRequest {
+            name: "orders".into(),
+        })
+        .await?
+        .into_inner()
+        .shard;
+    anyhow::ensure!(shard != 0, "a replicated queue is in a shard");
+    let replicas = shard_status(&client, shard).await?.replicas;
+    // The node whose disk is lost: a replica, not the node the client talks through.
+    let lost = replicas.iter().find(|r| *r != "n1").unwrap().clone();
+    let spare: Vec<&str> = ["n1", "n2", "n3", "n4"]
+        .into_iter()
+        .filter(|n| !replicas.iter().any(|r| r == n))
+        .collect();
+    anyhow::ensure!(spare.len() == 1, "3 replicas of 4 nodes: {replicas:?}");
+    let spare = spare[0].to_owned();
+
+    let conn = client.open_connection("t").await?;
+    let session = conn.create_session(AckMode::Client).await?;
+    for i in 0..SENT_BEFORE {
+        session
+            .send("orders", vec![Message::text(format!("m{i}"))])
+            .await?;
+    }
+    let mut acked = BTreeSet::new();
+    while acked.len() < ACKED {
+        let got = session
+            .receive("orders", ReceiveOptions::timeout_ms(1_000).max(50))
+            .await?;
+        let take = got.len().min(ACKED - acked.len());
+        session.ack(&got[..take]).await?;
+        session.recover().await?;
+        acked.extend(
+            got[..take]
+                .iter()
+                .map(|m| String::from_utf8_lossy(m.body()).into_owned()),
+        );
+    }
+
+    // The disk is lost: the node dies and its data is gone.
+    cluster.node_mut(&lost).kill9();
+    wipe(&cluster.node(&lost).data_dir)?;
+    for i in SENT_BEFORE..SENT_BEFORE + SENT_WHILE_DOWN {
+        session
+            .send("orders", vec![Message::text(format!("m{i}"))])
+            .await?;
+    }
+
+    // Removing the node is refused while it holds replicas, saying what to do.
+    let (ok, out, err) = ferry_cli(cluster.node("n1"), &["node", "remove", &lost])?;
+    anyhow::ensure!(!ok, "a node holding replicas was removed: {out}");
+    anyhow::ensure!(
+        err.contains("move-replica") || err.contains("voter"),
+        "the refusal says what to do: {err}"
+    );
+
+    let (ok, out, err) = ferry_cli(
+        cluster.node("n1"),
+        &["shard", "move-replica", "--from", &lost],
+    )?;
+    anyhow::ensure!(ok, "move-replica failed: {out}{err}");
+    anyhow::ensure!(
+        out.contains(&format!("to {spare}")),
+        "the replica goes to the only node without one: {out}"
+    );
+
+    // The shard's group follows: the new replica catches up and votes, the lost one leaves.
+    let waited = wait_until(WAIT, "the shard is fully replicated again", || {
+        let client = client.clone();
+        async move {
+            let s = shard_status(&client, shard).await?;
+            Ok(!s.leader.is_empty()
+                && s.catching_up.is_empty()
+                && s.leaving.is_empty()
+                && s.lag.is_some_and(|l| l < 5))
+        }
+    })
+    .await;
+    let s = shard_status(&client, shard).await?;
+    if waited.is_err() {
+        for node in s.replicas.iter().chain([&lost]) {
+            let log = cluster.node(node).log();
+            let tail: Vec<&str> = log.lines().rev().take(40).collect();
+            eprintln!("--- {node}, last lines:");
+            tail.iter().rev().for_each(|l| eprintln!("{l}"));
+        }
+        anyhow::bail!("{s:?}");
+    }
+    anyhow::ensure!(!s.replicas.contains(&lost), "{s:?}");
+    anyhow::ensure!(s.replicas.contains(&spare), "{s:?}");
+
+    // The new replica votes (it is not catching up) and holds the shard's data: handed the
+    // lead, it serves every message not acknowledged, once, from its own store.
+    let args = ["shard", "transfer-leader", &shard.to_string(), &spare];
+    let moved = wait_until(WAIT, "the new replica takes the lead", || {
+        let (ok, _, _) = ferry_cli(cluster.node("n1"), &args).unwrap_or_default();
+        async move { Ok(ok) }
+    })
+    .await;
+    moved?;
+    anyhow::ensure!(stats(&client, "orders").await?.owner_node == spare);
+
+    let mut left = BTreeSet::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let got = session
+            .receive("orders", ReceiveOptions::timeout_ms(2_000).max(500))
+            .await?;
+        if got.is_empty() {
+            break;
+        }
+        for m in &got {
+            let body = String::from_utf8_lossy(m.body()).into_owned();
+            anyhow::ensure!(
+                !acked.contains(&body),
+                "{body} was acknowledged, and came back"
+            );
+            anyhow::ensure!(left.insert(body.clone()), "{body} delivered twice");
+        }
+        session.ack(&got).await?;
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "draining took over 60 s"
+        );
+    }
+    let expected: BTreeSet<String> = (0..SENT_BEFORE + SENT_WHILE_DOWN)
+        .map(|i| format!("m{i}"))
+        .filter(|b| !acked.contains(b))
+        .collect();
+    assert_eq!(left.len(), expected.len());
+    assert_eq!(left, expected);
+    Ok(())
+}
