@@ -59,19 +59,6 @@ async fn a_lost_replica_is_moved_to_another_node_and_the_shard_is_whole_again() 
     let dir = tempfile::tempdir()?;
     let mut cluster = Cluster::start(dir.path(), &NODES)?;
     cluster.wait_leader(&NODES, WAIT).await?;
-    let n4 = cluster.start_joining("n4", 0)?;
-    let (ok, out, err) = ferry_cli(
-        cluster.node("n1"),
-        &[
-            "node",
-            "add",
-            "n4",
-            "--address",
-            &cluster.peer_addr(n4),
-            "--learner",
-        ],
-    )?;
-    anyhow::ensure!(ok, "node add: {out}{err}");
     let client = cluster.node("n1").client().await?;
     client
         .admin()
@@ -90,6 +77,21 @@ async fn a_lost_replica_is_moved_to_another_node_and_the_shard_is_whole_again() 
         .into_inner()
         .shard;
     anyhow::ensure!(shard != 0, "a replicated queue is in a shard");
+    // A fourth node, holding nothing: where the lost replica will go.
+    let n4 = cluster.start_joining("n4", 0)?;
+    let (ok, out, err) = ferry_cli(
+        cluster.node("n1"),
+        &[
+            "node",
+            "add",
+            "n4",
+            "--address",
+            &cluster.peer_addr(n4),
+            "--learner",
+        ],
+    )?;
+    anyhow::ensure!(ok, "node add: {out}{err}");
+    cluster.wait_leader(&["n1", "n2", "n3", "n4"], WAIT).await?;
     let replicas = shard_status(&client, shard).await?.replicas;
     // The node whose disk is lost: a replica, not the node the client talks through.
     let lost = replicas.iter().find(|r| *r != "n1").unwrap().clone();

@@ -225,6 +225,19 @@ impl Report {
         if let Some(bug) = &self.planted_in_client {
             s.push_str(&format!("  planted in the client: {bug}\n"));
         }
+        for f in &self.faults {
+            if let Fault::ReplicasMoved {
+                via,
+                shards,
+                took_ms,
+            } = &f.fault
+            {
+                s.push_str(&format!(
+                    "  disk lost on {}: replicas of shards {shards:?} moved through {via}, every one whole again {took_ms} ms after the loss\n",
+                    f.node
+                ));
+            }
+        }
         if self.auto_ack_failures > 0 {
             s.push_str(&format!(
                 "  auto acknowledgements cut off (failed or unanswered): {}\n",

@@ -144,7 +144,14 @@ impl MetaNode {
     }
 
     async fn propose_uncounted(&self, command: &MetaCommand) -> Result<u64, Status> {
-        self.check_command_level(command.level())?;
+        // The node a replica moves off may be gone for good (its disk lost): it need not
+        // have reported the level (back with an older release, it stops applying, as a node
+        // the cluster is evicting may).
+        let leaving = match command {
+            MetaCommand::MoveReplica { from, .. } => Some(from),
+            _ => None,
+        };
+        self.check_command_level(command.level(), leaving)?;
         // One id for every attempt of this call: a copy that committed while its answer was
         // lost makes the next one answer as it did, instead of applying twice.
         let request = RequestId(rand::random::<u128>().max(1));
@@ -257,7 +264,7 @@ impl MetaNode {
 
     /// Refuses a command of a level some active node has not reported reading (an older
     /// release, mid-upgrade): proposed, it would stop that node's metadata group.
-    fn check_command_level(&self, needed: u32) -> Result<(), Status> {
+    fn check_command_level(&self, needed: u32, except: Option<&NodeId>) -> Result<(), Status> {
         if needed <= 1 {
             return Ok(());
         }
@@ -268,7 +275,7 @@ impl MetaNode {
                 .meta
                 .nodes()
                 .iter()
-                .filter(|(id, n)| *id != me && n.is_active())
+                .filter(|(id, n)| *id != me && Some(*id) != except && n.is_active())
                 .map(|(id, n)| {
                     (
                         id.clone(),

@@ -208,6 +208,10 @@ pub async fn run(spec: &Spec, out_dir: &Path) -> anyhow::Result<Report> {
     };
     if let Some((kind, node)) = halfway {
         let at_ms = load_ms / 2;
+        if kind == FaultKind::DiskLost {
+            // The lost node never comes back: no later fault is planned on it.
+            schedule.retain(|f| f.at_ms <= at_ms || f.node.as_ref() != Some(&node));
+        }
         let at = schedule.partition_point(|f| f.at_ms <= at_ms);
         schedule.insert(
             at,
