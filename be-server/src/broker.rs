@@ -174,6 +174,32 @@ impl Broker {
         });
     }
 
+    /// Tells watchers that queue shard `shard`, which this node leads, is short of copies
+    /// (`under`: `shard-under-replicated`) or whole again (`shard-replicated`), with `whole`
+    /// replicas up and voting; `detail` says what it lacks.
+    pub fn shard_replication_event(
+        &self,
+        shard: crate::ShardId,
+        under: bool,
+        whole: u64,
+        detail: String,
+    ) {
+        self.inner.queues.outbox.event(crate::BrokerEvent {
+            at_ms: self.clock().now_ms(),
+            kind: if under {
+                "shard-under-replicated"
+            } else {
+                "shard-replicated"
+            },
+            queue: None,
+            shard: Some(shard),
+            value: whole,
+            message_id: String::new(),
+            reason: "",
+            detail,
+        });
+    }
+
     /// Group commit's counters since the node started.
     pub fn commit_stats(&self) -> CommitCounts {
         let s = self.inner.queues.log.group_commit().stats();

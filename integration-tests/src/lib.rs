@@ -394,6 +394,60 @@ fn host_of(addr: &str) -> &str {
     addr.rsplit_once(':').map_or(addr, |(host, _)| host)
 }
 
+/// Deletes everything in `node`'s data directory but its log: the disk that was lost (the node
+/// must be down).
+pub fn wipe_data(node: &Node) -> anyhow::Result<()> {
+    for entry in std::fs::read_dir(&node.data_dir)? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "log") {
+            continue;
+        }
+        if path.is_dir() {
+            std::fs::remove_dir_all(&path)?;
+        } else {
+            std::fs::remove_file(&path)?;
+        }
+    }
+    Ok(())
+}
+
+/// Receives from `queue` through `session` (client acknowledgement) until a receive of 2 s
+/// finds nothing, acknowledging each batch; the bodies, each once. An error when a body comes
+/// twice, is in `acked` (acknowledged before, so it must not come back), or the drain takes
+/// over 60 s.
+pub async fn drain_once(
+    session: &ferry_client::Session,
+    queue: &str,
+    acked: &std::collections::BTreeSet<String>,
+) -> anyhow::Result<std::collections::BTreeSet<String>> {
+    let mut left = std::collections::BTreeSet::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let got = session
+            .receive(
+                queue,
+                ferry_client::ReceiveOptions::timeout_ms(2_000).max(500),
+            )
+            .await?;
+        if got.is_empty() {
+            return Ok(left);
+        }
+        for m in &got {
+            let body = String::from_utf8_lossy(m.body()).into_owned();
+            anyhow::ensure!(
+                !acked.contains(&body),
+                "{body} was acknowledged, and came back"
+            );
+            anyhow::ensure!(left.insert(body.clone()), "{body} delivered twice");
+        }
+        session.ack(&got).await?;
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "draining took over 60 s"
+        );
+    }
+}
+
 /// An HTTP GET: the status code and the body (any status; an error only when nothing answered).
 pub fn http_get(url: &str) -> anyhow::Result<(u16, String)> {
     let mut answer = ureq::get(url)

@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use ferry_client::{pb, AckMode, Message, ReceiveOptions};
 use ferry_integration_tests::cluster::Cluster;
-use ferry_integration_tests::{ferry_cli, stats, wait_until};
+use ferry_integration_tests::{drain_once, ferry_cli, stats, wait_until, wipe_data};
+use futures::StreamExt as _;
 
 const WAIT: Duration = Duration::from_secs(30);
 const NODES: [&str; 3] = ["n1", "n2", "n3"];
@@ -20,22 +21,6 @@ const SENT_BEFORE: usize = 300;
 const SENT_WHILE_DOWN: usize = 200;
 /// Acknowledged of the first ones.
 const ACKED: usize = 100;
-
-/// Deletes a node's data, keeping its log: the disk that was lost.
-fn wipe(dir: &std::path::Path) -> anyhow::Result<()> {
-    for entry in std::fs::read_dir(dir)? {
-        let path = entry?.path();
-        if path.extension().is_some_and(|e| e == "log") {
-            continue;
-        }
-        if path.is_dir() {
-            std::fs::remove_dir_all(&path)?;
-        } else {
-            std::fs::remove_file(&path)?;
-        }
-    }
-    Ok(())
-}
 
 async fn shard_status(
     client: &ferry_client::Client,
@@ -124,9 +109,14 @@ async fn a_lost_replica_is_moved_to_another_node_and_the_shard_is_whole_again() 
         );
     }
 
+    let mut events = client
+        .admin()
+        .watch_events(pb::WatchEventsRequest::default())
+        .await?
+        .into_inner();
     // The disk is lost: the node dies and its data is gone.
     cluster.node_mut(&lost).kill9();
-    wipe(&cluster.node(&lost).data_dir)?;
+    wipe_data(cluster.node(&lost))?;
     for i in SENT_BEFORE..SENT_BEFORE + SENT_WHILE_DOWN {
         session
             .send("orders", vec![Message::text(format!("m{i}"))])
@@ -176,6 +166,30 @@ async fn a_lost_replica_is_moved_to_another_node_and_the_shard_is_whole_again() 
     anyhow::ensure!(!s.replicas.contains(&lost), "{s:?}");
     anyhow::ensure!(s.replicas.contains(&spare), "{s:?}");
 
+    // Watchers were told: the shard short of copies, then whole again.
+    let mut under = vec![];
+    let whole = tokio::time::timeout(WAIT, async {
+        while let Some(e) = events.next().await {
+            let e = e?;
+            match e.kind.as_str() {
+                "shard-under-replicated" if e.shard == shard => under.push(e.detail),
+                "shard-replicated" if e.shard == shard => return anyhow::Ok(e),
+                _ => {}
+            }
+        }
+        anyhow::bail!("the event stream ended")
+    })
+    .await??;
+    anyhow::ensure!(
+        !under.is_empty(),
+        "no shard-under-replicated event before {whole:?}"
+    );
+    anyhow::ensure!(
+        under.iter().any(|d| d.contains(&lost)),
+        "the events name the lost node: {under:?}"
+    );
+    anyhow::ensure!(whole.value == 3, "{whole:?}");
+
     // The new replica votes (it is not catching up) and holds the shard's data: handed the
     // lead, it serves every message not acknowledged, once, from its own store.
     let args = ["shard", "transfer-leader", &shard.to_string(), &spare];
@@ -187,29 +201,7 @@ async fn a_lost_replica_is_moved_to_another_node_and_the_shard_is_whole_again() 
     moved?;
     anyhow::ensure!(stats(&client, "orders").await?.owner_node == spare);
 
-    let mut left = BTreeSet::new();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let got = session
-            .receive("orders", ReceiveOptions::timeout_ms(2_000).max(500))
-            .await?;
-        if got.is_empty() {
-            break;
-        }
-        for m in &got {
-            let body = String::from_utf8_lossy(m.body()).into_owned();
-            anyhow::ensure!(
-                !acked.contains(&body),
-                "{body} was acknowledged, and came back"
-            );
-            anyhow::ensure!(left.insert(body.clone()), "{body} delivered twice");
-        }
-        session.ack(&got).await?;
-        anyhow::ensure!(
-            tokio::time::Instant::now() < deadline,
-            "draining took over 60 s"
-        );
-    }
+    let left = drain_once(&session, "orders", &acked).await?;
     let expected: BTreeSet<String> = (0..SENT_BEFORE + SENT_WHILE_DOWN)
         .map(|i| format!("m{i}"))
         .filter(|b| !acked.contains(b))

@@ -659,13 +659,17 @@ async fn shard_list_names_the_leader_replicas_and_queues_from_any_node_and_a_new
         keys,
         [
             "applied_index",
+            "catching_up",
             "lag",
             "leader",
+            "leaving",
             "queues",
             "replicas",
             "shard"
         ]
     );
+    assert_eq!(o["catching_up"], serde_json::json!([]), "no move under way");
+    assert_eq!(o["leaving"], serde_json::json!([]));
     assert_eq!(o["shard"], listed.shard);
     assert_eq!(o["leader"], leader.as_str());
     assert_eq!(o["lag"], 0);

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use ferry_client::{pb, AckMode, Message, ReceiveOptions};
 use ferry_integration_tests::cluster::Cluster;
-use ferry_integration_tests::{ferry_cli, http_get, stats, wait_until, Node};
+use ferry_integration_tests::{drain_once, ferry_cli, http_get, stats, wait_until, Node};
 
 const LEADER_WAIT: Duration = Duration::from_secs(20);
 const NODES: [&str; 3] = ["n1", "n2", "n3"];
@@ -112,29 +112,7 @@ async fn a_replica_behind_a_compacted_log_is_rebuilt_from_a_snapshot_and_serves_
     anyhow::ensure!(stats(&client, "orders").await?.owner_node == away);
 
     // The restored replica serves the queue: every message not acknowledged, once.
-    let mut left = BTreeSet::new();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let got = session
-            .receive("orders", ReceiveOptions::timeout_ms(2_000).max(500))
-            .await?;
-        if got.is_empty() {
-            break;
-        }
-        for m in &got {
-            let body = String::from_utf8_lossy(m.body()).into_owned();
-            anyhow::ensure!(
-                !acked.contains(&body),
-                "{body} was acknowledged, and came back"
-            );
-            anyhow::ensure!(left.insert(body.clone()), "{body} delivered twice");
-        }
-        session.ack(&got).await?;
-        anyhow::ensure!(
-            tokio::time::Instant::now() < deadline,
-            "draining took over 60 s"
-        );
-    }
+    let left = drain_once(&session, "orders", &acked).await?;
     let expected: BTreeSet<String> = (0..SENT)
         .map(|i| format!("m{i}"))
         .filter(|b| !acked.contains(b))

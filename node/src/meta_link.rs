@@ -127,6 +127,17 @@ impl QueueHost for BrokerHost {
     fn shard_leader_event(&self, shard: ferry_be_server::ShardId, term: u64, detail: String) {
         self.broker.shard_leader_event(shard, term, detail);
     }
+
+    fn shard_replication_event(
+        &self,
+        shard: ferry_be_server::ShardId,
+        under: bool,
+        whole: u64,
+        detail: String,
+    ) {
+        self.broker
+            .shard_replication_event(shard, under, whole, detail);
+    }
 }
 
 /// The front-end's catalog: the metadata group.

@@ -9,26 +9,14 @@ use std::collections::{BTreeMap, BTreeSet};
 use ferry_kernel::ShardId;
 use ferry_proto::pb;
 
+use super::shard_tests::cluster_of;
 use super::tests::{n, next, q, rebuilt, refused, write_durable};
 use super::*;
 
 /// Voters a, b, c and learner d (added at index 3), with queue `orders` (and its dead-letter
 /// queue) in a shard on a, b, c.
 fn four_with_a_shard() -> (MetaState, ShardId) {
-    let mut s = MetaState::new();
-    let nodes = ["a", "b", "c"]
-        .iter()
-        .map(|id| NewNode {
-            id: n(id),
-            client_addr: format!("{id}:7400"),
-            peer_addr: format!("{id}:7401"),
-        })
-        .collect();
-    let boot = MetaCommand::Bootstrap {
-        cluster_id: ClusterId(7),
-        nodes,
-    };
-    s.apply(2, &boot).unwrap();
+    let mut s = cluster_of(&["a", "b", "c"]);
     let shard = choose_shard(
         &s,
         &q("orders"),

@@ -12,7 +12,7 @@ use super::tests::{n, next, q, rebuilt, write_durable};
 use super::*;
 
 /// A cluster bootstrapped with voters `ids` at index 2.
-fn cluster_of(ids: &[&str]) -> MetaState {
+pub(super) fn cluster_of(ids: &[&str]) -> MetaState {
     let mut s = MetaState::new();
     let nodes = ids
         .iter()

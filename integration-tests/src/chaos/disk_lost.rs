@@ -15,27 +15,10 @@ use tokio::time::Instant;
 use super::cluster::ClusterTarget;
 use super::history::{Fault, History, Op};
 use super::nemesis::PlannedFault;
-use crate::Node;
 
 /// How long the moves and the shards' catching up may take: each new replica receives its
 /// shard's data as a snapshot, a few MiB in a run.
 pub const MOVE_MAX: Duration = Duration::from_secs(60);
-
-/// Deletes everything in a node's data directory but its log.
-pub(crate) fn wipe(node: &Node) -> anyhow::Result<()> {
-    for entry in std::fs::read_dir(&node.data_dir)? {
-        let path = entry?.path();
-        if path.extension().is_some_and(|e| e == "log") {
-            continue;
-        }
-        if path.is_dir() {
-            std::fs::remove_dir_all(&path)?;
-        } else {
-            std::fs::remove_file(&path)?;
-        }
-    }
-    Ok(())
-}
 
 /// The shards listed by the node at `url`.
 async fn list(url: &str) -> anyhow::Result<Vec<pb::ShardStatus>> {
@@ -68,7 +51,7 @@ impl ClusterTarget {
         self.nodes[i]
             .with_node(|n| {
                 n.kill9();
-                wipe(n)
+                crate::wipe_data(n)
             })
             .await??;
         history.record("nemesis", &name, Op::Fault(Fault::DiskLost));

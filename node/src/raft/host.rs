@@ -70,6 +70,9 @@ pub trait QueueHost: Send + Sync + 'static {
     fn shard_fences(&self) -> tokio::sync::watch::Receiver<u64>;
     /// Tells watchers (`Admin.WatchEvents`) that this node began to lead `shard` at `term`.
     fn shard_leader_event(&self, shard: ShardId, term: u64, detail: String);
+    /// Tells watchers that `shard`, led here, is short of copies (`under`) or whole again,
+    /// with `whole` replicas up and voting (see `shard/replication_events.rs`).
+    fn shard_replication_event(&self, shard: ShardId, under: bool, whole: u64, detail: String);
 }
 
 /// Brings the local back-end in line with `meta`: every queue `me` owns exists at its epoch;

@@ -127,6 +127,15 @@ impl QueueHost for Recorder {
         self.fences.subscribe()
     }
     fn shard_leader_event(&self, _shard: ferry_be_server::ShardId, _term: u64, _detail: String) {}
+
+    fn shard_replication_event(
+        &self,
+        _shard: ferry_be_server::ShardId,
+        _under: bool,
+        _whole: u64,
+        _detail: String,
+    ) {
+    }
 }
 
 /// The settings of a one-node cluster named `a` that forms by itself, with a 10 ms tick.

@@ -259,6 +259,7 @@ mod moves;
 #[cfg(test)]
 mod node_tests;
 mod proposer;
+mod replication_events;
 mod serve;
 #[cfg(test)]
 pub(crate) mod sim_link;

@@ -140,24 +140,32 @@ impl MetaNode {
         let mut told = BTreeMap::new();
         let mut refence = false;
         let mut groups_before = BTreeMap::new();
+        let mut replication_told = BTreeMap::new();
+        // Whether to look at the view's changes (not only at replicas gone down or back up).
+        let mut work = true;
+        let mut ok = true;
         loop {
             let current = view.borrow_and_update().clone();
-            for e in super::leader_events::became_leader(&groups_before, &current) {
-                tracing::info!(shard = %e.shard, term = e.term, "{}", e.detail);
-                self.shared
-                    .host
-                    .shard_leader_event(e.shard, e.term, e.detail);
+            if work {
+                for e in super::leader_events::became_leader(&groups_before, &current) {
+                    tracing::info!(shard = %e.shard, term = e.term, "{}", e.detail);
+                    self.shared
+                        .host
+                        .shard_leader_event(e.shard, e.term, e.detail);
+                }
+                super::leader_events::remember(&mut groups_before, &current);
+                let wanted = wanted(&current, &me);
+                ok = carry_out(&*self.shared.host, &self, &mut told, wanted, refence).await;
+                refence = false;
             }
-            super::leader_events::remember(&mut groups_before, &current);
-            let wanted = wanted(&current, &me);
-            let ok = carry_out(&*self.shared.host, &self, &mut told, wanted, refence).await;
+            self.tell_replication(&current, &mut replication_told);
             let retry = async {
                 if ok {
                     std::future::pending::<()>().await;
                 }
                 tokio::time::sleep(RETRY_AFTER).await;
             };
-            refence = false;
+            work = true;
             tokio::select! {
                 changed = view.changed() => if changed.is_err() { return },
                 changed = fences.changed() => {
@@ -166,11 +174,40 @@ impl MetaNode {
                     refence = true;
                 }
                 () = retry => {}
+                // Replicas go down and come back without a change of the view; a failed call
+                // is made again then too.
+                () = tokio::time::sleep(REPLICATION_CHECK_EVERY) => work = !ok,
                 _ = shutdown.wait_for(|s| *s) => return,
             }
         }
     }
+
+    /// Tells watchers what changed in the replication of the shards led here (see
+    /// `replication_events.rs`); `told` is what they were told.
+    fn tell_replication(
+        &self,
+        view: &MetaView,
+        told: &mut BTreeMap<ShardId, super::replication_events::Shortfall>,
+    ) {
+        let timeout = self.shared.settings.liveness_timeout;
+        let up = |id: ferry_cluster::meta::RaftId| self.shared.links.is_up(id.0, timeout);
+        let now = super::replication_events::shortfalls(view, up);
+        let replicas = |s: ShardId| view.meta.shard(s).map_or(0, |d| d.replicas.len());
+        for e in super::replication_events::changes(told, now, replicas) {
+            if e.under {
+                tracing::warn!(shard = %e.shard, "{}", e.detail);
+            } else {
+                tracing::info!(shard = %e.shard, "{}", e.detail);
+            }
+            self.shared
+                .host
+                .shard_replication_event(e.shard, e.under, e.whole, e.detail);
+        }
+    }
 }
+
+/// How often the shards led here are looked at for replicas gone down or back up.
+const REPLICATION_CHECK_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// How long a failed call to the host waits before it is made again without a change.
 pub(crate) const RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(1);

@@ -121,23 +121,7 @@ fn a_replicated_queue_s_shard_runs_on_its_replicas_only_and_goes_with_its_last_q
         replica: None,
         config: Default::default(),
     };
-    let (reply, answer) = oneshot::channel();
-    let term = view.shards[&shard].term;
-    let input = Input::ProposeShard {
-        group: GroupId(shard.0),
-        term,
-        entry: encode_entry(&[StoreOp::PutQueue(def.clone())]).unwrap(),
-        reply,
-    };
-    cluster
-        .sim
-        .replica_mut(leader)
-        .unwrap()
-        .received
-        .push(input);
-    let mut answer = answer;
-    assert!(cluster.run_until(ELECTION_STEPS * 4, |_| !answer.is_empty()));
-    assert_eq!(answer.try_recv().unwrap(), Ok(()));
+    put_queue(&mut cluster, shard, &def);
     let holds = |c: &Cluster, peer: PeerId| {
         c.store(peer).attachments().iter().any(|a| {
             a.downcast_ref::<Vec<StoreOp>>()
