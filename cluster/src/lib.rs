@@ -26,12 +26,17 @@ use serde::{Deserialize, Serialize};
 pub fn next_conf_change(meta: &MetaState, status: &GroupStatus) -> Option<ConfChange> {
     let ids = |nodes: &[PeerId]| nodes.iter().map(|n| RaftId(n.0)).collect::<Vec<_>>();
     let step = next_membership_step(meta, &ids(&status.voters), &ids(&status.learners))?;
-    Some(match step {
+    Some(conf_change_of(step))
+}
+
+/// A membership step (of group 0 or a queue shard) as the engine's configuration change.
+pub fn conf_change_of(step: MembershipStep) -> ConfChange {
+    match step {
         MembershipStep::AddVoter(r) => ConfChange::AddVoter(PeerId(r.0)),
         MembershipStep::AddLearner(r) => ConfChange::AddLearner(PeerId(r.0)),
         MembershipStep::Promote(r) => ConfChange::PromoteLearner(PeerId(r.0)),
         MembershipStep::Remove(r) => ConfChange::Remove(PeerId(r.0)),
-    })
+    }
 }
 
 /// How this node takes part when it has no Raft state yet.

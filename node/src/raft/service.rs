@@ -184,7 +184,7 @@ impl pb::peer_server::Peer for PeerService {
     }
 }
 
-fn node_id(field: &str, value: &str) -> Result<NodeId, Status> {
+pub(super) fn node_id(field: &str, value: &str) -> Result<NodeId, Status> {
     NodeId::new(value).map_err(|e| Status::invalid_argument(format!("{field}: {e}")))
 }
 

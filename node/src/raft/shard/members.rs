@@ -9,7 +9,8 @@
 
 use std::collections::BTreeMap;
 
-use ferry_cluster::meta::{next_replica_step, MembershipStep, MetaState, RaftId};
+use ferry_cluster::conf_change_of;
+use ferry_cluster::meta::{next_replica_step, MetaState, RaftId};
 use ferry_multiraft::{ConfChange, Engine, GroupId, LogPosition, NodeId as PeerId, Role};
 
 /// How far behind the leader's commit index a learner's log may be and still be promoted:
@@ -71,7 +72,7 @@ impl ShardMembers {
                 caught_up,
             );
             if let Some(step) = step {
-                changes.push((group, conf_change(step)));
+                changes.push((group, conf_change_of(step)));
             }
         }
         changes
@@ -80,14 +81,5 @@ impl ShardMembers {
     /// `change` was proposed to `shard` at `position`: the next waits until it applies.
     pub(crate) fn proposed(&mut self, shard: GroupId, position: LogPosition) {
         self.pending.insert(shard, position);
-    }
-}
-
-fn conf_change(step: MembershipStep) -> ConfChange {
-    match step {
-        MembershipStep::AddVoter(r) => ConfChange::AddVoter(PeerId(r.0)),
-        MembershipStep::AddLearner(r) => ConfChange::AddLearner(PeerId(r.0)),
-        MembershipStep::Promote(r) => ConfChange::PromoteLearner(PeerId(r.0)),
-        MembershipStep::Remove(r) => ConfChange::Remove(PeerId(r.0)),
     }
 }

@@ -7,16 +7,13 @@
 
 use ferry_be_server::ShardId;
 use ferry_cluster::meta::{choose_replacement, MetaCommand, MetaError};
-use ferry_kernel::NodeId;
 use ferry_proto::pb;
 use tonic::Status;
 
 use super::super::propose::meta_status;
+use super::super::service::node_id;
 use super::super::MetaNode;
-
-fn node_id(field: &str, value: &str) -> Result<NodeId, Status> {
-    NodeId::new(value).map_err(|e| Status::invalid_argument(format!("{field}: {e}")))
-}
+use super::list::ShardListError;
 
 impl MetaNode {
     /// See the module docs and `ferry.v1.Cluster.MoveShardReplica`.
@@ -37,12 +34,9 @@ impl MetaNode {
         };
         let view = self.shared.view.borrow().clone();
         let meta = &view.meta;
-        let def = meta.shard(shard).ok_or_else(|| {
-            Status::not_found(format!(
-                "shard {} does not exist (never made, or gone with its last queue); `ferry shard list` shows the shards that do",
-                shard.0
-            ))
-        })?;
+        let def = meta
+            .shard(shard)
+            .ok_or(ShardListError::UnknownShard { shard })?;
         if !def.replicas.contains(&from) {
             return Err(meta_status(&MetaError::NotAReplica {
                 shard,

@@ -47,27 +47,24 @@ pub(crate) fn shortfalls(
         .filter(|(_, g)| g.role == Role::Leader)
         .filter_map(|(shard, g)| {
             let def = view.meta.shard(*shard)?;
+            let wanted: Vec<(&ferry_kernel::NodeId, RaftId)> = def
+                .replicas
+                .iter()
+                .filter_map(|r| view.meta.node(r).map(|n| (r, n.raft_id)))
+                .collect();
             let mut lacks = Vec::new();
             let mut whole = 0;
-            for r in &def.replicas {
-                let Some(id) = view.meta.node(r).map(|n| n.raft_id) else {
-                    continue;
-                };
-                if !g.voters.contains(&id) {
+            for (r, id) in &wanted {
+                if !g.voters.contains(id) {
                     lacks.push(format!("{r} catching up"));
-                } else if Some(id) != me && !up(id) {
+                } else if Some(*id) != me && !up(*id) {
                     lacks.push(format!("{r} down"));
                 } else {
                     whole += 1;
                 }
             }
-            let wanted: Vec<RaftId> = def
-                .replicas
-                .iter()
-                .filter_map(|r| view.meta.node(r).map(|n| n.raft_id))
-                .collect();
             for id in g.voters.iter().chain(&g.learners) {
-                if !wanted.contains(id) {
+                if !wanted.iter().any(|(_, w)| w == id) {
                     lacks.push(format!("{} leaving", name(*id)));
                 }
             }
