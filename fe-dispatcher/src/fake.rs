@@ -78,6 +78,12 @@ impl FakeBackend {
             .store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// Receives from now on are answered again (those parked stay parked).
+    pub(crate) fn unpark_receives(&self) {
+        self.park_receives
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Listings from now on never answer, as a paused node's (they are still recorded).
     pub(crate) fn park_listings(&self) {
         self.park_listings

@@ -381,8 +381,11 @@ impl Node {
 }
 
 impl Drop for Node {
+    /// Prints the node's log when a test panics, or always with `TEST_NODE_LOGS=1` (for a test
+    /// that fails by returning an error).
     fn drop(&mut self) {
-        if std::thread::panicking() {
+        if std::thread::panicking() || std::env::var_os("TEST_NODE_LOGS").is_some_and(|v| v == "1")
+        {
             self.print_log();
         }
         self.kill9();

@@ -348,8 +348,10 @@ async fn history(client: &ferry_client::Client, id: &str) -> String {
 const LONG_LEASE_MS: u64 = 600_000;
 
 /// A consumer on a `Consume` stream through a surviving node goes on after the shard's leader
-/// is killed: its stream is opened again by itself, every message arrives, and none twice
-/// without the redelivered flag. Its leases are long: a receive whose answer the kill lost
+/// is killed: every message arrives, and none twice without the redelivered flag. A kill that
+/// breaks a receive under way ends the stream, which the consumer opens again by itself; one
+/// that finds no receive under way (the consumer's prefetch full, about one run in twenty) ends
+/// nothing: the front-end sends the next receive to the new leader. Its leases are long: a receive whose answer the kill lost
 /// (about half the runs) has its messages back at once, not when their leases run out (it
 /// took 34 s instead of 4-5 s with the default 30 s lease).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -377,7 +379,6 @@ async fn a_consumer_goes_on_by_itself_when_the_shards_leader_is_killed() -> anyh
     cluster.node_mut(&leader).kill9();
     send(100..SENT).await?;
     take_until(&client, &mut consumer, &mut seen, SENT, deadline).await?;
-    assert!(consumer.reopened() >= 1, "the stream was opened again");
     // Acks in flight at the kill may have gone unconfirmed: closing says so, and only then.
     let unconfirmed = consumer.unconfirmed_acks();
     match consumer.close().await {

@@ -66,7 +66,8 @@ impl Dispatch {
     /// `Router::call_until`). A session's receive first gives back what an earlier one lost
     /// there ([`Self::release_lost`]); one that ends UNAVAILABLE at a replicated queue having
     /// perhaps acted (the link to the shard's leader broke under it, or the shard could not
-    /// confirm its write: `remote::may_have_acted`) is noted, so that the next one does. Such a
+    /// confirm its write: `remote::may_have_acted`), or that is dropped before its answer
+    /// came, is noted, so that the next one does. Such a
     /// receive's deliveries may be written leases, which the queue's next leader honours: left
     /// alone, they would return only when their leases run out (30 s by default). A queue kept
     /// by one node writes no lease: its next run holds none of them, and nothing is noted.
@@ -85,9 +86,19 @@ impl Dispatch {
             return self.router.call_until(queue, until, f).await;
         };
         self.release_lost(sid, queue).await;
+        let replicated = self.router.placement().shard_of(queue).is_some();
+        // Dropped before it is answered (the `Consume` stream it serves ended, say, on an ack
+        // that failed with the same dead leader), it may have left written leases at a back-end
+        // that can no longer take them back when it sees the call cancelled.
+        let mut unanswered = NoteLost {
+            sessions: &self.sessions,
+            session: sid,
+            queue,
+            armed: replicated,
+        };
         let answer = self.router.call_until(queue, until, f).await;
+        unanswered.armed = false;
         if let Err(status) = &answer {
-            let replicated = self.router.placement().shard_of(queue).is_some();
             if replicated && crate::remote::may_have_acted(status) {
                 tracing::info!(%queue, session = %self.sessions.public_session(sid), error = %status, "a receive lost its answer; its deliveries go back at the session's next receive there");
                 self.sessions.note_answer_lost(sid, queue);
@@ -108,7 +119,7 @@ impl Dispatch {
         let Some(held) = self.sessions.take_answer_lost(session, queue) else {
             return;
         };
-        let mut again = AskAgain {
+        let mut again = NoteLost {
             sessions: &self.sessions,
             session,
             queue,
@@ -168,15 +179,17 @@ impl Dispatch {
     }
 }
 
-/// Notes a lost answer again when dropped armed (see [`Dispatch::release_lost`]).
-struct AskAgain<'a> {
+/// Notes that a receive of `session` at `queue` may have lost its answer when dropped armed:
+/// a receive dropped before its answer came, or a give-back dropped before it was done (see
+/// [`Dispatch::release_lost`]).
+struct NoteLost<'a> {
     sessions: &'a Sessions,
     session: SessionId,
     queue: &'a QueueName,
     armed: bool,
 }
 
-impl Drop for AskAgain<'_> {
+impl Drop for NoteLost<'_> {
     fn drop(&mut self) {
         if self.armed {
             self.sessions.note_answer_lost(self.session, self.queue);

@@ -151,7 +151,7 @@ impl MetaNode {
             MetaCommand::MoveReplica { from, .. } => Some(from),
             _ => None,
         };
-        self.check_command_level(command.level(), leaving)?;
+        self.check_command_level(command.level(), leaving).await?;
         // One id for every attempt of this call: a copy that committed while its answer was
         // lost makes the next one answer as it did, instead of applying twice.
         let request = RequestId(rand::random::<u128>().max(1));
@@ -263,41 +263,49 @@ impl MetaNode {
     }
 
     /// Refuses a command of a level some active node has not reported reading (an older
-    /// release, mid-upgrade): proposed, it would stop that node's metadata group.
-    fn check_command_level(&self, needed: u32, except: Option<&NodeId>) -> Result<(), Status> {
+    /// release, mid-upgrade): proposed, it would stop that node's metadata group. A node not
+    /// heard from since this one started (a cluster that has just come up) is waited for, up to
+    /// the liveness timeout, before it counts as behind.
+    async fn check_command_level(
+        &self,
+        needed: u32,
+        except: Option<&NodeId>,
+    ) -> Result<(), Status> {
         if needed <= 1 {
             return Ok(());
         }
-        let me = &self.shared.settings.node_id;
-        let behind = {
-            let view = self.shared.view.borrow();
-            let reported = view
-                .meta
-                .nodes()
-                .iter()
-                .filter(|(id, n)| *id != me && Some(*id) != except && n.is_active())
-                .map(|(id, n)| {
-                    (
-                        id.clone(),
-                        self.shared.links.peer_command_level(n.raft_id.0),
-                    )
-                });
-            nodes_behind(needed, reported)
-        };
-        if behind.is_empty() {
-            return Ok(());
+        let deadline = tokio::time::Instant::now() + self.shared.settings.liveness_timeout;
+        loop {
+            // Registered before looking, so a report that arrives meanwhile is not missed.
+            let learned = self.shared.links.level_learned.notified();
+            let behind = self.nodes_behind(needed, except);
+            if behind.is_empty() {
+                return Ok(());
+            }
+            let unheard = behind.iter().any(|(_, level)| *level == 0);
+            if !unheard || tokio::time::timeout_at(deadline, learned).await.is_err() {
+                return Err(behind_status(needed, &behind));
+            }
         }
-        let names: Vec<String> = behind
+    }
+
+    /// The other active nodes (but `except`) that have not reported reading command level
+    /// `needed`, with the level they reported (0: not heard from).
+    fn nodes_behind(&self, needed: u32, except: Option<&NodeId>) -> Vec<(NodeId, u32)> {
+        let me = &self.shared.settings.node_id;
+        let view = self.shared.view.borrow();
+        let reported = view
+            .meta
+            .nodes()
             .iter()
-            .map(|(id, level)| match level {
-                0 => format!("{id} (not heard from)"),
-                l => format!("{id} (level {l})"),
-            })
-            .collect();
-        Err(Status::failed_precondition(format!(
-            "this change needs every node to read metadata command level {needed}; {} do not yet: upgrade them first",
-            names.join(", ")
-        )))
+            .filter(|(id, n)| *id != me && Some(*id) != except && n.is_active())
+            .map(|(id, n)| {
+                (
+                    id.clone(),
+                    self.shared.links.peer_command_level(n.raft_id.0),
+                )
+            });
+        nodes_behind(needed, reported)
     }
 
     /// The other active nodes not heard from within the liveness timeout.
@@ -628,6 +636,22 @@ impl MetaNode {
 /// The nodes of `reported` (node, command level it reported, 0 for none) below `needed`.
 fn nodes_behind(needed: u32, reported: impl Iterator<Item = (NodeId, u32)>) -> Vec<(NodeId, u32)> {
     reported.filter(|(_, level)| *level < needed).collect()
+}
+
+/// The refusal of a command of level `needed` for the nodes `behind` (see
+/// `Proposer::check_command_level`).
+fn behind_status(needed: u32, behind: &[(NodeId, u32)]) -> Status {
+    let names: Vec<String> = behind
+        .iter()
+        .map(|(id, level)| match level {
+            0 => format!("{id} (not heard from since this node started: down, or cut off)"),
+            l => format!("{id} (level {l})"),
+        })
+        .collect();
+    Status::failed_precondition(format!(
+        "this change needs every node to read metadata command level {needed}; {} do not yet: start or upgrade them first (or remove a node gone for good)",
+        names.join(", ")
+    ))
 }
 
 /// Name of the file, in the data directory, that marks an unfinished import.

@@ -36,6 +36,8 @@ pub(crate) struct Links {
     probe_interval: Duration,
     /// What each peer last told this node, by raft id.
     heard: Mutex<HashMap<u64, Heard>>,
+    /// Told when a peer reports a command level it had not reported before (its first word).
+    pub(crate) level_learned: tokio::sync::Notify,
     /// Bytes of messages this node's queues hold, stamped on every batch.
     local_bytes: std::sync::atomic::AtomicU64,
     /// Where a queue shard's snapshot data is read from, and a received one kept.
@@ -81,6 +83,7 @@ impl Links {
             sender: Mutex::new((0, None)),
             probe_interval,
             heard: Mutex::new(HashMap::new()),
+            level_learned: tokio::sync::Notify::new(),
             local_bytes: std::sync::atomic::AtomicU64::new(0),
             snapshots,
         }
@@ -192,6 +195,10 @@ impl Links {
                 report,
             },
         );
+        drop(heard);
+        if kept.map(|k| k.command_level) != Some(report.command_level) {
+            self.level_learned.notify_waiters();
+        }
     }
 
     fn last_word(&self, raft_id: u64) -> Option<Heard> {
