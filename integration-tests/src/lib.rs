@@ -352,6 +352,14 @@ impl Node {
         Ok(c.wait()?)
     }
 
+    /// The process's exit status once it has exited by itself (`None` while it runs, or if it
+    /// was never started or was killed by the harness).
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
+    }
+
     /// Starts the node again on the same data directory (a new port).
     pub fn restart(&mut self) -> anyhow::Result<()> {
         self.kill9();

@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use ferry_client::{pb, AckMode, Message, ReceiveOptions};
-use ferry_integration_tests::cluster::Cluster;
+use ferry_integration_tests::cluster::{create_queue_on, Cluster};
 use ferry_integration_tests::{drain_once, ferry_cli, stats, wait_until, wipe_data};
 use futures::StreamExt as _;
 
@@ -208,5 +208,100 @@ async fn a_lost_replica_is_moved_to_another_node_and_the_shard_is_whole_again() 
         .collect();
     assert_eq!(left.len(), expected.len());
     assert_eq!(left, expected);
+    Ok(())
+}
+
+/// The data directory each node runs on, as the cluster recorded it (0: not yet), by node.
+async fn incarnations(
+    client: &ferry_client::Client,
+) -> anyhow::Result<std::collections::BTreeMap<String, u64>> {
+    let status = client
+        .cluster()
+        .get_cluster_status(pb::GetClusterStatusRequest::default())
+        .await?
+        .into_inner();
+    Ok(status
+        .nodes
+        .into_iter()
+        .map(|n| (n.node_id, n.incarnation))
+        .collect())
+}
+
+/// Issue 24: a node whose disk was lost, started again on an empty data directory with its old
+/// configuration, would take part under its old Raft identity with none of the log it had
+/// acknowledged, and its vote could elect a leader missing confirmed entries. The cluster
+/// records the data directory each node runs on; the others refuse the newcomer, which stops
+/// with an error saying what happened and what to do, and the cluster goes on without it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_back_on_an_empty_disk_under_its_old_identity_is_refused_and_stops(
+) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut cluster = Cluster::start(dir.path(), &NODES)?;
+    cluster.wait_leader(&NODES, WAIT).await?;
+    let client = cluster.node("n1").client().await?;
+    let recorded = || async {
+        let all = incarnations(&client).await?;
+        Ok(all.len() == NODES.len() && all.values().all(|i| *i != 0))
+    };
+    wait_until(WAIT, "every node's data directory recorded", recorded).await?;
+    let before = incarnations(&client).await?;
+
+    // n3 restarted on its own data directory is the same node: taken as before (it serves a
+    // queue created after, which it learns from the others over the links it opened).
+    cluster.node_mut("n3").restart_in_place()?;
+    create_queue_on(&client, "on-n3", Some("n3")).await?;
+    assert_eq!(stats(&client, "on-n3").await?.owner_node, "n3");
+    assert!(cluster.node_mut("n3").exited().is_none(), "n3 runs on");
+
+    // Its disk lost: started again, same id, same configuration, an empty directory.
+    cluster.node_mut("n3").kill9();
+    wipe_data(cluster.node("n3"))?;
+    cluster.node_mut("n3").restart_in_place()?;
+    let deadline = std::time::Instant::now() + WAIT;
+    let status = loop {
+        if let Some(status) = cluster.node_mut("n3").exited() {
+            break status;
+        }
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "n3 did not stop by itself within {WAIT:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(!status.success(), "{status:?}");
+    let log = cluster.node("n3").log();
+    for said in [
+        "a peer refused this node",
+        "its disk was lost or replaced",
+        "ferry shard move-replica --from n3",
+    ] {
+        assert!(log.contains(said), "n3's log says {said:?}:\n{log}");
+    }
+    assert!(
+        cluster
+            .node("n1")
+            .log()
+            .contains("refused a peer's Raft batches")
+            || cluster
+                .node("n2")
+                .log()
+                .contains("refused a peer's Raft batches"),
+        "a peer logged the refusal"
+    );
+    // The record stands, and the others go on: a queue is created and used.
+    assert_eq!(incarnations(&client).await?, before);
+    let conn = client.open_connection("t").await?;
+    client
+        .admin()
+        .create_queue(pb::CreateQueueRequest {
+            name: "after".into(),
+            ..Default::default()
+        })
+        .await?;
+    let session = conn.create_session(AckMode::Auto).await?;
+    session
+        .send("after", vec![Message::text("still here")])
+        .await?;
+    assert_eq!(stats(&client, "after").await?.ready, 1);
     Ok(())
 }

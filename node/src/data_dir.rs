@@ -17,10 +17,12 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use ferry_cluster::StartMode;
-use ferry_store::{Absorbed, KvSpace, MemoryStore, QueueStore, RocksStore};
+use ferry_store::{
+    Absorbed, GroupCommit, KvOp, KvSpace, MemoryStore, QueueStore, RocksStore, StoreOp,
+};
 
 use crate::config::{Config, Storage};
-use crate::raft::{IDENTITY_KEY, IMPORT_MARKER};
+use crate::raft::{IDENTITY_KEY, IMPORT_MARKER, INCARNATION_KEY};
 
 /// The directory of the node's database, under the data directory.
 pub const DATABASE_DIR: &str = "queues";
@@ -131,4 +133,34 @@ pub fn import_marker(
         );
     }
     Ok(marker.exists().then_some(marker))
+}
+
+/// The data directory's incarnation: random, drawn and written (synced, through the node's
+/// writer) the first time a node of this release starts on it, the same at every start after.
+/// The cluster records each node's first one heard and refuses a node that comes back with
+/// another: one whose disk was lost, or a node kept in memory (`--memory`) started again.
+pub async fn incarnation(store: &dyn QueueStore, writer: &GroupCommit) -> anyhow::Result<u64> {
+    if let Some(bytes) = store.kv_get(KvSpace::RaftApp, INCARNATION_KEY)? {
+        let id: [u8; 8] = bytes.as_slice().try_into().map_err(|_| {
+            anyhow::anyhow!(
+                "the data directory's incarnation is {} bytes, not 8: the node's database is damaged",
+                bytes.len()
+            )
+        })?;
+        return Ok(u64::from_be_bytes(id));
+    }
+    let drawn = rand::random::<u64>().max(1);
+    let put = StoreOp::Kv(KvOp::Put {
+        space: KvSpace::RaftApp,
+        key: INCARNATION_KEY.to_vec(),
+        value: drawn.to_be_bytes().to_vec(),
+    });
+    writer
+        .submit(vec![put])
+        .await?
+        .durable()
+        .await
+        .context("cannot write the data directory's incarnation")?;
+    tracing::info!(incarnation = %format!("{drawn:016x}"), "a new data directory: its incarnation drawn");
+    Ok(drawn)
 }

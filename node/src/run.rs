@@ -445,6 +445,7 @@ fn meta_settings(
         probe_interval: liveness_timeout / 6,
         import_marker: None,
         shard_data: None,
+        incarnation: 0,
     })
 }
 
@@ -467,6 +468,7 @@ async fn start_metadata(
         backend: backend.clone(),
     });
     settings.shard_data = Some(Arc::clone(store));
+    settings.incarnation = crate::data_dir::incarnation(store.as_ref(), &writer.handle()).await?;
     let log = NodeLogStore::new(Arc::clone(store), writer.handle());
     Ok(MetaNode::start(settings, host, Box::new(log)).await?)
 }

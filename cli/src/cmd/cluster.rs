@@ -179,6 +179,7 @@ fn node_json(n: &pb::NodeStatus, leader: &str) -> serde_json::Value {
         "shards_replicated": n.shards_replicated,
         "shards_led": n.shards_led,
         "shards_preferred": n.shards_preferred,
+        "incarnation": format!("{:016x}", n.incarnation),
     })
 }
 

@@ -44,6 +44,9 @@ impl MetaState {
             } => self.update_queue(name, settings, expected.as_deref()),
             MetaCommand::DeleteQueue { name } => self.delete_queue(name),
             MetaCommand::MoveReplica { shard, from, to } => self.move_replica(*shard, from, to),
+            MetaCommand::NoteIncarnation { node, incarnation } => {
+                self.note_incarnation(node, *incarnation)
+            }
         }
     }
 

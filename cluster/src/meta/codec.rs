@@ -20,8 +20,9 @@ pub const COMMAND_VERSION: u32 = 1;
 /// a higher level only once every active node reported that it reads it, so that no node meets
 /// a command it cannot read (which would stop its metadata group) during a rolling upgrade.
 /// Level 2 added replicated queues (`CreateReplicatedQueue`, shards in snapshots); level 3
-/// moving a shard's replica (`MoveReplica`, a shard's `reshaped` mark).
-pub const COMMAND_LEVEL: u32 = 3;
+/// moving a shard's replica (`MoveReplica`, a shard's `reshaped` mark); level 4 recording the
+/// data directory each node runs on (`NoteIncarnation`, a node's `incarnation`).
+pub const COMMAND_LEVEL: u32 = 4;
 /// The newest version of snapshots (and of the durable copy's header) this release writes and
 /// reads. A state that made a shard is written as version 2, so that a release that knows
 /// nothing of shards refuses it instead of reading its replicated queues as unreplicated; a
@@ -34,7 +35,7 @@ const SNAPSHOT_VERSION_NO_SHARDS: u32 = 1;
 struct WireCommand {
     #[prost(uint32, tag = "1")]
     version: u32,
-    #[prost(oneof = "Kind", tags = "2, 3, 4, 5, 6, 7, 8, 11, 12")]
+    #[prost(oneof = "Kind", tags = "2, 3, 4, 5, 6, 7, 8, 11, 12, 13")]
     kind: Option<Kind>,
     /// The proposal's request id (both halves 0: none), the same across its retries.
     #[prost(fixed64, tag = "9")]
@@ -63,6 +64,17 @@ enum Kind {
     CreateReplicatedQueue(WireReplicatedQueue),
     #[prost(message, tag = "12")]
     MoveReplica(WireMoveReplica),
+    #[prost(message, tag = "13")]
+    NoteIncarnation(WireIncarnation),
+}
+
+/// `NoteIncarnation`.
+#[derive(Clone, PartialEq, Message)]
+struct WireIncarnation {
+    #[prost(string, tag = "1")]
+    node: String,
+    #[prost(fixed64, tag = "2")]
+    incarnation: u64,
 }
 
 /// `MoveReplica`.
@@ -161,6 +173,9 @@ pub(super) struct WireNode {
     learner: bool,
     #[prost(bool, tag = "6")]
     removed: bool,
+    /// Its data directory's incarnation (0: none recorded; level 4).
+    #[prost(fixed64, tag = "7")]
+    incarnation: u64,
 }
 
 #[derive(Clone, PartialEq, Message)]
@@ -262,6 +277,7 @@ impl MetaCommand {
             | MetaCommand::DeleteQueue { .. } => 1,
             MetaCommand::CreateReplicatedQueue { .. } => 2,
             MetaCommand::MoveReplica { .. } => 3,
+            MetaCommand::NoteIncarnation { .. } => 4,
         }
     }
 
@@ -354,6 +370,12 @@ impl MetaCommand {
                 from: from.to_string(),
                 to: to.to_string(),
             }),
+            MetaCommand::NoteIncarnation { node, incarnation } => {
+                Kind::NoteIncarnation(WireIncarnation {
+                    node: node.to_string(),
+                    incarnation: *incarnation,
+                })
+            }
         };
         let (request_high, request_low) = split(request.map_or(0, |r| r.0));
         WireCommand {
@@ -460,6 +482,10 @@ impl MetaCommand {
                 from: node_id(WHAT, m.from)?,
                 to: node_id(WHAT, m.to)?,
             },
+            Kind::NoteIncarnation(i) => MetaCommand::NoteIncarnation {
+                node: node_id(WHAT, i.node)?,
+                incarnation: i.incarnation,
+            },
         };
         Ok((request, command))
     }
@@ -474,6 +500,7 @@ pub(super) fn wire_node(id: &NodeId, n: &NodeInfo) -> WireNode {
         peer_addr: n.peer_addr.clone(),
         learner: n.role == NodeRole::Learner,
         removed: n.state == NodeState::Removed,
+        incarnation: n.incarnation,
     }
 }
 
@@ -495,6 +522,7 @@ pub(super) fn node_from_wire(
         } else {
             NodeState::Active
         },
+        incarnation: n.incarnation,
     };
     Ok((node_id(what, n.id)?, info))
 }

@@ -100,6 +100,15 @@ pub enum MetaCommand {
         /// The node that takes its place: active, not a replica of the shard yet.
         to: NodeId,
     },
+    /// Records the data directory `node` runs on ([`super::NodeInfo::incarnation`]), as first
+    /// heard from it by the metadata leader; refused once another one is recorded. A command
+    /// of level 4.
+    NoteIncarnation {
+        /// The node.
+        node: NodeId,
+        /// Its data directory's incarnation (not 0).
+        incarnation: u64,
+    },
 }
 
 /// What an applied command changed, for the shell (create a queue on its owner's back-end,
@@ -180,6 +189,13 @@ pub enum MetaEvent {
         /// The shard's queues, whose owner became `to`: the preferred leader moved. Empty
         /// otherwise.
         owners_moved: Vec<QueueName>,
+    },
+    /// A node's incarnation was recorded.
+    IncarnationNoted {
+        /// The node.
+        node: NodeId,
+        /// Its incarnation.
+        incarnation: u64,
     },
     /// An entry with no command (a new leader's no-op or a Raft configuration change).
     Nothing,

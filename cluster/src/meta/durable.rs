@@ -83,7 +83,8 @@ impl Touched {
             }
             MetaEvent::NodeAdded { id, .. }
             | MetaEvent::NodePromoted { id, .. }
-            | MetaEvent::NodeRemoved { id, .. } => {
+            | MetaEvent::NodeRemoved { id, .. }
+            | MetaEvent::IncarnationNoted { node: id, .. } => {
                 self.nodes.insert(id.clone());
             }
             MetaEvent::QueuesCreated { queues } => {

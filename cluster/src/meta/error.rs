@@ -58,6 +58,16 @@ pub enum MetaError {
         /// The id.
         node: NodeId,
     },
+    /// `NoteIncarnation` naming another data directory than the one recorded for the node.
+    #[error("node {node} was recorded running on data directory {recorded:016x}, not {got:016x}: its disk was lost or replaced; move its shard replicas, remove it, and add the machine again as a new node")]
+    OtherIncarnation {
+        /// The node.
+        node: NodeId,
+        /// The incarnation recorded.
+        recorded: u64,
+        /// The one proposed.
+        got: u64,
+    },
     /// `PromoteNode` of a node that already votes.
     #[error("node {node} is already a voter; promote a learner")]
     AlreadyVoter {

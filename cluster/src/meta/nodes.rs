@@ -49,6 +49,7 @@ impl MetaState {
                     peer_addr: n.peer_addr.clone(),
                     role: NodeRole::Voter,
                     state: NodeState::Active,
+                    incarnation: 0,
                 },
             );
         }
@@ -82,6 +83,7 @@ impl MetaState {
                 peer_addr: peer_addr.to_owned(),
                 role,
                 state: NodeState::Active,
+                incarnation: 0,
             },
         );
         self.next_raft_id += 1;
@@ -102,6 +104,34 @@ impl MetaState {
             NodeState::Active => Ok(node),
             NodeState::Removed => Err(MetaError::NodeRemoved { node: id.clone() }),
         }
+    }
+
+    /// Applies [`super::MetaCommand::NoteIncarnation`]: recorded once, the same again (or 0)
+    /// changes nothing, another one is refused.
+    pub(crate) fn note_incarnation(
+        &mut self,
+        id: &NodeId,
+        incarnation: u64,
+    ) -> Result<MetaEvent, MetaError> {
+        let recorded = self.active_node(id)?.incarnation;
+        // 0 is "none": there is nothing to record.
+        if recorded == incarnation || incarnation == 0 {
+            return Ok(MetaEvent::Nothing);
+        }
+        if recorded != 0 {
+            return Err(MetaError::OtherIncarnation {
+                node: id.clone(),
+                recorded,
+                got: incarnation,
+            });
+        }
+        if let Some(n) = self.nodes.get_mut(id) {
+            n.incarnation = incarnation;
+        }
+        Ok(MetaEvent::IncarnationNoted {
+            node: id.clone(),
+            incarnation,
+        })
     }
 
     pub(crate) fn promote_node(&mut self, id: &NodeId) -> Result<MetaEvent, MetaError> {

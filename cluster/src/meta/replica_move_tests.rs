@@ -197,7 +197,6 @@ fn a_move_goes_through_the_codec_the_durable_copy_and_snapshots() {
     let (mut s, shard) = four_with_a_shard();
     let cmd = move_replica(shard, "a", "d");
     assert_eq!(cmd.level(), 3);
-    assert_eq!(cmd.level(), COMMAND_LEVEL, "the newest kind");
     assert_eq!(MetaCommand::decode(&cmd.encode()).unwrap(), cmd);
     let mut copy = BTreeMap::new();
     let mut all = Touched::default();

@@ -66,6 +66,12 @@ pub struct NodeInfo {
     pub role: NodeRole,
     /// Active or removed.
     pub state: NodeState,
+    /// The data directory the node runs on, as first heard from it (random, drawn when the
+    /// directory was made; 0: none recorded yet). A node heard from with another one lost its
+    /// disk, or was started on a new one: its peers refuse it ([`MetaCommand::NoteIncarnation`]).
+    ///
+    /// [`MetaCommand::NoteIncarnation`]: super::MetaCommand::NoteIncarnation
+    pub incarnation: u64,
 }
 
 impl NodeInfo {

@@ -38,6 +38,8 @@ pub const META_GROUP: GroupId = GroupId(0);
 pub(crate) const META_KEY: &[u8] = b"meta/state";
 /// The application key holding this node's raft id (8 bytes, big-endian).
 pub(crate) const IDENTITY_KEY: &[u8] = b"node/raft_id";
+/// The data directory's incarnation (`crate::data_dir::incarnation`), beside the raft id.
+pub(crate) const INCARNATION_KEY: &[u8] = b"node/incarnation";
 /// Most inputs handled before a round runs.
 const INPUTS_PER_ROUND_MAX: usize = 1024;
 

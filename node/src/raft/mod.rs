@@ -16,6 +16,7 @@
 
 mod driver;
 mod host;
+mod incarnation;
 mod log_store;
 mod machine;
 mod machines;
@@ -53,8 +54,8 @@ use shard::ShardSnapshots;
 use view::RaftCounters;
 pub use view::{MetaView, RaftMetrics};
 
-pub(crate) use driver::IDENTITY_KEY;
 use driver::{Driver, Input, Start, META_KEY};
+pub(crate) use driver::{IDENTITY_KEY, INCARNATION_KEY};
 use transport::Links;
 
 use ferry_cluster::meta::{bootstrap_raft_ids, MetaState, RaftId, DURABLE_PREFIX};
@@ -92,6 +93,9 @@ pub struct NodeSettings {
     /// The node's store, which the queue shards' snapshots this node sends are read from
     /// (`None`: it sends none; a replica that needs one waits for another leader).
     pub shard_data: Option<Arc<dyn ferry_store::QueueStore>>,
+    /// The data directory's incarnation (`crate::data_dir::incarnation`), stamped on every Raft
+    /// batch this node sends (0: none, as an earlier release).
+    pub incarnation: u64,
 }
 
 /// Why the metadata group could not start.
@@ -186,6 +190,7 @@ impl MetaNode {
             tokio::runtime::Handle::current(),
             settings.probe_interval,
             snapshots,
+            settings.incarnation,
         ));
         // The stored metadata is the first view, so nothing reads an empty one meanwhile.
         let first_view = MetaView {
@@ -246,6 +251,7 @@ impl MetaNode {
             tokio::spawn(self.clone().serve_shards()),
             tokio::spawn(self.clone().count_bytes()),
             tokio::spawn(self.clone().log_reachability()),
+            tokio::spawn(self.clone().record_incarnations()),
         ];
         if !resumed {
             match &self.shared.settings.start {
@@ -272,11 +278,16 @@ impl MetaNode {
     /// command), or its thread panicked. The node must stop serving then: without its
     /// metadata it would route and place with a view that no longer moves. Never completes
     /// after [`MetaNode::stop`].
+    ///
+    /// Also once a peer refused this node for running on another data directory than the one
+    /// the cluster recorded for it (its disk lost, see `transport::admit_incarnation`): it may
+    /// not take part under its old identity.
     pub async fn halted(&self) -> String {
         let mut halted = self.shared.halted.clone();
-        let reason = match halted.wait_for(Option::is_some).await {
-            Ok(reason) => reason.clone(),
-            Err(_) => None,
+        let mut refused = self.shared.links.refused.subscribe();
+        let reason = tokio::select! {
+            r = halted.wait_for(Option::is_some) => r.ok().and_then(|r| r.clone()),
+            r = refused.wait_for(Option::is_some) => r.ok().and_then(|r| r.clone()),
         };
         match reason {
             Some(reason) => reason,

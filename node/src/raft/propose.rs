@@ -71,6 +71,7 @@ pub fn meta_status(e: &MetaError) -> Status {
         | MetaError::WrongCluster { .. }
         | MetaError::NodeRemoved { .. }
         | MetaError::AlreadyVoter { .. }
+        | MetaError::OtherIncarnation { .. }
         | MetaError::LastVoter { .. }
         | MetaError::NodeOwnsQueues { .. }
         | MetaError::NodeHoldsReplicas { .. }

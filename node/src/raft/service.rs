@@ -9,7 +9,9 @@ use tonic::{Request, Response, Status};
 
 use super::propose::{hello, meta_status, PROPOSE_TIMEOUT};
 use super::snapshot_stream::receive_snapshot;
-use super::transport::{admit, cluster_id_bytes, cluster_id_of, receive_stream, BATCH_BYTES_MAX};
+use super::transport::{
+    admit, admit_incarnation, cluster_id_bytes, cluster_id_of, receive_stream, BATCH_BYTES_MAX,
+};
 use super::MetaNode;
 use ferry_cluster::meta::{
     check_voters, MetaCommand, MetaError, MetaEvent, NodeRole, ShardDef, VoterChange, VoterCheck,
@@ -53,12 +55,17 @@ impl pb::peer_server::Peer for PeerService {
         receive_stream(
             &shared.links,
             req.into_inner(),
-            move |from, theirs| {
+            move |from, theirs, incarnation| {
                 let view = view.borrow();
                 admit(view.meta.cluster_id(), theirs, from, |raft_id| {
                     view.node_by_raft_id(ferry_cluster::meta::RaftId(raft_id))
                         .is_some_and(|(_, n)| n.is_active())
-                })
+                })?;
+                match view.node_by_raft_id(ferry_cluster::meta::RaftId(from)) {
+                    Some((id, n)) => admit_incarnation(from, id, n.incarnation, incarnation)
+                        .inspect_err(|e| tracing::warn!(error = %e.message(), "refused a peer's Raft batches")),
+                    None => Ok(()),
+                }
             },
             shared.shutdown.clone(),
         )
@@ -436,6 +443,7 @@ impl MetaNode {
                     shards_preferred: count_shards(&shards, |s| s.preferred_leader() == id),
                     // Asked of the replicas by `Cluster.GetClusterStatus`.
                     shards_led: 0,
+                    incarnation: n.incarnation,
                 }
             })
             .collect();

@@ -151,5 +151,6 @@ pub(crate) fn one_node_settings() -> super::NodeSettings {
         probe_interval: std::time::Duration::from_millis(500),
         import_marker: None,
         shard_data: None,
+        incarnation: 1,
     }
 }

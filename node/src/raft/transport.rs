@@ -38,6 +38,11 @@ pub(crate) struct Links {
     heard: Mutex<HashMap<u64, Heard>>,
     /// Told when a peer reports a command level it had not reported before (its first word).
     pub(crate) level_learned: tokio::sync::Notify,
+    /// This node's data directory, stamped on every batch (`NodeSettings::incarnation`).
+    incarnation: u64,
+    /// Set when a peer refused this node's batches for running on another data directory than
+    /// the one the cluster recorded for it: why (the node stops, see `MetaNode::halted`).
+    pub(crate) refused: watch::Sender<Option<String>>,
     /// Bytes of messages this node's queues hold, stamped on every batch.
     local_bytes: std::sync::atomic::AtomicU64,
     /// Where a queue shard's snapshot data is read from, and a received one kept.
@@ -59,6 +64,8 @@ pub(crate) struct Report {
     pub(crate) stored_bytes: u64,
     /// The newest metadata command kinds its release reads ([`COMMAND_LEVEL`]).
     pub(crate) command_level: u32,
+    /// Its data directory (0: a release that does not say).
+    pub(crate) incarnation: u64,
 }
 
 struct Link {
@@ -75,6 +82,7 @@ impl Links {
         runtime: tokio::runtime::Handle,
         probe_interval: Duration,
         snapshots: Arc<ShardSnapshots>,
+        incarnation: u64,
     ) -> Self {
         Links {
             links: Mutex::new(HashMap::new()),
@@ -84,6 +92,8 @@ impl Links {
             probe_interval,
             heard: Mutex::new(HashMap::new()),
             level_learned: tokio::sync::Notify::new(),
+            incarnation,
+            refused: watch::channel(None).0,
             local_bytes: std::sync::atomic::AtomicU64::new(0),
             snapshots,
         }
@@ -187,6 +197,7 @@ impl Links {
         let report = report.or(kept).unwrap_or(Report {
             stored_bytes: 0,
             command_level: 0,
+            incarnation: 0,
         });
         heard.insert(
             raft_id,
@@ -231,6 +242,17 @@ impl Links {
             .map_or(0, |h| h.report.command_level)
     }
 
+    /// The data directory `raft_id` last reported running on (0: not heard from, or a release
+    /// that does not say).
+    pub(crate) fn peer_incarnation(&self, raft_id: u64) -> u64 {
+        self.last_word(raft_id).map_or(0, |h| h.report.incarnation)
+    }
+
+    /// This node's data directory.
+    pub(crate) fn incarnation(&self) -> u64 {
+        self.incarnation
+    }
+
     /// How long ago `raft_id` was last heard from, if ever.
     pub(crate) fn last_heard(&self, raft_id: u64) -> Option<Duration> {
         self.last_word(raft_id).map(|h| h.at.elapsed())
@@ -249,6 +271,7 @@ impl Links {
             batch: bytes,
             stored_bytes: self.local_bytes(),
             command_level: COMMAND_LEVEL,
+            incarnation: self.incarnation,
         }
     }
 }
@@ -317,7 +340,13 @@ async fn stream_once(links: &Links, addr: &str, rx: &mut mpsc::Receiver<Bytes>) 
             ended = &mut call => {
                 return StreamEnd::Failed(match ended {
                     Ok(_) => "closed by the peer".to_owned(),
-                    Err(status) => status.message().to_owned(),
+                    Err(status) => {
+                        if status.metadata().contains_key(OTHER_INCARNATION_KEY) {
+                            let why = format!("a peer refused this node: {}", status.message());
+                            links.refused.send_replace(Some(why));
+                        }
+                        status.message().to_owned()
+                    }
                 });
             }
             got = rx.recv() => {
@@ -363,13 +392,40 @@ pub(crate) fn admit(
     }
 }
 
+/// The metadata key of a refusal for running on another data directory than the one the
+/// cluster recorded (see [`admit_incarnation`]).
+pub(crate) const OTHER_INCARNATION_KEY: &str = "ferry-other-incarnation";
+
+/// Whether this node takes a batch from `node` (raft id `from`) stamped with `sent`, the
+/// cluster having recorded `recorded` for it: refused when both are known and differ. The node
+/// lost its disk (or ran in memory) and came back empty under its old identity: its vote could
+/// elect a leader missing entries it had acknowledged.
+pub(crate) fn admit_incarnation(
+    from: u64,
+    node: &ferry_kernel::NodeId,
+    recorded: u64,
+    sent: u64,
+) -> Result<(), tonic::Status> {
+    if recorded == 0 || sent == 0 || recorded == sent {
+        return Ok(());
+    }
+    let mut status = tonic::Status::failed_precondition(format!(
+        "node {node} (raft id {from}) runs on data directory {sent:016x}, but the cluster knows it on {recorded:016x}: its disk was lost or replaced (or it ran in memory), and it may not come back empty under its old identity. Move its shard replicas off it (`ferry shard move-replica --from {node}`), remove it (`ferry node remove {node}`), and add the machine again as a new node under a new id"
+    ));
+    status.metadata_mut().insert(
+        OTHER_INCARNATION_KEY,
+        tonic::metadata::MetadataValue::from_static("1"),
+    );
+    Err(status)
+}
+
 /// The receiving side of `Peer.Raft`: checks each batch's sender with `admits` (raft id, the
-/// cluster it names; see [`admit`]), notes liveness, hands batches to the driver. Ends when the
+/// cluster it names, its incarnation; see [`admit`] and [`admit_incarnation`]), notes liveness, hands batches to the driver. Ends when the
 /// peer closes the stream, a batch is refused, or this node shuts down.
 pub(crate) async fn receive_stream(
     links: &Links,
     mut stream: tonic::Streaming<pb::RaftBatch>,
-    admits: impl Fn(u64, Option<ClusterId>) -> Result<(), tonic::Status>,
+    admits: impl Fn(u64, Option<ClusterId>, u64) -> Result<(), tonic::Status>,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(), tonic::Status> {
     loop {
@@ -382,7 +438,11 @@ pub(crate) async fn receive_stream(
                 return Err(tonic::Status::unavailable("node shutting down"));
             }
         };
-        admits(batch.from_raft_id, cluster_id_of(&batch.cluster_id)?)?;
+        admits(
+            batch.from_raft_id,
+            cluster_id_of(&batch.cluster_id)?,
+            batch.incarnation,
+        )?;
         if batch.from_raft_id == 0 {
             continue;
         }
@@ -390,6 +450,7 @@ pub(crate) async fn receive_stream(
             stored_bytes: batch.stored_bytes,
             // An earlier release does not report one: it reads the first kinds.
             command_level: batch.command_level.max(1),
+            incarnation: batch.incarnation,
         };
         links.heard_from(batch.from_raft_id, Some(report));
         if batch.batch.is_empty() {
@@ -467,5 +528,20 @@ mod tests {
         );
         // A batch without a sender (liveness only) is not judged by its raft id.
         assert!(admit(ours, None, 0, members).is_ok());
+    }
+
+    #[test]
+    fn a_member_back_on_another_data_directory_is_refused_saying_what_to_do() {
+        let c = ferry_kernel::NodeId::new("c").unwrap();
+        // Nothing recorded yet, an earlier release that does not say, or the one recorded.
+        assert!(admit_incarnation(3, &c, 0, 0xaa).is_ok());
+        assert!(admit_incarnation(3, &c, 0xaa, 0).is_ok());
+        assert!(admit_incarnation(3, &c, 0xaa, 0xaa).is_ok());
+        let lost = admit_incarnation(3, &c, 0xaa, 0xbb).unwrap_err();
+        assert_eq!(lost.code(), tonic::Code::FailedPrecondition);
+        assert!(lost.metadata().contains_key(OTHER_INCARNATION_KEY));
+        for hint in ["disk was lost", "move-replica --from c", "node remove c"] {
+            assert!(lost.message().contains(hint), "{hint}: {lost:?}");
+        }
     }
 }
