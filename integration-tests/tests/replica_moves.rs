@@ -305,3 +305,74 @@ async fn a_node_back_on_an_empty_disk_under_its_old_identity_is_refused_and_stop
     assert_eq!(stats(&client, "after").await?.ready, 1);
     Ok(())
 }
+
+/// The status of node `id` as the cluster reports it.
+async fn node_status(client: &ferry_client::Client, id: &str) -> anyhow::Result<pb::NodeStatus> {
+    let status = client
+        .cluster()
+        .get_cluster_status(pb::GetClusterStatusRequest::default())
+        .await?
+        .into_inner();
+    status
+        .nodes
+        .into_iter()
+        .find(|n| n.node_id == id)
+        .ok_or_else(|| anyhow::anyhow!("{id} not in the cluster status"))
+}
+
+/// Issue 24, operators: a machine whose disk was lost comes back empty under its old name.
+/// Removed, its id may be added again: only on an empty data directory (added while it still
+/// runs on its old one is refused, saying so), with a new raft id and its new data directory
+/// recorded; it then serves like any node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_node_comes_back_empty_under_its_old_name() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut cluster = Cluster::start(dir.path(), &NODES)?;
+    cluster.wait_leader(&NODES, WAIT).await?;
+    let client = cluster.node("n1").client().await?;
+    let n4 = cluster.start_joining("n4", 0)?;
+    let address = cluster.peer_addr(n4);
+    let add = ["node", "add", "n4", "--address", &address, "--learner"];
+    let (ok, out, err) = ferry_cli(cluster.node("n1"), &add)?;
+    anyhow::ensure!(ok, "node add: {out}{err}");
+    let recorded = || async { Ok(node_status(&client, "n4").await?.incarnation != 0) };
+    wait_until(WAIT, "n4's data directory recorded", recorded).await?;
+    let before = node_status(&client, "n4").await?;
+
+    let (ok, out, err) = ferry_cli(cluster.node("n1"), &["node", "remove", "n4"])?;
+    anyhow::ensure!(ok, "node remove: {out}{err}");
+    // Still on its old data directory: refused, saying what to do.
+    let (ok, out, err) = ferry_cli(cluster.node("n1"), &add)?;
+    assert!(!ok, "{out}");
+    assert!(
+        err.contains("still runs on its data directory") && err.contains("empty"),
+        "{err}"
+    );
+
+    // Its disk lost: started again empty, with its old configuration (--join), it waits to be
+    // added, and is.
+    cluster.node_mut("n4").kill9();
+    wipe_data(cluster.node("n4"))?;
+    cluster.node_mut("n4").restart_in_place()?;
+    let (ok, out, err) = ferry_cli(cluster.node("n1"), &add)?;
+    anyhow::ensure!(ok, "node add again: {out}{err}");
+    let after = node_status(&client, "n4").await?;
+    assert!(after.raft_id > before.raft_id, "{after:?} after {before:?}");
+    let recorded_again = || async {
+        let now = node_status(&client, "n4").await?.incarnation;
+        Ok(now != 0 && now != before.incarnation)
+    };
+    wait_until(WAIT, "n4's new data directory recorded", recorded_again).await?;
+    create_queue_on(&client, "on-n4", Some("n4")).await?;
+    let conn = client.open_connection("t").await?;
+    let session = conn.create_session(AckMode::Auto).await?;
+    session
+        .send("on-n4", vec![Message::text("served by n4")])
+        .await?;
+    let got = session
+        .receive("on-n4", ReceiveOptions::timeout_ms(10_000))
+        .await?;
+    assert_eq!(got.len(), 1);
+    assert!(cluster.node_mut("n4").exited().is_none(), "n4 runs on");
+    Ok(())
+}

@@ -30,8 +30,10 @@ pub enum MetaError {
     /// `Bootstrap` with no node.
     #[error("a cluster starts with at least one node; list them in --initial-cluster")]
     NoNodes,
-    /// The node id is taken (by an active node or by a removed one: ids are never reused).
-    #[error("node id {node} is already used in this cluster; choose another id")]
+    /// The node id is taken by an active node (a removed node's id may be added again).
+    #[error(
+        "node {node} is already a member of this cluster; choose another id, or remove it first"
+    )]
     DuplicateNode {
         /// The id.
         node: NodeId,
@@ -59,7 +61,7 @@ pub enum MetaError {
         node: NodeId,
     },
     /// `NoteIncarnation` naming another data directory than the one recorded for the node.
-    #[error("node {node} was recorded running on data directory {recorded:016x}, not {got:016x}: its disk was lost or replaced; move its shard replicas, remove it, and add the machine again as a new node")]
+    #[error("node {node} was recorded running on data directory {recorded:016x}, not {got:016x}: its disk was lost or replaced; move its shard replicas, remove it, and add it again on an empty data directory")]
     OtherIncarnation {
         /// The node.
         node: NodeId,

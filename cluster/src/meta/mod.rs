@@ -31,9 +31,9 @@ mod state;
 mod voters;
 
 #[cfg(test)]
-mod incarnation_tests;
-#[cfg(test)]
 mod replica_move_tests;
+#[cfg(test)]
+mod returning_node_tests;
 #[cfg(test)]
 mod shard_tests;
 #[cfg(test)]

@@ -1,5 +1,8 @@
 //! Membership commands: bootstrap, add, promote and remove a node. Raft ids come from the
-//! state's counter and are never reused; removed nodes keep their id reserved.
+//! state's counter and are never reused. A removed node's id may be added again (a machine
+//! back on an empty disk under its old name): it gets a new raft id, and its old one is
+//! forgotten (the group's leader removes a raft id no node has, see
+//! [`super::next_membership_step`]).
 
 use std::collections::BTreeSet;
 
@@ -65,7 +68,7 @@ impl MetaState {
         peer_addr: &str,
         learner: bool,
     ) -> Result<MetaEvent, MetaError> {
-        if self.nodes.contains_key(id) {
+        if self.nodes.get(id).is_some_and(NodeInfo::is_active) {
             return Err(MetaError::DuplicateNode { node: id.clone() });
         }
         check_addrs(id, client_addr, peer_addr)?;

@@ -98,7 +98,8 @@ pub enum MembershipStep {
 /// `learners`: raft ids as the engine reports them) towards the nodes recorded here; `None`
 /// when they agree. The leader's driver proposes it whenever no change is pending, so a
 /// change is never lost to a leader change between applying `AddNode` and proposing.
-/// Removals first, so the group never grows before it shrinks.
+/// Removals first, so the group never grows before it shrinks. A member no node has (the old
+/// raft id of a removed node added again) is removed too, once the cluster is formed.
 pub fn next_membership_step(
     state: &MetaState,
     voters: &[RaftId],
@@ -106,6 +107,12 @@ pub fn next_membership_step(
 ) -> Option<MembershipStep> {
     let voters: BTreeSet<RaftId> = voters.iter().copied().collect();
     let learners: BTreeSet<RaftId> = learners.iter().copied().collect();
+    if state.cluster_id().is_some() {
+        let known: BTreeSet<RaftId> = state.nodes().values().map(|n| n.raft_id).collect();
+        if let Some(gone) = voters.iter().chain(&learners).find(|r| !known.contains(r)) {
+            return Some(MembershipStep::Remove(*gone));
+        }
+    }
     let mut adds = None;
     for n in state.nodes().values() {
         let id = n.raft_id;

@@ -219,7 +219,8 @@ impl pb::cluster_server::Cluster for ClusterService {
         let Some(ours) = view.meta.cluster_id() else {
             return Err(meta_status(&MetaError::NotBootstrapped));
         };
-        if view.meta.node(&id).is_some() {
+        // A removed node's id may be added again: a machine back on an empty disk.
+        if view.meta.node(&id).is_some_and(|n| n.is_active()) {
             return Err(meta_status(&MetaError::DuplicateNode { node: id }));
         }
         if !r.learner {
@@ -243,6 +244,12 @@ impl pb::cluster_server::Cluster for ClusterService {
                     got: theirs,
                 }));
             }
+        }
+        if h.raft_id != 0 {
+            return Err(Status::failed_precondition(format!(
+                "node {id} at {} still runs on its data directory of this cluster (raft id {}): a node is added only on an empty data directory; stop it, empty its data directory, start it with --join, then add it",
+                r.peer_address, h.raft_id
+            )));
         }
         let command = MetaCommand::AddNode {
             id: id.clone(),

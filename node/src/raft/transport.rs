@@ -410,7 +410,7 @@ pub(crate) fn admit_incarnation(
         return Ok(());
     }
     let mut status = tonic::Status::failed_precondition(format!(
-        "node {node} (raft id {from}) runs on data directory {sent:016x}, but the cluster knows it on {recorded:016x}: its disk was lost or replaced (or it ran in memory), and it may not come back empty under its old identity. Move its shard replicas off it (`ferry shard move-replica --from {node}`), remove it (`ferry node remove {node}`), and add the machine again as a new node under a new id"
+        "node {node} (raft id {from}) runs on data directory {sent:016x}, but the cluster knows it on {recorded:016x}: its disk was lost or replaced (or it ran in memory), and it may not come back empty under its old identity. Move its shard replicas off it (`ferry shard move-replica --from {node}`) and remove it (`ferry node remove {node}`); then empty its data directory again, start it with --join (not its initial list) and add it again (`ferry node add {node}`): it comes back under a new raft id"
     ));
     status.metadata_mut().insert(
         OTHER_INCARNATION_KEY,

@@ -1,6 +1,7 @@
-//! Unit tests of recording the data directory each node runs on
-//! ([`MetaCommand::NoteIncarnation`]): recorded once, the same again changes nothing, another
-//! one is refused; kept by the codec, snapshots and the durable copy.
+//! Unit tests of a node whose disk was lost: the data directory each node runs on is recorded
+//! ([`MetaCommand::NoteIncarnation`]: once, the same again changes nothing, another one is
+//! refused; kept by the codec, snapshots and the durable copy), and a removed node's id added
+//! again gets a new raft id, the old one leaving the metadata group.
 
 #![allow(clippy::unwrap_used)]
 
@@ -8,6 +9,7 @@ use std::collections::BTreeMap;
 
 use super::shard_tests::cluster_of;
 use super::tests::{n, next, rebuilt, refused, write_durable};
+
 use super::*;
 
 fn note(node: &str, incarnation: u64) -> MetaCommand {
@@ -83,4 +85,59 @@ fn durable_everything() -> Touched {
     let mut t = Touched::default();
     t.everything();
     t
+}
+
+fn add(id: &str, learner: bool) -> MetaCommand {
+    MetaCommand::AddNode {
+        id: n(id),
+        client_addr: format!("{id}:7400"),
+        peer_addr: format!("{id}:7410"),
+        learner,
+    }
+}
+
+#[test]
+fn a_removed_node_added_again_gets_a_new_raft_id_and_its_old_one_leaves_the_group() {
+    let mut s = cluster_of(&["a", "b", "c"]);
+    s.apply(next(&s), &add("d", true)).unwrap();
+    s.apply(next(&s), &note("d", 0xd1)).unwrap();
+    let old = s.node(&n("d")).unwrap().raft_id;
+    refused(
+        &mut s,
+        add("d", true),
+        &MetaError::DuplicateNode { node: n("d") },
+    );
+    s.apply(next(&s), &MetaCommand::RemoveNode { id: n("d") })
+        .unwrap();
+    // Its disk lost, the machine comes back empty under its old name.
+    let event = s.apply(next(&s), &add("d", true)).unwrap();
+    let MetaEvent::NodeAdded { raft_id, .. } = event else {
+        panic!("{event:?}")
+    };
+    assert!(raft_id > old, "a new raft id: {raft_id:?} after {old:?}");
+    let d = s.node(&n("d")).unwrap();
+    assert!(d.is_active());
+    assert_eq!(
+        d.incarnation, 0,
+        "its new data directory is recorded afresh"
+    );
+    assert_eq!(d.peer_addr, "d:7410");
+    s.check_invariants().unwrap();
+
+    // The group's leader removes the old raft id, which no node has, then adds the new one.
+    let voters: Vec<RaftId> = ["a", "b", "c"]
+        .iter()
+        .map(|id| s.node(&n(id)).unwrap().raft_id)
+        .collect();
+    assert_eq!(
+        next_membership_step(&s, &voters, &[old]),
+        Some(MembershipStep::Remove(old))
+    );
+    assert_eq!(
+        next_membership_step(&s, &voters, &[]),
+        Some(MembershipStep::AddLearner(raft_id))
+    );
+    assert_eq!(next_membership_step(&s, &voters, &[raft_id]), None);
+    // Before the cluster is formed, the configuration's members have no nodes yet: kept.
+    assert_eq!(next_membership_step(&MetaState::new(), &voters, &[]), None);
 }
