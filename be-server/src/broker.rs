@@ -220,6 +220,12 @@ impl Broker {
         (s.write_micros.snapshot(), s.batch_submissions.snapshot())
     }
 
+    /// How long this node's replicated writes took, from their proposal to the shard to their
+    /// confirmation here, in microseconds (`shard_log::new_commit_histogram`).
+    pub fn shard_commit_histogram(&self) -> ferry_store::BucketsSnapshot {
+        self.inner.queues.shard_commit_micros.snapshot()
+    }
+
     /// Bytes of messages all durable queues of this node may keep in memory together.
     pub fn node_memory_budget_bytes(&self) -> u64 {
         self.inner.queues.config.node_memory_budget_bytes

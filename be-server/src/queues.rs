@@ -72,6 +72,8 @@ pub(crate) struct Queues {
     pub(crate) shards: RwLock<crate::shards::Shards>,
     /// Bumped each time a shard's log is fenced (see `shard_log.rs`).
     pub(crate) fences: Arc<tokio::sync::watch::Sender<u64>>,
+    /// How long replicated writes take to be confirmed (`shard_log::new_commit_histogram`).
+    pub(crate) shard_commit_micros: Arc<ferry_store::Buckets>,
     /// This run of the back-end (random, never 0): see [`Owned::incarnation`].
     pub(crate) incarnation: u64,
     /// Set by [`Queues::stop_all`]: every call fails with UNAVAILABLE from then on.
@@ -114,6 +116,7 @@ impl Queues {
             admin: tokio::sync::Mutex::new(()),
             shards: RwLock::default(),
             fences: Arc::new(tokio::sync::watch::Sender::new(0)),
+            shard_commit_micros: crate::shard_log::new_commit_histogram(),
             incarnation: rand::random_range(1..u64::MAX),
             stopping: false.into(),
             stopped_tx: tokio::sync::watch::Sender::new(false),

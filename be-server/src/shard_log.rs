@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use ferry_store::StoreOp;
+use ferry_store::{Buckets, StoreOp};
 use tokio::sync::{oneshot, watch};
 
 use crate::log::{LogError, LogSync, QueueLog};
@@ -66,16 +66,31 @@ pub(crate) struct ShardLog {
     proposer: Arc<dyn ShardProposer>,
     fenced: Arc<AtomicBool>,
     fences: Arc<watch::Sender<u64>>,
+    /// Microseconds from each batch's proposal to its confirmation here (node-wide).
+    commit_micros: Arc<Buckets>,
+}
+
+/// The bounds, in microseconds, of [`new_commit_histogram`]'s buckets.
+const COMMIT_MICROS_BOUNDS: &[u64] = &[
+    250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 1_000_000, 5_000_000,
+];
+
+/// The node's histogram of the time a replicated write takes, from its proposal to the
+/// shard's group to its confirmation on the leader (committed on a majority of the replicas'
+/// disks, and applied here): what replication adds to a send or an ack.
+pub(crate) fn new_commit_histogram() -> Arc<Buckets> {
+    Arc::new(Buckets::new(COMMIT_MICROS_BOUNDS))
 }
 
 impl ShardLog {
     /// The log of a run leading `shard` at `term`, whose fencing bumps `fences` (see the
-    /// type's docs).
+    /// type's docs) and whose confirmed batches are timed into `commit_micros`.
     pub(crate) fn new(
         shard: ShardId,
         term: u64,
         proposer: Arc<dyn ShardProposer>,
         fences: Arc<watch::Sender<u64>>,
+        commit_micros: Arc<Buckets>,
     ) -> Self {
         ShardLog {
             shard,
@@ -83,6 +98,7 @@ impl ShardLog {
             proposer,
             fenced: Arc::default(),
             fences,
+            commit_micros,
         }
     }
 
@@ -114,6 +130,7 @@ impl ShardLog {
 pub(crate) struct ShardDurable {
     log: ShardLog,
     outcome: ProposalOutcome,
+    proposed: tokio::time::Instant,
 }
 
 impl Future for ShardDurable {
@@ -131,6 +148,11 @@ impl Future for ShardDurable {
         };
         if result.is_err() {
             self.log.fence();
+        } else {
+            let micros = self.proposed.elapsed().as_micros();
+            self.log
+                .commit_micros
+                .observe(u64::try_from(micros).unwrap_or(u64::MAX));
         }
         Poll::Ready(result)
     }
@@ -152,6 +174,7 @@ impl QueueLog for ShardLog {
         Ok(ShardDurable {
             log: self.clone(),
             outcome: self.proposer.propose(self.shard, self.term, entry),
+            proposed: tokio::time::Instant::now(),
         })
     }
 }

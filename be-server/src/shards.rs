@@ -201,7 +201,13 @@ impl Queues {
         term: u64,
         proposer: Arc<dyn ShardProposer>,
     ) -> Result<(), Error> {
-        let log = ShardLog::new(shard, term, proposer, Arc::clone(&self.fences));
+        let log = ShardLog::new(
+            shard,
+            term,
+            proposer,
+            Arc::clone(&self.fences),
+            Arc::clone(&self.shard_commit_micros),
+        );
         let incarnation = rand::random_range(1..u64::MAX);
         let now = self.clock.now_ms();
         let recovered = tokio::task::block_in_place(|| -> Result<Vec<_>, Error> {

@@ -1,5 +1,7 @@
 //! Prometheus metrics: a scripted workload moves exactly the numbers it should.
 
+use std::time::Duration;
+
 use anyhow::Context as _;
 use ferry_client::{AckMode, Message, ReceiveOptions};
 use ferry_integration_tests::{create_queue, Node, NodeOptions};
@@ -28,6 +30,21 @@ async fn metrics_follow_a_scripted_workload() -> anyhow::Result<()> {
     )?;
     let url = node.metrics_url()?;
     let client = node.client().await?;
+    // The node records its data directory in the metadata once formed: one proposal.
+    let recorded = || async {
+        let status = client
+            .cluster()
+            .get_cluster_status(ferry_client::pb::GetClusterStatusRequest::default())
+            .await?
+            .into_inner();
+        Ok(status.nodes.iter().all(|n| n.incarnation != 0))
+    };
+    ferry_integration_tests::wait_until(
+        Duration::from_secs(10),
+        "the data directory recorded",
+        recorded,
+    )
+    .await?;
     create_queue(&client, "orders").await?;
     let before = tokio::task::spawn_blocking({
         let url = url.clone();
@@ -83,11 +100,11 @@ async fn metrics_follow_a_scripted_workload() -> anyhow::Result<()> {
         sample(&after, "ferry_group_commit_writes_total").is_some(),
         "{after}"
     );
-    // The metadata group: a one-node cluster leads itself; the queue's creation was one
-    // proposal through this node.
+    // The metadata group: a one-node cluster leads itself; recording its data directory and
+    // the queue's creation were the proposals through this node.
     assert_eq!(sample(&after, "ferry_raft_leader"), Some(1.0), "{after}");
     assert!(sample(&after, "ferry_raft_term").unwrap_or_default() >= 1.0);
-    assert_eq!(sample(&after, "ferry_raft_proposals_total"), Some(1.0));
+    assert_eq!(sample(&after, "ferry_raft_proposals_total"), Some(2.0));
     assert_eq!(
         sample(&after, "ferry_raft_proposals_failed_total"),
         Some(0.0)

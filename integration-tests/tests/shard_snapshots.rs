@@ -88,6 +88,15 @@ async fn a_replica_behind_a_compacted_log_is_rebuilt_from_a_snapshot_and_serves_
         entries.is_some_and(|e| e < SENT as f64),
         "the leader compacted the shard's log: {entries:?} entries after {SENT} sends"
     );
+    // Each send was a replicated write, timed from its proposal to its confirmation.
+    let timed = metric(
+        cluster.node_mut(&leader),
+        "ferry_shard_commit_seconds_count",
+    )?;
+    assert!(
+        timed.is_some_and(|n| n >= SENT as f64),
+        "{timed:?} replicated writes timed after {SENT} sends"
+    );
 
     cluster.node_mut(away).restart_in_place()?;
     let back = cluster.node_mut(away);

@@ -492,6 +492,12 @@ pub async fn render(s: &Sources) -> String {
         snapshot: write_micros,
     }));
     r.register_collector(Box::new(Snapshot {
+        name: "shard_commit_seconds",
+        help: "Time from a replicated write's proposal to its queue shard to its confirmation on the leader (committed on a majority of the replicas' disks and applied there): what replication adds to a send or an ack",
+        units_per_exported: 1e6,
+        snapshot: s.broker.shard_commit_histogram(),
+    }));
+    r.register_collector(Box::new(Snapshot {
         name: "group_commit_batch_submissions",
         help: "Submissions carried by each synced write",
         units_per_exported: 1.0,

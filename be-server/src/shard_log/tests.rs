@@ -34,6 +34,7 @@ fn setup() -> (Arc<Fake>, ShardLog) {
         TERM,
         Arc::clone(&fake) as Arc<dyn ShardProposer>,
         Arc::new(tokio::sync::watch::Sender::new(0)),
+        super::new_commit_histogram(),
     );
     (fake, log)
 }
@@ -69,6 +70,8 @@ async fn batches_are_proposed_in_order_as_entries_and_durable_once_applied() {
         .send(Err(not_leader.clone()))
         .unwrap();
     assert_eq!(second.await, Err(LogError::Shard(not_leader)));
+    // Confirmed batches are timed; a refused one is not.
+    assert_eq!(log.commit_micros.snapshot().count, 1);
 }
 
 #[tokio::test]
@@ -117,6 +120,7 @@ async fn a_batch_not_confirmed_fences_the_log() {
         TERM,
         Arc::clone(&fake) as Arc<dyn ShardProposer>,
         Arc::clone(&fences),
+        super::new_commit_histogram(),
     );
     let first = log.submit(delete(1), LogSync::Now).await.unwrap();
     let second = log.submit(delete(2), LogSync::Now).await.unwrap();

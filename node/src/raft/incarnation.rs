@@ -50,7 +50,8 @@ impl MetaNode {
     }
 
     /// The active nodes with no incarnation recorded whose incarnation this node knows (its
-    /// own, and each peer's as its batches said), while it leads the metadata group.
+    /// own, and each peer's as its batches said), while it leads the metadata group and every
+    /// other active node reads the command (none is proposed to fail during an upgrade).
     fn unrecorded_incarnations(&self) -> Vec<(NodeId, u64)> {
         let view = self.shared.view.borrow();
         if !view.is_leader() {
@@ -58,6 +59,20 @@ impl MetaNode {
         }
         let me = &self.shared.settings.node_id;
         let links = &self.shared.links;
+        let needed = MetaCommand::NoteIncarnation {
+            node: me.clone(),
+            incarnation: 1,
+        }
+        .level();
+        let all_read_it = view
+            .meta
+            .nodes()
+            .iter()
+            .filter(|(id, n)| *id != me && n.is_active())
+            .all(|(_, n)| links.peer_command_level(n.raft_id.0) >= needed);
+        if !all_read_it {
+            return vec![];
+        }
         view.meta
             .nodes()
             .iter()
