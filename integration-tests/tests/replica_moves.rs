@@ -211,17 +211,22 @@ async fn a_lost_replica_is_moved_to_another_node_and_the_shard_is_whole_again() 
     Ok(())
 }
 
+/// Every node as the cluster reports it.
+async fn nodes(client: &ferry_client::Client) -> anyhow::Result<Vec<pb::NodeStatus>> {
+    Ok(client
+        .cluster()
+        .get_cluster_status(pb::GetClusterStatusRequest::default())
+        .await?
+        .into_inner()
+        .nodes)
+}
+
 /// The data directory each node runs on, as the cluster recorded it (0: not yet), by node.
 async fn incarnations(
     client: &ferry_client::Client,
 ) -> anyhow::Result<std::collections::BTreeMap<String, u64>> {
-    let status = client
-        .cluster()
-        .get_cluster_status(pb::GetClusterStatusRequest::default())
-        .await?
-        .into_inner();
-    Ok(status
-        .nodes
+    let nodes = nodes(client).await?;
+    Ok(nodes
         .into_iter()
         .map(|n| (n.node_id, n.incarnation))
         .collect())
@@ -308,13 +313,8 @@ async fn a_node_back_on_an_empty_disk_under_its_old_identity_is_refused_and_stop
 
 /// The status of node `id` as the cluster reports it.
 async fn node_status(client: &ferry_client::Client, id: &str) -> anyhow::Result<pb::NodeStatus> {
-    let status = client
-        .cluster()
-        .get_cluster_status(pb::GetClusterStatusRequest::default())
+    nodes(client)
         .await?
-        .into_inner();
-    status
-        .nodes
         .into_iter()
         .find(|n| n.node_id == id)
         .ok_or_else(|| anyhow::anyhow!("{id} not in the cluster status"))
