@@ -4,7 +4,7 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use ferry_kernel::QueueName;
+use ferry_kernel::{PlacementEpoch, QueueName};
 
 use ferry_proto::pb;
 use tonic::{Request, Response, Status};
@@ -116,6 +116,20 @@ impl AdminService {
         out
     }
 
+    /// A read naming one queue, to its owner (see [`Router::call_read`]: a replica of a
+    /// replicated queue that does not answer in time is passed over).
+    async fn queue_read<T, F, Fut>(&self, queue: &QueueName, f: F) -> Result<T, Status>
+    where
+        F: Fn(BackendRef, pb::BackendQueueRequest) -> Fut,
+        Fut: Future<Output = Result<Response<T>, Status>>,
+    {
+        self.router()
+            .call_read(queue, |be, placement_epoch| {
+                f(be, queue_request(queue, placement_epoch))
+            })
+            .await
+    }
+
     /// A call naming one queue, to its owner (see [`Router::call`]).
     async fn queue_call<T, F, Fut>(&self, queue: &QueueName, f: F) -> Result<T, Status>
     where
@@ -124,13 +138,7 @@ impl AdminService {
     {
         self.router()
             .call(queue, |be, placement_epoch| {
-                let req = pb::BackendQueueRequest {
-                    name: queue.to_string(),
-                    placement_epoch: placement_epoch.get(),
-                    wait_placed_ms: 0,
-                    wait_settings: None,
-                };
-                f(be, req)
+                f(be, queue_request(queue, placement_epoch))
             })
             .await
     }
@@ -176,7 +184,7 @@ impl AdminService {
             if unreachable.iter().any(|u| u.node_id == owner.as_str()) {
                 continue;
             }
-            let ask = self.queue_call(&name, |be, req| async move {
+            let ask = self.queue_read(&name, |be, req| async move {
                 be.get_queue_stats(Request::new(req)).await
             });
             match tokio::time::timeout(NODE_ANSWER_WAIT, ask).await {
@@ -319,7 +327,7 @@ impl pb::admin_server::Admin for AdminService {
         }
         // Tell "created" from "already there" by asking first; create is idempotent either way.
         let existed = self
-            .queue_call(&name, |be, req| async move {
+            .queue_read(&name, |be, req| async move {
                 be.get_queue(Request::new(req)).await
             })
             .await
@@ -346,7 +354,7 @@ impl pb::admin_server::Admin for AdminService {
     async fn get_queue(&self, req: Request<pb::GetQueueRequest>) -> Reply<pb::GetQueueResponse> {
         let name = queue_name(&req.into_inner().name)?;
         let info = self
-            .queue_call(&name, |be, req| async move {
+            .queue_read(&name, |be, req| async move {
                 be.get_queue(Request::new(req)).await
             })
             .await?;
@@ -393,7 +401,7 @@ impl pb::admin_server::Admin for AdminService {
             let held = if r.if_empty {
                 0
             } else {
-                self.queue_call(&name, |be, req| async move {
+                self.queue_read(&name, |be, req| async move {
                     be.get_queue_stats(Request::new(req)).await
                 })
                 .await
@@ -446,7 +454,7 @@ impl pb::admin_server::Admin for AdminService {
             return Ok(Response::new(self.all_stats(listing).await?));
         }
         let stats = self
-            .queue_call(&queue_name(&name)?, |be, req| async move {
+            .queue_read(&queue_name(&name)?, |be, req| async move {
                 be.get_queue_stats(Request::new(req)).await
             })
             .await?;
@@ -527,7 +535,7 @@ impl pb::admin_server::Admin for AdminService {
         let patch = r.config.unwrap_or_default();
         // As its owner serves it now.
         let before = self
-            .queue_call(&name, |be, req| async move {
+            .queue_read(&name, |be, req| async move {
                 be.get_queue(Request::new(req)).await
             })
             .await?;
@@ -586,11 +594,11 @@ impl pb::admin_server::Admin for AdminService {
                 .map_err(crate::error::Error::from)?;
         }
         let stats = self
-            .queue_call(&from, |be, req| async move {
+            .queue_read(&from, |be, req| async move {
                 be.get_queue_stats(Request::new(req)).await
             })
             .await?;
-        self.queue_call(&to, |be, req| async move {
+        self.queue_read(&to, |be, req| async move {
             be.get_queue(Request::new(req)).await
         })
         .await
@@ -680,3 +688,13 @@ impl pb::admin_server::Admin for AdminService {
 mod create;
 #[cfg(test)]
 mod tests;
+
+/// The request of a call naming `queue` routed at `placement_epoch`.
+fn queue_request(queue: &QueueName, placement_epoch: PlacementEpoch) -> pb::BackendQueueRequest {
+    pb::BackendQueueRequest {
+        name: queue.to_string(),
+        placement_epoch: placement_epoch.get(),
+        wait_placed_ms: 0,
+        wait_settings: None,
+    }
+}

@@ -24,7 +24,9 @@
 //! [`FAILOVER_WAIT_MAX`] (less if its deadline is nearer). Only those answers are tried again:
 //! they say nothing was done. A link lost mid-call, or a write the shard did not confirm, may
 //! have done what was asked, and is answered as it is (a send resent with its dedup id is
-//! stored once).
+//! stored once). A read ([`Router::call_read`]: it changes nothing, so asking again elsewhere
+//! is safe) also moves on from a replica that does not answer within [`READ_ATTEMPT_WAIT`]: a
+//! leader cut off (packets dropped) would otherwise hold it until the heal.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -50,6 +52,10 @@ pub const REFRESH_WAIT_MAX: Duration = Duration::from_millis(500);
 /// leader fails takes 1-2 s, and the new leader recovers its queues before it serves) before it
 /// fails with the last answer.
 pub const FAILOVER_WAIT_MAX: Duration = Duration::from_secs(8);
+
+/// The longest one try of a read at a replicated queue waits for a replica's answer before it
+/// asks the next one ([`Router::call_read`]). A back-end answers a read in milliseconds.
+pub const READ_ATTEMPT_WAIT: Duration = Duration::from_secs(1);
 
 /// The first back-off between two tries of a replicated queue's call without a leader named;
 /// it doubles up to [`FAILOVER_BACKOFF_MAX`].
@@ -354,6 +360,34 @@ impl Router {
         &self,
         queue: &QueueName,
         deadline: Option<Instant>,
+        f: F,
+    ) -> Result<T, Status>
+    where
+        F: FnMut(BackendRef, PlacementEpoch) -> Fut,
+        Fut: Future<Output = Result<Response<T>, Status>>,
+    {
+        self.call_bounded(queue, deadline, None, f).await
+    }
+
+    /// [`Self::call`] for a call that changes nothing (a queue's definition, its figures): at a
+    /// replicated queue, a replica that does not answer within [`READ_ATTEMPT_WAIT`] is passed
+    /// over for the next, as one that refused the call would be (see the module docs).
+    pub async fn call_read<T, F, Fut>(&self, queue: &QueueName, f: F) -> Result<T, Status>
+    where
+        F: FnMut(BackendRef, PlacementEpoch) -> Fut,
+        Fut: Future<Output = Result<Response<T>, Status>>,
+    {
+        self.call_bounded(queue, None, Some(READ_ATTEMPT_WAIT), f)
+            .await
+    }
+
+    /// [`Self::call_until`], each try at a replicated queue bounded by `attempt` if given (only
+    /// for calls that may be asked again elsewhere: reads).
+    async fn call_bounded<T, F, Fut>(
+        &self,
+        queue: &QueueName,
+        deadline: Option<Instant>,
+        attempt: Option<Duration>,
         mut f: F,
     ) -> Result<T, Status>
     where
@@ -371,7 +405,13 @@ impl Router {
                 owner.node = self.replica_to_call(*s, replicas, &owner.node);
             }
             let status = match placement.backend(&owner.node) {
-                Ok(be) => match f(be.clone(), owner.epoch).await {
+                Ok(be) => match bounded(
+                    f(be.clone(), owner.epoch),
+                    attempt.filter(|_| shard.is_some()),
+                    &owner.node,
+                )
+                .await
+                {
                     Ok(answer) => {
                         if let Some((s, _)) = &shard {
                             self.learn_leader(*s, &owner.node);
@@ -656,6 +696,25 @@ fn unsettled(queue: &QueueName, last: &Status) -> Status {
 
 #[cfg(test)]
 mod tests;
+
+/// `call`, given up after `bound` if one is given: then answered as a call that was never sent
+/// (the router may ask another replica; only reads are bounded, so asking again is safe).
+async fn bounded<T>(
+    call: impl Future<Output = Result<Response<T>, Status>>,
+    bound: Option<Duration>,
+    node: &NodeId,
+) -> Result<Response<T>, Status> {
+    let Some(bound) = bound else {
+        return call.await;
+    };
+    match tokio::time::timeout(bound, call).await {
+        Ok(answer) => answer,
+        Err(_) => Err(crate::remote::not_sent(Status::unavailable(format!(
+            "node {node} did not answer within {} ms (down, paused or cut off); asking another replica",
+            bound.as_millis()
+        )))),
+    }
+}
 
 /// A call's search for its shard's leader (see the module docs): bounded by
 /// [`FAILOVER_WAIT_MAX`] and the call's deadline.
