@@ -13,19 +13,24 @@ use ferry_kernel::NodeId;
 
 use super::MetaNode;
 
-/// How often the metadata leader looks for nodes whose incarnation is not recorded yet.
+/// How often the metadata leader looks for nodes whose incarnation is not recorded yet, besides
+/// every change of the metadata it sees (a peer's incarnation is learned from its batches,
+/// which change nothing there).
 const RECORD_INTERVAL: Duration = Duration::from_secs(1);
 
 impl MetaNode {
     /// While this node leads the metadata group, records the incarnation of every active node
-    /// that has none recorded, once heard from. Ends at shutdown.
+    /// that has none recorded, once heard from: at once when it comes to lead (its own, as a
+    /// cluster forms), else within [`RECORD_INTERVAL`]. Ends at shutdown.
     pub(super) async fn record_incarnations(self) {
         let mut shutdown = self.shared.shutdown.clone();
+        let mut view = self.shared.view.clone();
         let mut tick = tokio::time::interval(RECORD_INTERVAL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
+                changed = view.changed() => if changed.is_err() { return },
                 _ = shutdown.wait_for(|s| *s) => return,
             }
             for (node, incarnation) in self.unrecorded_incarnations() {
