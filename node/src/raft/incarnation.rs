@@ -84,7 +84,7 @@ impl MetaNode {
             .filter(|(_, n)| n.is_active() && n.incarnation == 0)
             .filter_map(|(id, n)| {
                 let known = if id == me {
-                    links.incarnation()
+                    self.shared.settings.incarnation
                 } else {
                     links.peer_incarnation(n.raft_id.0)
                 };

@@ -57,11 +57,11 @@ impl pb::peer_server::Peer for PeerService {
             req.into_inner(),
             move |from, theirs, incarnation| {
                 let view = view.borrow();
-                admit(view.meta.cluster_id(), theirs, from, |raft_id| {
-                    view.node_by_raft_id(ferry_cluster::meta::RaftId(raft_id))
-                        .is_some_and(|(_, n)| n.is_active())
+                let sender = view.node_by_raft_id(ferry_cluster::meta::RaftId(from));
+                admit(view.meta.cluster_id(), theirs, from, |_| {
+                    sender.is_some_and(|(_, n)| n.is_active())
                 })?;
-                match view.node_by_raft_id(ferry_cluster::meta::RaftId(from)) {
+                match sender {
                     Some((id, n)) => admit_incarnation(from, id, n.incarnation, incarnation)
                         .inspect_err(|e| tracing::warn!(error = %e.message(), "refused a peer's Raft batches")),
                     None => Ok(()),

@@ -248,11 +248,6 @@ impl Links {
         self.last_word(raft_id).map_or(0, |h| h.report.incarnation)
     }
 
-    /// This node's data directory.
-    pub(crate) fn incarnation(&self) -> u64 {
-        self.incarnation
-    }
-
     /// How long ago `raft_id` was last heard from, if ever.
     pub(crate) fn last_heard(&self, raft_id: u64) -> Option<Duration> {
         self.last_word(raft_id).map(|h| h.at.elapsed())
