@@ -534,8 +534,11 @@ impl Engine {
     /// does with it. Call it after each batch of inputs, and again while
     /// [`Engine::has_ready`] is true.
     pub fn round(&mut self) -> Round {
+        // A group created, removed or compacted is synced like raft-rs's own records.
+        let ops = std::mem::take(&mut self.pending_ops);
         let mut cx = RoundCx {
-            ops: std::mem::take(&mut self.pending_ops),
+            must_sync: !ops.is_empty(),
+            ops,
             ..RoundCx::default()
         };
         cx.release(std::mem::take(&mut self.released));

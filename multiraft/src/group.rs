@@ -191,6 +191,10 @@ impl Group {
                 continue;
             }
             let kind = self.entry_kind(&entry)?;
+            // A configuration change applied is synced with its commit: a node it removes may
+            // stop for good once it applied it, and a node that forgot, at a power loss, that
+            // the change committed could need that node's vote to commit it again.
+            cx.must_sync |= !matches!(kind, EntryKind::Normal(_));
             self.applied_index = entry.index;
             cx.applies.push(Apply::Entry {
                 group: self.id,

@@ -4,7 +4,8 @@
 //! The core is sans-I/O. An [`Engine`] is driven by explicit inputs ([`Engine::step`],
 //! [`Engine::tick`], [`Engine::propose`], [`Engine::propose_conf_change`],
 //! [`Engine::on_persisted`]...) and every call of [`Engine::round`] returns what the shell must
-//! do: ONE [`PersistJob`] covering every group (written with one synced write), ONE encoded
+//! do: ONE [`PersistJob`] covering every group (written with one write, synced unless
+//! [`PersistJob::must_sync`] says it need not be), ONE encoded
 //! batch per peer node covering every group (so the wire cost grows with peers, not groups),
 //! the committed entries and installed snapshots to apply, and leader changes. Messages that
 //! must wait for durability are released only by [`Engine::on_persisted`].
@@ -17,7 +18,7 @@
 //!    of its own, in chunks: they can be large; the receiver steps [`OutSnapshot::as_batch`]);
 //! 4. apply `round.applies` in order and add the state machine's own writes (with its applied
 //!    index) to `round.persist` with [`PersistJob::put_app`]; note `round.role_changes`;
-//! 5. write `round.persist` with [`LogStore::write`] (synced), then call
+//! 5. write `round.persist` with [`LogStore::write`] (synced if it must be), then call
 //!    `engine.on_persisted(job.id())`; jobs are written in the order they were made (a
 //!    writer thread may lag behind the rounds: that is the async-ready flow);
 //! 6. for each group in `round.snapshot_requests`, and whenever the log grows long, call
@@ -29,8 +30,8 @@
 //!
 //! Storage is one [`LogStore`] for every group's log, hard state, snapshot and apply state:
 //! [`RocksStore`] (a `raft` column family with group-prefixed big-endian keys) and [`MemStore`]
-//! (the same key layout in memory, modelling durability: writes not covered by a sync are lost
-//! at a simulated crash). On start, [`LogStore::load`] gives the [`Recovered`] state that
+//! (the same key layout in memory, modelling durability: writes not covered by a sync are read
+//! back until a simulated crash loses them). On start, [`LogStore::load`] gives the [`Recovered`] state that
 //! [`Engine::open`] resumes from.
 //!
 //! Steps 2 to 6 are written once, in [`Driver`], generic over each group's [`GroupMachine`]:

@@ -52,9 +52,13 @@ impl PersistJob {
         self.id
     }
 
-    /// Whether raft-rs requires an fsync (entries, a snapshot, or a term/vote change). When
-    /// false, only commit indexes and apply states changed; the engine still expects the write
-    /// to be durable when [`crate::Engine::on_persisted`] is called.
+    /// Whether the job must be synced before anything it holds is relied on: raft-rs's own
+    /// reasons (entries, a snapshot, a term or vote change), a group created, removed or
+    /// compacted, or a configuration change applied. When false, only commit indexes and what the machines applied changed: a store
+    /// may write it without a sync of its own, since a power loss that takes it takes the
+    /// applied indexes with the applied data, and the node applies those entries again from its
+    /// synced log. It must still be written before [`crate::Engine::on_persisted`] is called
+    /// and before any later job.
     pub fn must_sync(&self) -> bool {
         self.must_sync
     }

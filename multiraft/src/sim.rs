@@ -126,8 +126,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// A node's store in a simulation: a [`MemStore`] behind a handle that the test keeps across
-/// the node's crashes while the replica owns a clone. A write is synced before it returns, as
-/// the real store's is; a node set to die in its next write
+/// the node's crashes while the replica owns a clone. A write is synced before it returns
+/// unless [`PersistJob::must_sync`] is false, as the real store's is; a node set to die in its next write
 /// ([`SimStore::die_in_next_write`]) leaves that write unsynced and fails it, so that its
 /// driver halts with the round's messages sent and nothing of it durable, as a process killed
 /// in its synced write; [`SimStore::crash`] then loses what was not synced.

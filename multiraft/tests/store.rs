@@ -6,7 +6,8 @@
 #![allow(clippy::unwrap_used)]
 
 use ferry_multiraft::{
-    Apply, ConfChange, Engine, EngineConfig, GroupId, LogStore, MemStore, NodeId, RocksStore, Role,
+    Apply, ConfChange, Engine, EngineConfig, EntryKind, GroupId, LogStore, MemStore, NodeId,
+    RocksStore, Role,
 };
 
 const G: GroupId = GroupId(7);
@@ -283,9 +284,10 @@ fn memory_store_loses_unsynced_jobs_at_a_crash() {
     let mut store = MemStore::new();
     let job = engine.round().persist.unwrap();
     store.write_unsynced(&job);
-    assert!(
-        store.load().unwrap().group_ids().is_empty(),
-        "not durable before the sync"
+    assert_eq!(
+        store.load().unwrap().group_ids(),
+        vec![G],
+        "read back before the sync, as RocksDB does"
     );
     store.crash();
     assert!(
@@ -296,4 +298,35 @@ fn memory_store_loses_unsynced_jobs_at_a_crash() {
     store.sync();
     store.crash();
     assert_eq!(store.load().unwrap().group_ids(), vec![G]);
+}
+
+#[test]
+fn a_round_that_only_applies_is_not_synced_and_after_a_crash_its_entries_are_applied_again() {
+    let me = NodeId(1);
+    let mut node = Node::open(me, MemStore::new());
+    node.engine.bootstrap_group(G, &[me]).unwrap();
+    node.pump();
+    node.elect(G);
+    node.propose(G, 3);
+    let applied = node.engine.status(G).unwrap().applied_index;
+    assert_eq!(app_applied(&node.store, G), applied, "read back at once");
+    assert!(
+        node.store.unsynced_job_count() > 0,
+        "the round that applied the last entry was synced"
+    );
+    node = node.reopen(me);
+    assert!(
+        app_applied(&node.store, G) < applied,
+        "the crash kept the unsynced apply"
+    );
+    // The entries are in the synced log: the next leader's first commit applies them again.
+    node.elect(G);
+    let replayed = node.applied.iter().any(
+        |a| matches!(a, Apply::Entry { kind: EntryKind::Normal(data), .. } if data == b"entry 2"),
+    );
+    assert!(replayed, "{:?}", node.applied);
+    assert_eq!(
+        app_applied(&node.store, G),
+        node.engine.status(G).unwrap().applied_index
+    );
 }

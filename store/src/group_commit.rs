@@ -8,6 +8,12 @@
 //! before), or, if none comes within `defer_max`, after syncing the log for it alone. Its answer
 //! still means "durable"; it just does not occupy the disk on its own, so a send that arrives
 //! meanwhile is not queued behind an fsync for an acknowledgement.
+//!
+//! A submission that can be rebuilt after a power loss (a Raft round that only applies what the
+//! synced log already holds) may be *replayable*: written in the writer's order without a sync
+//! of its own and answered at once ([`GroupCommit::apply_blocking`]). A power loss may take it,
+//! never a later write without it (the log is one sequential file); the next synced write makes
+//! it durable too.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -24,8 +30,18 @@ use crate::{QueueStore, StoreError, StoreOp};
 struct Pending {
     ops: Vec<StoreOp>,
     done: oneshot::Sender<Result<(), StoreError>>,
-    /// May wait for a later synced write (see the module docs).
-    deferred: bool,
+    durability: Durability,
+}
+
+/// What a submission's answer promises (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Durability {
+    /// Durable: synced before it is answered.
+    Now,
+    /// Durable, but may wait for a later synced write to carry it.
+    Deferred,
+    /// Written, not synced: answered at once.
+    Replayable,
 }
 
 enum Job {
@@ -101,6 +117,8 @@ pub struct GroupCommitStats {
     pub batch_submissions: Buckets,
     /// Deferred submissions applied without a sync of their own.
     pub deferred: AtomicU64,
+    /// Replayable submissions written without a sync of their own.
+    pub replayable: AtomicU64,
     /// Times the log was synced for deferred submissions alone (no synced write came in time,
     /// the node was closing, or a synced write was refused before reaching the log).
     pub deferred_syncs: AtomicU64,
@@ -117,6 +135,7 @@ impl Default for GroupCommitStats {
             ]),
             batch_submissions: Buckets::new(&[1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1_024]),
             deferred: AtomicU64::new(0),
+            replayable: AtomicU64::new(0),
             deferred_syncs: AtomicU64::new(0),
         }
     }
@@ -183,25 +202,25 @@ impl GroupCommit {
 
     /// Queues `ops` for the next write. Waits only while the queue is full.
     pub async fn submit(&self, ops: Vec<StoreOp>) -> Result<CommitTicket, StoreError> {
-        self.submit_with(ops, false).await
+        self.submit_with(ops, Durability::Now).await
     }
 
     /// Queues `ops` for the next write, which may leave them unsynced for up to `defer_max`
     /// (see the module docs). The ticket still resolves only once they are durable.
     pub async fn submit_deferred(&self, ops: Vec<StoreOp>) -> Result<CommitTicket, StoreError> {
-        self.submit_with(ops, true).await
+        self.submit_with(ops, Durability::Deferred).await
     }
 
     async fn submit_with(
         &self,
         ops: Vec<StoreOp>,
-        deferred: bool,
+        durability: Durability,
     ) -> Result<CommitTicket, StoreError> {
         let (done, rx) = oneshot::channel();
         let job = Job::Write(Pending {
             ops,
             done,
-            deferred,
+            durability,
         });
         self.tx.send(job).await.map_err(|_| StoreError::Closed)?;
         Ok(CommitTicket(rx))
@@ -216,11 +235,22 @@ impl GroupCommit {
     /// of its own (the Raft driver's), never from async code (tokio refuses to block a runtime
     /// thread, and panics).
     pub fn commit_blocking(&self, ops: Vec<StoreOp>) -> Result<(), StoreError> {
+        self.write_blocking(ops, Durability::Now)
+    }
+
+    /// Queues `ops` and waits until they are written, not synced (see the module docs:
+    /// *replayable*): only for what can be rebuilt after a power loss, from a thread of its own
+    /// as [`GroupCommit::commit_blocking`].
+    pub fn apply_blocking(&self, ops: Vec<StoreOp>) -> Result<(), StoreError> {
+        self.write_blocking(ops, Durability::Replayable)
+    }
+
+    fn write_blocking(&self, ops: Vec<StoreOp>, durability: Durability) -> Result<(), StoreError> {
         let (done, rx) = oneshot::channel();
         let job = Job::Write(Pending {
             ops,
             done,
-            deferred: false,
+            durability,
         });
         self.tx.blocking_send(job).map_err(|_| StoreError::Closed)?;
         rx.blocking_recv().unwrap_or(Err(StoreError::Closed))
@@ -376,32 +406,51 @@ impl Writer {
     }
 
     /// Writes one group: synced if anyone in it needs durability now (which also makes every
-    /// earlier deferred write durable), else applied unsynced and answered later.
+    /// earlier deferred or replayable write durable), else written unsynced: the replayable
+    /// submissions answered at once, the deferred ones later.
     fn write(&mut self, group: Vec<Pending>) {
         // Deferred writes already waiting their full time are synced now, even if this group is
         // deferred too: a steady run of deferred writes must not keep them waiting for ever.
         let overdue = self
             .unsynced_since
             .is_some_and(|since| since.elapsed() >= self.defer_max);
-        let sync = self.defer_max.is_zero() || overdue || group.iter().any(|p| !p.deferred);
-        let (batches, dones): (Vec<_>, Vec<_>) = group.into_iter().map(|p| (p.ops, p.done)).unzip();
+        let sync = overdue
+            || group.iter().any(|p| match p.durability {
+                Durability::Now => true,
+                Durability::Deferred => self.defer_max.is_zero(),
+                Durability::Replayable => false,
+            });
+        let mut batches = Vec::with_capacity(group.len());
+        let mut dones = Vec::with_capacity(group.len());
+        for p in group {
+            batches.push(p.ops);
+            dones.push((p.done, p.durability));
+        }
         if !sync {
             let result = self.store.write_unsynced(&batches);
+            let (deferred, replayable): (Vec<_>, Vec<_>) = dones
+                .into_iter()
+                .partition(|(_, d)| *d == Durability::Deferred);
             self.stats
                 .deferred
-                .fetch_add(dones.len() as u64, Ordering::Relaxed);
-            match result {
-                Ok(()) => {
-                    self.unsynced_since.get_or_insert_with(Instant::now);
-                    self.unsynced.extend(dones);
-                }
-                Err(e) => {
-                    tracing::error!(error = %e, "group commit write failed");
-                    answer(dones, &Err(e));
-                }
+                .fetch_add(deferred.len() as u64, Ordering::Relaxed);
+            self.stats
+                .replayable
+                .fetch_add(replayable.len() as u64, Ordering::Relaxed);
+            if let Err(e) = &result {
+                tracing::error!(error = %e, "group commit write failed");
+            }
+            answer(replayable.into_iter().map(|(done, _)| done), &result);
+            let deferred: Vec<Done> = deferred.into_iter().map(|(done, _)| done).collect();
+            if result.is_ok() && !deferred.is_empty() {
+                self.unsynced_since.get_or_insert_with(Instant::now);
+                self.unsynced.extend(deferred);
+            } else {
+                answer(deferred, &result);
             }
             return;
         }
+        let dones: Vec<Done> = dones.into_iter().map(|(done, _)| done).collect();
         let result = self.timed(|store| store.write(&batches));
         self.stats.batch_submissions.observe(dones.len() as u64);
         self.stats
@@ -447,7 +496,7 @@ impl Writer {
     }
 }
 
-fn answer(dones: Vec<Done>, result: &Result<(), StoreError>) {
+fn answer(dones: impl IntoIterator<Item = Done>, result: &Result<(), StoreError>) {
     for done in dones {
         // A caller that stopped waiting no longer needs the answer.
         let _ = done.send(result.clone());

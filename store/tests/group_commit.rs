@@ -386,3 +386,27 @@ async fn deferred_writes_past_their_time_are_synced_even_by_a_deferred_group() {
     drop(gc);
     thread.join().unwrap();
 }
+
+#[test]
+fn a_replayable_write_is_answered_once_written_without_a_sync_even_with_no_time_to_wait() {
+    let (store, ends) = Gated::gating_unsynced(MemoryStore::new());
+    let (gc, thread) = GroupCommit::start(store.clone(), 64, 64, Duration::ZERO).unwrap();
+    // The gate holds the first unsynced write: open it from here once the writer is in it.
+    let gate = std::thread::spawn({
+        let GateEnds { entered, open, .. } = ends;
+        move || {
+            entered.recv().unwrap();
+            open.send(()).unwrap();
+        }
+    });
+    gc.apply_blocking(reserve(QueueUid(1), 2)).unwrap();
+    gate.join().unwrap();
+    assert_eq!(store.log(), ["unsynced"], "no sync of its own");
+    assert_eq!(gc.stats().replayable.load(Ordering::Relaxed), 1);
+    assert_eq!(gc.stats().writes.load(Ordering::Relaxed), 0);
+    // A synced write after it syncs it too (one sequential log).
+    gc.commit_blocking(reserve(QueueUid(1), 3)).unwrap();
+    assert_eq!(store.log(), ["unsynced", "write"]);
+    drop(gc);
+    thread.join().unwrap();
+}

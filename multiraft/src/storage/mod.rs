@@ -21,8 +21,9 @@ pub type KeyValue = (Vec<u8>, Vec<u8>);
 
 /// Durable storage of the engine's [`PersistJob`]s.
 pub trait LogStore {
-    /// Writes a job atomically and durably (one synced write). On failure the store is
-    /// poisoned: it refuses further writes ([`Error::StoragePoisoned`]) until restart.
+    /// Writes a job atomically, durably unless [`PersistJob::must_sync`] is false (one write,
+    /// synced or not; a later synced write makes the earlier ones durable too, and a power loss
+    /// never keeps a job without the jobs before it). On failure the store is poisoned: it refuses further writes ([`Error::StoragePoisoned`]) until restart.
     fn write(&mut self, job: &PersistJob) -> Result<(), Error>;
 
     /// Reads back every group's durable state, for [`crate::Engine::open`].

@@ -1,6 +1,6 @@
 //! The RocksDB store: the `raft` column family holds every group's records under group-prefixed
 //! big-endian keys, `raft_app` the application's keys; each job is one `WriteBatch` written with
-//! `sync = true`.
+//! `sync = true` when [`crate::PersistJob::must_sync`] says so.
 
 use std::path::Path;
 
@@ -94,11 +94,11 @@ impl LogStore for RocksStore {
         }
         let batch = self.batch(job)?;
         let mut wo = WriteOptions::default();
-        wo.set_sync(true);
+        wo.set_sync(job.must_sync());
         let result = self
             .db
             .write_opt(batch, &wo)
-            .map_err(storage_error("synced write"));
+            .map_err(storage_error("write"));
         if result.is_err() {
             self.poisoned = true;
         }

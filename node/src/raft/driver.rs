@@ -7,6 +7,8 @@
 //! A thread, not a task: each round ends in a synced RocksDB write, which must not block the
 //! async runtime, and the engine must see its inputs in one order.
 
+mod membership;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
@@ -28,7 +30,6 @@ use super::shard::{
 use super::view::{MetaView, RaftCounters, ShardGroupView};
 use ferry_be_server::{ShardId, ShardRefusal};
 use ferry_cluster::meta::{MetaError, MetaEvent, MetaState, RaftId};
-use ferry_cluster::next_conf_change;
 
 /// Group 0: the cluster metadata.
 pub const META_GROUP: GroupId = GroupId(0);
@@ -672,79 +673,6 @@ impl Driver {
             if let ConfChange::Remove(node) = change {
                 if Some(*node) == me {
                     tracing::warn!("this node was removed from the cluster; it no longer takes part in the metadata group");
-                }
-            }
-        }
-    }
-
-    /// As leader: forms the cluster's Raft membership after the nodes recorded in the metadata,
-    /// one configuration change at a time.
-    fn drive_leader(&mut self) {
-        // The field, not `meta_machine()`: `conf_pending` changes while this is borrowed.
-        let Some(machine) = self
-            .rounds
-            .machine(META_GROUP)
-            .and_then(NodeMachine::as_meta)
-        else {
-            return;
-        };
-        if machine.meta().cluster_id().is_none() {
-            return;
-        }
-        let Some(status) = self.rounds.engine().and_then(|e| e.status(META_GROUP)) else {
-            return;
-        };
-        if status.role != Role::Leader {
-            return;
-        }
-        if let Some((term, index)) = self.conf_pending {
-            if term == status.term && status.applied_index < index {
-                return;
-            }
-            self.conf_pending = None;
-        }
-        let Some(change) = next_conf_change(machine.meta(), &status) else {
-            return;
-        };
-        let Some(engine) = self.rounds.engine_mut() else {
-            return;
-        };
-        match engine.propose_conf_change(META_GROUP, change) {
-            Ok(position) => {
-                tracing::info!(?change, "proposing a metadata group membership change");
-                self.conf_pending = Some((position.term, position.index));
-            }
-            Err(e) => tracing::debug!(?change, error = %e, "membership change not proposed yet"),
-        }
-    }
-
-    /// As the leader of queue shards: proposes the next change that brings each one's Raft
-    /// configuration towards its replicas in the metadata (`shard/members.rs`).
-    fn drive_shard_members(&mut self) {
-        let (Some(machine), Some(engine)) = (
-            self.rounds
-                .machine(META_GROUP)
-                .and_then(NodeMachine::as_meta),
-            self.rounds.engine(),
-        ) else {
-            return;
-        };
-        let changes = self.shard_members.decide(engine, machine.meta());
-        let Some(engine) = self.rounds.engine_mut() else {
-            return;
-        };
-        for (group, change) in changes {
-            match engine.propose_conf_change(group, change) {
-                Ok(position) => {
-                    tracing::info!(
-                        shard = group.0,
-                        ?change,
-                        "proposing a queue shard membership change"
-                    );
-                    self.shard_members.proposed(group, position);
-                }
-                Err(e) => {
-                    tracing::debug!(shard = group.0, ?change, error = %e, "shard membership change not proposed yet")
                 }
             }
         }

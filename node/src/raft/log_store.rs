@@ -2,6 +2,14 @@
 //! job through the node's group-commit writer, as a synced batch shared with whatever the queues
 //! submitted meanwhile, and reads the engine's key spaces back from the same store.
 //!
+//! A job raft-rs does not need synced (no entries, no vote or term, no snapshot: a round that
+//! only moves commit indexes and applies committed entries) is written without a sync of its
+//! own: a power loss may take it, and with it the applied indexes it carries, so the node
+//! applies those entries again from its synced log at its restart (exactly once: what they
+//! applied went with the same lost write). A leader answers a proposal once its entry is
+//! committed on a majority's disks and applied in memory and in this write: the entry is safe
+//! whatever happens to the write.
+//!
 //! A job's attachments are the queue shards' applied data: batches of [`StoreOp`]s
 //! ([`ShardWrites`]) written in the same atomic batch as the Raft records and applied indexes.
 
@@ -129,6 +137,12 @@ impl LogStore for NodeLogStore {
         let ops = job_ops(job)?;
         if crate::faults::on(crate::faults::RAFT_ENTRIES_UNSYNCED) {
             return self.write_planted(ops);
+        }
+        if !job.must_sync() {
+            return self
+                .commit
+                .apply_blocking(ops)
+                .map_err(engine_error("write"));
         }
         self.commit
             .commit_blocking(ops)

@@ -15,7 +15,8 @@ use super::driver::ProposeFailure;
 use super::test_host::{one_node_settings, Recorder};
 use super::MetaNode;
 
-/// A one-node cluster, formed, on a memory log.
+/// A one-node cluster, formed, on a memory log, its data directory recorded (so that no
+/// proposal of its own comes between a test's).
 async fn one_node() -> MetaNode {
     let settings = one_node_settings();
     let node = MetaNode::start(
@@ -27,6 +28,12 @@ async fn one_node() -> MetaNode {
     .unwrap();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     assert!(node.wait_formed(deadline).await, "formed");
+    let mut view = node.view();
+    let recorded = view.wait_for(|v| v.meta.nodes().values().all(|n| n.incarnation != 0));
+    tokio::time::timeout_at(deadline, recorded)
+        .await
+        .expect("its incarnation recorded")
+        .unwrap();
     node
 }
 
@@ -69,8 +76,8 @@ async fn the_same_proposal_twice_applies_once_and_both_succeed() {
 async fn an_entry_that_cannot_be_read_halts_the_group_and_says_which() {
     let node = one_node().await;
     let applied = node.view().borrow().meta.applied_index();
-    // Version 1, a oneof tag no release has used yet.
-    let newer_kind = vec![0x08, 0x01, 0x5a, 0x00];
+    // Version 1, a oneof tag no release has used yet (30: key 30 << 3 | 2, as a varint).
+    let newer_kind = vec![0x08, 0x01, 0xf2, 0x01, 0x00];
     let answer = node.propose_local(newer_kind).await;
     assert!(matches!(answer, Err(ProposeFailure::Stopped)), "{answer:?}");
     let reason = tokio::time::timeout(Duration::from_secs(10), node.halted())

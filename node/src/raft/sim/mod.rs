@@ -507,8 +507,11 @@ impl Cluster {
                 })
             })
         };
+        // Everything in the leader's log committed: its own term's first entry too, so that
+        // entries of earlier terms whose commit a power loss took are committed again.
         view.meta.cluster_id().is_some()
             && next_conf_change(&view.meta, status).is_none()
+            && status.commit_index == status.last_index
             && status.applied_index == status.commit_index
             && status.voters.iter().chain(&status.learners).all(caught_up)
     }

@@ -143,6 +143,39 @@ fn leave_through_the_log(cluster: &mut Cluster) {
     cluster.converge();
 }
 
+/// The metadata leader asked to leave hands its leadership over first and is removed by the
+/// next leader: had it removed itself, it would stop on applying its removal before the other
+/// voter learned that it committed, and of two voters the one left would wait for ever for the
+/// vote of the one gone.
+#[test]
+fn a_leader_asked_to_leave_hands_over_and_the_voter_left_goes_on() {
+    let mut cluster = Cluster::new(6, 2, 1_000);
+    cluster.converge();
+    let leader = cluster.leader().unwrap();
+    let name = node_name(leader.0);
+    cluster
+        .propose_and_wait(&MetaCommand::RemoveNode { id: name.clone() })
+        .unwrap();
+    // Handed over while still up (removing itself, it would lead until it stopped).
+    let handed_over = |c: &Cluster| c.is_up(leader) && c.leader().is_some_and(|l| l != leader);
+    assert!(
+        cluster.run_until(ELECTION_STEPS * 4, handed_over),
+        "{}",
+        cluster.describe()
+    );
+    let left = |c: &Cluster| c.up_ids().len() == 1;
+    assert!(
+        cluster.run_until(ELECTION_STEPS * 4, left),
+        "{}",
+        cluster.describe()
+    );
+    cluster.converge();
+    let status = leader_status(&cluster);
+    assert_eq!(status.voters.len(), 1, "{status:?}");
+    assert!(!status.voters.contains(&leader));
+    create_by_rule(&mut cluster, "after").unwrap();
+}
+
 #[test]
 fn a_crash_loses_the_unsynced_tail_and_the_node_rebuilds_its_metadata() {
     let mut cluster = Cluster::new(3, 3, 1_000);
