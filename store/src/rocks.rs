@@ -394,12 +394,30 @@ impl RocksStore {
     }
 }
 
+/// About what `op` adds to a write batch: its keys, values and record headers (a message's
+/// encoding adds its headers to its content; a few index keys may come with it).
+fn estimated_batch_bytes(op: &StoreOp) -> usize {
+    const OVERHEAD: usize = 128;
+    let content = match op {
+        StoreOp::Queue {
+            op: PersistOp::PutMessage(m),
+            ..
+        } => usize::try_from(m.size_bytes()).unwrap_or(0),
+        StoreOp::Kv(KvOp::Put { key, value, .. }) => key.len() + value.len(),
+        _ => 0,
+    };
+    content + OVERHEAD
+}
+
 impl RocksStore {
     /// One atomic batch, synced or not.
     fn write_batches(&self, batches: &[Vec<StoreOp>], sync: bool) -> Result<(), StoreError> {
         self.check_poisoned()?;
         let cfs = self.cfs()?;
-        let mut batch = WriteBatch::default();
+        // Sized once: grown as it fills, a batch of large entries was copied again at every
+        // doubling, into fresh pages each time.
+        let estimate: usize = batches.iter().flatten().map(estimated_batch_bytes).sum();
+        let mut batch = WriteBatch::with_capacity_bytes(estimate);
         for op in batches.iter().flatten() {
             if let StoreOp::DeleteShard(shard) = op {
                 for uid in self.shard_queues(&cfs, *shard)? {
