@@ -31,6 +31,8 @@ mod state;
 mod voters;
 
 #[cfg(test)]
+mod durable_tests;
+#[cfg(test)]
 mod replica_move_tests;
 #[cfg(test)]
 mod returning_node_tests;

@@ -9,8 +9,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use ferry_kernel::ShardId;
 use ferry_proto::pb;
 
+use super::durable_tests::{rebuilt, write_durable};
 use super::shard_tests::cluster_of;
-use super::tests::{n, next, q, rebuilt, refused, write_durable};
+use super::tests::{n, next, q, refused};
 use super::*;
 
 /// Voters a, b, c and learner d (added at index 3), with queue `orders` (and its dead-letter

@@ -7,8 +7,9 @@
 
 use std::collections::BTreeMap;
 
+use super::durable_tests::{rebuilt, write_durable};
 use super::shard_tests::cluster_of;
-use super::tests::{n, next, rebuilt, refused, write_durable};
+use super::tests::{n, next, refused};
 
 use super::*;
 

@@ -8,7 +8,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use ferry_kernel::{NodeId, ShardId};
 use ferry_proto::pb;
 
-use super::tests::{n, next, q, rebuilt, write_durable};
+use super::durable_tests::{rebuilt, write_durable};
+use super::tests::{n, next, q};
 use super::*;
 
 /// A cluster bootstrapped with voters `ids` at index 2.
