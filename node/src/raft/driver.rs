@@ -133,6 +133,10 @@ pub(crate) struct Driver {
     balancer: Balancer,
     /// Raft ticks since the driver started: the balancer's time.
     ticks: u64,
+    /// Shard groups running here whose replica the metadata moved away, kept until their group
+    /// removes this node (`driver/membership.rs`): each with the tick since which it has known
+    /// no leader, if it has none.
+    leaving: BTreeMap<GroupId, Option<u64>>,
     /// Given to every shard's machine (see [`Start::snapshots`]).
     snapshots: Arc<ShardSnapshots>,
 }
@@ -197,6 +201,7 @@ impl Driver {
             shards_followed_at: None,
             balancer: Balancer::default(),
             ticks: 0,
+            leaving: BTreeMap::new(),
             snapshots: start.snapshots,
         }
     }
@@ -283,6 +288,10 @@ impl Driver {
             }
         }
         self.run_rounds();
+        if !self.leaving.is_empty() {
+            // Looked at again on every wake-up until their groups let them go.
+            self.shards_followed_at = None;
+        }
         if self.follow_shards() {
             self.run_rounds();
         }
@@ -534,8 +543,10 @@ impl Driver {
     /// sends it a snapshot, see [`Driver::drive_shard_members`]); a shard group running
     /// here that the metadata removed (its id is below the next shard id, so the metadata knows
     /// of it, and it is gone or no longer has this node) is removed, its Raft records and
-    /// applied position deleted in the next job. A node whose metadata is behind leaves
-    /// groups it does not know of yet alone. Whether anything changed.
+    /// applied position deleted in the next job; but a replica moved away from a node that
+    /// works stays until its group removed it ([`Driver::shards_to_close`]). A node whose
+    /// metadata is behind leaves groups it does not know of yet alone. Whether anything
+    /// changed.
     fn follow_shards(&mut self) -> bool {
         let Some(meta) = self.meta_machine().map(MetaMachine::meta) else {
             return false;
@@ -575,13 +586,8 @@ impl Driver {
                 }
             }
         }
-        let close: Vec<GroupId> = running
-            .into_iter()
-            .filter(|g| {
-                let id = ShardId(g.0);
-                id < meta.next_shard() && !meta.shard(id).is_some_and(|d| d.replicas.contains(me))
-            })
-            .collect();
+        let (close, leaving) = self.shards_to_close(engine, meta, me, running);
+        self.leaving = leaving;
         self.shards_followed_at = Some(at);
         let changed = !open.is_empty() || !close.is_empty();
         for (group, voters) in open {

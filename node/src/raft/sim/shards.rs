@@ -247,8 +247,9 @@ fn name_of(cluster: &Cluster, peer: PeerId) -> ferry_kernel::NodeId {
 /// A node's disk is lost (it dies and never comes back): its replica is moved to a node that
 /// held none; the shard's leader adds it as a learner, fills it with a snapshot (its group
 /// started empty), promotes it and removes the lost one; the new replica holds the shard's
-/// data. Then a replica that works is moved off too: it stops its group and deletes what it
-/// held of the shard.
+/// data. Then the leader's replica, on a node that works, is moved off too: it hands its
+/// leadership over at once, keeps voting until its group removed it, then stops its group and
+/// deletes what it held of the shard.
 #[test]
 fn a_moved_replica_is_filled_by_a_snapshot_and_voted_in_and_the_one_that_left_removed() {
     let mut cluster = Cluster::new(13, 5, 1_000);
@@ -313,8 +314,11 @@ fn a_moved_replica_is_filled_by_a_snapshot_and_voted_in_and_the_one_that_left_re
             .reshaped
     );
 
-    // A working replica moved off: it removes its group and what it held, and the shard goes on.
-    let leaving = *wanted.iter().find(|p| **p != spare[0]).unwrap();
+    // The working leader's replica moved off: it hands its leadership over at once and keeps
+    // voting until its group removed it (never fewer voters running than before the move), then
+    // removes its group and what it held, and the shard goes on.
+    assert!(cluster.run_until(ELECTION_STEPS * 8, |c| settled(c, shard, &wanted)));
+    let leaving = shard_leader(&cluster, shard);
     assert_eq!(durable_queues(&cluster, leaving, shard), [q("orders")]);
     let command = MetaCommand::MoveReplica {
         shard,
@@ -324,9 +328,30 @@ fn a_moved_replica_is_filled_by_a_snapshot_and_voted_in_and_the_one_that_left_re
     cluster.propose_and_wait(&command).unwrap();
     wanted.remove(&leaving);
     wanted.insert(spare[1]);
+    let mut fewest_voting = usize::MAX;
+    let mut led_by_leaving_after_move = 0;
+    let done = cluster.run_until(ELECTION_STEPS * 16, |c| {
+        let running = running(c, shard);
+        if let Some((voters, _)) = configuration(c, shard) {
+            fewest_voting =
+                fewest_voting.min(voters.iter().filter(|v| running.contains_key(v)).count());
+        }
+        if running.get(&leaving).copied().flatten() == Some(RaftId(leaving.0)) {
+            led_by_leaving_after_move += 1;
+        }
+        whole(c, &wanted) && stored(c, leaving, shard) == (false, false)
+    });
     assert!(
-        cluster.run_until(ELECTION_STEPS * 16, |c| whole(c, &wanted)
-            && stored(c, leaving, shard) == (false, false)),
+        fewest_voting >= 3,
+        "a replica stopped before the group removed it: {fewest_voting} voting"
+    );
+    assert!(
+        // At once (a few steps), not when the balancer would hand it to its preferred leader.
+        led_by_leaving_after_move < ELECTION_STEPS as usize / 8,
+        "the leaving leader kept its leadership for {led_by_leaving_after_move} steps"
+    );
+    assert!(
+        done,
         "the second move did not finish: running {:?}, configuration {:?}",
         running(&cluster, shard),
         configuration(&cluster, shard)
@@ -339,4 +364,52 @@ fn a_moved_replica_is_filled_by_a_snapshot_and_voted_in_and_the_one_that_left_re
             "{peer:?}"
         );
     }
+}
+
+/// A replica moved off a node that was down: the group removed it without it, and nobody
+/// tells it so (a leader sends nothing to a node outside its configuration). Back up, it keeps
+/// its group while it hears from no leader for a while, then removes it and what it held.
+#[test]
+fn a_replica_moved_off_a_node_that_was_down_is_removed_when_it_comes_back() {
+    let mut cluster = Cluster::new(14, 4, 1_000);
+    cluster.converge();
+    let shard = create_replicated(&mut cluster, "orders");
+    let first = replicas(&cluster, shard);
+    assert!(cluster.run_until(ELECTION_STEPS * 8, |c| settled(c, shard, &first)));
+    let leader = shard_leader(&cluster, shard);
+    let away = *first.iter().find(|p| **p != leader).unwrap();
+    let spare = *cluster
+        .up_ids()
+        .iter()
+        .find(|p| !first.contains(p))
+        .unwrap();
+    cluster.crash(away);
+    let command = MetaCommand::MoveReplica {
+        shard,
+        from: name_of(&cluster, away),
+        to: name_of(&cluster, spare),
+    };
+    cluster.propose_and_wait(&command).unwrap();
+    let mut wanted = first.clone();
+    wanted.remove(&away);
+    wanted.insert(spare);
+    assert!(
+        cluster.run_until(ELECTION_STEPS * 16, |c| settled(c, shard, &wanted)
+            && configuration(c, shard) == Some((wanted.clone(), 0))),
+        "the shard did not move: {:?}",
+        configuration(&cluster, shard)
+    );
+    assert!(
+        stored(&cluster, away, shard).0,
+        "the node away kept its group"
+    );
+    cluster.restart(away);
+    assert!(
+        cluster.run_until(ELECTION_STEPS * 16, |c| c.is_up(away)
+            && !running(c, shard).contains_key(&away)
+            && stored(c, away, shard) == (false, false)),
+        "the node that was away kept the shard: running {:?}",
+        running(&cluster, shard)
+    );
+    assert!(settled(&cluster, shard, &wanted));
 }
