@@ -376,3 +376,104 @@ async fn a_removed_node_comes_back_empty_under_its_old_name() -> anyhow::Result<
     assert!(cluster.node_mut("n4").exited().is_none(), "n4 runs on");
     Ok(())
 }
+
+/// Issue 24, operators: draining a node that works. The replica of a shard it leads is moved to
+/// a fourth node while a producer sends: the leader hands its leadership to a replica that
+/// stays (no election, the producer sees no error) and keeps voting until the new replica votes,
+/// then leaves the group; every message sent is there once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_working_leaders_replica_moves_off_while_a_producer_sends() -> anyhow::Result<()> {
+    const BEFORE: usize = 100;
+    const DURING: usize = 300;
+    let dir = tempfile::tempdir()?;
+    let mut cluster = Cluster::start(dir.path(), &NODES)?;
+    cluster.wait_leader(&NODES, WAIT).await?;
+    let client = cluster.node("n1").client().await?;
+    client
+        .admin()
+        .create_queue(pb::CreateQueueRequest {
+            name: "orders".into(),
+            replicas: 3,
+            ..Default::default()
+        })
+        .await?;
+    let shard = client
+        .admin()
+        .get_queue(pb::GetQueueRequest {
+            name: "orders".into(),
+        })
+        .await?
+        .into_inner()
+        .shard;
+    let n4 = cluster.start_joining("n4", 0)?;
+    let address = cluster.peer_addr(n4);
+    let (ok, out, err) = ferry_cli(
+        cluster.node("n1"),
+        &["node", "add", "n4", "--address", &address, "--learner"],
+    )?;
+    anyhow::ensure!(ok, "node add: {out}{err}");
+    cluster.wait_leader(&["n1", "n2", "n3", "n4"], WAIT).await?;
+    wait_until(WAIT, "the shard has a leader", || {
+        let client = client.clone();
+        async move { Ok(!shard_status(&client, shard).await?.leader.is_empty()) }
+    })
+    .await?;
+    let from = shard_status(&client, shard).await?.leader;
+
+    let conn = client.open_connection("t").await?;
+    let session = conn.create_session(AckMode::Client).await?;
+    for i in 0..BEFORE {
+        session
+            .send("orders", vec![Message::text(format!("m{i}"))])
+            .await?;
+    }
+    let producer = conn.create_session(AckMode::Auto).await?;
+    let sending = tokio::spawn(async move {
+        for i in BEFORE..BEFORE + DURING {
+            producer
+                .send("orders", vec![Message::text(format!("m{i}"))])
+                .await?;
+        }
+        anyhow::Ok(())
+    });
+    let (ok, out, err) = ferry_cli(
+        cluster.node("n1"),
+        &[
+            "shard",
+            "move-replica",
+            &shard.to_string(),
+            "--from",
+            &from,
+            "--to",
+            "n4",
+        ],
+    )?;
+    anyhow::ensure!(ok, "move-replica failed: {out}{err}");
+    sending.await??;
+
+    wait_until(WAIT, "the shard is whole on its new replicas", || {
+        let client = client.clone();
+        async move {
+            let s = shard_status(&client, shard).await?;
+            Ok(!s.leader.is_empty()
+                && s.catching_up.is_empty()
+                && s.leaving.is_empty()
+                && s.replicas.iter().any(|r| r == "n4"))
+        }
+    })
+    .await?;
+    let s = shard_status(&client, shard).await?;
+    anyhow::ensure!(!s.replicas.contains(&from) && s.leader != from, "{s:?}");
+    assert!(
+        cluster
+            .node(&from)
+            .log()
+            .contains("handing its leadership over first"),
+        "{from} handed its leadership over"
+    );
+
+    let left = drain_once(&session, "orders", &BTreeSet::new()).await?;
+    let expected: BTreeSet<String> = (0..BEFORE + DURING).map(|i| format!("m{i}")).collect();
+    assert_eq!(left, expected);
+    Ok(())
+}

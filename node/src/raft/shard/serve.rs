@@ -29,12 +29,18 @@ pub(crate) enum Told {
     },
 }
 
-/// The queues of every shard `me` replicates, by shard, in name order.
-fn shard_queues(meta: &MetaState, me: &NodeId) -> BTreeMap<ShardId, Vec<ShardQueue>> {
+/// The queues of every shard `me` replicates, by shard, in name order: the shards the
+/// metadata lists it a replica of, and those whose group still runs here (`running`: a replica
+/// moved away keeps its group, and its data, until the group removed it).
+fn shard_queues(
+    meta: &MetaState,
+    me: &NodeId,
+    running: impl Fn(ShardId) -> bool,
+) -> BTreeMap<ShardId, Vec<ShardQueue>> {
     let mut mine: BTreeMap<ShardId, Vec<ShardQueue>> = meta
         .shards()
         .iter()
-        .filter(|(_, def)| def.replicas.contains(me))
+        .filter(|(id, def)| def.replicas.contains(me) || running(**id))
         .map(|(id, _)| (*id, Vec::new()))
         .collect();
     for (name, def) in meta.queues() {
@@ -51,7 +57,7 @@ fn shard_queues(meta: &MetaState, me: &NodeId) -> BTreeMap<ShardId, Vec<ShardQue
 
 /// What the host must be told of each shard `me` replicates, as `view` has it.
 pub(crate) fn wanted(view: &MetaView, me: &NodeId) -> BTreeMap<ShardId, Told> {
-    shard_queues(&view.meta, me)
+    shard_queues(&view.meta, me, |s| view.shards.contains_key(&s))
         .into_iter()
         .map(|(shard, queues)| {
             let group = view.shards.get(&shard);
@@ -321,5 +327,15 @@ mod tests {
         ));
         // Not a replica: nothing to tell.
         assert!(wanted(&view(None), &node("d")).is_empty());
+        // Not a replica in the metadata, but its group still runs here (its replica moved away,
+        // its group has not removed it yet): still followed, its data kept, never forgotten.
+        let leaving = wanted(
+            &view(Some(group(Role::Follower, false, "b", &m))),
+            &node("d"),
+        );
+        assert!(
+            matches!(leaving.values().next().unwrap(), Told::Followed { leader: Some(l), .. } if l == "b"),
+            "{leaving:?}"
+        );
     }
 }
