@@ -271,6 +271,27 @@ pub async fn create_queue_on(
         .into_inner())
 }
 
+/// Creates `name` with replication factor 3; its shard.
+pub async fn create_replicated(client: &Client, name: &str) -> anyhow::Result<u64> {
+    client
+        .admin()
+        .create_queue(pb::CreateQueueRequest {
+            name: name.into(),
+            replicas: 3,
+            ..Default::default()
+        })
+        .await
+        .with_context(|| format!("creating {name}"))?;
+    let shard = client
+        .admin()
+        .get_queue(pb::GetQueueRequest { name: name.into() })
+        .await?
+        .into_inner()
+        .shard;
+    anyhow::ensure!(shard != 0, "a replicated queue is in a shard");
+    Ok(shard)
+}
+
 /// Waits until `node` sees every node in `ids` with `health`.
 pub async fn wait_health(
     node: &Node,

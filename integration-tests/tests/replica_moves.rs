@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use ferry_client::{pb, AckMode, Message, ReceiveOptions};
-use ferry_integration_tests::cluster::{create_queue_on, Cluster};
+use ferry_integration_tests::cluster::{create_queue_on, create_replicated, Cluster};
 use ferry_integration_tests::{drain_once, ferry_cli, stats, wait_until, wipe_data};
 use futures::StreamExt as _;
 
@@ -38,6 +38,17 @@ async fn shard_status(
         .ok_or_else(|| anyhow::anyhow!("shard {shard} not listed"))
 }
 
+/// A fourth node, holding nothing, added as a learner: where a replica moves to.
+async fn add_spare_n4(cluster: &mut Cluster) -> anyhow::Result<()> {
+    let n4 = cluster.start_joining("n4", 0)?;
+    let address = cluster.peer_addr(n4);
+    let add = ["node", "add", "n4", "--address", &address, "--learner"];
+    let (ok, out, err) = ferry_cli(cluster.node("n1"), &add)?;
+    anyhow::ensure!(ok, "node add: {out}{err}");
+    cluster.wait_leader(&["n1", "n2", "n3", "n4"], WAIT).await?;
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_replica_is_moved_to_another_node_and_the_shard_is_whole_again() -> anyhow::Result<()>
 {
@@ -45,38 +56,9 @@ async fn a_lost_replica_is_moved_to_another_node_and_the_shard_is_whole_again() 
     let mut cluster = Cluster::start(dir.path(), &NODES)?;
     cluster.wait_leader(&NODES, WAIT).await?;
     let client = cluster.node("n1").client().await?;
-    client
-        .admin()
-        .create_queue(pb::CreateQueueRequest {
-            name: "orders".into(),
-            replicas: 3,
-            ..Default::default()
-        })
-        .await?;
-    let shard = client
-        .admin()
-        .get_queue(pb::GetQueueRequest {
-            name: "orders".into(),
-        })
-        .await?
-        .into_inner()
-        .shard;
-    anyhow::ensure!(shard != 0, "a replicated queue is in a shard");
+    let shard = create_replicated(&client, "orders").await?;
     // A fourth node, holding nothing: where the lost replica will go.
-    let n4 = cluster.start_joining("n4", 0)?;
-    let (ok, out, err) = ferry_cli(
-        cluster.node("n1"),
-        &[
-            "node",
-            "add",
-            "n4",
-            "--address",
-            &cluster.peer_addr(n4),
-            "--learner",
-        ],
-    )?;
-    anyhow::ensure!(ok, "node add: {out}{err}");
-    cluster.wait_leader(&["n1", "n2", "n3", "n4"], WAIT).await?;
+    add_spare_n4(&mut cluster).await?;
     let replicas = shard_status(&client, shard).await?.replicas;
     // The node whose disk is lost: a replica, not the node the client talks through.
     let lost = replicas.iter().find(|r| *r != "n1").unwrap().clone();
@@ -389,30 +371,8 @@ async fn a_working_leaders_replica_moves_off_while_a_producer_sends() -> anyhow:
     let mut cluster = Cluster::start(dir.path(), &NODES)?;
     cluster.wait_leader(&NODES, WAIT).await?;
     let client = cluster.node("n1").client().await?;
-    client
-        .admin()
-        .create_queue(pb::CreateQueueRequest {
-            name: "orders".into(),
-            replicas: 3,
-            ..Default::default()
-        })
-        .await?;
-    let shard = client
-        .admin()
-        .get_queue(pb::GetQueueRequest {
-            name: "orders".into(),
-        })
-        .await?
-        .into_inner()
-        .shard;
-    let n4 = cluster.start_joining("n4", 0)?;
-    let address = cluster.peer_addr(n4);
-    let (ok, out, err) = ferry_cli(
-        cluster.node("n1"),
-        &["node", "add", "n4", "--address", &address, "--learner"],
-    )?;
-    anyhow::ensure!(ok, "node add: {out}{err}");
-    cluster.wait_leader(&["n1", "n2", "n3", "n4"], WAIT).await?;
+    let shard = create_replicated(&client, "orders").await?;
+    add_spare_n4(&mut cluster).await?;
     wait_until(WAIT, "the shard has a leader", || {
         let client = client.clone();
         async move { Ok(!shard_status(&client, shard).await?.leader.is_empty()) }

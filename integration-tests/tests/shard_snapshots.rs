@@ -8,8 +8,8 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use ferry_client::{pb, AckMode, Message, ReceiveOptions};
-use ferry_integration_tests::cluster::Cluster;
+use ferry_client::{AckMode, Message, ReceiveOptions};
+use ferry_integration_tests::cluster::{create_replicated, Cluster};
 use ferry_integration_tests::{drain_once, ferry_cli, http_get, stats, wait_until, Node};
 
 const LEADER_WAIT: Duration = Duration::from_secs(20);
@@ -36,23 +36,7 @@ async fn a_replica_behind_a_compacted_log_is_rebuilt_from_a_snapshot_and_serves_
     let mut cluster = Cluster::start(dir.path(), &NODES)?;
     cluster.wait_leader(&NODES, LEADER_WAIT).await?;
     let client = cluster.node("n1").client().await?;
-    client
-        .admin()
-        .create_queue(pb::CreateQueueRequest {
-            name: "orders".into(),
-            replicas: 3,
-            ..Default::default()
-        })
-        .await?;
-    let shard = client
-        .admin()
-        .get_queue(pb::GetQueueRequest {
-            name: "orders".into(),
-        })
-        .await?
-        .into_inner()
-        .shard;
-    anyhow::ensure!(shard != 0, "a replicated queue is in a shard");
+    let shard = create_replicated(&client, "orders").await?;
     let leader = stats(&client, "orders").await?.owner_node;
     // A replica other than the leader and the node the client talks through.
     let away = *NODES.iter().find(|n| **n != leader && **n != "n1").unwrap();

@@ -21,8 +21,10 @@
 //! `ferry_proto::not_leader_of`) naming the leader it knows: the call goes there at once. With
 //! no leader named (an election is under way), or a replica the call never reached (unreachable,
 //! no connection), the call tries the next replica after a short back-off, for at most
-//! [`FAILOVER_WAIT_MAX`] (less if its deadline is nearer). Only those answers are tried again:
-//! they say nothing was done. A link lost mid-call, or a write the shard did not confirm, may
+//! [`FAILOVER_WAIT_MAX`] (less if its deadline is nearer). A replica that does not know the
+//! queue (`NOT_FOUND`: a node made a replica by a move learns the shard's queues from its
+//! metadata a moment later) passes the call to the next replica too, each at most once. Only
+//! those answers are tried again: they say nothing was done. A link lost mid-call, or a write the shard did not confirm, may
 //! have done what was asked, and is answered as it is (a send resent with its dedup id is
 //! stored once). A read ([`Router::call_read`]: it changes nothing, so asking again elsewhere
 //! is safe) also moves on from a replica that does not answer within [`READ_ATTEMPT_WAIT`]: a
@@ -396,6 +398,7 @@ impl Router {
     {
         let mut retries = 0;
         let mut caught_up = false;
+        let mut not_found_by = 0;
         let mut failover = Failover::new(deadline);
         loop {
             let placement = self.placement();
@@ -424,7 +427,18 @@ impl Router {
                 Err(e) => return Err(e.into()),
             };
             if let Some((s, replicas)) = &shard {
-                if let Some(next) = self.after_replica_failed(*s, replicas, &owner.node, &status) {
+                let mut next = self.after_replica_failed(*s, replicas, &owner.node, &status);
+                // A replica that does not know the queue may not serve its shard yet (a node
+                // made a replica by a move learns the shard's queues from its metadata a
+                // moment later): nothing was done, so each other replica is asked once.
+                if next.is_none()
+                    && status.code() == Code::NotFound
+                    && not_found_by < replicas.len()
+                {
+                    not_found_by += 1;
+                    next = Some(self.guess_next_replica(*s, replicas, &owner.node));
+                }
+                if let Some(next) = next {
                     if failover.next(next).await {
                         continue;
                     }
@@ -502,22 +516,35 @@ impl Router {
             None if crate::remote::was_not_sent(status) => None,
             None => return None,
         };
+        match named {
+            Some(leader) => {
+                self.note_redirect();
+                self.leaders
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .insert(s, leader);
+                Some(true)
+            }
+            None => Some(self.guess_next_replica(s, replicas, tried)),
+        }
+    }
+
+    /// Moves shard `s`'s leader to a guess, the replica after `tried`; false (no leader named).
+    fn guess_next_replica(&self, s: ShardId, replicas: &[NodeId], tried: &NodeId) -> bool {
         self.note_redirect();
-        let next = named.clone().unwrap_or_else(|| {
-            let at = replicas
-                .iter()
-                .position(|r| r == tried)
-                .map_or(0, |i| i + 1);
-            replicas
-                .get(at % replicas.len().max(1))
-                .unwrap_or(tried)
-                .clone()
-        });
+        let at = replicas
+            .iter()
+            .position(|r| r == tried)
+            .map_or(0, |i| i + 1);
+        let next = replicas
+            .get(at % replicas.len().max(1))
+            .unwrap_or(tried)
+            .clone();
         self.leaders
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .insert(s, next);
-        Some(named.is_some())
+        false
     }
 
     /// Calls the owners of `queues`, one call per owning node: `f(backend, its queues with

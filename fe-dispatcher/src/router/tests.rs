@@ -471,3 +471,30 @@ async fn a_replicas_own_answer_is_the_calls() {
     assert_eq!(b.calls().len(), 2);
     assert!(a.calls().is_empty() && c.calls().is_empty());
 }
+
+/// A replica that does not know a replicated queue (made a replica by a move, it learns the
+/// shard's queues from its metadata a moment later) did nothing: each other replica is asked
+/// once; only if none knows it is NOT_FOUND the call's answer.
+#[tokio::test(start_paused = true)]
+async fn a_replica_that_does_not_know_a_replicated_queue_yet_is_passed_over_once() {
+    let (p, [a, b, c]) = replicated();
+    let (router, _tx) = Router::fixed(p);
+    b.script([Status::not_found("queue \"orders\" does not exist")]);
+    get_queue(&router, "orders").await.expect("answered");
+    assert_eq!(
+        (b.calls().len(), c.calls().len(), a.calls().len()),
+        (1, 1, 0)
+    );
+
+    for f in [&a, &b, &c] {
+        f.always(Status::not_found("queue \"orders\" does not exist"));
+    }
+    let e = get_queue(&router, "orders").await.unwrap_err();
+    assert_eq!(e.code(), Code::NotFound, "{e}");
+    let tries = a.calls().len() + b.calls().len() + c.calls().len();
+    assert_eq!(
+        tries,
+        2 + 4,
+        "each replica once, and the first again: {tries}"
+    );
+}

@@ -675,9 +675,9 @@ impl Driver {
             );
         }
         let me = self.rounds.engine().map(Engine::node);
-        for (_, change) in &done.conf_changes {
+        for (group, change) in &done.conf_changes {
             if let ConfChange::Remove(node) = change {
-                if Some(*node) == me {
+                if Some(*node) == me && *group == META_GROUP {
                     tracing::warn!("this node was removed from the cluster; it no longer takes part in the metadata group");
                 }
             }
