@@ -61,6 +61,8 @@ pub struct CommitCounts {
     pub deferred: u64,
     /// Log syncs made for deferred submissions alone.
     pub deferred_syncs: u64,
+    /// Raft rounds that only applied, written without a sync of their own.
+    pub replayable: u64,
 }
 
 impl Broker {
@@ -209,6 +211,7 @@ impl Broker {
             submissions: load(&s.submissions),
             deferred: load(&s.deferred),
             deferred_syncs: load(&s.deferred_syncs),
+            replayable: load(&s.replayable),
         }
     }
 

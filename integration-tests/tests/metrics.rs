@@ -100,6 +100,11 @@ async fn metrics_follow_a_scripted_workload() -> anyhow::Result<()> {
         sample(&after, "ferry_group_commit_writes_total").is_some(),
         "{after}"
     );
+    // The metadata's rounds that only applied what its synced log held were not synced again.
+    assert!(
+        sample(&after, "ferry_group_commit_replayable_total").unwrap_or_default() >= 1.0,
+        "{after}"
+    );
     // The metadata group: a one-node cluster leads itself; recording its data directory and
     // the queue's creation were the proposals through this node.
     assert_eq!(sample(&after, "ferry_raft_leader"), Some(1.0), "{after}");

@@ -473,6 +473,11 @@ pub async fn render(s: &Sources) -> String {
             "Log syncs made for deferred acknowledgements alone (mostly: no synced write came within ack_sync_delay_max_us)",
             commit.deferred_syncs,
         ),
+        (
+            "group_commit_replayable",
+            "Raft rounds that only applied committed entries, written without a sync of their own (replayed from the synced log after a power loss)",
+            commit.replayable,
+        ),
     ] {
         let c = Counter::<u64, AtomicU64>::default();
         c.inc_by(value);
