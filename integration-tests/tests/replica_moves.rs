@@ -38,6 +38,19 @@ async fn shard_status(
         .ok_or_else(|| anyhow::anyhow!("shard {shard} not listed"))
 }
 
+/// Three nodes with `orders` replicated on all of them (its shard returned), and a fourth node,
+/// holding nothing (where a replica moves to).
+async fn orders_and_a_spare(
+    dir: &std::path::Path,
+) -> anyhow::Result<(Cluster, ferry_client::Client, u64)> {
+    let mut cluster = Cluster::start(dir, &NODES)?;
+    cluster.wait_leader(&NODES, WAIT).await?;
+    let client = cluster.node("n1").client().await?;
+    let shard = create_replicated(&client, "orders").await?;
+    add_spare_n4(&mut cluster).await?;
+    Ok((cluster, client, shard))
+}
+
 /// A fourth node, holding nothing, added as a learner: where a replica moves to.
 async fn add_spare_n4(cluster: &mut Cluster) -> anyhow::Result<()> {
     let n4 = cluster.start_joining("n4", 0)?;
@@ -53,12 +66,7 @@ async fn add_spare_n4(cluster: &mut Cluster) -> anyhow::Result<()> {
 async fn a_lost_replica_is_moved_to_another_node_and_the_shard_is_whole_again() -> anyhow::Result<()>
 {
     let dir = tempfile::tempdir()?;
-    let mut cluster = Cluster::start(dir.path(), &NODES)?;
-    cluster.wait_leader(&NODES, WAIT).await?;
-    let client = cluster.node("n1").client().await?;
-    let shard = create_replicated(&client, "orders").await?;
-    // A fourth node, holding nothing: where the lost replica will go.
-    add_spare_n4(&mut cluster).await?;
+    let (mut cluster, client, shard) = orders_and_a_spare(dir.path()).await?;
     let replicas = shard_status(&client, shard).await?.replicas;
     // The node whose disk is lost: a replica, not the node the client talks through.
     let lost = replicas.iter().find(|r| *r != "n1").unwrap().clone();
@@ -368,11 +376,7 @@ async fn a_working_leaders_replica_moves_off_while_a_producer_sends() -> anyhow:
     const BEFORE: usize = 100;
     const DURING: usize = 300;
     let dir = tempfile::tempdir()?;
-    let mut cluster = Cluster::start(dir.path(), &NODES)?;
-    cluster.wait_leader(&NODES, WAIT).await?;
-    let client = cluster.node("n1").client().await?;
-    let shard = create_replicated(&client, "orders").await?;
-    add_spare_n4(&mut cluster).await?;
+    let (cluster, client, shard) = orders_and_a_spare(dir.path()).await?;
     wait_until(WAIT, "the shard has a leader", || {
         let client = client.clone();
         async move { Ok(!shard_status(&client, shard).await?.leader.is_empty()) }

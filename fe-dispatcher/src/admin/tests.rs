@@ -280,14 +280,21 @@ fn replicated_admin(
     )
 }
 
+/// [`replicated_admin`] with its preferred leader b silent (it never answers a `get_queue`)
+/// and a naming c the shard's leader.
+fn preferred_silent_c_leading() -> ([Arc<FakeBackend>; 3], AdminService, Keep) {
+    let (a, b, c) = (FakeBackend::new(), FakeBackend::new(), FakeBackend::new());
+    b.park_get_queue();
+    a.always(not_leader("c"));
+    let (admin, keep) = replicated_admin(&a, &b, &c);
+    ([a, b, c], admin, keep)
+}
+
 // Postmortem (bug 4, docs/reliability.md): the create asked the preferred leader first, cut
 // off, with no bound on the call, and answered only after the heal.
 #[tokio::test(start_paused = true)]
 async fn a_replicated_queue_whose_preferred_leader_is_silent_is_answered_by_its_shards_leader() {
-    let (a, b, c) = (FakeBackend::new(), FakeBackend::new(), FakeBackend::new());
-    b.park_get_queue();
-    a.always(not_leader("c"));
-    let (admin, _keep) = replicated_admin(&a, &b, &c);
+    let ([a, b, c], admin, _keep) = preferred_silent_c_leading();
     let started = tokio::time::Instant::now();
     let answered = tokio::time::timeout(
         2 * super::create::OWNER_CREATE_WAIT,
@@ -320,10 +327,7 @@ async fn a_replicated_queue_whose_preferred_leader_is_silent_is_answered_by_its_
 // waited for the heal. A read moves on from a silent replica after a second.
 #[tokio::test(start_paused = true)]
 async fn a_read_of_a_replicated_queue_whose_leader_is_silent_is_answered_by_the_next_leader() {
-    let (a, b, c) = (FakeBackend::new(), FakeBackend::new(), FakeBackend::new());
-    b.park_get_queue();
-    a.always(not_leader("c"));
-    let (admin, _keep) = replicated_admin(&a, &b, &c);
+    let ([a, b, c], admin, _keep) = preferred_silent_c_leading();
     let started = tokio::time::Instant::now();
     let answered = tokio::time::timeout(
         Duration::from_secs(5),

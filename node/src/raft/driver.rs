@@ -288,10 +288,6 @@ impl Driver {
             }
         }
         self.run_rounds();
-        if !self.leaving.is_empty() {
-            // Looked at again on every wake-up until their groups let them go.
-            self.shards_followed_at = None;
-        }
         if self.follow_shards() {
             self.run_rounds();
         }
@@ -552,7 +548,9 @@ impl Driver {
             return false;
         };
         let at = meta.applied_index();
-        if self.shards_followed_at == Some(at) {
+        // Replicas moved away are looked at again on every wake-up until their groups let them
+        // go; the rest only when the metadata changed.
+        if self.shards_followed_at == Some(at) && self.leaving.is_empty() {
             return false;
         }
         let Some(engine) = self.rounds.engine() else {
