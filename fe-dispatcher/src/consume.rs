@@ -15,14 +15,19 @@
 //! would wait Ready for the next receive and cost a synced write of its own before it could be
 //! pushed.
 //!
-//! Answers are pushed in the order the back-end served them, which is the order they arrive
-//! from an in-process back-end (each answer is handed over as it is made): an answer is pushed
-//! as soon as it arrives, and answers found together go out oldest receive first. Holding an
-//! answer until an older receive is answered would be wrong whenever the older one was parked
-//! later: a receive opened while the queue lived on another node, still on its way when the
-//! queue's new leader turned out to be this node and a second receive went straight to it. The
-//! older one then waits for new messages (or a lease to run out) while the answer behind it,
-//! already leased, is held back — and pushed after the redelivery its lease ran out into.
+//! Answers are pushed in the order the back-end made them: an answer is pushed as soon as it
+//! arrives, and answers found together go out by the lease of their first delivery (a queue
+//! numbers its leases in the order it hands messages out, and a new owner's leases come after the
+//! old one's). Holding an answer until an older receive is answered would be wrong whenever the
+//! older one was parked later: a receive opened while the queue lived on another node, still on
+//! its way when the queue's new leader turned out to be this node and a second receive went
+//! straight to it. The older one then waits for new messages (or a lease to run out) while the
+//! answer behind it, already leased, is held back — and pushed after the redelivery its lease
+//! ran out into. "Found together" needs care: the receives are looked at one after the other,
+//! and the back-end may answer the older one just after it was looked at and the younger one
+//! just before; so once an answer is seen, the ones still waiting are looked at again (see
+//! `Receives::next`).
+//!
 //! Calls to another node's back-end are separate HTTP/2 streams, served by separate tasks, and
 //! their answers may arrive in any order; there the stream keeps one receive open. The second
 //! receive is an extra: if it fails (the queue's waiter limit, say) the stream goes on with one.
@@ -71,7 +76,7 @@ enum ReceiveState {
     Answered(Answer),
 }
 
-/// The open receives, oldest first: their answers are pushed in that order.
+/// The open receives, oldest first.
 struct Receives {
     open: VecDeque<Receive>,
     /// How many may be open at once.
@@ -121,43 +126,36 @@ impl Receives {
         });
     }
 
-    /// The next answer, as soon as one arrives (see the module docs): the oldest receive's
-    /// among those answered. A later receive that fails while an older one is open is dropped,
-    /// and no second one is opened again: the stream goes on with one (the open one reports
-    /// anything lasting).
+    /// The next answer, as soon as one arrives (see the module docs): of those answered, the
+    /// one the back-end made first. A later receive that fails while an older one is open is
+    /// dropped, and no second one is opened again: the stream goes on with one (the open one
+    /// reports anything lasting).
+    ///
+    /// Looking at the receives one after the other races the back-end: the older one may be
+    /// looked at just before its answer is made, the younger one just after its own, later
+    /// answer. So once an answer is seen, the receives still waiting are looked at once more:
+    /// every answer made before the one seen is there now. Of those, the one with the lowest
+    /// lease goes first (a queue numbers its leases in the order it hands messages out).
     async fn next(&mut self) -> Answer {
         std::future::poll_fn(|cx| {
-            for r in &mut self.open {
-                if let ReceiveState::Waiting(f) = &mut r.state {
-                    if let Poll::Ready(answer) = f.as_mut().poll(cx) {
-                        r.state = ReceiveState::Answered(answer);
-                    }
-                }
+            if self.poll_waiting(cx) {
+                self.poll_waiting(cx);
             }
-            let failed_extra = self
+            self.drop_failed_extra();
+            let Some(first) = self
                 .open
                 .iter()
-                .skip(1)
-                .position(|r| matches!(r.state, ReceiveState::Answered(Err(_))));
-            if let Some(i) = failed_extra {
-                if let Some(Receive {
-                    state: ReceiveState::Answered(Err(status)),
-                    ..
-                }) = self.open.remove(i + 1)
-                {
-                    tracing::debug!(error = %status, "a Consume stream's extra receive failed; going on with one");
-                }
-                self.max = 1;
-                self.extra_failed = true;
-            }
-            let Some(answered) = self
-                .open
-                .iter()
-                .position(|r| matches!(r.state, ReceiveState::Answered(_)))
+                .enumerate()
+                .filter_map(|(i, r)| match &r.state {
+                    ReceiveState::Answered(answer) => Some((handed_out_at(answer), i)),
+                    ReceiveState::Waiting(_) => None,
+                })
+                .min()
+                .map(|(_, i)| i)
             else {
                 return Poll::Pending;
             };
-            match self.open.remove(answered) {
+            match self.open.remove(first) {
                 Some(Receive {
                     state: ReceiveState::Answered(answer),
                     ..
@@ -168,9 +166,55 @@ impl Receives {
         .await
     }
 
+    /// Polls the receives still waiting; whether any was answered.
+    fn poll_waiting(&mut self, cx: &mut std::task::Context<'_>) -> bool {
+        let mut answered = false;
+        for r in &mut self.open {
+            if let ReceiveState::Waiting(f) = &mut r.state {
+                if let Poll::Ready(answer) = f.as_mut().poll(cx) {
+                    r.state = ReceiveState::Answered(answer);
+                    answered = true;
+                }
+            }
+        }
+        answered
+    }
+
+    /// A later receive that failed is dropped, and the stream keeps one receive from then on.
+    fn drop_failed_extra(&mut self) {
+        let failed_extra = self
+            .open
+            .iter()
+            .skip(1)
+            .position(|r| matches!(r.state, ReceiveState::Answered(Err(_))));
+        if let Some(i) = failed_extra {
+            if let Some(Receive {
+                state: ReceiveState::Answered(Err(status)),
+                ..
+            }) = self.open.remove(i + 1)
+            {
+                tracing::debug!(error = %status, "a Consume stream's extra receive failed; going on with one");
+            }
+            self.max = 1;
+            self.extra_failed = true;
+        }
+    }
+
     fn is_empty(&self) -> bool {
         self.open.is_empty()
     }
+}
+
+/// Where an answer goes among those found together: by the lease of its first delivery (a
+/// queue's leases are numbered in the order it hands messages out); errors and empty answers
+/// first.
+fn handed_out_at(answer: &Answer) -> u64 {
+    answer
+        .as_ref()
+        .ok()
+        .and_then(|r| r.deliveries.first())
+        .and_then(|d| d.receipt_handle.parse::<ferry_kernel::ReceiptHandle>().ok())
+        .map_or(0, |h| h.lease.0)
 }
 
 pub(crate) async fn start(
@@ -315,7 +359,10 @@ impl Stream {
                 })
                 .await
             };
-            self.receives.open(ask, Box::pin(receive));
+            // Out of tokio's task budget: a spent budget would have the second look at a
+            // receive (`Receives::next`) report an answer that is there as not yet made.
+            self.receives
+                .open(ask, Box::pin(tokio::task::unconstrained(receive)));
         }
     }
 
@@ -527,9 +574,22 @@ mod tests {
         (tx, Box::pin(f))
     }
 
-    fn answer(n: usize) -> Answer {
+    /// `n` deliveries, the first one's lease `lease`.
+    fn answer(lease: u64, n: usize) -> Answer {
+        let delivery = |l: u64| pb::Delivery {
+            receipt_handle: ferry_kernel::ReceiptHandle {
+                queue: QueueName::new("q").expect("a valid name"),
+                uid: ferry_kernel::QueueUid(1),
+                seq: ferry_kernel::Seq(l),
+                lease: ferry_kernel::LeaseId(l),
+                delivery_count: 1,
+                tag: 0,
+            }
+            .to_string(),
+            ..Default::default()
+        };
         Ok(pb::BackendReceiveResponse {
-            deliveries: vec![pb::Delivery::default(); n],
+            deliveries: (lease..lease + n as u64).map(delivery).collect(),
         })
     }
 
@@ -552,17 +612,63 @@ mod tests {
         assert_eq!(one.next_ask(5_000), None);
     }
 
+    /// Found together, answers go out in the order the back-end handed their messages out,
+    /// whichever receive was opened first.
     #[test]
-    fn answers_found_together_are_pushed_in_the_order_asked() {
+    fn answers_found_together_are_pushed_in_the_order_handed_out() {
+        for (older_lease, younger_lease) in [(1, 3), (3, 1)] {
+            let mut r = Receives::new(2);
+            let (older, f) = receive();
+            r.open(2, f);
+            let (younger, f) = receive();
+            r.open(2, f);
+            younger.send(answer(younger_lease, 2)).expect("listening");
+            older.send(answer(older_lease, 2)).expect("listening");
+            let first = r
+                .next()
+                .now_or_never()
+                .expect("answered")
+                .expect("deliveries");
+            assert_eq!(handed_out_at(&Ok(first)), 1);
+            let second = r
+                .next()
+                .now_or_never()
+                .expect("answered")
+                .expect("deliveries");
+            assert_eq!(handed_out_at(&Ok(second)), 3);
+            assert!(r.is_empty());
+        }
+    }
+
+    /// The race `Receives::next` closes: the back-end answers the older receive just after it
+    /// was looked at and the younger one before it is looked at. The older answer, made first,
+    /// still goes out first.
+    #[test]
+    fn an_answer_made_while_the_receives_are_looked_at_keeps_its_place() {
         let mut r = Receives::new(2);
-        let (first, f) = receive();
-        r.open(1, f);
-        let (second, f) = receive();
-        r.open(1, f);
-        second.send(answer(2)).expect("listening");
-        first.send(answer(1)).expect("listening");
-        assert_eq!(r.next().now_or_never().map(count), Some(1));
-        assert_eq!(r.next().now_or_never().map(count), Some(2));
+        let (older_tx, older_rx) = oneshot::channel::<Answer>();
+        let (younger_tx, younger) = receive();
+        let mut senders = Some((older_tx, younger_tx));
+        let mut older_rx = Some(older_rx);
+        let older = std::future::poll_fn(move |cx| {
+            if let Some((older_tx, younger_tx)) = senders.take() {
+                // Looked at before the back-end answered; both answers are made right after.
+                older_tx.send(answer(1, 1)).expect("listening");
+                younger_tx.send(answer(2, 1)).expect("listening");
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            let rx = older_rx.as_mut().expect("polled until answered");
+            let answer = std::task::ready!(Pin::new(rx).poll(cx));
+            older_rx = None;
+            Poll::Ready(answer.unwrap_or_else(|_| Err(Status::cancelled("dropped"))))
+        });
+        r.open(1, Box::pin(older));
+        r.open(1, younger);
+        let first = r.next().now_or_never().expect("answered");
+        assert_eq!(handed_out_at(&first), 1, "the answer made first goes first");
+        let second = r.next().now_or_never().expect("answered");
+        assert_eq!(handed_out_at(&second), 2);
         assert!(r.is_empty());
     }
 
@@ -576,11 +682,11 @@ mod tests {
         r.open(1, f);
         let (second, f) = receive();
         r.open(1, f);
-        second.send(answer(2)).expect("listening");
+        second.send(answer(1, 2)).expect("listening");
         assert_eq!(r.next().now_or_never().map(count), Some(2));
         assert_eq!(r.open.len(), 1, "the older one still waits");
         assert!(r.next().now_or_never().is_none());
-        first.send(answer(1)).expect("listening");
+        first.send(answer(3, 1)).expect("listening");
         assert_eq!(r.next().now_or_never().map(count), Some(1));
         assert!(r.is_empty());
     }
@@ -599,7 +705,7 @@ mod tests {
         assert_eq!(r.open.len(), 1, "the failed one is dropped");
         r.set_max(RECEIVES_LOCAL);
         assert_eq!(r.next_ask(10), None, "no second one again");
-        first.send(answer(3)).expect("listening");
+        first.send(answer(1, 3)).expect("listening");
         assert_eq!(r.next().now_or_never().map(count), Some(3));
         assert_eq!(r.next_ask(10), Some(10), "one receive, the whole credit");
     }
