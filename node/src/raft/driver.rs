@@ -7,6 +7,7 @@
 //! A thread, not a task: each round ends in a synced RocksDB write, which must not block the
 //! async runtime, and the engine must see its inputs in one order.
 
+mod first_leader;
 mod membership;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -137,6 +138,9 @@ pub(crate) struct Driver {
     /// removes this node (`driver/membership.rs`): each with the tick since which it has known
     /// no leader, if it has none.
     leaving: BTreeMap<GroupId, Option<u64>>,
+    /// New shards this node is the preferred leader of, each with the tick until which it
+    /// campaigns while the group knows no leader (`driver/first_leader.rs`).
+    first_campaigns: BTreeMap<GroupId, u64>,
     /// Given to every shard's machine (see [`Start::snapshots`]).
     snapshots: Arc<ShardSnapshots>,
 }
@@ -202,6 +206,7 @@ impl Driver {
             balancer: Balancer::default(),
             ticks: 0,
             leaving: BTreeMap::new(),
+            first_campaigns: BTreeMap::new(),
             snapshots: start.snapshots,
         }
     }
@@ -281,6 +286,7 @@ impl Driver {
         if tick {
             self.rounds.tick();
             self.ticks += 1;
+            self.campaign_first();
             self.drive_leader();
             self.drive_shard_members();
             if self.ticks.is_multiple_of(BALANCE_EVERY_TICKS) {
@@ -508,7 +514,8 @@ impl Driver {
 
     /// Starts a shard's group here (see [`Input::OpenShard`]): formed with `voters`, or, with
     /// none, empty, to be filled by its leader once it adds this node (a replica that joins a
-    /// shard whose group formed long ago).
+    /// shard whose group formed long ago). A new shard's preferred leader campaigns at once
+    /// (`driver/first_leader.rs`).
     fn open_shard(&mut self, group: GroupId, voters: &[PeerId]) -> Result<(), String> {
         if group == META_GROUP {
             return Err("group 0 is the metadata group, not a queue shard".into());
@@ -529,6 +536,7 @@ impl Driver {
             .map_err(|h| h.0)?;
         self.rounds.add_machine(group, NodeMachine::Shard(machine));
         self.rounds.campaign_if_alone(group);
+        self.lead_new_shard(group, voters);
         Ok(())
     }
 

@@ -163,6 +163,38 @@ fn a_replicated_queue_s_shard_runs_on_its_replicas_only_and_goes_with_its_last_q
     assert_eq!(stored(&cluster, follower, shard), (false, false));
 }
 
+/// The raft id of `shard`'s preferred leader in the leader's metadata.
+fn preferred(cluster: &Cluster, shard: ShardId) -> PeerId {
+    let meta = cluster.leader_meta().unwrap();
+    let node = meta.shard(shard).unwrap().preferred_leader().clone();
+    PeerId(meta.node(&node).unwrap().raft_id.0)
+}
+
+/// A new shard's first leader is its preferred leader, whichever node leads the metadata: no
+/// hand-over by the balancer a few seconds after its queue was made, which would break the
+/// streams of the queue's first clients (`driver/first_leader.rs`).
+#[test]
+fn a_new_shard_is_first_led_by_its_preferred_leader() {
+    for seed in 0..8 {
+        let mut cluster = Cluster::new(seed, 3, 1_000);
+        cluster.converge();
+        for i in 0..3 {
+            let shard = create_replicated(&mut cluster, &format!("q{i}"));
+            let replicas = replicas(&cluster, shard);
+            assert!(
+                cluster.run_until(ELECTION_STEPS * 8, |c| settled(c, shard, &replicas)),
+                "seed {seed}: shard {shard} did not settle: {:?}",
+                running(&cluster, shard)
+            );
+            assert_eq!(
+                shard_leader(&cluster, shard),
+                preferred(&cluster, shard),
+                "seed {seed}: shard {shard} first led by another replica"
+            );
+        }
+    }
+}
+
 #[test]
 fn a_replica_down_when_its_shard_went_removes_it_when_it_comes_back() {
     let mut cluster = Cluster::new(12, 3, 1_000);
