@@ -148,31 +148,22 @@ async fn producers_cannot_fill_the_disk_past_the_guard_and_acks_keep_working() -
     Ok(())
 }
 
-/// The node's overall health status ("" service).
-async fn health(node: &Node) -> anyhow::Result<i32> {
-    let channel = tonic::transport::Endpoint::from_shared(node.url())?
-        .connect()
-        .await?;
-    let mut h = tonic_health::pb::health_client::HealthClient::new(channel);
-    Ok(h.check(tonic_health::pb::HealthCheckRequest {
-        service: String::new(),
-    })
-    .await?
-    .into_inner()
-    .status)
-}
-
 // Postmortem: after a failed write the store refuses every write until a restart, and the node
-// still answered SERVING to health checks, so nothing routed around it.
+// still answered SERVING to health checks, so nothing routed around it. Then: it answered
+// NOT_SERVING, until its next Raft write (a queue created, say) met the same store and stopped
+// it. Now it stops at once, whichever write failed first.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_store_that_failed_a_write_makes_the_node_not_serving_until_restarted(
+async fn a_store_that_failed_a_write_stops_the_node_which_starts_again_once_space_is_freed(
 ) -> anyhow::Result<()> {
     let disk = Tmpfs::mount(64)?;
+    let logs = tempfile::tempdir()?;
     let mut node = Node::start(
         &disk.dir.join("data"),
         NodeOptions {
             // No guard: the disk is let fill, as another process on it would fill it.
             env: vec![("FERRY_DISK_FREE_MIN_BYTES".into(), "0".into())],
+            // Off the disk that fills, so that the node can say why it stopped.
+            log_dir: Some(logs.path().to_owned()),
             ..Default::default()
         },
     )?;
@@ -200,16 +191,33 @@ async fn a_store_that_failed_a_write_makes_the_node_not_serving_until_restarted(
         }
     }
     let e = failed.expect("a send on a full disk fails");
-    assert_eq!(e.code(), Some(tonic::Code::ResourceExhausted), "{e}");
-    let serving = tonic_health::pb::health_check_response::ServingStatus::Serving as i32;
+    assert!(
+        matches!(
+            e.code(),
+            Some(tonic::Code::ResourceExhausted | tonic::Code::Unavailable)
+        ),
+        "the failed write, or the node stopping after it: {e}"
+    );
+    let mut status = None;
     ferry_integration_tests::wait_until(
-        std::time::Duration::from_secs(10),
-        "health to say NOT_SERVING",
-        || async { Ok(health(&node).await? != serving) },
+        std::time::Duration::from_secs(20),
+        "the node to stop",
+        || {
+            status = status.or_else(|| node.exited());
+            std::future::ready(Ok(status.is_some()))
+        },
     )
     .await?;
+    let status = status.expect("waited for");
     assert!(
-        node.log().contains("takes no more until the node restarts"),
+        !status.success(),
+        "a node that stopped by itself says so: {status}"
+    );
+    let log = node.log();
+    assert!(
+        log.contains("takes no more until the node restarts")
+            && log.contains("its store failed a write")
+            && log.contains("free space on the disk"),
         "the log says what happened and what to do"
     );
     // Recovery, as documented: free space, restart.
@@ -225,5 +233,63 @@ async fn a_store_that_failed_a_write_makes_the_node_not_serving_until_restarted(
         got.iter().any(|r| r.message_id() == kept[0]),
         "confirmed before the disk filled"
     );
+    Ok(())
+}
+
+/// The same end when the first write to fail is a Raft round's (a queue created on the full
+/// disk): the metadata group halts, and the node says it is the store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raft_write_on_a_full_disk_stops_the_node_naming_the_store() -> anyhow::Result<()> {
+    let disk = Tmpfs::mount(64)?;
+    let logs = tempfile::tempdir()?;
+    let mut node = Node::start(
+        &disk.dir.join("data"),
+        NodeOptions {
+            env: vec![("FERRY_DISK_FREE_MIN_BYTES".into(), "0".into())],
+            // Off the disk that fills, so that the node can say why it stopped.
+            log_dir: Some(logs.path().to_owned()),
+            ..Default::default()
+        },
+    )?;
+    let client = node.client().await?;
+    create_queue(&client, "q").await?;
+    let filler = disk.dir.join("filler");
+    let filled = Command::new("dd")
+        .args(["if=/dev/zero", "bs=1M", "count=1024"])
+        .arg(format!("of={}", filler.display()))
+        .output()?;
+    assert!(!filled.status.success(), "dd stops at a full disk");
+    // Creates fail once a round's write meets the full disk (bounded: each adds entries).
+    let mut refused = false;
+    for i in 0..200 {
+        if create_queue(&client, &format!("q{i}")).await.is_err() {
+            refused = true;
+            break;
+        }
+    }
+    assert!(refused, "a create on a full disk fails");
+    let mut status = None;
+    ferry_integration_tests::wait_until(
+        std::time::Duration::from_secs(20),
+        "the node to stop",
+        || {
+            status = status.or_else(|| node.exited());
+            std::future::ready(Ok(status.is_some()))
+        },
+    )
+    .await?;
+    let status = status.expect("waited for");
+    assert!(
+        !status.success(),
+        "a node that stopped by itself says so: {status}"
+    );
+    assert!(
+        node.log().contains("its store failed a write"),
+        "the log names the store, not only the metadata group"
+    );
+    std::fs::remove_file(&filler)?;
+    node.restart()?;
+    let client = node.client().await?;
+    create_queue(&client, "after").await?;
     Ok(())
 }

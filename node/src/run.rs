@@ -52,7 +52,7 @@ type MessagingServer = pb::messaging_server::MessagingServer<MessagingService>;
 /// calls still queued fail with UNAVAILABLE. `on_ready` is called once every queue is recovered,
 /// just before the node serves. `settings` are the configuration's values with their sources,
 /// as `ferry status` shows them. Fails when the node stopped by itself (its metadata group
-/// halted), with the reason.
+/// halted, or its store failed a write), with the reason.
 pub async fn run(
     config: Config,
     settings: Vec<Setting>,
@@ -72,7 +72,6 @@ pub async fn run(
     let reaper = tokio::spawn(frontend.reaper());
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<MessagingServer>().await;
-    let store_watch = tokio::spawn(watch_store(broker.clone(), health.clone()));
     let metrics_listener = bind_metrics(&config).await?;
     let metrics_addr = metrics_listener.as_ref().map(TcpListener::local_addr);
     let addresses = Addresses {
@@ -95,7 +94,8 @@ pub async fn run(
     tracing::info!(node = %node_id, addr = %addresses.client, peer_addr = %addresses.peer, "listening");
     on_ready(&addresses);
 
-    // Why the node stops by itself, if it does: its metadata group halted.
+    // Why the node stops by itself, if it does: its metadata group halted, or its store failed
+    // a write.
     let halt = Arc::new(Mutex::new(None::<String>));
     let parts = Stopping {
         broker: broker.clone(),
@@ -119,15 +119,13 @@ pub async fn run(
         begun,
     )
     .await?;
-    let tasks = [reaper, store_watch, placement_task];
+    let tasks = [reaper, placement_task];
     close(tasks.into_iter().chain(metrics), &meta, &broker, writer).await;
     drop((meta, broker, frontend));
     release_store(store).await;
     let halt = halt.lock().unwrap_or_else(PoisonError::into_inner).take();
     halt.map_or(Ok(()), |reason| {
-        Err(anyhow::anyhow!(
-            "the node stopped: its metadata group halted: {reason}"
-        ))
+        Err(anyhow::anyhow!("the node stopped: {reason}"))
     })
 }
 
@@ -226,28 +224,50 @@ struct Stopping {
     frontend: Arc<Frontend>,
 }
 
-/// Completes once the node has begun to stop: at `shutdown`, or when its metadata group halts
-/// (the reason is kept in `halt`). Says so on `begun`, stops taking calls, and stops the
-/// metadata group and the back-end.
+/// Completes once the node has begun to stop: at `shutdown`, when its metadata group halts, or
+/// when its store failed a write (the reason is kept in `halt`). Says so on `begun`, stops
+/// taking calls, and stops the metadata group and the back-end.
+///
+/// A store that failed a write takes no more (the disk is behind memory), and the Raft log of
+/// every group on the node goes through it: whichever path met the failure first (a queue's
+/// write, or a Raft round's, which halts the metadata group), the node stops, so that its
+/// shards fail over at once and an operator meets one outcome, not a node that answers
+/// `NOT_SERVING` until its next Raft write stops it.
 async fn stop_when(
     shutdown: impl Future<Output = ()> + Send,
     parts: Stopping,
     begun: watch::Sender<bool>,
     halt: Arc<Mutex<Option<String>>>,
 ) {
-    tokio::select! {
-        () = shutdown => tracing::info!("shutting down"),
-        reason = parts.meta.halted() => {
-            tracing::error!(%reason, "the metadata group stopped on this node; the node stops serving (restart it once the cause is fixed)");
+    let reason = tokio::select! {
+        () = shutdown => None,
+        reason = parts.meta.halted() => Some(if parts.broker.store_poisoned() {
+            format!("{STORE_FAILED} ({reason})")
+        } else {
+            format!("its metadata group halted: {reason}")
+        }),
+        () = store_failed(&parts.broker) => Some(STORE_FAILED.to_owned()),
+    };
+    match reason {
+        None => tracing::info!("shutting down"),
+        Some(reason) => {
+            tracing::error!(%reason, "the node stops serving (start it again once the cause is fixed)");
             *halt.lock().unwrap_or_else(PoisonError::into_inner) = Some(reason);
         }
     }
     let _ = begun.send(true);
     parts.health.set_not_serving::<MessagingServer>().await;
+    parts
+        .health
+        .set_service_status("", tonic_health::ServingStatus::NotServing)
+        .await;
     parts.frontend.stop_handle().stop();
     parts.meta.stop().await;
     parts.broker.shutdown().await;
 }
+
+/// Why a node whose store failed a write stops, and what to do.
+const STORE_FAILED: &str = "its store failed a write (the error is in the log above: a full disk, a failing one) and takes no more: free space on the disk or replace it, then start the node again; nothing confirmed is lost";
 
 /// What the two listeners serve.
 struct Services<'a> {
@@ -358,21 +378,15 @@ async fn has_begun(mut begun: watch::Receiver<bool>) {
 }
 
 /// How often the node looks whether its store failed a write.
-const STORE_WATCH_INTERVAL: Duration = Duration::from_secs(1);
+const STORE_WATCH_INTERVAL: Duration = Duration::from_millis(250);
 
-/// Turns health to NOT_SERVING (the whole node and `Messaging`) once the store failed a write: it
-/// refuses every write until the node restarts, so load balancers and orchestrators must route
-/// around it. Runs until aborted at shutdown.
-async fn watch_store(broker: Broker, health: tonic_health::server::HealthReporter) {
+/// Completes once the store failed a write (never with a store in memory).
+async fn store_failed(broker: &Broker) {
     let mut tick = tokio::time::interval(STORE_WATCH_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
         if broker.store_poisoned() {
-            health
-                .set_service_status("", tonic_health::ServingStatus::NotServing)
-                .await;
-            health.set_not_serving::<MessagingServer>().await;
             return;
         }
     }

@@ -450,7 +450,7 @@ impl RocksStore {
                 tracing::error!(
                     error = %e,
                     context,
-                    "the store failed a write and takes no more until the node restarts: the node stops serving (health NOT_SERVING); fix the cause (free disk space, a failing disk), then restart it; nothing confirmed is lost"
+                    "the store failed a write and takes no more until the node restarts: the node stops; fix the cause (free disk space, a failing disk), then start it again; nothing confirmed is lost"
                 );
             }
             io(context)(e)
