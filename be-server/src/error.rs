@@ -69,6 +69,11 @@ pub enum Error {
         asked: PlacementEpoch,
     },
 
+    /// The node asked the back-end to serve a replicated queue it does not serve yet without
+    /// the queue's settings (see `ShardQueue::settings`): the node's bug, told again in full.
+    #[error("replicated queue {queue} of shard {shard} is not served here and came without its settings; the node tells the shard's queues again in full")]
+    SettingsMissing { queue: String, shard: String },
+
     /// The disk guard (see `disk.rs`): sends are refused while free space is short.
     #[error("the disk holding the data directory has {free_bytes} bytes free, under disk_free_min_bytes = {limit_bytes}: free space or raise the limit; receives and acknowledgements still work")]
     DiskFull { free_bytes: u64, limit_bytes: u64 },
@@ -136,6 +141,7 @@ impl From<Error> for Status {
                 Code::FailedPrecondition
             }
             Error::DiskFull { .. } => Code::ResourceExhausted,
+            Error::SettingsMissing { .. } => Code::Internal,
         };
         Status::new(code, e.to_string())
     }

@@ -39,9 +39,12 @@ use crate::targets::{dead_letter_queue_config, targets_up_front};
 #[derive(Debug, Clone, PartialEq)]
 pub struct ShardQueue {
     pub name: QueueName,
-    /// Its settings as given at creation (empty for a dead-letter or expiry queue created with
-    /// its queue: it gets the settings derived from its source's).
-    pub settings: pb::QueueConfig,
+    /// Its settings as given at creation or last update (empty for a dead-letter or expiry
+    /// queue created with its queue: it gets the settings derived from its source's). `None`:
+    /// unchanged since the last [`Broker::lead_shard`] of the same run, which gave them (the
+    /// node passes only what changed, so that a change to one queue does not cost in proportion
+    /// to all of them); a queue the run does not serve yet must come with its settings.
+    pub settings: Option<pb::QueueConfig>,
     /// The metadata's placement epoch of the queue.
     pub epoch: PlacementEpoch,
 }
@@ -53,6 +56,9 @@ pub(crate) struct Shards {
     led: HashMap<ShardId, Led>,
     /// Every replicated queue of a shard this node replicates, with its shard.
     queues: HashMap<QueueName, ShardId>,
+    /// The names in `queues` of each shard, so that one shard's list is replaced in
+    /// proportion to its queues, not to every queue here.
+    members: HashMap<ShardId, Vec<QueueName>>,
     /// The leader this node knows of each shard it replicates and does not lead.
     leaders: HashMap<ShardId, Option<String>>,
 }
@@ -81,6 +87,24 @@ impl Shards {
     pub(crate) fn serves_run(&self, incarnation: u64) -> bool {
         self.led.values().any(|l| l.incarnation == incarnation)
     }
+
+    /// Records that `shard` has the queues `names` (and no others).
+    fn index(&mut self, shard: ShardId, names: Vec<QueueName>) {
+        self.unindex(shard);
+        for name in &names {
+            self.queues.insert(name.clone(), shard);
+        }
+        self.members.insert(shard, names);
+    }
+
+    /// Forgets which queues `shard` has.
+    fn unindex(&mut self, shard: ShardId) {
+        for name in self.members.remove(&shard).unwrap_or_default() {
+            if self.queues.get(&name) == Some(&shard) {
+                self.queues.remove(&name);
+            }
+        }
+    }
 }
 
 impl Broker {
@@ -96,7 +120,9 @@ impl Broker {
     /// `known_below`: the metadata's next epoch (`MetaState::next_epoch`). A stored queue the
     /// metadata does not list is deleted only if its epoch is below it: this node's metadata
     /// may be older than the shard's log (a node that just restarted), and then a queue created
-    /// since is not in it, but must not be deleted.
+    /// since is not in it, but must not be deleted. Returns whether such a queue was kept:
+    /// the caller then calls again when its metadata has moved on, to delete it if the
+    /// metadata still does not list it.
     pub async fn lead_shard(
         &self,
         shard: ShardId,
@@ -104,7 +130,7 @@ impl Broker {
         proposer: Arc<dyn ShardProposer>,
         queues: Vec<ShardQueue>,
         known_below: PlacementEpoch,
-    ) -> Result<(), Error> {
+    ) -> Result<bool, Error> {
         let q = &self.inner.queues;
         let _admin = q.admin.lock().await;
         let current = read(q)
@@ -117,7 +143,7 @@ impl Broker {
         if current != Some(true) {
             q.start_shard(shard, term, proposer)?;
         }
-        q.index_shard(shard, &queues, None);
+        q.index_shard(shard, queues.iter().map(|w| w.name.clone()).collect(), None);
         q.carry_out_shard(shard, queues, known_below).await
     }
 
@@ -128,15 +154,7 @@ impl Broker {
         let q = &self.inner.queues;
         let _admin = q.admin.lock().await;
         q.stop_shard(shard).await;
-        let listed: Vec<ShardQueue> = queues
-            .iter()
-            .map(|name| ShardQueue {
-                name: name.clone(),
-                settings: pb::QueueConfig::default(),
-                epoch: PlacementEpoch::UNKNOWN,
-            })
-            .collect();
-        q.index_shard(shard, &listed, Some(leader));
+        q.index_shard(shard, queues.to_vec(), Some(leader));
     }
 
     /// This node no longer replicates `shard` (the shard is gone with its last queue: its Raft
@@ -150,7 +168,7 @@ impl Broker {
         {
             let mut shards = write(q);
             shards.leaders.remove(&shard);
-            shards.queues.retain(|_, s| *s != shard);
+            shards.unindex(shard);
         }
         let left: Vec<QueueUid> = tokio::task::block_in_place(|| q.store.recover())?
             .into_iter()
@@ -276,12 +294,9 @@ impl Queues {
     }
 
     /// Records which queues `shard` has and, for a shard not led here, its leader.
-    fn index_shard(&self, shard: ShardId, queues: &[ShardQueue], leader: Option<Option<String>>) {
+    fn index_shard(&self, shard: ShardId, names: Vec<QueueName>, leader: Option<Option<String>>) {
         let mut shards = write(self);
-        shards.queues.retain(|_, s| *s != shard);
-        for q in queues {
-            shards.queues.insert(q.name.clone(), shard);
-        }
+        shards.index(shard, names);
         match leader {
             Some(leader) => shards.leaders.insert(shard, leader),
             None => shards.leaders.remove(&shard),
@@ -314,17 +329,17 @@ impl Queues {
         self.share_budget();
     }
 
-    /// Brings the served queues of `shard` in line with `wanted` (see the module docs). Holds
-    /// `admin`.
+    /// Brings the served queues of `shard` in line with `wanted` (see the module docs); whether
+    /// a queue newer than the metadata was kept. Holds `admin`.
     async fn carry_out_shard(
         &self,
         shard: ShardId,
         wanted: Vec<ShardQueue>,
         known_below: PlacementEpoch,
-    ) -> Result<(), Error> {
+    ) -> Result<bool, Error> {
         let (log, incarnation) = match read(self).led.get(&shard) {
             Some(l) => (l.log.clone(), l.incarnation),
-            None => return Ok(()),
+            None => return Ok(false),
         };
         let held: Vec<Owned> = self
             .map
@@ -337,19 +352,24 @@ impl Queues {
         let by_name: HashMap<&QueueName, &ShardQueue> =
             wanted.iter().map(|w| (&w.name, w)).collect();
         let mut kept = HashSet::new();
+        let mut kept_newer = false;
         for o in held {
             let epoch = o.def.replica.map_or(PlacementEpoch::UNKNOWN, |r| r.epoch);
             match by_name.get(&o.def.name) {
                 Some(w) if epoch == w.epoch => {
                     kept.insert(o.def.name.clone());
-                    if w.settings != pb::QueueConfig::default() {
-                        self.update_shard_queue(&o, &w.settings).await?;
+                    match &w.settings {
+                        Some(s) if *s != pb::QueueConfig::default() => {
+                            self.update_shard_queue(&o, s).await?;
+                        }
+                        _ => {}
                     }
                 }
                 // Newer than this node's metadata: kept until the metadata says more.
                 _ if epoch >= known_below => {
                     tracing::debug!(queue = %o.def.name, %epoch, %known_below, "a replicated queue newer than this node's metadata is kept");
                     kept.insert(o.def.name.clone());
+                    kept_newer = true;
                 }
                 _ => self.delete_shard_queue(o).await?,
             }
@@ -361,10 +381,16 @@ impl Queues {
             wanted.iter().filter(|w| !kept.contains(&w.name)).collect();
         missing.sort_by_key(|w| !targets_up_front(&w.name, false));
         for w in missing {
+            let Some(settings) = &w.settings else {
+                return Err(Error::SettingsMissing {
+                    queue: w.name.to_string(),
+                    shard: shard.to_string(),
+                });
+            };
             let config = match derived.get(&w.name) {
-                Some(c) if w.settings == pb::QueueConfig::default() => c.clone(),
+                Some(c) if *settings == pb::QueueConfig::default() => c.clone(),
                 _ => ferry_proto::convert::queue_config_from_pb(
-                    Some(w.settings.clone()),
+                    Some(settings.clone()),
                     &self.config.queue_defaults,
                 )?,
             };
@@ -377,7 +403,7 @@ impl Queues {
             self.create_shard_queue(shard, &log, incarnation, w, config)
                 .await?;
         }
-        Ok(())
+        Ok(kept_newer)
     }
 
     async fn create_shard_queue(

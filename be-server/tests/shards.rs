@@ -88,7 +88,7 @@ fn queues(epoch: u64) -> Vec<ShardQueue> {
         .into_iter()
         .map(|name| ShardQueue {
             name: q(name),
-            settings: pb::QueueConfig::default(),
+            settings: Some(pb::QueueConfig::default()),
             epoch: PlacementEpoch::new(epoch),
         })
         .collect()
@@ -100,13 +100,19 @@ impl Node {
             .await;
     }
 
-    /// Leads with metadata whose next epoch is `known_below`.
-    async fn lead_knowing(&self, term: u64, queues: Vec<ShardQueue>, known_below: PlacementEpoch) {
+    /// Leads with metadata whose next epoch is `known_below`; whether a queue newer than it
+    /// was kept.
+    async fn lead_knowing(
+        &self,
+        term: u64,
+        queues: Vec<ShardQueue>,
+        known_below: PlacementEpoch,
+    ) -> bool {
         let proposer = Arc::clone(&self.applier) as Arc<dyn ShardProposer>;
         self.broker
             .lead_shard(SHARD, term, proposer, queues, known_below)
             .await
-            .unwrap();
+            .unwrap()
     }
 
     async fn send(&self, body: &str) -> Result<(), tonic::Status> {
@@ -217,14 +223,60 @@ async fn the_leader_carries_out_the_metadata_queues_of_its_shard() {
     );
     assert!(n.receive_all().await.is_empty());
     // A leader whose metadata is older than the queue (it never saw epoch 9 given) keeps it.
-    n.lead_knowing(3, vec![], PlacementEpoch::new(9)).await;
+    assert!(
+        n.lead_knowing(3, vec![], PlacementEpoch::new(9)).await,
+        "the caller is told to come back once its metadata moved on"
+    );
     assert_eq!(n.stored().len(), 2, "kept: newer than the metadata");
     n.send("kept").await.unwrap();
     // Deleted: gone from the store, through the log.
-    n.lead(3, vec![]).await;
+    assert!(!n.lead_knowing(3, vec![], PlacementEpoch::new(100)).await);
     assert!(n.stored().is_empty());
     let gone = n.send("x").await.unwrap_err();
     assert_eq!(gone.code(), Code::NotFound, "{gone}");
+}
+
+/// Within a run, the node passes the settings of the queues that changed only: the others are
+/// left as they are, and a queue not served yet that comes without its settings is refused
+/// (the node then tells the whole shard again), never created with made-up settings.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn within_a_run_only_changed_settings_are_carried_out() {
+    let n = node().await;
+    let mut given = queues(5);
+    given[0].settings = Some(pb::QueueConfig {
+        max_messages: Some(7),
+        ..Default::default()
+    });
+    n.lead(2, given).await;
+    let writes = n.applier.proposed.load(Ordering::SeqCst);
+    // Unchanged: nothing written.
+    let unchanged: Vec<ShardQueue> = queues(5)
+        .into_iter()
+        .map(|w| ShardQueue {
+            settings: None,
+            ..w
+        })
+        .collect();
+    n.lead(2, unchanged.clone()).await;
+    assert_eq!(n.applier.proposed.load(Ordering::SeqCst), writes);
+    let info = n.broker.get_queue(&q("orders")).unwrap();
+    assert_eq!(info.config.max_messages, Some(7), "{info:?}");
+
+    // A new queue without its settings: refused, and not created.
+    let mut with_new = unchanged;
+    with_new.push(ShardQueue {
+        name: q("invoices"),
+        settings: None,
+        epoch: PlacementEpoch::new(6),
+    });
+    let proposer = Arc::clone(&n.applier) as Arc<dyn ShardProposer>;
+    let refused = n
+        .broker
+        .lead_shard(SHARD, 2, proposer, with_new, PlacementEpoch::new(100))
+        .await
+        .unwrap_err();
+    assert!(refused.to_string().contains("invoices"), "{refused}");
+    assert_eq!(n.stored().len(), 2);
 }
 
 /// A replicated queue in the store is not served when the back-end opens: only once the node

@@ -110,6 +110,46 @@ async fn leaders_spread_over_the_nodes_and_transfer_leader_moves_one() -> anyhow
     bad_requests_are_refused(&mut cluster, shard.shard, &to).await
 }
 
+/// A burst of creates on a new cluster (an application creating its queues at start, eight at
+/// a time) makes one shared shard per node, each preferring another node as leader, and the
+/// rest join them: chosen side by side, the first creates each made a shard of their own, all
+/// preferring n1, which then led every queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_creates_makes_one_shard_per_node_each_led_by_another() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let cluster = Cluster::start(dir.path(), &NODES)?;
+    cluster.wait_leader(&NODES, Duration::from_secs(20)).await?;
+    let client = cluster.node("n1").client().await?;
+    let creates = (0..24).map(|i| {
+        let mut admin = client.admin();
+        async move {
+            let request = pb::CreateQueueRequest {
+                name: format!("burst{i}"),
+                replicas: 3,
+                ..Default::default()
+            };
+            admin.create_queue(request).await
+        }
+    });
+    let created = futures::stream::iter(creates)
+        .buffer_unordered(8)
+        .collect::<Vec<_>>()
+        .await;
+    for c in created {
+        c?;
+    }
+    let listed = shards(&cluster, "n2").await?;
+    let preferred: std::collections::BTreeSet<&str> =
+        listed.iter().map(|s| s.replicas[0].as_str()).collect();
+    assert_eq!(listed.len(), 3, "one shard per node: {listed:?}");
+    assert_eq!(
+        preferred.len(),
+        3,
+        "each preferring another node: {listed:?}"
+    );
+    Ok(())
+}
+
 /// `shard` moved from its leader to its second replica through the third node: answered once
 /// moved, told to watchers through n1, shown in metrics; asked again, answered at once. The
 /// node it went to.

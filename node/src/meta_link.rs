@@ -102,7 +102,7 @@ impl QueueHost for BrokerHost {
         proposer: Arc<dyn ShardProposer>,
         queues: Vec<ShardQueue>,
         known_below: PlacementEpoch,
-    ) -> Result<(), String> {
+    ) -> Result<bool, String> {
         self.broker
             .lead_shard(shard, term, proposer, queues, known_below)
             .await

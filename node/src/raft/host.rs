@@ -53,7 +53,8 @@ pub trait QueueHost: Send + Sync + 'static {
     /// set replaces the queue's); nothing when it has them already.
     async fn update(&self, name: &QueueName, settings: &pb::QueueConfig) -> Result<(), String>;
     /// Serves `shard`, which this node leads at `term` (see
-    /// `ferry_be_server::Broker::lead_shard`), with the metadata's `queues` of it.
+    /// `ferry_be_server::Broker::lead_shard`), with the metadata's `queues` of it; whether a
+    /// queue newer than the metadata (`known_below`) was kept.
     async fn lead_shard(
         &self,
         shard: ShardId,
@@ -61,7 +62,7 @@ pub trait QueueHost: Send + Sync + 'static {
         proposer: Arc<dyn ShardProposer>,
         queues: Vec<ShardQueue>,
         known_below: PlacementEpoch,
-    ) -> Result<(), String>;
+    ) -> Result<bool, String>;
     /// Stops serving `shard`, which this node replicates and `leader` leads (if known).
     async fn follow_shard(&self, shard: ShardId, leader: Option<String>, queues: &[QueueName]);
     /// Forgets `shard`: this node no longer replicates it (its data is deleted here).

@@ -161,6 +161,9 @@ pub(crate) struct Shared {
     /// a node never heard from is given the liveness timeout from then, so a node that just
     /// started does not find every peer unreachable.
     first_asked: std::sync::Mutex<HashMap<NodeId, std::time::Instant>>,
+    /// Held by a create that makes a new queue shard, from its choice until it is applied here
+    /// (see [`MetaNode::create_queue`]).
+    new_shard: tokio::sync::Mutex<()>,
 }
 
 impl MetaNode {
@@ -231,6 +234,7 @@ impl MetaNode {
             tasks: std::sync::Mutex::default(),
             halted,
             first_asked: std::sync::Mutex::default(),
+            new_shard: tokio::sync::Mutex::default(),
         });
         let node = MetaNode { shared };
         node.spawn_tasks(resumed);

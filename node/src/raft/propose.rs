@@ -17,7 +17,7 @@ use super::transport::peer_endpoint;
 use super::{MetaNode, StartError, StartMode};
 use ferry_cluster::meta::{
     choose_queue_owner_avoiding, choose_shard, ClusterId, MetaCommand, MetaError, NewNode, Owner,
-    RaftId, RequestId,
+    RaftId, RequestId, ShardChoice,
 };
 use ferry_fe_dispatcher::PlacementAsked;
 
@@ -376,43 +376,22 @@ impl MetaNode {
         }
         // Whether the queue exists is judged where the command is ordered, never on this
         // node's view, which may not have applied a deletion answered through another node.
-        let command = {
-            let view = self.shared.view.borrow();
-            let down = self.down_nodes(&view.meta);
-            let replication = match asked.replicas {
-                0 => view
-                    .meta
-                    .default_replication(name, &settings, asked.pinned.is_some())
-                    .map_err(|e| meta_status(&e))?,
-                n => n as usize,
-            };
-            if replication > 1 || asked.own_shard {
-                let shard = choose_shard(
-                    &view.meta,
-                    name,
-                    &settings,
-                    replication,
-                    asked.own_shard,
-                    &down,
-                )
-                .map_err(|e| meta_status(&e))?;
-                MetaCommand::CreateReplicatedQueue {
-                    name: name.clone(),
-                    settings,
-                    shard,
-                }
-            } else {
-                let loads = self.loads_bytes(&view.meta);
-                let pinned = asked.pinned.as_ref();
-                let owner =
-                    choose_queue_owner_avoiding(&view.meta, name, &settings, &loads, pinned, &down)
-                        .map_err(|e| meta_status(&e))?;
-                MetaCommand::CreateQueue {
-                    name: name.clone(),
-                    settings,
-                    owner,
-                }
+        let mut command = self.create_command(name, &settings, &asked)?;
+        // Creates that make a new shard go one at a time, each choosing once the one before is
+        // applied: chosen side by side, a burst of creates on a new cluster (eight creators)
+        // made eight shards where the rule makes one per node, every one of them preferring the
+        // same node as leader, which then served every queue. Creates joining a shard are not
+        // held up.
+        let _new_shard = match &command {
+            MetaCommand::CreateReplicatedQueue {
+                shard: ShardChoice::New { .. },
+                ..
+            } => {
+                let held = self.shared.new_shard.lock().await;
+                command = self.create_command(name, &settings, &asked)?;
+                Some(held)
             }
+            _ => None,
         };
         match self.propose(&command).await {
             Ok(_) => existing(true).ok_or_else(|| {
@@ -421,6 +400,52 @@ impl MetaNode {
             // Refused at apply, and applied here since: the view holds the queue found.
             Err(s) if s.code() == Code::AlreadyExists && if_not_exists => existing(false).ok_or(s),
             Err(s) => Err(s),
+        }
+    }
+
+    /// The command that creates `name` by the placement rule, as this node's view has the
+    /// cluster (see [`Self::create_queue`]).
+    fn create_command(
+        &self,
+        name: &QueueName,
+        settings: &pb::QueueConfig,
+        asked: &PlacementAsked,
+    ) -> Result<MetaCommand, Status> {
+        let view = self.shared.view.borrow();
+        let down = self.down_nodes(&view.meta);
+        let replication = match asked.replicas {
+            0 => view
+                .meta
+                .default_replication(name, settings, asked.pinned.is_some())
+                .map_err(|e| meta_status(&e))?,
+            n => n as usize,
+        };
+        if replication > 1 || asked.own_shard {
+            let shard = choose_shard(
+                &view.meta,
+                name,
+                settings,
+                replication,
+                asked.own_shard,
+                &down,
+            )
+            .map_err(|e| meta_status(&e))?;
+            Ok(MetaCommand::CreateReplicatedQueue {
+                name: name.clone(),
+                settings: settings.clone(),
+                shard,
+            })
+        } else {
+            let loads = self.loads_bytes(&view.meta);
+            let pinned = asked.pinned.as_ref();
+            let owner =
+                choose_queue_owner_avoiding(&view.meta, name, settings, &loads, pinned, &down)
+                    .map_err(|e| meta_status(&e))?;
+            Ok(MetaCommand::CreateQueue {
+                name: name.clone(),
+                settings: settings.clone(),
+                owner,
+            })
         }
     }
 

@@ -103,13 +103,13 @@ impl QueueHost for Recorder {
         _: Arc<dyn ShardProposer>,
         queues: Vec<ShardQueue>,
         _: PlacementEpoch,
-    ) -> Result<(), String> {
+    ) -> Result<bool, String> {
         let names: Vec<String> = queues.iter().map(|q| q.name.to_string()).collect();
         self.calls
             .lock()
             .unwrap()
             .push(format!("lead {shard} {term} [{}]", names.join(" ")));
-        Ok(())
+        Ok(false)
     }
     async fn follow_shard(&self, shard: ShardId, leader: Option<String>, queues: &[QueueName]) {
         let names: Vec<String> = queues.iter().map(ToString::to_string).collect();
