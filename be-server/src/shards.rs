@@ -170,9 +170,9 @@ impl Broker {
             shards.leaders.remove(&shard);
             shards.unindex(shard);
         }
-        let left: Vec<QueueUid> = tokio::task::block_in_place(|| q.store.recover())?
+        let in_shard = |d: &QueueDef| d.replica.is_some_and(|s| s.shard == shard);
+        let left: Vec<QueueUid> = tokio::task::block_in_place(|| q.store.recover_where(&in_shard))?
             .into_iter()
-            .filter(|r| r.def.replica.is_some_and(|s| s.shard == shard))
             .map(|r| r.def.uid)
             .collect();
         if !left.is_empty() {
@@ -230,14 +230,13 @@ impl Queues {
         let now = self.clock.now_ms();
         let recovered = tokio::task::block_in_place(|| -> Result<Vec<_>, Error> {
             let mut mine = Vec::new();
-            for r in self.store.recover()? {
-                if r.def.replica.is_some_and(|s| s.shard == shard) {
-                    // Kept in memory from the start: messages still to be delivered at a time
-                    // of their own, and those the last leader wrote a lease or a back-off for.
-                    let mut held = self.store.read_delayed(r.def.uid, now)?;
-                    held.extend(self.store.read_marked(r.def.uid)?);
-                    mine.push((r, held));
-                }
+            let in_shard = |d: &QueueDef| d.replica.is_some_and(|s| s.shard == shard);
+            for r in self.store.recover_where(&in_shard)? {
+                // Kept in memory from the start: messages still to be delivered at a time of
+                // their own, and those the last leader wrote a lease or a back-off for.
+                let mut held = self.store.read_delayed(r.def.uid, now)?;
+                held.extend(self.store.read_marked(r.def.uid)?);
+                mine.push((r, held));
             }
             Ok(mine)
         })?;

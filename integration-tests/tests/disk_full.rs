@@ -49,6 +49,27 @@ impl Drop for Tmpfs {
     }
 }
 
+/// Waits (at most 20 s) for `node` to stop by itself, and checks that its exit status says
+/// it failed.
+async fn stops_by_itself(node: &mut Node) -> anyhow::Result<()> {
+    let mut status = None;
+    ferry_integration_tests::wait_until(
+        std::time::Duration::from_secs(20),
+        "the node to stop",
+        || {
+            status = status.or_else(|| node.exited());
+            std::future::ready(Ok(status.is_some()))
+        },
+    )
+    .await?;
+    let status = status.expect("waited for");
+    assert!(
+        !status.success(),
+        "a node that stopped by itself says so: {status}"
+    );
+    Ok(())
+}
+
 fn free_bytes(dir: &Path) -> anyhow::Result<u64> {
     let out = Command::new("df")
         .args(["-B1", "--output=avail"])
@@ -198,21 +219,7 @@ async fn a_store_that_failed_a_write_stops_the_node_which_starts_again_once_spac
         ),
         "the failed write, or the node stopping after it: {e}"
     );
-    let mut status = None;
-    ferry_integration_tests::wait_until(
-        std::time::Duration::from_secs(20),
-        "the node to stop",
-        || {
-            status = status.or_else(|| node.exited());
-            std::future::ready(Ok(status.is_some()))
-        },
-    )
-    .await?;
-    let status = status.expect("waited for");
-    assert!(
-        !status.success(),
-        "a node that stopped by itself says so: {status}"
-    );
+    stops_by_itself(&mut node).await?;
     let log = node.log();
     assert!(
         log.contains("takes no more until the node restarts")
@@ -268,21 +275,7 @@ async fn a_raft_write_on_a_full_disk_stops_the_node_naming_the_store() -> anyhow
         }
     }
     assert!(refused, "a create on a full disk fails");
-    let mut status = None;
-    ferry_integration_tests::wait_until(
-        std::time::Duration::from_secs(20),
-        "the node to stop",
-        || {
-            status = status.or_else(|| node.exited());
-            std::future::ready(Ok(status.is_some()))
-        },
-    )
-    .await?;
-    let status = status.expect("waited for");
-    assert!(
-        !status.success(),
-        "a node that stopped by itself says so: {status}"
-    );
+    stops_by_itself(&mut node).await?;
     assert!(
         node.log().contains("its store failed a write"),
         "the log names the store, not only the metadata group"

@@ -199,6 +199,20 @@ pub trait QueueStore: Send + Sync + std::fmt::Debug + 'static {
     /// records. No message is read.
     fn recover(&self) -> Result<Vec<RecoveredQueue>, StoreError>;
 
+    /// [`QueueStore::recover`] of the queues whose definition `keep` accepts: the others'
+    /// records past their definitions are not read (a node that starts to lead one queue shard
+    /// among many recovers that shard's queues only).
+    fn recover_where(
+        &self,
+        keep: &dyn Fn(&QueueDef) -> bool,
+    ) -> Result<Vec<RecoveredQueue>, StoreError> {
+        Ok(self
+            .recover()?
+            .into_iter()
+            .filter(|r| keep(&r.def))
+            .collect())
+    }
+
     /// Messages of one priority with seq in `[from, upto)`, in seq order, with delivery counts:
     /// at most `max_count`, and stopping after the message that reaches `max_bytes` (always at
     /// least one if any and `max_count > 0`). See [`Page`] for `next` and `end`; when

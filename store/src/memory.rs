@@ -342,8 +342,19 @@ impl QueueStore for MemoryStore {
     }
 
     fn recover(&self) -> Result<Vec<RecoveredQueue>, StoreError> {
+        self.recover_where(&|_| true)
+    }
+
+    fn recover_where(
+        &self,
+        keep: &dyn Fn(&QueueDef) -> bool,
+    ) -> Result<Vec<RecoveredQueue>, StoreError> {
         let s = self.state();
-        Ok(s.queues.values().map(|def| s.recover_queue(def)).collect())
+        Ok(s.queues
+            .values()
+            .filter(|def| keep(def))
+            .map(|def| s.recover_queue(def))
+            .collect())
     }
 
     fn read_page(

@@ -503,6 +503,13 @@ impl QueueStore for RocksStore {
     }
 
     fn recover(&self) -> Result<Vec<RecoveredQueue>, StoreError> {
+        self.recover_where(&|_| true)
+    }
+
+    fn recover_where(
+        &self,
+        keep: &dyn Fn(&QueueDef) -> bool,
+    ) -> Result<Vec<RecoveredQueue>, StoreError> {
         let cfs = self.cfs()?;
         let mut defs = Vec::new();
         for item in self
@@ -510,7 +517,10 @@ impl QueueStore for RocksStore {
             .iterator_cf(cfs.queues, rocksdb::IteratorMode::Start)
         {
             let (_, v) = item.map_err(io("reading queue definitions"))?;
-            defs.push(codec::decode_queue(&v)?);
+            let def = codec::decode_queue(&v)?;
+            if keep(&def) {
+                defs.push(def);
+            }
         }
         defs.into_iter()
             .map(|def| self.recover_queue(&cfs, def))

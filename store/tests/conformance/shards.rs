@@ -170,6 +170,26 @@ fn a_shards_export_recreates_its_queues_in_any_store_and_nothing_else() {
     }
 }
 
+/// A shard's queues recovered alone are what a whole recovery holds of them, in every store.
+#[test]
+fn a_shards_queues_recover_alone_as_they_do_among_all() {
+    for (name, mut backend) in backends() {
+        let s = backend.reopen();
+        fill(&*s);
+        let in_shard_3 = |d: &QueueDef| d.replica.is_some_and(|r| r.shard == ShardId(3));
+        let all: Vec<RecoveredQueue> = s
+            .recover()
+            .unwrap()
+            .into_iter()
+            .filter(|r| in_shard_3(&r.def))
+            .collect();
+        let alone = s.recover_where(&in_shard_3).unwrap();
+        assert_eq!(alone.len(), 2, "{name}: {alone:?}");
+        assert_eq!(format!("{alone:?}"), format!("{all:?}"), "{name}");
+        assert!(s.recover_where(&|_| false).unwrap().is_empty(), "{name}");
+    }
+}
+
 #[test]
 fn a_shards_delete_and_export_are_never_log_entries() {
     assert!(ferry_store::encode_entry(&[StoreOp::DeleteShard(ShardId(3))]).is_err());
