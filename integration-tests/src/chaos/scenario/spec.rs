@@ -461,6 +461,19 @@ impl Spec {
             self.fault_points.push(SLOW_ACK_ANSWER.into());
             return Ok(());
         }
+        if bug == "skip-delivery-count" {
+            // A consumer that hangs after a batch or two, holding what it took unacknowledged
+            // until it is dropped (as a hung process would), so that every kill lands on
+            // deliveries whose count the bug never wrote. Without it the window is a consumer's
+            // moment between a receive and its acknowledgement, and the four kills of a smoke
+            // run all missed it once (CI, seed 1).
+            let id = self.consumers.iter().map(|c| c.id + 1).max().unwrap_or(0);
+            self.consumers.push(ConsumerSpec {
+                lifetime_ms_max: Some(2_000),
+                kill_percent: 100,
+                ..consumer(id, &self.queue, ConsumerKind::ClientAck, 10)
+            });
+        }
         self.fault_points.push(format!("planted-{bug}"));
         Ok(())
     }
