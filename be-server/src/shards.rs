@@ -170,11 +170,11 @@ impl Broker {
             shards.leaders.remove(&shard);
             shards.unindex(shard);
         }
-        let in_shard = |d: &QueueDef| d.replica.is_some_and(|s| s.shard == shard);
-        let left: Vec<QueueUid> = tokio::task::block_in_place(|| q.store.recover_where(&in_shard))?
-            .into_iter()
-            .map(|r| r.def.uid)
-            .collect();
+        let left: Vec<QueueUid> =
+            tokio::task::block_in_place(|| q.store.recover_where(&in_shard(shard)))?
+                .into_iter()
+                .map(|r| r.def.uid)
+                .collect();
         if !left.is_empty() {
             let deletes = left.iter().map(|uid| StoreOp::DeleteQueue(*uid)).collect();
             q.log.write(deletes).await?;
@@ -200,6 +200,11 @@ impl Broker {
         incarnation == self.inner.queues.incarnation
             || read(&self.inner.queues).serves_run(incarnation)
     }
+}
+
+/// Whether a stored queue's definition names `shard`.
+fn in_shard(shard: ShardId) -> impl Fn(&QueueDef) -> bool {
+    move |d| d.replica.is_some_and(|s| s.shard == shard)
 }
 
 fn read(q: &Queues) -> std::sync::RwLockReadGuard<'_, Shards> {
@@ -230,8 +235,7 @@ impl Queues {
         let now = self.clock.now_ms();
         let recovered = tokio::task::block_in_place(|| -> Result<Vec<_>, Error> {
             let mut mine = Vec::new();
-            let in_shard = |d: &QueueDef| d.replica.is_some_and(|s| s.shard == shard);
-            for r in self.store.recover_where(&in_shard)? {
+            for r in self.store.recover_where(&in_shard(shard))? {
                 // Kept in memory from the start: messages still to be delivered at a time of
                 // their own, and those the last leader wrote a lease or a back-off for.
                 let mut held = self.store.read_delayed(r.def.uid, now)?;

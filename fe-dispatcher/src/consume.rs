@@ -612,6 +612,14 @@ mod tests {
         assert_eq!(one.next_ask(5_000), None);
     }
 
+    /// The next answer, which must be there already.
+    fn next_now(r: &mut Receives) -> pb::BackendReceiveResponse {
+        r.next()
+            .now_or_never()
+            .expect("answered")
+            .expect("deliveries")
+    }
+
     /// Found together, answers go out in the order the back-end handed their messages out,
     /// whichever receive was opened first.
     #[test]
@@ -624,18 +632,8 @@ mod tests {
             r.open(2, f);
             younger.send(answer(younger_lease, 2)).expect("listening");
             older.send(answer(older_lease, 2)).expect("listening");
-            let first = r
-                .next()
-                .now_or_never()
-                .expect("answered")
-                .expect("deliveries");
-            assert_eq!(handed_out_at(&Ok(first)), 1);
-            let second = r
-                .next()
-                .now_or_never()
-                .expect("answered")
-                .expect("deliveries");
-            assert_eq!(handed_out_at(&Ok(second)), 3);
+            assert_eq!(handed_out_at(&Ok(next_now(&mut r))), 1);
+            assert_eq!(handed_out_at(&Ok(next_now(&mut r))), 3);
             assert!(r.is_empty());
         }
     }
@@ -665,10 +663,12 @@ mod tests {
         });
         r.open(1, Box::pin(older));
         r.open(1, younger);
-        let first = r.next().now_or_never().expect("answered");
-        assert_eq!(handed_out_at(&first), 1, "the answer made first goes first");
-        let second = r.next().now_or_never().expect("answered");
-        assert_eq!(handed_out_at(&second), 2);
+        assert_eq!(
+            handed_out_at(&Ok(next_now(&mut r))),
+            1,
+            "the answer made first goes first"
+        );
+        assert_eq!(handed_out_at(&Ok(next_now(&mut r))), 2);
         assert!(r.is_empty());
     }
 

@@ -49,6 +49,19 @@ impl Drop for Tmpfs {
     }
 }
 
+/// A node on `disk` with no disk guard (the disk is let fill, as another process on it would
+/// fill it), its log in `logs`: off the disk that fills, so that the node can say why it stopped.
+fn start_unguarded(disk: &Tmpfs, logs: &Path) -> anyhow::Result<Node> {
+    Node::start(
+        &disk.dir.join("data"),
+        NodeOptions {
+            env: vec![("FERRY_DISK_FREE_MIN_BYTES".into(), "0".into())],
+            log_dir: Some(logs.to_owned()),
+            ..Default::default()
+        },
+    )
+}
+
 /// Waits (at most 20 s) for `node` to stop by itself, and checks that its exit status says
 /// it failed.
 async fn stops_by_itself(node: &mut Node) -> anyhow::Result<()> {
@@ -178,16 +191,7 @@ async fn a_store_that_failed_a_write_stops_the_node_which_starts_again_once_spac
 ) -> anyhow::Result<()> {
     let disk = Tmpfs::mount(64)?;
     let logs = tempfile::tempdir()?;
-    let mut node = Node::start(
-        &disk.dir.join("data"),
-        NodeOptions {
-            // No guard: the disk is let fill, as another process on it would fill it.
-            env: vec![("FERRY_DISK_FREE_MIN_BYTES".into(), "0".into())],
-            // Off the disk that fills, so that the node can say why it stopped.
-            log_dir: Some(logs.path().to_owned()),
-            ..Default::default()
-        },
-    )?;
+    let mut node = start_unguarded(&disk, logs.path())?;
     let client = node.client().await?;
     create_queue(&client, "q").await?;
     let conn = client.open_connection("p").await?;
@@ -249,15 +253,7 @@ async fn a_store_that_failed_a_write_stops_the_node_which_starts_again_once_spac
 async fn a_raft_write_on_a_full_disk_stops_the_node_naming_the_store() -> anyhow::Result<()> {
     let disk = Tmpfs::mount(64)?;
     let logs = tempfile::tempdir()?;
-    let mut node = Node::start(
-        &disk.dir.join("data"),
-        NodeOptions {
-            env: vec![("FERRY_DISK_FREE_MIN_BYTES".into(), "0".into())],
-            // Off the disk that fills, so that the node can say why it stopped.
-            log_dir: Some(logs.path().to_owned()),
-            ..Default::default()
-        },
-    )?;
+    let mut node = start_unguarded(&disk, logs.path())?;
     let client = node.client().await?;
     create_queue(&client, "q").await?;
     let filler = disk.dir.join("filler");
